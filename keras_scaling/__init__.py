@@ -1,0 +1,50 @@
+"""keras_scaling: correct, fast and visible data-parallel Keras training.
+
+Composable pieces for ordinary Keras code on `tf.distribute`:
+
+- `keras_scaling.data.distribute`: shard per worker, batch globally, prefetch,
+  static shapes.
+- `ReplicaSyncCheck`: a callback that proves the mirrored copies of every
+  weight are equal, and says exactly what diverged.
+- `ThroughputLogger`: a callback that writes throughput, speedup and scaling
+  efficiency to TensorBoard.
+- `keras_scaling.compat`: fixes for Keras 3 defects that break `fit` under
+  `tf.distribute`.
+- `use_logical_cpus`, `auto_strategy`, `describe_strategy`: devices and
+  strategies.
+
+Names are imported on first use, so `import keras_scaling` is cheap and does
+not initialise TensorFlow's devices: `use_logical_cpus` can still follow it.
+"""
+
+import importlib
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "use_logical_cpus": "keras_scaling.devices",
+    "auto_strategy": "keras_scaling.devices",
+    "describe_strategy": "keras_scaling.devices",
+    "StrategyInfo": "keras_scaling.devices",
+    "ReplicaSyncCheck": "keras_scaling.callbacks.replica_sync",
+    "ReplicaDivergenceError": "keras_scaling.callbacks.replica_sync",
+    "ThroughputLogger": "keras_scaling.callbacks.throughput",
+}
+_SUBMODULES = ("callbacks", "compat", "data", "devices")
+
+__all__ = sorted(_EXPORTS) + list(_SUBMODULES)
+
+
+def __getattr__(name):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    elif name in _SUBMODULES:
+        value = importlib.import_module(f"keras_scaling.{name}")
+    else:
+        raise AttributeError(f"module 'keras_scaling' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

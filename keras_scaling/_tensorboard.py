@@ -1,0 +1,96 @@
+"""The one place that writes TensorBoard summaries for keras_scaling.
+
+Summaries go to `log_dir/train`, the directory `keras.callbacks.TensorBoard`
+writes to, so keras_scaling's scalars sit beside the loss.
+"""
+
+import os
+import threading
+
+import tensorflow as tf
+
+_writers = {}
+_lock = threading.Lock()
+
+
+def train_dir(log_dir):
+    """`log_dir/train`, where `keras.callbacks.TensorBoard(log_dir)` writes."""
+    return os.path.join(os.fspath(log_dir), "train")
+
+
+def check_log_dir(log_dir, parameter="log_dir"):
+    """Creates `log_dir/train` and raises a clear error when it cannot be written.
+
+    Returns the absolute `log_dir`.
+    """
+    if not isinstance(log_dir, (str, os.PathLike)):
+        raise TypeError(
+            f"{parameter} must be a path (str or os.PathLike), got "
+            f"{type(log_dir).__name__}"
+        )
+    log_dir = os.path.abspath(os.fspath(log_dir))
+    path = train_dir(log_dir)
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as error:
+        raise ValueError(
+            f"{parameter}={log_dir!r} cannot be created ({error.strerror}); "
+            "pass a directory you can write to"
+        ) from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ValueError(
+            f"{parameter}={log_dir!r} is not writable; pass a directory you "
+            "can write to"
+        )
+    return log_dir
+
+
+def writer(log_dir):
+    """The summary writer of `log_dir/train`, one per directory and process."""
+    path = os.path.abspath(train_dir(log_dir))
+    with _lock:
+        if path not in _writers:
+            with tf.init_scope():
+                _writers[path] = tf.summary.create_file_writer(path)
+        return _writers[path]
+
+
+def write_scalars(log_dir, step, scalars):
+    """Writes `{tag: float}` at `step` (an int) to `log_dir/train`."""
+    with tf.init_scope(), writer(log_dir).as_default():
+        for tag, value in scalars.items():
+            tf.summary.scalar(tag, float(value), step=int(step))
+
+
+def write_text(log_dir, step, tag, markdown):
+    """Writes a Markdown text summary to `log_dir/train`."""
+    with tf.init_scope(), writer(log_dir).as_default():
+        tf.summary.text(tag, markdown, step=int(step))
+
+
+def write_image(log_dir, step, tag, png_bytes):
+    """Writes one PNG image (encoded bytes) to `log_dir/train`."""
+    with tf.init_scope(), writer(log_dir).as_default():
+        image = tf.image.decode_png(png_bytes, channels=4)
+        tf.summary.image(tag, image[tf.newaxis], step=int(step))
+
+
+def write_custom_scalars_layout(log_dir, layout):
+    """Writes a Custom Scalars dashboard layout (a `layout_pb2.Layout`)."""
+    from tensorboard.plugins.custom_scalar import summary as custom_scalar_summary
+
+    with tf.init_scope():
+        with writer(log_dir).as_default():
+            tf.summary.experimental.write_raw_pb(
+                custom_scalar_summary.pb(layout).SerializeToString(), step=0
+            )
+
+
+def flush(log_dir):
+    """Flushes the writer of `log_dir/train`, if one was opened."""
+    path = os.path.abspath(train_dir(log_dir))
+    with _lock:
+        summary_writer = _writers.get(path)
+    if summary_writer is not None:
+        with tf.init_scope():
+            summary_writer.flush()

@@ -1,0 +1,21 @@
+"""Keras callbacks of keras_scaling: `ReplicaSyncCheck` and `ThroughputLogger`."""
+
+import importlib
+
+_EXPORTS = {
+    "ReplicaSyncCheck": "keras_scaling.callbacks.replica_sync",
+    "ReplicaDivergenceError": "keras_scaling.callbacks.replica_sync",
+    "ThroughputLogger": "keras_scaling.callbacks.throughput",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    if name not in _EXPORTS:
+        raise AttributeError(
+            f"module 'keras_scaling.callbacks' has no attribute {name!r}"
+        )
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value

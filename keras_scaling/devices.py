@@ -1,0 +1,316 @@
+"""Devices and strategies: the one place that knows replicas, workers and devices."""
+
+import dataclasses
+import glob
+import json
+import logging
+import os
+
+import tensorflow as tf
+
+logger = logging.getLogger("keras_scaling")
+
+# Set by `keras-scaling launch --cpu-devices K` for every worker it starts.
+CPU_DEVICES_ENV = "KERAS_SCALING_CPU_DEVICES"
+
+
+def use_logical_cpus(n):
+    """Split the host CPU into `n` logical devices.
+
+    A real `tf.distribute.MirroredStrategy` with `n` replicas then runs on a
+    machine without accelerators, such as a laptop or a CI runner. The logical
+    devices share the host's cores, so they show that training is correct on
+    several replicas; they only show real parallel speedup while `n` is at most
+    the number of cores.
+
+    TensorFlow fixes its devices the first time it uses them, so this must be
+    called once per process, before anything touches a device (building a
+    model, creating a tensor or a strategy). Calling it again with the same
+    `n` is harmless; with a different `n` it raises.
+
+    Args:
+        n: int, the number of logical CPU devices, at least 1.
+
+    Returns:
+        The list of logical CPU device names, such as `["/device:CPU:0", ...]`.
+
+    Raises:
+        TypeError: `n` is not an integer.
+        ValueError: `n` is smaller than 1.
+        RuntimeError: TensorFlow has already initialised its devices with a
+            different number of CPUs.
+
+    Example:
+
+    ```python
+    import keras_scaling
+    keras_scaling.use_logical_cpus(4)
+    strategy = keras_scaling.auto_strategy()   # MirroredStrategy, 4 replicas
+    ```
+    """
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise TypeError(f"n must be an integer number of logical CPUs, got {n!r}")
+    if n < 1:
+        raise ValueError(f"n must be at least 1 logical CPU, got {n}")
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    try:
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(n)]
+        )
+    except RuntimeError as error:
+        current = tf.config.list_logical_devices("CPU")
+        if len(current) == n:
+            return [device.name for device in current]
+        raise RuntimeError(
+            f"use_logical_cpus({n}) was called after TensorFlow initialised its "
+            f"devices ({len(current)} logical CPU(s) now). Call it once, at the "
+            "start of the process, before building models, tensors or "
+            "strategies."
+        ) from error
+    return [device.name for device in tf.config.list_logical_devices("CPU")]
+
+
+def _apply_cpu_devices_from_env():
+    """Honours `KERAS_SCALING_CPU_DEVICES`, set by `keras-scaling launch`."""
+    value = os.environ.get(CPU_DEVICES_ENV)
+    if not value:
+        return
+    try:
+        count = int(value)
+    except ValueError:
+        raise ValueError(
+            f"{CPU_DEVICES_ENV} must be a positive integer, got {value!r}"
+        ) from None
+    use_logical_cpus(count)
+
+
+def tf_config():
+    """Returns the parsed `TF_CONFIG` environment variable, or `{}`."""
+    raw = os.environ.get("TF_CONFIG")
+    if not raw:
+        return {}
+    try:
+        config = json.loads(raw)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"TF_CONFIG is not valid JSON: {error}") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"TF_CONFIG must be a JSON object, got {raw!r}")
+    return config
+
+
+def _tf_config_worker_count():
+    cluster = tf_config().get("cluster", {})
+    return len(cluster.get("worker", [])) + len(cluster.get("chief", []))
+
+
+def _tpu_address():
+    """The TPU to resolve, or None: looks only at local signs, never the network."""
+    if os.environ.get("TPU_NAME"):
+        return os.environ["TPU_NAME"]
+    if glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"):
+        return "local"
+    return None
+
+
+def auto_strategy():
+    """Pick the `tf.distribute` strategy that fits this machine, and say why.
+
+    In order of preference:
+
+    1. `TPUStrategy` when a TPU is attached (a TPU VM, or `TPU_NAME` set).
+    2. `MultiWorkerMirroredStrategy` when `TF_CONFIG` names more than one
+       worker (as `keras-scaling launch` does).
+    3. `MirroredStrategy` over all GPUs when there are two or more.
+    4. `MirroredStrategy` over the logical CPUs when `use_logical_cpus` (or
+       `KERAS_SCALING_CPU_DEVICES`) made several.
+    5. Otherwise the default strategy (one device).
+
+    The choice and its reason are logged at INFO level on the
+    `keras_scaling` logger. With more than one replica, `keras_scaling.compat`
+    is enabled (unless `KERAS_SCALING_NO_COMPAT=1`), so `model.fit` works
+    under the chosen strategy.
+
+    Returns:
+        A `tf.distribute.Strategy`.
+
+    Example:
+
+    ```python
+    import keras, keras_scaling
+    strategy = keras_scaling.auto_strategy()
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
+        model.compile(optimizer="adam", loss="mse")
+    ```
+    """
+    _apply_cpu_devices_from_env()
+    strategy, reason = _choose_strategy()
+    logger.info("auto_strategy: %s (%s)", type(strategy).__name__, reason)
+    if strategy.num_replicas_in_sync > 1:
+        from keras_scaling import compat
+
+        compat.enable_for(strategy)
+    return strategy
+
+
+def _choose_strategy():
+    tpu = _tpu_address()
+    if tpu is not None:
+        resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu)
+        tf.config.experimental_connect_to_cluster(resolver)
+        tf.tpu.experimental.initialize_tpu_system(resolver)
+        return tf.distribute.TPUStrategy(resolver), f"TPU {tpu!r} found"
+    workers = _tf_config_worker_count()
+    if workers > 1:
+        return (
+            tf.distribute.MultiWorkerMirroredStrategy(),
+            f"TF_CONFIG names {workers} workers",
+        )
+    gpus = tf.config.list_logical_devices("GPU")
+    if len(gpus) >= 2:
+        return tf.distribute.MirroredStrategy(), f"{len(gpus)} GPUs found"
+    cpus = tf.config.list_logical_devices("CPU")
+    if len(gpus) == 0 and len(cpus) >= 2:
+        return (
+            tf.distribute.MirroredStrategy([device.name for device in cpus]),
+            f"{len(cpus)} logical CPUs and no GPU",
+        )
+    return tf.distribute.get_strategy(), "one device: no TPU, workers or several devices"
+
+
+@dataclasses.dataclass(frozen=True)
+class StrategyInfo:
+    """What a strategy runs on: kind, workers, replicas and devices.
+
+    Args:
+        kind: the strategy's class name, such as `"MirroredStrategy"`.
+        num_workers: the number of worker machines or processes.
+        worker_index: this worker's index, 0 for the chief.
+        is_chief: whether this worker writes logs and checkpoints.
+        num_replicas: replicas in sync across all workers.
+        local_devices: the device names of this worker's replicas.
+        device_kind: `"CPU"`, `"GPU"` or `"TPU"`.
+
+    Example:
+
+    ```python
+    info = keras_scaling.describe_strategy(strategy)
+    print(info)          # MirroredStrategy: 1 worker, 2 replicas on CPU ...
+    info.num_replicas    # 2
+    ```
+    """
+
+    kind: str
+    num_workers: int
+    worker_index: int
+    is_chief: bool
+    num_replicas: int
+    local_devices: tuple
+    device_kind: str
+
+    @property
+    def replicas_per_worker(self):
+        """Replicas on each worker."""
+        return self.num_replicas // self.num_workers
+
+    def __str__(self):
+        workers = "worker" if self.num_workers == 1 else "workers"
+        replicas = "replica" if self.num_replicas == 1 else "replicas"
+        text = (
+            f"{self.kind}: {self.num_workers} {workers}, {self.num_replicas} "
+            f"{replicas} on {self.device_kind} ({', '.join(self.local_devices)})"
+        )
+        if self.num_workers > 1:
+            text += f"; this is worker {self.worker_index}"
+            text += " (chief)" if self.is_chief else ""
+        return text
+
+
+def describe_strategy(strategy=None):
+    """Describe a strategy: kind, workers, replicas and device names.
+
+    Args:
+        strategy: a `tf.distribute.Strategy`; defaults to the current one
+            (`tf.distribute.get_strategy()`).
+
+    Returns:
+        A `StrategyInfo`, whose `str` is one readable line.
+
+    Example:
+
+    ```python
+    keras_scaling.use_logical_cpus(2)
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    print(keras_scaling.describe_strategy(strategy))
+    # MirroredStrategy: 1 worker, 2 replicas on CPU (/job:localhost/.../CPU:0, ...)
+    ```
+    """
+    if strategy is None:
+        strategy = tf.distribute.get_strategy()
+    if not isinstance(strategy, tf.distribute.Strategy):
+        raise TypeError(
+            f"strategy must be a tf.distribute.Strategy, got {type(strategy).__name__}"
+        )
+    devices = _local_devices(strategy)
+    return StrategyInfo(
+        kind=type(strategy).__name__,
+        num_workers=num_workers(strategy),
+        worker_index=worker_index(strategy),
+        is_chief=is_chief(strategy),
+        num_replicas=strategy.num_replicas_in_sync,
+        local_devices=devices,
+        device_kind=_device_kind(devices),
+    )
+
+
+def _local_devices(strategy):
+    try:
+        return tuple(strategy.extended.worker_devices)
+    except RuntimeError:
+        # The default strategy has no device list: it runs where TensorFlow
+        # places ops, the first GPU if there is one.
+        gpus = tf.config.list_logical_devices("GPU")
+        cpus = tf.config.list_logical_devices("CPU")
+        return ((gpus or cpus)[0].name,)
+
+
+def _device_kind(device_names):
+    for kind in ("TPU", "GPU"):
+        if any(f"{kind}:" in name.upper() for name in device_names):
+            return kind
+    return "CPU"
+
+
+def _is_multi_worker(strategy):
+    return isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+
+
+def num_workers(strategy):
+    """The number of workers (machines or processes) the strategy spans."""
+    if _is_multi_worker(strategy):
+        return strategy.extended._num_workers
+    if isinstance(strategy, tf.distribute.TPUStrategy):
+        return strategy.extended.num_hosts
+    return 1
+
+
+def worker_index(strategy):
+    """This worker's index among `num_workers(strategy)`: 0 on a single worker.
+
+    With a `chief` task in `TF_CONFIG` the chief is worker 0 and the
+    `worker` tasks follow it.
+    """
+    if not _is_multi_worker(strategy):
+        return 0
+    resolver = strategy.cluster_resolver
+    has_chief = bool(resolver.cluster_spec().as_dict().get("chief"))
+    if resolver.task_type == "chief":
+        return 0
+    return resolver.task_id + (1 if has_chief else 0)
+
+
+def is_chief(strategy):
+    """Whether this worker is the one that writes logs, files and checkpoints."""
+    if not _is_multi_worker(strategy):
+        return True
+    return bool(strategy.extended.should_checkpoint)

@@ -1,0 +1,111 @@
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import tensorflow as tf
+
+import keras_scaling
+from keras_scaling import devices
+
+
+@pytest.mark.logical_cpus(2)
+def test_use_logical_cpus_again_with_same_count_is_harmless():
+    names = keras_scaling.use_logical_cpus(2)
+    assert len(names) == 2
+
+
+@pytest.mark.logical_cpus(2)
+def test_use_logical_cpus_after_initialisation_says_so():
+    with pytest.raises(RuntimeError, match="before building models"):
+        keras_scaling.use_logical_cpus(3)
+
+
+@pytest.mark.parametrize("bad", [0, -1])
+def test_use_logical_cpus_rejects_non_positive(bad):
+    with pytest.raises(ValueError, match="n must be at least 1"):
+        keras_scaling.use_logical_cpus(bad)
+
+
+@pytest.mark.parametrize("bad", [2.0, "2", True])
+def test_use_logical_cpus_rejects_non_integers(bad):
+    with pytest.raises(TypeError, match="n must be an integer"):
+        keras_scaling.use_logical_cpus(bad)
+
+
+@pytest.mark.logical_cpus(3)
+def test_auto_strategy_mirrors_over_logical_cpus(caplog):
+    caplog.set_level("INFO", logger="keras_scaling")
+    strategy = keras_scaling.auto_strategy()
+    assert isinstance(strategy, tf.distribute.MirroredStrategy)
+    assert strategy.num_replicas_in_sync == 3
+    assert "3 logical CPUs" in caplog.text
+
+
+@pytest.mark.logical_cpus(3)
+def test_describe_strategy_names_devices_and_counts():
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1", "/cpu:2"])
+    info = keras_scaling.describe_strategy(strategy)
+    assert (info.kind, info.num_workers, info.num_replicas) == ("MirroredStrategy", 1, 3)
+    assert info.device_kind == "CPU" and info.is_chief and info.worker_index == 0
+    assert [name.split(":")[-1] for name in info.local_devices] == ["0", "1", "2"]
+    assert str(info).startswith("MirroredStrategy: 1 worker, 3 replicas on CPU")
+
+
+def test_auto_strategy_on_one_device_is_the_default_strategy():
+    strategy = keras_scaling.auto_strategy()
+    assert strategy is tf.distribute.get_strategy()
+    assert keras_scaling.describe_strategy(strategy).num_replicas == 1
+
+
+def test_describe_strategy_rejects_non_strategies():
+    with pytest.raises(TypeError, match="strategy must be a tf.distribute.Strategy"):
+        keras_scaling.describe_strategy("mirrored")
+
+
+def test_import_does_not_initialise_devices():
+    code = (
+        "import keras_scaling, keras_scaling.callbacks;"
+        "print(keras_scaling.use_logical_cpus(3))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("CPU:") == 3
+
+
+def test_cpu_devices_env_sets_logical_cpus_for_auto_strategy():
+    code = (
+        "import keras_scaling;"
+        "s = keras_scaling.auto_strategy();"
+        "print(type(s).__name__, s.num_replicas_in_sync)"
+    )
+    env = dict(os.environ, KERAS_SCALING_CPU_DEVICES="2")
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split()[-2:] == ["MirroredStrategy", "2"]
+
+
+def test_tf_config_rejects_malformed_json(monkeypatch):
+    monkeypatch.setenv("TF_CONFIG", "{not json")
+    with pytest.raises(ValueError, match="TF_CONFIG is not valid JSON"):
+        devices.tf_config()
+
+
+def test_tf_config_worker_count_counts_chief_and_workers(monkeypatch):
+    cluster = {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2", "127.0.0.1:3"]}
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": cluster, "task": {}}))
+    assert devices._tf_config_worker_count() == 3
+
+
+def test_public_names_are_exported_and_documented():
+    for name in keras_scaling.__all__:
+        value = getattr(keras_scaling, name)
+        doc = value.__doc__ or ""
+        assert doc.strip(), f"{name} has no docstring"
+        if callable(value) and not isinstance(value, type(keras_scaling)):
+            assert "Example" in doc, f"{name}'s docstring has no Example"
