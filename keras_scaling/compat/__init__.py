@@ -1,0 +1,383 @@
+"""Fixes for Keras 3 defects that break `model.fit` under `tf.distribute`.
+
+Each fix replaces one function of Keras' TensorFlow trainer while it is
+active, and `disable()` puts the original function object back:
+
+| fix                   | upstream issue              | symptom without it |
+|-----------------------|-----------------------------|--------------------|
+| `steps_per_execution` | keras-team/keras#19246      | `steps_per_execution > 1` on several replicas: "You must feed a value for placeholder tensor 'while/cond/Placeholder'" |
+| `symbolic_build`      | keras-team/keras#20585      | `fit` under `MultiWorkerMirroredStrategy`: "Attempt to convert a value (PerReplica: ...)" |
+| `scalar_reduce`       | tensorflow/tensorflow#72388 | metrics under `MultiWorkerMirroredStrategy`: "Invalid reduction dimension 0 for input with 0 dimensions" |
+
+`keras_scaling` enables them by itself whenever it meets a strategy with more
+than one replica (`auto_strategy()`, `data.distribute()`, its callbacks).
+Set the environment variable `KERAS_SCALING_NO_COMPAT=1` to keep Keras
+untouched, or call `keras_scaling.compat.disable()`.
+"""
+
+import dataclasses
+import logging
+import os
+import threading
+
+from keras_scaling.compat import _probe
+from keras_scaling.compat import _scalar_reduce
+from keras_scaling.compat import _steps_per_execution
+from keras_scaling.compat import _symbolic_build
+
+__all__ = [
+    "CompatStatus",
+    "FixStatus",
+    "NO_COMPAT_ENV",
+    "disable",
+    "enable",
+    "enable_for",
+    "status",
+]
+
+logger = logging.getLogger("keras_scaling")
+
+NO_COMPAT_ENV = "KERAS_SCALING_NO_COMPAT"
+
+_FIXES = (_steps_per_execution, _symbolic_build, _scalar_reduce)
+_FIX_NAMES = tuple(fix.NAME for fix in _FIXES)
+_lock = threading.RLock()
+# name -> (owner, attribute, original object, replacement)
+_active = {}
+# Fixes turned off by `disable()`: automatic enabling leaves them off.
+_disabled_by_user = set()
+_probes = {}
+_env_notice_logged = False
+
+
+@dataclasses.dataclass(frozen=True)
+class FixStatus:
+    """One fix: what it repairs, whether this Keras needs it and whether it is on.
+
+    Args:
+        name: the fix's name, such as `"steps_per_execution"`.
+        issue: the upstream issue, such as `"keras-team/keras#19246"`.
+        summary: the defect and what the fix changes, in one sentence.
+        needed: whether the installed Keras has the defect.
+        active: whether the fix is applied now.
+        why: why it is needed or not, and why it is active or not.
+    """
+
+    name: str
+    issue: str
+    summary: str
+    needed: bool
+    active: bool
+    why: str
+
+
+@dataclasses.dataclass(frozen=True)
+class CompatStatus:
+    """Every fix of `keras_scaling.compat` and its state; `str()` is a table.
+
+    Args:
+        fixes: a tuple of `FixStatus`, one per fix.
+        keras_version: the installed Keras version.
+        disabled_by_env: whether `KERAS_SCALING_NO_COMPAT` turns the fixes off.
+
+    Example:
+
+    ```python
+    print(keras_scaling.compat.status())
+    status = keras_scaling.compat.status()
+    status["steps_per_execution"].active   # True once enabled
+    ```
+    """
+
+    fixes: tuple
+    keras_version: str
+    disabled_by_env: bool
+
+    def __getitem__(self, name):
+        for fix in self.fixes:
+            if fix.name == name:
+                return fix
+        raise KeyError(f"no fix named {name!r}; fixes: {', '.join(_FIX_NAMES)}")
+
+    @property
+    def active(self):
+        """The names of the fixes applied now."""
+        return tuple(fix.name for fix in self.fixes if fix.active)
+
+    def __str__(self):
+        lines = [f"keras_scaling.compat (Keras {self.keras_version})"]
+        if self.disabled_by_env:
+            lines[0] += f": off, {NO_COMPAT_ENV}=1"
+        for fix in self.fixes:
+            lines.append(
+                f"  {fix.name:<20} {fix.issue:<28} "
+                f"needed={'yes' if fix.needed else 'no':<3} "
+                f"active={'yes' if fix.active else 'no':<3} {fix.why}"
+            )
+        return "\n".join(lines)
+
+
+def _env_disables():
+    value = os.environ.get(NO_COMPAT_ENV, "").strip().lower()
+    if value in ("", "0", "false", "no"):
+        return False
+    if value in ("1", "true", "yes"):
+        return True
+    raise ValueError(
+        f"{NO_COMPAT_ENV} must be 1 (keep Keras untouched) or 0, got "
+        f"{os.environ[NO_COMPAT_ENV]!r}"
+    )
+
+
+def _probe_fix(fix):
+    if fix.NAME not in _probes:
+        _probes[fix.NAME] = fix.probe()
+    return _probes[fix.NAME]
+
+
+def _fix_named(name):
+    for fix in _FIXES:
+        if fix.NAME == name:
+            return fix
+    raise ValueError(
+        f"name must be one of {', '.join(map(repr, _FIX_NAMES))} or None, "
+        f"got {name!r}"
+    )
+
+
+def _log_env_notice_once():
+    global _env_notice_logged
+    if not _env_notice_logged:
+        _env_notice_logged = True
+        logger.info(
+            "keras_scaling.compat: %s=1, Keras is left unpatched", NO_COMPAT_ENV
+        )
+
+
+def _apply(fixes):
+    """Applies the needed fixes among `fixes`; returns the names applied now."""
+    applied = []
+    for fix in fixes:
+        needed, _ = _probe_fix(fix)
+        if not needed or fix.NAME in _active:
+            continue
+        owner, attribute = fix.target()
+        original = owner.__dict__[attribute]
+        replacement = fix.make_replacement(original)
+        setattr(owner, attribute, replacement)
+        _active[fix.NAME] = (owner, attribute, original, replacement)
+        applied.append(fix.NAME)
+    return applied
+
+
+def _log_applied(applied):
+    if applied:
+        logger.info(
+            "keras_scaling.compat: patched Keras %s: %s",
+            _probe.keras_version(),
+            ", ".join(f"{name} ({_fix_named(name).ISSUE})" for name in applied),
+        )
+
+
+def enable():
+    """Apply the fixes that the installed Keras needs.
+
+    Whether a fix is needed is decided by reading the installed Keras (the
+    source of the function it replaces), which creates no tensor, device or
+    strategy, so `enable()` is safe anywhere, even before
+    `keras_scaling.use_logical_cpus`. The fixes act on every model of the
+    process from then on. Calling it again changes nothing; it logs once, on
+    the `keras_scaling` logger, which fixes it applied. With
+    `KERAS_SCALING_NO_COMPAT=1` in the environment it applies nothing.
+
+    `enable()` also undoes earlier `disable()` calls: fixes turned off by
+    `disable()` are otherwise left off by the automatic `enable_for`.
+
+    Returns:
+        The `CompatStatus` after enabling.
+
+    Example:
+
+    ```python
+    import keras_scaling
+    keras_scaling.compat.enable()
+    print(keras_scaling.compat.status())
+    ```
+    """
+    with _lock:
+        if _env_disables():
+            _log_env_notice_once()
+            return status()
+        _disabled_by_user.clear()
+        _log_applied(_apply(_FIXES))
+        return status()
+
+
+def disable(name=None):
+    """Restore Keras exactly: put the original functions back.
+
+    The fixes stay off until `enable()` is called again: the automatic
+    `enable_for` (from `auto_strategy()`, `data.distribute()` and the
+    callbacks) does not turn them back on. Functions Keras already built for
+    a model while a fix was active (`model.train_function`) keep the fix
+    until the model is compiled again.
+
+    Args:
+        name: the fix to turn off, one of `"steps_per_execution"`,
+            `"symbolic_build"` and `"scalar_reduce"`; `None` (the default)
+            turns off all of them.
+
+    Returns:
+        The `CompatStatus` after disabling.
+
+    Example:
+
+    ```python
+    keras_scaling.compat.disable()                        # all fixes
+    keras_scaling.compat.disable("steps_per_execution")   # only this one
+    ```
+    """
+    with _lock:
+        names = _FIX_NAMES if name is None else (_fix_named(name).NAME,)
+        restored = []
+        for fix_name in names:
+            _disabled_by_user.add(fix_name)
+            if fix_name not in _active:
+                continue
+            owner, attribute, original, replacement = _active.pop(fix_name)
+            if owner.__dict__.get(attribute) is not replacement:
+                logger.warning(
+                    "keras_scaling.compat: %s.%s was replaced by other code "
+                    "after the %s fix; leaving it as it is",
+                    owner.__name__,
+                    attribute,
+                    fix_name,
+                )
+                continue
+            setattr(owner, attribute, original)
+            restored.append(fix_name)
+        if restored:
+            logger.info(
+                "keras_scaling.compat: restored Keras' own %s", ", ".join(restored)
+            )
+        return status()
+
+
+def enable_for(strategy, model=None):
+    """Apply the fixes a strategy needs, in time for the `fit` in progress.
+
+    With more than one replica in sync this enables the fixes Keras needs
+    (see `enable()`); with one replica it does nothing. It is cheap: call
+    it every time a strategy is met. It does nothing with
+    `KERAS_SCALING_NO_COMPAT=1`, and leaves off the fixes `disable()` turned
+    off.
+
+    Keras builds `model.train_function` before `on_train_begin`, and
+    `model.test_function` before `on_test_begin`, and reuses them until the
+    model is compiled again. Pass `model` when calling from a callback or
+    after the model has run: a train or test function built without the
+    `steps_per_execution` fix is then rebuilt with it, so the `fit` or
+    `evaluate` in progress uses it. The `symbolic_build` fix acts before
+    callbacks run, so under `MultiWorkerMirroredStrategy` enable it before
+    `fit` (`auto_strategy()`, `data.distribute()` or `enable()` do).
+
+    Args:
+        strategy: a `tf.distribute.Strategy`.
+        model: a Keras model, or `None` (the default).
+
+    Returns:
+        The `CompatStatus` after enabling.
+
+    Example:
+
+    ```python
+    class MyCallback(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            keras_scaling.compat.enable_for(
+                self.model.distribute_strategy, model=self.model
+            )
+    ```
+    """
+    import tensorflow as tf
+
+    if not isinstance(strategy, tf.distribute.Strategy):
+        raise TypeError(
+            "strategy must be a tf.distribute.Strategy, got "
+            f"{type(strategy).__name__}"
+        )
+    if strategy.num_replicas_in_sync < 2:
+        return status()
+    with _lock:
+        if _env_disables():
+            _log_env_notice_once()
+            return status()
+        wanted = [fix for fix in _FIXES if fix.NAME not in _disabled_by_user]
+        _log_applied(_apply(wanted))
+        if model is not None:
+            _rebuild_functions_built_without_fix(model)
+        return status()
+
+
+def _rebuild_functions_built_without_fix(model):
+    if _steps_per_execution.NAME not in _active:
+        return
+    if getattr(model, "steps_per_execution", 1) == 1:
+        return
+    for attribute, make in (
+        ("train_function", "make_train_function"),
+        ("test_function", "make_test_function"),
+    ):
+        function = getattr(model, attribute, None)
+        if function is not None and not getattr(
+            function, _steps_per_execution.BUILT_BY_FIX, False
+        ):
+            getattr(model, make)(force=True)
+
+
+def status():
+    """Which fixes exist, whether this Keras needs them and whether they are on.
+
+    Returns:
+        A `CompatStatus`: `str()` of it is a readable table, and
+        `status()["steps_per_execution"]` is one fix's `FixStatus` (name,
+        upstream issue, needed, active and why).
+
+    Example:
+
+    ```python
+    print(keras_scaling.compat.status())
+    # keras_scaling.compat (Keras 3.15.1)
+    #   steps_per_execution  keras-team/keras#19246  needed=yes active=yes ...
+    ```
+    """
+    with _lock:
+        disabled_by_env = _env_disables()
+        fixes = []
+        for fix in _FIXES:
+            needed, reason = _probe_fix(fix)
+            active = fix.NAME in _active
+            if active:
+                state = "applied"
+            elif not needed:
+                state = "not applied"
+            elif disabled_by_env:
+                state = f"not applied: {NO_COMPAT_ENV}=1"
+            elif fix.NAME in _disabled_by_user:
+                state = "not applied: turned off by disable()"
+            else:
+                state = "not applied yet: no strategy with several replicas met"
+            fixes.append(
+                FixStatus(
+                    name=fix.NAME,
+                    issue=fix.ISSUE,
+                    summary=fix.SUMMARY,
+                    needed=needed,
+                    active=active,
+                    why=f"{reason}; {state}",
+                )
+            )
+        return CompatStatus(
+            fixes=tuple(fixes),
+            keras_version=_probe.keras_version(),
+            disabled_by_env=disabled_by_env,
+        )

@@ -1,0 +1,74 @@
+"""Fix for tensorflow/tensorflow#72388: scalar metrics on several workers.
+
+Under `MultiWorkerMirroredStrategy`, Keras' `reduce_per_replica` averages
+every step output with `strategy.reduce("MEAN", value, axis=0)`. Metrics are
+scalars, which have no axis 0: "Invalid reduction dimension 0 for input with
+0 dimensions". The replacement averages scalars over the replicas with
+`axis=None` and leaves every other value to Keras.
+"""
+
+from keras.src import tree
+from keras.src.backend.tensorflow import trainer as tf_trainer
+
+from keras_scaling.compat import _probe
+
+NAME = "scalar_reduce"
+ISSUE = "tensorflow/tensorflow#72388"
+SUMMARY = (
+    "scalar metrics fail to reduce under MultiWorkerMirroredStrategy; "
+    "scalars are averaged over replicas with axis=None"
+)
+
+
+def target():
+    """The attribute this fix replaces: `(owner, name)`."""
+    return tf_trainer, "reduce_per_replica"
+
+
+def probe():
+    """Whether the installed Keras reduces scalars with `axis=0`."""
+    reduce_per_replica = getattr(tf_trainer, "reduce_per_replica", None)
+    if reduce_per_replica is None or not hasattr(
+        tf_trainer, "_collective_all_reduce_multi_worker"
+    ):
+        return False, (
+            "keras' reduce_per_replica is gone: the reduction this fix "
+            "replaces no longer exists"
+        )
+    source = _probe.source_of(reduce_per_replica)
+    if source is None:
+        return _probe.by_version("the axis=0 reduction of scalars")
+    if _probe.contains(
+        r"strategy\.reduce\(\s*[\"']MEAN[\"']\s*,\s*v\s*,\s*axis=0\s*\)", source
+    ):
+        return True, (
+            "reduce_per_replica averages every output with axis=0 under "
+            "MultiWorkerMirroredStrategy, scalars included"
+        )
+    return False, (
+        "reduce_per_replica no longer reduces with axis=0 under "
+        "MultiWorkerMirroredStrategy"
+    )
+
+
+def _is_scalar(value, strategy):
+    return strategy.experimental_local_results(value)[0].shape.rank == 0
+
+
+def make_replacement(original_reduce_per_replica):
+    """Returns a `reduce_per_replica` that averages scalars with `axis=None`."""
+
+    def reduce_per_replica(values, strategy, reduction):
+        if reduction not in ("auto", "mean") or not (
+            tf_trainer._collective_all_reduce_multi_worker(strategy)
+        ):
+            return original_reduce_per_replica(values, strategy, reduction)
+
+        def reduce_one(value):
+            if _is_scalar(value, strategy):
+                return strategy.reduce("MEAN", value, axis=None)
+            return original_reduce_per_replica(value, strategy, reduction)
+
+        return tree.map_structure(reduce_one, values)
+
+    return reduce_per_replica

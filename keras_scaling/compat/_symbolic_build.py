@@ -1,0 +1,78 @@
+"""Fix for keras-team/keras#20585: `fit` under `MultiWorkerMirroredStrategy`.
+
+Before the first step, `TensorFlowTrainer._maybe_symbolic_build` builds the
+model from the first batch, which it averages over the replicas with
+`strategy.reduce("MEAN", ...)`. A multi-worker strategy rejects that
+per-replica batch ("Attempt to convert a value (PerReplica: ...) with an
+unsupported type"). Building needs only shapes and dtypes, so the replacement
+builds from this worker's first replica's batch instead.
+"""
+
+import tensorflow as tf
+from keras.src import tree
+from keras.src.backend.tensorflow import trainer as tf_trainer
+
+from keras_scaling.compat import _probe
+
+NAME = "symbolic_build"
+ISSUE = "keras-team/keras#20585"
+SUMMARY = (
+    "fit under MultiWorkerMirroredStrategy fails before the first step; the "
+    "model is built from one local replica's batch"
+)
+
+
+def target():
+    """The attribute this fix replaces: `(owner, name)`."""
+    return tf_trainer.TensorFlowTrainer, "_maybe_symbolic_build"
+
+
+def probe():
+    """Whether the installed Keras reduces the first batch across replicas."""
+    build = getattr(tf_trainer.TensorFlowTrainer, "_maybe_symbolic_build", None)
+    if build is None or not hasattr(
+        tf_trainer, "_collective_all_reduce_multi_worker"
+    ):
+        return False, (
+            "TensorFlowTrainer._maybe_symbolic_build is gone: the build step "
+            "this fix replaces no longer exists"
+        )
+    source = _probe.source_of(build)
+    if source is None:
+        return _probe.by_version("the reduced first batch")
+    if _probe.contains(r"strategy\.reduce\(\s*[\"']MEAN[\"']", source):
+        return True, (
+            "TensorFlowTrainer._maybe_symbolic_build averages the first batch "
+            "with strategy.reduce, which MultiWorkerMirroredStrategy rejects"
+        )
+    return False, (
+        "TensorFlowTrainer._maybe_symbolic_build no longer reduces the first "
+        "batch across replicas"
+    )
+
+
+def make_replacement(original_build):
+    """Returns a `_maybe_symbolic_build` that uses one local replica's batch."""
+
+    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+        strategy = self._distribute_strategy
+        if (
+            iterator is None
+            or strategy is None
+            or not tf_trainer._collective_all_reduce_multi_worker(strategy)
+        ):
+            return original_build(self, iterator=iterator, data_batch=data_batch)
+        for _, _, distributed_iterator in iterator:
+            data_batch = tree.map_structure(
+                lambda value: (
+                    strategy.experimental_local_results(value)[0]
+                    if isinstance(value, tf.distribute.DistributedValues)
+                    else value
+                ),
+                next(distributed_iterator),
+            )
+            break
+        with strategy.scope():
+            self._symbolic_build(data_batch=data_batch)
+
+    return _maybe_symbolic_build
