@@ -1,0 +1,465 @@
+"""Start N local workers of one command, as a group that lives and dies together.
+
+The local counterpart of `torchrun` for `tf.distribute.MultiWorkerMirroredStrategy`:
+every worker gets a `TF_CONFIG` naming the whole cluster on free 127.0.0.1
+ports, every line it prints is prefixed with its index, and when one worker
+fails (or the user presses Ctrl-C) the others are stopped rather than left
+blocked in a collective that can never complete. Plain Python: no TensorFlow.
+"""
+
+import dataclasses
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+# Read by `keras_scaling.devices.auto_strategy` in every worker.
+CPU_DEVICES_ENV = "KERAS_SCALING_CPU_DEVICES"
+
+_POLL_INTERVAL_S = 0.05
+
+
+def free_ports(count, host="127.0.0.1"):
+    """Returns `count` distinct TCP ports that are free on `host` right now.
+
+    All sockets stay bound until every port is chosen, so the ports are
+    distinct; they are released before returning, so another process could
+    in principle take one before the workers bind it.
+
+    Args:
+        count: int, the number of ports.
+        host: str, the address to bind, `"127.0.0.1"` by default.
+
+    Returns:
+        A list of `count` port numbers.
+    """
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sockets.append(sock)
+            sock.bind((host, 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def _check_ports_free(ports, host="127.0.0.1"):
+    for port in ports:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError as error:
+                raise ValueError(
+                    f"port_base={ports[0]} needs ports {ports[0]}-{ports[-1]} "
+                    f"free on {host}, but port {port} is not ({error.strerror}); "
+                    "pass another port base, or none to pick free ports"
+                ) from None
+
+
+def tf_config(ports, index, host="127.0.0.1"):
+    """The `TF_CONFIG` of worker `index` in a cluster of workers on `ports`.
+
+    Worker 0 is the chief: with no `chief` task in the cluster,
+    `MultiWorkerMirroredStrategy` gives that role to worker 0.
+
+    Args:
+        ports: list of int, one port per worker.
+        index: int, this worker's index in `ports`.
+        host: str, the workers' address, `"127.0.0.1"` by default.
+
+    Returns:
+        A dict, such as `{"cluster": {"worker": ["127.0.0.1:5001",
+        "127.0.0.1:5002"]}, "task": {"type": "worker", "index": 1}}`.
+    """
+    return {
+        "cluster": {"worker": [f"{host}:{port}" for port in ports]},
+        "task": {"type": "worker", "index": index},
+    }
+
+
+def worker_env(base_env, ports, index, cpu_devices=None):
+    """The environment of worker `index`: `base_env` plus its cluster settings.
+
+    Sets `TF_CONFIG`, `KERAS_SCALING_CPU_DEVICES` when `cpu_devices` is given,
+    and `PYTHONUNBUFFERED=1` (unless already set) so that a Python worker's
+    lines reach the terminal as they are printed, not when a buffer fills.
+    """
+    env = dict(base_env)
+    env["TF_CONFIG"] = json.dumps(tf_config(ports, index))
+    if cpu_devices is not None:
+        env[CPU_DEVICES_ENV] = str(cpu_devices)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def describe_status(returncode):
+    """`"status 3"`, or `"status -9 (killed by SIGKILL)"` for a signal."""
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"status {returncode} (killed by {name})"
+    return f"status {returncode}"
+
+
+def exit_code_for(returncode):
+    """The launcher's exit status for a worker's: 128 + N for signal N, as a shell does."""
+    if returncode < 0:
+        return 128 + (-returncode)
+    return returncode
+
+
+@dataclasses.dataclass
+class LaunchResult:
+    """How a group of workers ended.
+
+    Args:
+        exit_code: 0 when every worker succeeded; otherwise the failed
+            worker's status (128 + N when signal N killed it), or 130 after
+            Ctrl-C.
+        returncodes: each worker's own return code, by index (negative: the
+            signal that ended it, often the launcher's own when stopping it).
+        failed_worker: the index of the first worker that failed, or None.
+        interrupted: whether the launcher was interrupted (SIGINT or SIGTERM).
+        message: one line for the user, empty when all succeeded.
+    """
+
+    exit_code: int
+    returncodes: list
+    failed_worker: int = None
+    interrupted: bool = False
+    message: str = ""
+
+
+class _Worker:
+    """One worker process, in its own session, with threads copying its output."""
+
+    def __init__(self, index, command, env, stdout, stderr, write_lock):
+        self.index = index
+        # A session of its own makes the worker the leader of a process group
+        # that holds its children too, so signals reach all of them; and the
+        # terminal's Ctrl-C reaches only the launcher, which forwards it once.
+        self.process = subprocess.Popen(
+            command,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+        self.pgid = self.process.pid
+        prefix = f"[worker {index}] "
+        self.threads = [
+            threading.Thread(
+                target=_copy_lines,
+                args=(self.process.stdout, stdout, prefix, write_lock),
+                daemon=True,
+            ),
+            threading.Thread(
+                target=_copy_lines,
+                args=(self.process.stderr, stderr, prefix, write_lock),
+                daemon=True,
+            ),
+        ]
+        for thread in self.threads:
+            thread.start()
+
+    def poll(self):
+        return self.process.poll()
+
+    def signal_group(self, signum):
+        """Sends `signum` to the worker and every process it started."""
+        try:
+            os.killpg(self.pgid, signum)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def group_alive(self):
+        """Whether any process of the worker's group is still running."""
+        if self.process.poll() is None:
+            return True
+        try:
+            os.killpg(self.pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return False
+        return _group_has_live_process(self.pgid)
+
+
+def _group_has_live_process(pgid):
+    """Whether process group `pgid` has a member that is not a zombie.
+
+    A worker's orphaned children are reparented to the system's init, which
+    may take its time to reap them; a zombie holds no resources, so it does
+    not count. Without /proc (not Linux), every member counts.
+    """
+    try:
+        pids = [name for name in os.listdir("/proc") if name.isdigit()]
+    except OSError:
+        return True
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                # The command name, in parentheses, may contain spaces.
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        state, process_group = fields[0], int(fields[2])
+        if process_group == pgid and state not in ("Z", "X"):
+            return True
+    return False
+
+
+def _copy_lines(pipe, target, prefix, write_lock):
+    output_open = True
+    with pipe:
+        for raw_line in iter(pipe.readline, b""):
+            if not output_open:
+                continue  # keep draining so the worker never blocks on a full pipe
+            line = raw_line.decode("utf-8", errors="replace")
+            if not line.endswith("\n"):
+                line += "\n"
+            with write_lock:
+                try:
+                    target.write(prefix + line)
+                    target.flush()
+                except (BrokenPipeError, ValueError, OSError):
+                    output_open = False
+
+
+class _Signals:
+    """Records SIGINT and SIGTERM received by the launcher while installed."""
+
+    def __init__(self):
+        self.received = []
+        self._previous = {}
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self._previous[signum] = signal.signal(signum, self._record)
+        return self
+
+    def _record(self, signum, frame):
+        self.received.append(signum)
+
+    def __exit__(self, *exc_info):
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+
+
+def launch(
+    command,
+    num_workers,
+    cpu_devices=None,
+    port_base=None,
+    grace_period_s=5.0,
+    stdout=None,
+    stderr=None,
+    env=None,
+):
+    """Runs `command` as `num_workers` local workers of one cluster, and waits.
+
+    Each worker runs `command` with a `TF_CONFIG` naming every worker on
+    127.0.0.1 (worker 0 is the chief), so that
+    `keras_scaling.auto_strategy()` (or `MultiWorkerMirroredStrategy`) in the
+    command joins them into one cluster. Every line a worker prints on stdout
+    or stderr is copied to `stdout` or `stderr` prefixed with `[worker i] `.
+    Workers read no stdin.
+
+    The group lives and dies together:
+
+    - When a worker fails (non-zero status, or killed by a signal), the
+      others get SIGTERM, then SIGKILL after `grace_period_s`: they may be
+      blocked in a collective operation that can never complete, so they are
+      stopped, not waited for.
+    - On SIGINT (Ctrl-C) or SIGTERM, the launcher forwards that signal to
+      every worker, then sends SIGTERM and finally SIGKILL, each after
+      `grace_period_s`. A second Ctrl-C skips the wait.
+    - Signals go to each worker's whole process group, so processes a worker
+      started are stopped too, and none is left running when this returns.
+
+    Args:
+        command: list of str, the program and its arguments.
+        num_workers: int, the number of workers, at least 1.
+        cpu_devices: int or None, when set each worker's environment gets
+            `KERAS_SCALING_CPU_DEVICES=cpu_devices`, which makes
+            `keras_scaling.auto_strategy()` split that worker's CPU into that
+            many logical devices. Defaults to None (not set).
+        port_base: int or None, when set the workers use ports `port_base`,
+            `port_base + 1`, ...; by default free ports are picked.
+        grace_period_s: float, how long a worker has to stop after each
+            signal before the next, stronger one. Defaults to 5.0.
+        stdout: file for the workers' prefixed stdout; `sys.stdout` by default.
+        stderr: file for the workers' prefixed stderr; `sys.stderr` by default.
+        env: dict, the environment the workers' settings are added to;
+            `os.environ` by default.
+
+    Returns:
+        A `LaunchResult`: `exit_code` is 0 when every worker succeeded, the
+        first failed worker's status otherwise (128 + N for signal N), 130
+        after Ctrl-C; `message` says which worker failed and how.
+
+    Raises:
+        TypeError, ValueError: an argument is invalid, or the command cannot
+            be started (no worker is left running then).
+
+    Example:
+
+    ```python
+    from keras_scaling import launcher
+    result = launcher.launch(["python", "train.py"], num_workers=2, cpu_devices=2)
+    print(result.exit_code, result.message)
+    ```
+    """
+    _check_arguments(command, num_workers, cpu_devices, port_base, grace_period_s)
+    stdout = sys.stdout if stdout is None else stdout
+    stderr = sys.stderr if stderr is None else stderr
+    env = os.environ if env is None else env
+    if port_base is None:
+        ports = free_ports(num_workers)
+    else:
+        ports = list(range(port_base, port_base + num_workers))
+        _check_ports_free(ports)
+
+    write_lock = threading.Lock()
+    workers = []
+    with _Signals() as signals:
+        try:
+            for index in range(num_workers):
+                workers.append(
+                    _Worker(
+                        index,
+                        list(command),
+                        worker_env(env, ports, index, cpu_devices),
+                        stdout,
+                        stderr,
+                        write_lock,
+                    )
+                )
+        except OSError as error:
+            _stop(workers, [signal.SIGKILL], grace_period_s, signals)
+            raise ValueError(
+                f"command {command[0]!r} cannot be started: {error.strerror}"
+            ) from None
+        try:
+            result = _supervise(workers, grace_period_s, signals)
+        finally:
+            # Processes a successful worker left behind are stopped too.
+            _stop(workers, [signal.SIGTERM, signal.SIGKILL], grace_period_s, signals)
+            for worker in workers:
+                worker.process.wait()
+                for thread in worker.threads:
+                    thread.join(timeout=grace_period_s)
+    return result
+
+
+def _check_arguments(command, num_workers, cpu_devices, port_base, grace_period_s):
+    if isinstance(command, (str, bytes)) or not command:
+        raise ValueError(
+            f"command must be a non-empty list of strings (the program and its "
+            f"arguments), got {command!r}"
+        )
+    for name, value, minimum in (
+        ("num_workers", num_workers, 1),
+        ("cpu_devices", cpu_devices, 1),
+        ("port_base", port_base, 1),
+    ):
+        if value is None and name != "num_workers":
+            continue
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an integer, got {value!r}")
+        if value < minimum:
+            raise ValueError(f"{name} must be at least {minimum}, got {value}")
+    if port_base is not None and port_base + num_workers - 1 > 65535:
+        raise ValueError(
+            f"port_base={port_base} leaves no room for {num_workers} ports below "
+            "65536; pass a smaller port base"
+        )
+    if not isinstance(grace_period_s, (int, float)) or grace_period_s < 0:
+        raise ValueError(
+            f"grace_period_s must be a number of seconds >= 0, got {grace_period_s!r}"
+        )
+
+
+def _supervise(workers, grace_period_s, signals):
+    """Waits until all workers succeed, one fails, or a signal arrives."""
+    while True:
+        if signals.received:
+            first = signals.received[0]
+            _stop(workers, [first, signal.SIGTERM, signal.SIGKILL], grace_period_s, signals)
+            name = signal.Signals(first).name
+            return LaunchResult(
+                exit_code=128 + first,
+                returncodes=[worker.process.wait() for worker in workers],
+                interrupted=True,
+                message=f"interrupted by {name}; stopped the workers",
+            )
+        returncodes = [worker.poll() for worker in workers]
+        failed = next(
+            (
+                worker
+                for worker, code in zip(workers, returncodes)
+                if code is not None and code != 0
+            ),
+            None,
+        )
+        if failed is not None:
+            running = [worker for worker in workers if worker.poll() is None]
+            _stop(running, [signal.SIGTERM, signal.SIGKILL], grace_period_s, signals)
+            code = failed.process.returncode
+            message = f"worker {failed.index} exited with {describe_status(code)}"
+            if running:
+                message += "; stopped the others"
+            return LaunchResult(
+                exit_code=exit_code_for(code) or 1,
+                returncodes=[worker.process.wait() for worker in workers],
+                failed_worker=failed.index,
+                message=message,
+            )
+        if all(code == 0 for code in returncodes):
+            return LaunchResult(exit_code=0, returncodes=returncodes)
+        time.sleep(_POLL_INTERVAL_S)
+
+
+def _stop(workers, signal_sequence, grace_period_s, signals):
+    """Sends each signal in turn to the workers' groups until none is left.
+
+    Waits up to `grace_period_s` after each signal but the last; a signal
+    received by the launcher meanwhile (a second Ctrl-C) skips the wait.
+    """
+    received_before = len(signals.received)
+    for position, signum in enumerate(signal_sequence):
+        alive = [worker for worker in workers if worker.group_alive()]
+        if not alive:
+            return
+        for worker in alive:
+            worker.signal_group(signum)
+        if position == len(signal_sequence) - 1:
+            break
+        deadline = time.monotonic() + grace_period_s
+        while time.monotonic() < deadline:
+            if len(signals.received) > received_before:
+                break  # asked again: stop waiting, go on to the stronger signal
+            _reap(alive)
+            if not any(worker.group_alive() for worker in alive):
+                return
+            time.sleep(_POLL_INTERVAL_S)
+    # After SIGKILL, wait (briefly) for the kernel to remove the processes.
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline:
+        _reap(workers)
+        if not any(worker.group_alive() for worker in workers):
+            return
+        time.sleep(_POLL_INTERVAL_S)
+
+
+def _reap(workers):
+    for worker in workers:
+        worker.poll()
