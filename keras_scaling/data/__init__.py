@@ -1,0 +1,374 @@
+"""Distributed input: shard per worker, batch globally, prefetch, static shapes.
+
+`distribute` turns arrays, an unbatched `tf.data.Dataset` or TFRecord files
+into a dataset that `model.fit`, `evaluate` and `predict` can use under any
+`tf.distribute` strategy, with an explicit plan (`describe`, `plan_of`) of
+what each replica and worker reads.
+"""
+
+import logging
+
+import tensorflow as tf
+
+from keras_scaling import devices
+from keras_scaling.data import _pipeline
+from keras_scaling.data import _plan
+from keras_scaling.data import _sources
+from keras_scaling.data._plan import InputPlan
+
+__all__ = ["InputPlan", "describe", "distribute", "global_batch_size", "plan_of"]
+
+logger = logging.getLogger("keras_scaling")
+
+# Every worker must draw the same order, so an unseeded shuffle is never used:
+# `seed=None` means this seed, and each epoch still gets a new order.
+DEFAULT_SEED = 1234
+
+_PLAN_ATTRIBUTE = "_keras_scaling_input_plan"
+
+
+def global_batch_size(per_replica_batch_size, strategy=None):
+    """The global batch size for a per-replica batch size under a strategy.
+
+    One training step consumes `per_replica_batch_size` samples on each of
+    the strategy's `num_replicas_in_sync` replicas, across all workers.
+
+    Args:
+        per_replica_batch_size: int, samples per replica per step.
+        strategy: a `tf.distribute.Strategy`; defaults to the current one
+            (`tf.distribute.get_strategy()`).
+
+    Returns:
+        int, `per_replica_batch_size * strategy.num_replicas_in_sync`.
+
+    Example:
+
+    ```python
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    keras_scaling.data.global_batch_size(32, strategy)   # 64
+    ```
+    """
+    info = _describe_strategy(strategy)
+    return _plan.resolve_batch_sizes(
+        info.num_replicas, per_replica_batch_size=per_replica_batch_size
+    )[1]
+
+
+def distribute(
+    data,
+    *,
+    strategy=None,
+    per_replica_batch_size=None,
+    global_batch_size=None,
+    shuffle=None,
+    seed=None,
+    last_batch="drop",
+    shard="auto",
+    cache=False,
+    parse_fn=None,
+):
+    """Builds the input pipeline for data-parallel training under a strategy.
+
+    The returned `tf.data.Dataset` yields batches of `global_batch_size`
+    samples drawn from this worker's share of the data; pass it to
+    `model.fit`, `model.evaluate` or `model.predict` (Keras splits each batch
+    between the replicas). Its plan, from `plan_of(dataset)`, is logged once
+    at INFO level on the `keras_scaling` logger, and
+    `keras_scaling.compat.enable_for(strategy)` is applied.
+
+    What it guarantees:
+
+    - Sharding is planned, not left to TensorFlow's AUTO policy: with several
+      workers, TFRecord files are split between workers when there are at
+      least as many files as workers; otherwise every worker keeps every
+      `num_workers`-th element before `parse_fn` runs (a warning gives the
+      counts). TensorFlow's own sharding is turned off on the result.
+    - Each sample is read exactly once per epoch over all workers (except
+      those left out by `last_batch="drop"`), and every worker runs the same
+      number of steps.
+    - Shuffling is seeded: every worker draws the same permutation of the
+      whole data and keeps its own part; each epoch has a new order; the
+      same seed gives the same orders. Arrays get a full permutation;
+      datasets and records a shuffle buffer of up to 10 000 elements.
+    - Shapes are static except for the last batch under
+      `last_batch="partial"`; the pipeline ends with
+      `prefetch(tf.data.AUTOTUNE)`.
+
+    `last_batch` decides what happens to the samples that do not fill a
+    last global batch:
+
+    - `"drop"`: they are left out (a different few each epoch when
+      shuffled). Every batch is full and every replica gets
+      `per_replica_batch_size` samples.
+    - `"pad"`: the last batch is filled with copies of a sample with
+      `sample_weight` 0, and every real sample has weight 1 (multiplied into
+      a `sample_weight` you give), so compiled metrics in `evaluate` count
+      each sample exactly once. Keras' reported `loss` is still averaged
+      over all rows, padding included: it equals the true mean times
+      `num_examples / (num_examples + samples_padded_per_epoch)`. Data
+      without targets (`x` alone, for `predict`) gets no weights: the extra
+      predictions are at the end, so keep the first `num_examples` (with
+      `shuffle=False`).
+    - `"partial"`: the last batch is smaller and TensorFlow splits it over the
+      replicas, so some replicas can get fewer or no samples in that step.
+      Refused under TPUs (static shapes) and with several workers (the
+      workers would run different numbers of steps).
+
+    With several workers each worker's batches (of the global size) last
+    `num_workers` steps, as each worker feeds only its own replicas, so the
+    epoch is made a whole number of batches on every worker: up to
+    `num_workers - 1` more global batches are dropped or padded than on one
+    worker. `describe` shows the exact numbers.
+
+    Args:
+        data: what to read:
+            - NumPy arrays (or tensors) as `model.fit` takes them: `x`,
+              `(x, y)` or `(x, y, sample_weight)`, where `x` and `y` may be
+              arrays, lists or dicts of arrays;
+            - an unbatched `tf.data.Dataset` whose number of elements is known
+              (`dataset.cardinality()`; after `.filter()` declare it with
+              `tf.data.experimental.assert_cardinality(n)`), yielding `x`,
+              `(x, y)` or `(x, y, sample_weight)`;
+            - a list of TFRecord file paths, with `parse_fn`. The files are
+              read once here to count their records (no parsing).
+        strategy: a `tf.distribute.Strategy`; defaults to the current one
+            (`tf.distribute.get_strategy()`).
+        per_replica_batch_size: int, samples per replica per step.
+        global_batch_size: int, samples per step over all replicas; must be a
+            multiple of the number of replicas. Give exactly one of the two
+            (or both, if they agree).
+        shuffle: bool. Defaults to `None`: shuffle arrays and files (as
+            `model.fit(shuffle=True)` does), keep a dataset's own order (as
+            `fit` does). Pass `shuffle=False` for `evaluate` and `predict`.
+        seed: int, the shuffle seed, the same on every worker. Defaults to
+            `None`: a fixed seed (1234), so runs repeat the same orders; pass
+            another seed for other orders.
+        last_batch: `"drop"` (default), `"pad"` or `"partial"`, see above.
+        shard: `"auto"` (default: by file when there are at least as many
+            files as workers, else by element), `"file"` (refuses too few
+            files) or `"element"`.
+        cache: `False` (default), `True` (in memory) or a file path: cache the
+            parsed samples of this worker's share after the first epoch. The
+            split between workers is then fixed and each worker shuffles its
+            own share.
+        parse_fn: function from one element (a serialized record, for files)
+            to the sample `x`, `(x, y)` or `(x, y, sample_weight)`; runs on
+            this worker's share only, after sharding. Required for files.
+
+    Returns:
+        A `tf.data.Dataset` of global batches, carrying its `InputPlan`
+        (`keras_scaling.data.plan_of(dataset)`).
+
+    Raises:
+        TypeError: `strategy` is not a strategy, `parse_fn` is not callable,
+            or `data` is of an unsupported type.
+        ValueError: batch sizes missing, not positive integers, inconsistent
+            or not divisible by the replicas; an already batched, infinite,
+            empty or unknown-length dataset; arrays of different lengths;
+            files without `parse_fn` or missing; an unknown `last_batch` or
+            `shard`; too little data for one step under `"drop"`.
+
+    Example:
+
+    ```python
+    import keras, numpy as np, keras_scaling
+    keras_scaling.use_logical_cpus(2)
+    strategy = keras_scaling.auto_strategy()
+    x = np.random.rand(1000, 8).astype("float32")
+    y = x.sum(axis=1, keepdims=True)
+    train = keras_scaling.data.distribute(
+        (x, y), strategy=strategy, per_replica_batch_size=32
+    )
+    print(keras_scaling.data.plan_of(train))
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
+        model.compile(optimizer="adam", loss="mse")
+    model.fit(train, epochs=2)
+    ```
+    """
+    plan, source, schedule, file_assignment = _make_plan(
+        data,
+        strategy=strategy,
+        per_replica_batch_size=per_replica_batch_size,
+        global_batch_size=global_batch_size,
+        shuffle=shuffle,
+        seed=seed,
+        last_batch=last_batch,
+        shard=shard,
+        cache=cache,
+        parse_fn=parse_fn,
+    )
+    from keras_scaling import compat
+
+    compat.enable_for(_strategy_or_current(strategy))
+    for message in plan.warnings:
+        logger.warning("%s", message)
+    logger.info("%s", plan)
+    dataset = _pipeline.build(
+        source,
+        plan=plan,
+        schedule=schedule,
+        file_assignment=file_assignment,
+        parse_fn=parse_fn,
+        cache=cache,
+    )
+    setattr(dataset, _PLAN_ATTRIBUTE, plan)
+    return dataset
+
+
+def describe(data, **kwargs):
+    """The input plan `distribute` would follow, without building the pipeline.
+
+    Pass the same arguments as to `distribute`, or a dataset `distribute`
+    returned (then its plan is returned). The plan says how many replicas and
+    workers read the data, the per-replica and global batch, the shard mode
+    and why it was chosen, the steps per epoch and the samples dropped or
+    padded per epoch; `print(plan)` shows it as a short table.
+
+    Args:
+        data: as for `distribute`, or a dataset returned by `distribute`.
+        **kwargs: the other arguments of `distribute`.
+
+    Returns:
+        An `InputPlan`.
+
+    Example:
+
+    ```python
+    plan = keras_scaling.data.describe(
+        (x, y), strategy=strategy, per_replica_batch_size=32, last_batch="pad"
+    )
+    print(plan)
+    ```
+    """
+    existing = plan_of(data)
+    if existing is not None:
+        if kwargs:
+            raise ValueError(
+                "describe() got a dataset that distribute() built, which has "
+                f"its plan already, and arguments {sorted(kwargs)}: pass the "
+                "original data with the arguments, or the dataset alone."
+            )
+        return existing
+    return _make_plan(data, **kwargs)[0]
+
+
+def plan_of(dataset):
+    """The `InputPlan` of a dataset returned by `distribute`, else None.
+
+    Transformations applied after `distribute` (such as `.map`) return new
+    datasets without the plan.
+
+    Example:
+
+    ```python
+    train = keras_scaling.data.distribute((x, y), global_batch_size=64)
+    keras_scaling.data.plan_of(train).steps_per_epoch
+    ```
+    """
+    return getattr(dataset, _PLAN_ATTRIBUTE, None)
+
+
+def _strategy_or_current(strategy):
+    return tf.distribute.get_strategy() if strategy is None else strategy
+
+
+def _describe_strategy(strategy):
+    strategy = _strategy_or_current(strategy)
+    if not isinstance(strategy, tf.distribute.Strategy):
+        raise TypeError(
+            "strategy must be a tf.distribute.Strategy (or None for the "
+            f"current one), got {type(strategy).__name__}. Create one with "
+            "keras_scaling.auto_strategy()."
+        )
+    return devices.describe_strategy(strategy), strategy
+
+
+def _make_plan(
+    data,
+    *,
+    strategy=None,
+    per_replica_batch_size=None,
+    global_batch_size=None,
+    shuffle=None,
+    seed=None,
+    last_batch="drop",
+    shard="auto",
+    cache=False,
+    parse_fn=None,
+):
+    info, strategy = _describe_strategy(strategy)
+    per_replica, global_size = _plan.resolve_batch_sizes(
+        info.num_replicas,
+        per_replica_batch_size=per_replica_batch_size,
+        global_batch_size=global_batch_size,
+    )
+    _plan.check_last_batch(
+        last_batch,
+        num_workers=info.num_workers,
+        static_shapes_required=isinstance(strategy, tf.distribute.TPUStrategy)
+        or info.device_kind == "TPU",
+    )
+    if shard not in _plan.SHARD_MODES:
+        _plan.choose_shard_mode(shard, info.num_workers)
+    if shuffle is not None and not isinstance(shuffle, bool):
+        raise TypeError(f"shuffle must be True, False or None, got {shuffle!r}.")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise TypeError(f"seed must be an integer or None, got {seed!r}.")
+    if not (cache is False or cache is True or isinstance(cache, str)):
+        raise TypeError(
+            f"cache must be False, True (in memory) or a file path, got {cache!r}."
+        )
+    source = _sources.inspect_data(data, parse_fn)
+    shard_mode, shard_reason, shard_warning = _plan.choose_shard_mode(
+        shard, info.num_workers, source.num_files
+    )
+    file_assignment = None
+    if shard_mode == "file":
+        file_assignment = _plan.assign_files(source.file_sizes, info.num_workers)
+        worker_sizes = [
+            sum(source.file_sizes[index] for index in files)
+            for files in file_assignment
+        ]
+    else:
+        worker_sizes = [
+            len(_plan.element_share(source.num_examples, info.num_workers, worker))
+            for worker in range(info.num_workers)
+        ]
+    schedule = _plan.schedule_epoch(worker_sizes, global_size, last_batch)
+    if shuffle is None:
+        shuffle = not isinstance(source, _sources.DatasetSource)
+    warnings = tuple(
+        message
+        for message in (
+            shard_warning,
+            _plan.small_batch_warning(per_replica, info.device_kind),
+        )
+        if message
+    )
+    worker = info.worker_index if last_batch != "partial" else 0
+    plan = InputPlan(
+        num_examples=source.num_examples,
+        num_replicas=info.num_replicas,
+        num_workers=info.num_workers,
+        worker_index=info.worker_index,
+        per_replica_batch_size=per_replica,
+        global_batch_size=global_size,
+        steps_per_epoch=schedule.steps_per_epoch,
+        last_batch=last_batch,
+        shard_mode=shard_mode,
+        shard_reason=shard_reason,
+        samples_dropped_per_epoch=schedule.samples_dropped,
+        samples_padded_per_epoch=schedule.samples_padded,
+        worker_examples=schedule.examples_per_worker[worker],
+        shuffle=shuffle,
+        seed=DEFAULT_SEED if seed is None else seed,
+        num_files=source.num_files,
+        worker_files=(
+            len(file_assignment[info.worker_index]) if file_assignment else None
+        ),
+        device_kind=info.device_kind,
+        strategy=info.kind,
+        warnings=warnings,
+    )
+    return plan, source, schedule, file_assignment

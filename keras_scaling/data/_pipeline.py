@@ -1,0 +1,191 @@
+"""Builds the tf.data pipeline that carries out an input plan."""
+
+import tensorflow as tf
+
+from keras_scaling.data import _sources
+
+# Datasets and records are shuffled through a buffer of at most this many
+# elements (arrays get a full permutation of their row indices instead): a
+# full-size buffer of decoded images would not fit in memory.
+SHUFFLE_BUFFER_ELEMENTS = 10_000
+
+
+def build(source, *, plan, schedule, file_assignment, parse_fn, cache):
+    """Returns the batched, prefetched dataset for this worker."""
+    if isinstance(source, _sources.ArraySource) and parse_fn is None:
+        dataset = _batched_array_rows(source, plan, schedule)
+    else:
+        dataset = _batched_elements(
+            source, plan, schedule, file_assignment, parse_fn, cache
+        )
+    dataset = dataset.apply(
+        tf.data.experimental.assert_cardinality(
+            _batches_per_worker(plan, schedule)
+        )
+    )
+    options = tf.data.Options()
+    # The split between workers is done above; TensorFlow must not split again
+    # (AUTO would read every file on every worker: tensorflow#49048).
+    options.experimental_distribute.auto_shard_policy = (
+        tf.data.experimental.AutoShardPolicy.OFF
+    )
+    return dataset.with_options(options).prefetch(tf.data.AUTOTUNE)
+
+
+def _batches_per_worker(plan, schedule):
+    if plan.last_batch == "partial":
+        return schedule.steps_per_epoch
+    return schedule.steps_per_epoch // plan.num_workers
+
+
+def _drop_remainder(plan):
+    return plan.last_batch != "partial"
+
+
+def _shuffle(dataset, plan, buffer_size):
+    return dataset.shuffle(
+        buffer_size, seed=plan.seed, reshuffle_each_iteration=True
+    )
+
+
+def _batched_array_rows(source, plan, schedule):
+    """Shuffles, shards and pads row indices, then gathers whole batches.
+
+    Index `-1` marks a padding row: it gathers row 0 and gets weight 0.
+    """
+    positions = tf.data.Dataset.range(source.num_examples)
+    if plan.shuffle:
+        positions = _shuffle(positions, plan, source.num_examples)
+    if plan.num_workers > 1:
+        positions = positions.shard(plan.num_workers, plan.worker_index)
+    positions = _keep_or_pad(
+        positions,
+        schedule,
+        plan,
+        padding=tf.data.Dataset.from_tensors(tf.constant(-1, tf.int64)),
+    )
+    positions = positions.batch(
+        plan.global_batch_size, drop_remainder=_drop_remainder(plan)
+    )
+    arrays = source.arrays
+    padded = plan.last_batch == "pad"
+
+    def gather(indices):
+        rows = tf.nest.map_structure(
+            lambda array: tf.gather(array, tf.maximum(indices, 0)), arrays
+        )
+        if not padded:
+            return rows
+        return _with_padding_weights(rows, tf.cast(indices >= 0, tf.float32))
+
+    return positions.map(gather, num_parallel_calls=tf.data.AUTOTUNE)
+
+
+def _keep_or_pad(stream, schedule, plan, padding):
+    """Cuts the stream to this worker's real samples, then appends padding."""
+    worker = plan.worker_index if plan.last_batch != "partial" else 0
+    if plan.last_batch == "drop":
+        return stream.take(schedule.examples_per_worker[worker])
+    if plan.last_batch == "pad":
+        count = schedule.padding_per_worker[worker]
+        if count:
+            stream = stream.concatenate(padding.repeat(count))
+    return stream
+
+
+def _batched_elements(source, plan, schedule, file_assignment, parse_fn, cache):
+    """Shards and shuffles raw elements, then parses only this worker's share."""
+    raw, raw_size = _raw_elements(source, plan, file_assignment)
+    load = _loader(source, parse_fn)
+    buffer_size = min(raw_size, SHUFFLE_BUFFER_ELEMENTS)
+    element_sharded = plan.shard_mode == "element"
+    if cache:
+        # A cache replays its first pass, so the split between workers is
+        # fixed here and each worker shuffles its own share after the cache.
+        stream = raw
+        if element_sharded:
+            stream = stream.shard(plan.num_workers, plan.worker_index)
+        stream = stream.map(load, num_parallel_calls=tf.data.AUTOTUNE)
+        stream = stream.cache() if cache is True else stream.cache(str(cache))
+        if plan.shuffle:
+            stream = _shuffle(stream, plan, buffer_size)
+    else:
+        # Every worker draws the same order of the whole data and keeps its
+        # own positions, so together they read each sample once per epoch.
+        stream = _shuffle(raw, plan, buffer_size) if plan.shuffle else raw
+        if element_sharded:
+            stream = stream.shard(plan.num_workers, plan.worker_index)
+        stream = stream.map(load, num_parallel_calls=tf.data.AUTOTUNE)
+    padded = plan.last_batch == "pad"
+    if padded:
+        stream = stream.map(lambda *element: (_unpack(element), 1.0))
+        padding = raw.take(1).map(load).map(lambda *element: (_unpack(element), 0.0))
+    else:
+        padding = None
+    stream = _keep_or_pad(stream, schedule, plan, padding)
+    stream = stream.batch(plan.global_batch_size, drop_remainder=_drop_remainder(plan))
+    if padded:
+        stream = stream.map(_with_padding_weights)
+    return stream
+
+
+def _unpack(element):
+    return element[0] if len(element) == 1 else element
+
+
+def _raw_elements(source, plan, file_assignment):
+    """The unparsed elements this worker reads, and how many there are."""
+    if isinstance(source, _sources.ArraySource):
+        arrays = source.arrays
+        positions = tf.data.Dataset.range(source.num_examples)
+        rows = positions.map(
+            lambda index: tf.nest.map_structure(
+                lambda array: tf.gather(array, index), arrays
+            )
+        )
+        return rows, source.num_examples
+    if isinstance(source, _sources.DatasetSource):
+        return source.dataset, source.num_examples
+    if plan.shard_mode == "file":
+        indices = file_assignment[plan.worker_index]
+        paths = [source.paths[index] for index in indices]
+        count = sum(source.file_sizes[index] for index in indices)
+    else:
+        paths, count = list(source.paths), source.num_examples
+    files = tf.data.Dataset.from_tensor_slices(paths)
+    if plan.shuffle and len(paths) > 1:
+        files = _shuffle(files, plan, len(paths))
+    records = files.interleave(
+        tf.data.TFRecordDataset,
+        cycle_length=min(len(paths), 8),
+        num_parallel_calls=tf.data.AUTOTUNE,
+        deterministic=True,
+    )
+    return records, count
+
+
+def _loader(source, parse_fn):
+    if parse_fn is None:
+        return lambda *element: _unpack(element)
+    return lambda *element: parse_fn(_unpack(element))
+
+
+def _with_padding_weights(element, weights):
+    """Adds the 0/1 padding weights as `sample_weight`, merging with any given.
+
+    `(x, y)` becomes `(x, y, weights)`; in `(x, y, sample_weight)` the given
+    weights are multiplied by them; data without targets (`x` alone) is
+    returned unchanged, as there is no loss to weight.
+    """
+    if not isinstance(element, tuple) or len(element) < 2:
+        return element
+    if len(element) == 2:
+        return element + (weights,)
+    x, y, sample_weight = element
+
+    def merge(given):
+        given = tf.convert_to_tensor(given)
+        shape = tf.concat([tf.shape(weights), tf.ones([given.shape.rank - 1], tf.int32)], 0)
+        return given * tf.cast(tf.reshape(weights, shape), given.dtype)
+
+    return x, y, tf.nest.map_structure(merge, sample_weight)
