@@ -1,0 +1,162 @@
+"""One replica count of `keras-scaling bench`, in a process of its own.
+
+Run as `python -m keras_scaling.cli._bench_worker ...` by the bench, once per
+count: `MirroredStrategy` instances with different replica counts in one
+process break each other's collective all-reduce, and TensorFlow fixes the
+number of logical CPUs once per process.
+
+It trains the model on synthetic data fed through
+`keras_scaling.data.distribute`, with `ThroughputLogger(log_dir)`, which
+writes `log_dir/throughput.json`. On stdout it prints only progress lines
+(`@progress DONE TOTAL`); bad input ends it with exit status 2 and a last
+stderr line starting with `USAGE_PREFIX`.
+"""
+
+import argparse
+import os
+import sys
+
+from keras_scaling.cli._errors import UsageError
+
+PROGRESS_PREFIX = "@progress "
+USAGE_PREFIX = "keras-scaling bench: error: "
+# Each logical CPU device gets its own intra-op pool instead of sharing the
+# process-wide one, so `--intra-op-threads` is a per-replica budget.
+THREADPOOL_ENV = "TF_OVERRIDE_GLOBAL_THREADPOOL"
+_DISTINCT_BATCHES = 4
+
+
+def _parser():
+    parser = argparse.ArgumentParser(prog="python -m keras_scaling.cli._bench_worker")
+    parser.add_argument("--replicas", type=int, required=True)
+    parser.add_argument("--cpu-devices", action="store_true")
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--per-replica-batch", type=int, required=True)
+    parser.add_argument("--steps", type=int, required=True)
+    parser.add_argument("--steps-per-execution", type=int, default=1)
+    parser.add_argument("--log-dir", required=True)
+    parser.add_argument("--baseline", default="auto")
+    parser.add_argument("--intra-op-threads", type=int, default=0)
+    parser.add_argument("--inter-op-threads", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0)
+    return parser
+
+
+def _die_with_parent():
+    """Ends this process when the bench that started it dies (Linux only)."""
+    try:
+        import ctypes
+        import signal
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass
+
+
+def _configure_tensorflow(args):
+    import tensorflow as tf
+
+    # Thread pools are fixed when TensorFlow initialises its devices, so they
+    # are set before anything else touches TensorFlow.
+    if args.intra_op_threads:
+        tf.config.threading.set_intra_op_parallelism_threads(args.intra_op_threads)
+    if args.inter_op_threads:
+        tf.config.threading.set_inter_op_parallelism_threads(args.inter_op_threads)
+    if args.cpu_devices:
+        import keras_scaling
+
+        devices = keras_scaling.use_logical_cpus(args.replicas)
+    else:
+        devices = [device.name for device in tf.config.list_logical_devices("GPU")]
+    if len(devices) < args.replicas:
+        raise UsageError(
+            f"{args.replicas} replicas asked for, but this process sees "
+            f"{len(devices)} device(s)"
+        )
+    return tf.distribute.MirroredStrategy(devices[: args.replicas])
+
+
+def _progress_callback(total_steps):
+    import keras
+
+    every = max(1, total_steps // 50)
+
+    class _Progress(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            done = batch + 1
+            if done % every == 0 or done == total_steps:
+                print(f"{PROGRESS_PREFIX}{done} {total_steps}", flush=True)
+
+    return _Progress()
+
+
+def _baseline(text):
+    if text in ("auto", "measure"):
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+def run(args):
+    """Trains one replica count; returns the process exit status."""
+    from keras_scaling import compat
+    from keras_scaling import data
+    from keras_scaling.callbacks import ThroughputLogger
+    from keras_scaling.cli import _models
+
+    strategy = _configure_tensorflow(args)
+    compat.enable_for(strategy)
+    with strategy.scope():
+        model = _models.build_model(args.model)
+        _models.compile_for_bench(model, args.model, args.steps_per_execution)
+    global_batch_size = args.per_replica_batch * args.replicas
+    x, y = _models.synthetic_data(
+        model, global_batch_size * _DISTINCT_BATCHES, seed=args.seed
+    )
+    dataset = data.distribute(
+        (x, y),
+        strategy=strategy,
+        per_replica_batch_size=args.per_replica_batch,
+        shuffle=False,
+        last_batch="drop",
+    )
+    dataset = dataset.cache().repeat()
+    logger = ThroughputLogger(
+        args.log_dir,
+        baseline=_baseline(args.baseline),
+        global_batch_size=global_batch_size,
+    )
+    model.fit(
+        dataset,
+        steps_per_epoch=args.steps,
+        epochs=1,
+        verbose=0,
+        callbacks=[logger, _progress_callback(args.steps)],
+    )
+    if not os.path.exists(os.path.join(args.log_dir, "throughput.json")):
+        print(
+            f"ThroughputLogger wrote no throughput.json in {args.log_dir}",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+def main(argv=None):
+    args = _parser().parse_args(argv)
+    _die_with_parent()
+    if args.cpu_devices:
+        os.environ.setdefault(THREADPOOL_ENV, "1")
+    try:
+        return run(args)
+    except UsageError as error:
+        print(f"{USAGE_PREFIX}{error}", file=sys.stderr, flush=True)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

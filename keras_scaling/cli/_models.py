@@ -1,0 +1,199 @@
+"""The bench's models: presets, `package.module:function` specs, synthetic data.
+
+A model spec is a preset name or `package.module:function`. The function takes
+no arguments and returns a `keras.Model` with known input shapes, compiled or
+not. It is called inside the strategy's scope, so its variables are mirrored.
+A model that is not compiled is compiled by the bench: presets with SGD and
+sparse categorical cross-entropy; other models with SGD and mean squared
+error. Synthetic targets follow the loss: integer labels for sparse
+categorical cross-entropy, one-hot rows for categorical cross-entropy,
+uniform values in [0, 1) in the output's shape otherwise.
+"""
+
+import importlib
+import sys
+
+from keras_scaling.cli._errors import UsageError
+
+PRESETS = ("mlp", "cnn", "resnet50")
+_NUM_CLASSES = 10
+
+
+def check_spec(spec):
+    """Raises `UsageError` unless `spec` is a preset or an importable callable.
+
+    The current directory is importable, as with `python -m`.
+    """
+    if spec in PRESETS:
+        return
+    if ":" not in spec:
+        raise UsageError(
+            f"--model {spec!r} is neither a preset ({', '.join(PRESETS)}) nor "
+            "package.module:function"
+        )
+    _import_function(spec)
+
+
+def _import_function(spec):
+    module_name, _, function_name = spec.partition(":")
+    if not module_name or not function_name:
+        raise UsageError(
+            f"--model {spec!r} must have the form package.module:function"
+        )
+    if "" not in sys.path and "." not in sys.path:
+        sys.path.insert(0, "")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise UsageError(
+            f"--model {spec!r}: cannot import module {module_name!r} ({error}); "
+            "run from the directory that holds it or add it to PYTHONPATH"
+        ) from None
+    function = getattr(module, function_name, None)
+    if function is None:
+        raise UsageError(
+            f"--model {spec!r}: module {module_name!r} has no attribute "
+            f"{function_name!r}"
+        )
+    if not callable(function):
+        raise UsageError(
+            f"--model {spec!r}: {function_name!r} is a "
+            f"{type(function).__name__}, not a function returning a model"
+        )
+    return function
+
+
+def build_model(spec):
+    """Builds the model of `spec`; call it inside the strategy's scope."""
+    import keras
+
+    if spec == "mlp":
+        return keras.Sequential(
+            [
+                keras.Input((784,)),
+                keras.layers.Dense(512, activation="relu"),
+                keras.layers.Dense(512, activation="relu"),
+                keras.layers.Dense(_NUM_CLASSES),
+            ],
+            name="mlp",
+        )
+    if spec == "cnn":
+        return keras.Sequential(
+            [
+                keras.Input((32, 32, 3)),
+                keras.layers.Conv2D(32, 3, activation="relu"),
+                keras.layers.MaxPooling2D(),
+                keras.layers.Conv2D(64, 3, activation="relu"),
+                keras.layers.MaxPooling2D(),
+                keras.layers.Flatten(),
+                keras.layers.Dense(128, activation="relu"),
+                keras.layers.Dense(_NUM_CLASSES),
+            ],
+            name="cnn",
+        )
+    if spec == "resnet50":
+        return keras.applications.ResNet50(
+            weights=None, input_shape=(32, 32, 3), classes=_NUM_CLASSES
+        )
+    model = _import_function(spec)()
+    if not isinstance(model, keras.Model):
+        raise UsageError(
+            f"--model {spec!r} returned {type(model).__name__}, not a keras.Model; "
+            "the function must return the model"
+        )
+    return model
+
+
+def compile_for_bench(model, spec, steps_per_execution):
+    """Compiles `model` unless it is compiled (see the module docstring)."""
+    import keras
+
+    if model.compiled:
+        if steps_per_execution != 1:
+            raise UsageError(
+                f"--steps-per-execution {steps_per_execution} applies to models the "
+                f"bench compiles, but --model {spec!r} returned a compiled model; "
+                "compile it with steps_per_execution instead"
+            )
+        return
+    if spec in PRESETS:
+        loss = keras.losses.SparseCategoricalCrossentropy(
+            from_logits=spec != "resnet50"
+        )
+    else:
+        loss = "mean_squared_error"
+    model.compile(
+        optimizer=keras.optimizers.SGD(learning_rate=0.01, momentum=0.9),
+        loss=loss,
+        steps_per_execution=steps_per_execution,
+    )
+
+
+def synthetic_data(model, num_samples, seed=0):
+    """Random inputs and targets shaped for `model`: `(x, y)` NumPy arrays."""
+    import numpy as np
+
+    inputs = _known_shapes(model, "inputs")
+    outputs = _known_shapes(model, "outputs")
+    rng = np.random.default_rng(seed)
+    x = [_random_array(rng, num_samples, shape, dtype) for shape, dtype in inputs]
+    kind = _target_kind(model)
+    y = [_random_target(rng, num_samples, shape, kind) for shape, _ in outputs]
+    return (x[0] if len(x) == 1 else tuple(x)), (y[0] if len(y) == 1 else tuple(y))
+
+
+def _known_shapes(model, which):
+    try:
+        tensors = getattr(model, which)
+    except (AttributeError, ValueError):
+        tensors = None
+    if not tensors:
+        raise UsageError(
+            f"the model has no defined {which}; build it with keras.Input(shape=...) "
+            "(a Sequential or functional model) so the bench can make synthetic data"
+        )
+    shapes = []
+    for tensor in tensors:
+        shape = tuple(tensor.shape[1:])
+        if any(dim is None for dim in shape):
+            raise UsageError(
+                f"the model's {which} have unknown dimensions {tensor.shape}; give "
+                "keras.Input a full shape so the bench can make synthetic data"
+            )
+        shapes.append((shape, str(tensor.dtype)))
+    return shapes
+
+
+def _random_array(rng, num_samples, shape, dtype):
+    if "int" in dtype:
+        return rng.integers(0, 2, size=(num_samples, *shape)).astype(dtype)
+    return rng.random((num_samples, *shape), dtype="float32")
+
+
+def _target_kind(model):
+    import keras
+
+    loss = getattr(model, "loss", None)
+    name = loss if isinstance(loss, str) else type(loss).__name__
+    if isinstance(loss, keras.losses.Loss) and hasattr(loss, "fn"):
+        name = getattr(loss.fn, "__name__", name)
+    elif callable(loss) and not isinstance(loss, keras.losses.Loss):
+        name = getattr(loss, "__name__", name)
+    name = name.lower().replace("_", "")
+    if "sparsecategorical" in name:
+        return "labels"
+    if "categoricalcrossentropy" in name or "categoricalfocal" in name:
+        return "one_hot"
+    return "values"
+
+
+def _random_target(rng, num_samples, shape, kind):
+    import numpy as np
+
+    num_classes = shape[-1] if shape else 1
+    if kind == "labels":
+        return rng.integers(0, num_classes, size=(num_samples, *shape[:-1]))
+    if kind == "one_hot":
+        labels = rng.integers(0, num_classes, size=(num_samples, *shape[:-1]))
+        return np.eye(num_classes, dtype="float32")[labels]
+    return rng.random((num_samples, *shape), dtype="float32")

@@ -1,0 +1,196 @@
+"""The scaling summary: rows of speedup and efficiency from `throughput.json` files.
+
+`ThroughputLogger` writes `log_dir/throughput.json` at the end of training.
+This module finds those files under a directory, and turns them into one row
+per run: replicas, global batch, samples/sec, speedup, efficiency, ideal.
+
+Speedup is samples/sec divided by the baseline's samples/sec. The baseline
+is the 1-replica run among the runs when there is exactly one (so a bench
+sweep that includes 1 replica compares every count to the 1-replica figure
+it measured itself); otherwise each run's own recorded baseline
+(`baseline_samples_per_sec`), and no speedup when it has none.
+Efficiency is speedup divided by replicas; ideal is the number of replicas.
+"""
+
+import dataclasses
+import json
+import math
+import os
+
+THROUGHPUT_FILE = "throughput.json"
+_REQUIRED_FIELDS = ("samples_per_sec", "num_replicas", "global_batch_size")
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """One training run's `throughput.json`.
+
+    Args:
+        name: the run's directory relative to the directory searched
+            (`"replicas_2"`), or `"."` for the directory itself.
+        path: the absolute path of the file.
+        throughput: the parsed file.
+    """
+
+    name: str
+    path: str
+    throughput: dict
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    """One line of the scaling table."""
+
+    run: str
+    replicas: int
+    per_replica_batch_size: int
+    global_batch_size: int
+    samples_per_sec: float
+    speedup: float
+    efficiency: float
+    ideal_speedup: int
+
+    def to_json(self):
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class Summary:
+    """The scaling table and where its baseline came from.
+
+    Args:
+        rows: `Row`s sorted by replicas, then run name.
+        baseline_samples_per_sec: the common baseline, or None when each row
+            uses its run's own recorded baseline.
+        baseline_source: a readable description of the baseline.
+        notes: remarks for the reader, such as runs that had no baseline.
+    """
+
+    rows: tuple
+    baseline_samples_per_sec: float
+    baseline_source: str
+    notes: tuple
+
+
+def read_run(path, name):
+    """Reads one `throughput.json`; raises ValueError saying what is wrong."""
+    try:
+        with open(path, encoding="utf-8") as file:
+            throughput = json.load(file)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path} is not valid JSON ({error})") from None
+    if not isinstance(throughput, dict):
+        raise ValueError(f"{path} does not hold a JSON object")
+    missing = [field for field in _REQUIRED_FIELDS if throughput.get(field) is None]
+    if missing:
+        raise ValueError(f"{path} lacks {', '.join(missing)}")
+    samples_per_sec = throughput["samples_per_sec"]
+    if not isinstance(samples_per_sec, (int, float)) or not samples_per_sec > 0:
+        raise ValueError(
+            f"{path} has samples_per_sec={samples_per_sec!r}, not a positive number"
+        )
+    return Run(name=name, path=os.path.abspath(path), throughput=throughput)
+
+
+def find_runs(log_dir):
+    """Every readable `throughput.json` under `log_dir`, recursively.
+
+    Returns:
+        `(runs, problems)`: the `Run`s sorted by name, and one message per
+        file that could not be read.
+    """
+    runs, problems = [], []
+    for directory, subdirectories, files in os.walk(log_dir):
+        subdirectories.sort()
+        if THROUGHPUT_FILE not in files:
+            continue
+        name = os.path.relpath(directory, log_dir)
+        try:
+            runs.append(read_run(os.path.join(directory, THROUGHPUT_FILE), name))
+        except (OSError, ValueError) as error:
+            problems.append(str(error))
+    return sorted(runs, key=lambda run: _natural_key(run.name)), problems
+
+
+def _natural_key(name):
+    """Sorts `replicas_2` before `replicas_10`."""
+    import re
+
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
+
+
+def summarize(runs):
+    """The scaling `Summary` of `runs` (see the module docstring for the rules)."""
+    if not runs:
+        raise ValueError("summarize needs at least one run")
+    single = [run for run in runs if run.throughput["num_replicas"] == 1]
+    notes = []
+    if len(single) == 1:
+        baseline = float(single[0].throughput["samples_per_sec"])
+        source = f"the 1-replica run {single[0].name} ({baseline:.1f} samples/sec)"
+    else:
+        baseline = None
+        source = "each run's own recorded baseline"
+        if len(single) > 1:
+            notes.append(
+                f"{len(single)} runs have 1 replica, so none is the common "
+                "baseline; each run's speedup uses its own recorded baseline"
+            )
+    rows = []
+    for run in runs:
+        throughput = run.throughput
+        replicas = int(throughput["num_replicas"])
+        samples_per_sec = float(throughput["samples_per_sec"])
+        run_baseline = baseline
+        if run_baseline is None:
+            run_baseline = throughput.get("baseline_samples_per_sec")
+            if not run_baseline:
+                notes.append(f"{run.name} has no baseline, so no speedup")
+        speedup = samples_per_sec / run_baseline if run_baseline else math.nan
+        global_batch_size = int(throughput["global_batch_size"])
+        rows.append(
+            Row(
+                run=run.name,
+                replicas=replicas,
+                per_replica_batch_size=int(
+                    throughput.get("per_replica_batch_size")
+                    or global_batch_size // replicas
+                ),
+                global_batch_size=global_batch_size,
+                samples_per_sec=samples_per_sec,
+                speedup=speedup,
+                efficiency=speedup / replicas,
+                ideal_speedup=replicas,
+            )
+        )
+    rows.sort(key=lambda row: (row.replicas, _natural_key(row.run)))
+    return Summary(
+        rows=tuple(rows),
+        baseline_samples_per_sec=baseline,
+        baseline_source=source,
+        notes=tuple(notes),
+    )
+
+
+def summary_to_json(summary, **setup):
+    """The content of `scaling.json`: the set-up, the baseline and the rows.
+
+    NaN (no speedup) is written as null.
+    """
+
+    def clean(value):
+        if isinstance(value, float) and math.isnan(value):
+            return None
+        return value
+
+    return {
+        "version": 1,
+        **setup,
+        "baseline_samples_per_sec": summary.baseline_samples_per_sec,
+        "baseline_source": summary.baseline_source,
+        "rows": [
+            {key: clean(value) for key, value in row.to_json().items()}
+            for row in summary.rows
+        ],
+        "notes": list(summary.notes),
+    }

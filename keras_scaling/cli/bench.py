@@ -1,0 +1,435 @@
+"""`keras-scaling bench`: the speedup table of your model over replica counts."""
+
+import argparse
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+
+from keras_scaling.cli import _bench_worker
+from keras_scaling.cli import _models
+from keras_scaling.cli import _plan
+from keras_scaling.cli import _scaling
+from keras_scaling.cli._errors import UsageError
+from keras_scaling.cli._plot import scaling_plot_png
+from keras_scaling.cli._table import format_table
+
+_DEFAULT_PER_REPLICA_BATCH = 64
+_DEFAULT_STEPS = 100
+_LOG_TAIL_LINES = 25
+_RUN_DIR = "replicas_{}"
+_RUN_DIR_PATTERN = re.compile(r"replicas_\d+")
+_WORKER_LOG = "bench_worker.log"
+
+_DESCRIPTION = """\
+Train a model on synthetic data at several replica counts and print the
+speedup over 1 replica, the scaling efficiency (speedup / replicas) and the
+ideal (= replicas).
+
+Each count runs in a process of its own with MirroredStrategy over the first
+N GPUs, or over N logical CPUs with --cpu-devices, and trains with
+keras_scaling.data.distribute and ThroughputLogger into LOGDIR/replicas_N.
+Speedup is samples/sec divided by the 1-replica samples/sec measured in the
+same sweep (when 1 is not swept, each count measures its own 1-replica
+baseline). Weak scaling (the default) keeps the per-replica batch fixed;
+--global-batch keeps the global batch fixed instead (strong scaling).
+
+On logical CPUs every replica gets its own thread pool of
+cores // (largest count) threads, so N replicas use N times the cores of
+1 replica, like N devices; counts above the number of cores share cores
+and their figures are not meaningful.
+
+--model takes a preset (mlp, cnn, resnet50: ResNet50 on 32x32x3 inputs
+with 10 classes) or package.module:function, a function without arguments
+that returns a keras.Model with known input shapes. It is called inside
+the strategy scope. If the model is not compiled the bench compiles it with
+SGD and mean squared error (presets: sparse categorical cross-entropy).
+
+Writes LOGDIR/scaling.json, LOGDIR/scaling.png, and the plot and the table
+into TensorBoard (tensorboard --logdir LOGDIR, Images and Text tabs).
+"""
+
+_EXAMPLE = """\
+examples:
+  keras-scaling bench --cpu-devices 2 --model mlp --steps 60
+  keras-scaling bench --replicas 1,2,4,8 --model resnet50 --per-replica-batch 128
+  keras-scaling bench --model my_project.models:build --global-batch 512
+"""
+
+
+def add_parser(subparsers):
+    """Registers the `bench` subcommand on an argparse `subparsers` object."""
+    parser = subparsers.add_parser(
+        "bench",
+        help="measure speedup and scaling efficiency over replica counts",
+        description=_DESCRIPTION,
+        epilog=_EXAMPLE,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--replicas",
+        metavar="LIST",
+        help="replica counts, such as 1,2,4 (default: 1, then powers of two up "
+        "to all devices)",
+    )
+    parser.add_argument(
+        "--cpu-devices",
+        type=_positive_int,
+        metavar="N",
+        help="sweep over N logical CPUs instead of the GPUs",
+    )
+    parser.add_argument(
+        "--model",
+        default="mlp",
+        metavar="PRESET|package.module:function",
+        help=f"the model: {', '.join(_models.PRESETS)} or package.module:function "
+        "(default: mlp)",
+    )
+    batch = parser.add_mutually_exclusive_group()
+    batch.add_argument(
+        "--per-replica-batch",
+        type=_positive_int,
+        metavar="B",
+        help=f"weak scaling: each replica's batch (default {_DEFAULT_PER_REPLICA_BATCH})",
+    )
+    batch.add_argument(
+        "--global-batch",
+        type=_positive_int,
+        metavar="G",
+        help="strong scaling: the global batch, split over the replicas",
+    )
+    parser.add_argument(
+        "--steps",
+        type=_positive_int,
+        default=_DEFAULT_STEPS,
+        metavar="S",
+        help=f"training steps per replica count (default {_DEFAULT_STEPS})",
+    )
+    parser.add_argument(
+        "--steps-per-execution",
+        type=_positive_int,
+        default=1,
+        metavar="K",
+        help="steps per compiled call, for models the bench compiles (default 1)",
+    )
+    parser.add_argument(
+        "--logdir",
+        "--log-dir",
+        dest="logdir",
+        metavar="LOGDIR",
+        help="where to write the logs (default: logs/bench-YYYYmmdd-HHMMSS)",
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the results of an earlier bench in LOGDIR",
+    )
+    parser.add_argument(
+        "--seed", type=int, default=0, help="seed of the synthetic data (default 0)"
+    )
+    parser.set_defaults(run=run)
+    return parser
+
+
+def _positive_int(text):
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"must be a positive integer, got {text!r}"
+        ) from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
+
+
+def run(args):
+    """Runs the sweep of `args`; returns the exit status."""
+    _models.check_spec(args.model)
+    num_devices, device_kind = _count_devices(args.cpu_devices)
+    if args.replicas is None:
+        replica_counts = _plan.default_replica_counts(num_devices)
+    else:
+        replica_counts = _plan.parse_replica_counts(args.replicas)
+        _plan.check_replica_counts(replica_counts, num_devices, device_kind)
+    if args.global_batch is None:
+        points = _plan.plan_batches(
+            replica_counts,
+            per_replica_batch_size=args.per_replica_batch or _DEFAULT_PER_REPLICA_BATCH,
+        )
+    else:
+        points = _plan.plan_batches(replica_counts, global_batch_size=args.global_batch)
+    cpu_threads = None
+    if args.cpu_devices:
+        cpu_threads = _plan.plan_cpu_threads(replica_counts, _plan.available_cores())
+    log_dir = _prepare_log_dir(args.logdir, args.overwrite)
+    scaling = "strong" if args.global_batch else "weak"
+
+    print(
+        f"Bench: model {args.model}, {scaling} scaling, {args.steps} steps per count, "
+        f"replicas {', '.join(map(str, replica_counts))} on {device_kind}"
+    )
+    if num_devices == 1 and not args.cpu_devices:
+        print("Only one device: pass --cpu-devices N to sweep over N logical CPUs.")
+    if cpu_threads is not None:
+        print(cpu_threads.describe())
+    print(f"Logs: {log_dir}", flush=True)
+
+    baseline = "auto" if 1 in replica_counts else "measure"
+    for index, point in enumerate(points, start=1):
+        status = _run_point(args, point, index, len(points), log_dir, baseline, cpu_threads)
+        if status:
+            return status
+        if point.replicas == 1:
+            baseline = os.path.join(
+                log_dir, _RUN_DIR.format(1), _scaling.THROUGHPUT_FILE
+            )
+
+    runs = [
+        _scaling.read_run(
+            os.path.join(log_dir, _RUN_DIR.format(point.replicas), _scaling.THROUGHPUT_FILE),
+            _RUN_DIR.format(point.replicas),
+        )
+        for point in points
+    ]
+    summary = _scaling.summarize(runs)
+    table = format_table(summary.rows)
+    title = f"{args.model}, {scaling} scaling on {device_kind}"
+    print()
+    print(table)
+    print(f"\nSpeedup over {summary.baseline_source}.")
+    for note in summary.notes:
+        print(f"Note: {note}.")
+    if cpu_threads is not None and cpu_threads.oversubscribed:
+        print(
+            f"WARNING: counts above {cpu_threads.cores} replicas exceed the "
+            f"{cpu_threads.cores} cores; their figures are not meaningful."
+        )
+    setup = {
+        "title": title,
+        "model": args.model,
+        "scaling": scaling,
+        "device_kind": device_kind,
+        "steps": args.steps,
+        "steps_per_execution": args.steps_per_execution,
+        "cpu_cores": cpu_threads.cores if cpu_threads else None,
+        "cpu_threads_per_replica": cpu_threads.threads_per_replica if cpu_threads else None,
+    }
+    _write_results(log_dir, summary, table, title, setup)
+    print(f"\nWrote {os.path.join(log_dir, 'scaling.json')} and "
+          f"{os.path.join(log_dir, 'scaling.png')}.")
+    print(f"Open TensorBoard: tensorboard --logdir {shlex.quote(log_dir)}")
+    return 0
+
+
+def _count_devices(cpu_devices):
+    """`(number of devices, description)`: the logical CPUs asked for, or the GPUs."""
+    if cpu_devices:
+        return cpu_devices, f"{cpu_devices} logical CPU(s)"
+    import tensorflow as tf
+
+    gpus = len(tf.config.list_physical_devices("GPU"))
+    if gpus:
+        return gpus, f"{gpus} GPU(s)"
+    return 1, "1 CPU, no GPU"
+
+
+def _prepare_log_dir(log_dir, overwrite):
+    if log_dir is None:
+        log_dir = os.path.join("logs", time.strftime("bench-%Y%m%d-%H%M%S"))
+    log_dir = os.path.abspath(log_dir)
+    if os.path.exists(log_dir) and not os.path.isdir(log_dir):
+        raise UsageError(f"--logdir {log_dir!r} is a file; pass a directory")
+    earlier = _earlier_results(log_dir)
+    if earlier and not overwrite:
+        raise UsageError(
+            f"--logdir {log_dir!r} already holds bench results ({', '.join(earlier)}); "
+            "pass a new directory, or --overwrite to replace them"
+        )
+    for name in earlier:
+        path = os.path.join(log_dir, name)
+        if os.path.isdir(path):
+            shutil.rmtree(path)
+        else:
+            os.remove(path)
+    from keras_scaling import _tensorboard
+
+    try:
+        return _tensorboard.check_log_dir(log_dir, parameter="--logdir")
+    except (TypeError, ValueError) as error:
+        raise UsageError(str(error)) from None
+
+
+def _earlier_results(log_dir):
+    if not os.path.isdir(log_dir):
+        return []
+    return sorted(
+        name
+        for name in os.listdir(log_dir)
+        if _RUN_DIR_PATTERN.fullmatch(name)
+        or name in ("train", "scaling.json", "scaling.png")
+    )
+
+
+def _run_point(args, point, index, total, log_dir, baseline, cpu_threads):
+    """Trains one count in a child process; returns 0, or the bench's exit status."""
+    run_dir = os.path.join(log_dir, _RUN_DIR.format(point.replicas))
+    os.makedirs(run_dir, exist_ok=True)
+    command = [
+        sys.executable,
+        "-m",
+        "keras_scaling.cli._bench_worker",
+        f"--replicas={point.replicas}",
+        f"--model={args.model}",
+        f"--per-replica-batch={point.per_replica_batch_size}",
+        f"--steps={args.steps}",
+        f"--steps-per-execution={args.steps_per_execution}",
+        f"--log-dir={run_dir}",
+        f"--baseline={baseline}",
+        f"--seed={args.seed}",
+    ]
+    if cpu_threads is not None:
+        command += [
+            "--cpu-devices",
+            f"--intra-op-threads={cpu_threads.intra_op_threads()}",
+            f"--inter-op-threads={cpu_threads.inter_op_threads(point.replicas)}",
+        ]
+    env = dict(os.environ)
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    log_path = os.path.join(run_dir, _WORKER_LOG)
+    progress = _Progress(index, total, point, args.steps)
+    start_s = time.perf_counter()
+    # Both streams append to one file: the child's stderr directly, its other
+    # stdout lines through the parent, which keeps only progress for itself.
+    with open(log_path, "w", encoding="utf-8"):
+        pass
+    with open(log_path, "a", encoding="utf-8") as log:
+        process = subprocess.Popen(
+            command,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            text=True,
+        )
+        try:
+            for line in process.stdout:
+                if line.startswith(_bench_worker.PROGRESS_PREFIX):
+                    done, steps = line[len(_bench_worker.PROGRESS_PREFIX):].split()
+                    progress.update(int(done), int(steps))
+                else:
+                    log.write(line)
+                    log.flush()
+            returncode = process.wait()
+        except BaseException:
+            _stop(process)
+            progress.abort()
+            raise
+    elapsed_s = time.perf_counter() - start_s
+    throughput_path = os.path.join(run_dir, _scaling.THROUGHPUT_FILE)
+    if returncode == 0 and os.path.exists(throughput_path):
+        samples_per_sec = _scaling.read_run(throughput_path, run_dir).throughput[
+            "samples_per_sec"
+        ]
+        progress.finish(f"{samples_per_sec:.1f} samples/sec ({elapsed_s:.0f} s)")
+        return 0
+    progress.abort()
+    lines = _tail(log_path)
+    usage = [
+        line[len(_bench_worker.USAGE_PREFIX):]
+        for line in lines
+        if line.startswith(_bench_worker.USAGE_PREFIX)
+    ]
+    if returncode == 2 and usage:
+        raise UsageError(usage[-1])
+    if returncode < 0:
+        how = f"was killed by signal {-returncode}"
+    elif returncode == 0:
+        how = "wrote no throughput.json"
+    else:
+        how = f"failed with exit status {returncode}"
+    print(
+        f"keras-scaling bench: the run with {point.replicas} replica(s) {how}. "
+        f"Last lines of {log_path}:\n" + "\n".join(f"  {line}" for line in lines),
+        file=sys.stderr,
+    )
+    return 1
+
+
+def _stop(process):
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def _tail(path):
+    with open(path, encoding="utf-8", errors="replace") as file:
+        return [line.rstrip("\n") for line in file.readlines()[-_LOG_TAIL_LINES:]]
+
+
+class _Progress:
+    """One line per replica count: a bar on a terminal, start and end lines otherwise."""
+
+    _WIDTH = 30
+
+    def __init__(self, index, total, point, steps):
+        self._interactive = sys.stdout.isatty()
+        self._label = (
+            f"[{index}/{total}] {point.replicas} replica(s), "
+            f"global batch {point.global_batch_size}"
+        )
+        self._last = ""
+        if self._interactive:
+            self._show(f"{self._label}: starting")
+        else:
+            print(f"{self._label}: training {steps} steps ...", flush=True)
+
+    def update(self, done, steps):
+        if not self._interactive:
+            return
+        filled = self._WIDTH * done // max(steps, 1)
+        bar = "#" * filled + "-" * (self._WIDTH - filled)
+        self._show(f"{self._label}  [{bar}] {done}/{steps} steps")
+
+    def finish(self, text):
+        if self._interactive:
+            self._show(f"{self._label}: {text}")
+            sys.stdout.write("\n")
+        else:
+            print(f"{self._label}: {text}")
+        sys.stdout.flush()
+
+    def abort(self):
+        if self._interactive and self._last:
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+            self._last = ""
+
+    def _show(self, text):
+        sys.stdout.write("\r" + text.ljust(len(self._last)))
+        sys.stdout.flush()
+        self._last = text
+
+
+def _write_results(log_dir, summary, table, title, setup):
+    """scaling.json, scaling.png, and the plot and table in TensorBoard."""
+    from keras_scaling import _tensorboard
+
+    with open(os.path.join(log_dir, "scaling.json"), "w", encoding="utf-8") as file:
+        json.dump(_scaling.summary_to_json(summary, **setup), file, indent=2)
+        file.write("\n")
+    png = scaling_plot_png(summary.rows, title)
+    with open(os.path.join(log_dir, "scaling.png"), "wb") as file:
+        file.write(png)
+    text = f"{table}\n\nSpeedup over {summary.baseline_source}."
+    _tensorboard.write_image(log_dir, 0, "scaling/speedup_vs_replicas", png)
+    _tensorboard.write_text(log_dir, 0, "scaling/table", text)
+    _tensorboard.flush(log_dir)

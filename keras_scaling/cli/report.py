@@ -1,0 +1,79 @@
+"""`keras-scaling report LOGDIR`: the scaling table of runs logged earlier."""
+
+import argparse
+import json
+import os
+import sys
+
+from keras_scaling.cli import _scaling
+from keras_scaling.cli._errors import UsageError
+from keras_scaling.cli._plot import scaling_plot_png
+from keras_scaling.cli._table import format_table
+
+_DESCRIPTION = """\
+Read every throughput.json under LOGDIR (recursively), as written by
+ThroughputLogger at the end of training: the runs of a `keras-scaling bench`
+or your own training runs. Print the scaling table (replicas, global batch,
+samples/sec, speedup, efficiency, ideal) and write the plot of speedup
+against replicas.
+
+Speedup is relative to the 1-replica run when there is exactly one among
+the runs, otherwise to each run's own recorded baseline.
+"""
+
+
+def add_parser(subparsers):
+    """Registers the `report` subcommand on an argparse `subparsers` object."""
+    parser = subparsers.add_parser(
+        "report",
+        help="print the scaling table of earlier runs and write its plot",
+        description=_DESCRIPTION,
+        epilog="example:\n  keras-scaling report logs/bench-20260101-120000\n",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("logdir", metavar="LOGDIR", help="directory to search")
+    parser.add_argument(
+        "--output",
+        metavar="PNG",
+        help="where to write the plot (default: LOGDIR/scaling.png)",
+    )
+    parser.set_defaults(run=run)
+    return parser
+
+
+def run(args):
+    """Prints the table of the runs under `args.logdir`; returns the exit status."""
+    log_dir = os.path.abspath(args.logdir)
+    if not os.path.isdir(log_dir):
+        raise UsageError(f"LOGDIR {args.logdir!r} is not a directory")
+    runs, problems = _scaling.find_runs(log_dir)
+    for problem in problems:
+        print(f"keras-scaling report: skipped {problem}", file=sys.stderr)
+    if not runs:
+        raise UsageError(
+            f"no readable throughput.json under {args.logdir!r}; ThroughputLogger "
+            "writes one into its log_dir at the end of training"
+        )
+    summary = _scaling.summarize(runs)
+    print(format_table(summary.rows))
+    print(f"\nSpeedup over {summary.baseline_source}.")
+    for note in summary.notes:
+        print(f"Note: {note}.")
+    output = args.output or os.path.join(log_dir, "scaling.png")
+    try:
+        with open(output, "wb") as file:
+            file.write(scaling_plot_png(summary.rows, _title(log_dir)))
+    except OSError as error:
+        raise UsageError(f"cannot write the plot to {output!r} ({error.strerror})") from None
+    print(f"Wrote {output}.")
+    return 0
+
+
+def _title(log_dir):
+    """The bench's title when LOGDIR is a bench sweep, else the directory's name."""
+    try:
+        with open(os.path.join(log_dir, "scaling.json"), encoding="utf-8") as file:
+            title = json.load(file).get("title")
+    except (OSError, ValueError, AttributeError):
+        title = None
+    return title or f"runs under {os.path.basename(log_dir)}"

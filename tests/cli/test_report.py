@@ -1,0 +1,155 @@
+"""`keras-scaling report LOGDIR`: the scaling table of throughput.json files.
+
+The runs here are hand-written `throughput.json` files, which are what
+`report` reads: a user's own runs are exactly such files.
+"""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from keras_scaling.cli import _scaling
+from keras_scaling.cli._table import format_table
+
+
+def _write_run(directory, replicas, samples_per_sec, per_replica_batch_size=32,
+               baseline_samples_per_sec=None):
+    os.makedirs(directory, exist_ok=True)
+    record = {
+        "version": 1,
+        "samples_per_sec": samples_per_sec,
+        "steps_per_sec": samples_per_sec / (per_replica_batch_size * replicas),
+        "step_time_s": {"p10": 0.01, "p50": 0.011, "p90": 0.012},
+        "num_replicas": replicas,
+        "num_workers": 1,
+        "per_replica_batch_size": per_replica_batch_size,
+        "global_batch_size": per_replica_batch_size * replicas,
+        "device_kind": "CPU",
+        "dtype_policy": "float32",
+        "strategy": "MirroredStrategy",
+        "baseline_samples_per_sec": baseline_samples_per_sec,
+        "baseline_source": "given" if baseline_samples_per_sec else None,
+        "speedup": None,
+        "efficiency": None,
+        "steps_measured": 40,
+        "startup_time_s": 1.5,
+    }
+    with open(os.path.join(directory, "throughput.json"), "w") as file:
+        json.dump(record, file)
+
+
+def _report(*args):
+    return subprocess.run(
+        [sys.executable, "-m", "keras_scaling", "report", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.fixture
+def sweep(tmp_path):
+    """Runs of 1, 2 and 4 replicas, as a bench leaves them (plus a nested run)."""
+    _write_run(tmp_path / "replicas_1", 1, 1000.0)
+    _write_run(tmp_path / "replicas_2", 2, 1800.0)
+    _write_run(tmp_path / "more" / "replicas_4", 4, 3000.0)
+    return tmp_path
+
+
+def test_speedup_is_relative_to_the_one_replica_run(sweep):
+    runs, problems = _scaling.find_runs(sweep)
+    summary = _scaling.summarize(runs)
+
+    assert problems == []
+    assert [row.replicas for row in summary.rows] == [1, 2, 4]
+    assert [row.speedup for row in summary.rows] == [1.0, 1.8, 3.0]
+    assert [row.efficiency for row in summary.rows] == [1.0, 0.9, 0.75]
+    assert [row.ideal_speedup for row in summary.rows] == [1, 2, 4]
+    assert [row.global_batch_size for row in summary.rows] == [32, 64, 128]
+    assert summary.baseline_samples_per_sec == 1000.0
+    assert [row.run for row in summary.rows] == [
+        "replicas_1", "replicas_2", os.path.join("more", "replicas_4")
+    ]
+
+
+def test_without_a_one_replica_run_each_run_uses_its_recorded_baseline(tmp_path):
+    _write_run(tmp_path / "a", 2, 1500.0, baseline_samples_per_sec=1000.0)
+    _write_run(tmp_path / "b", 4, 2000.0, baseline_samples_per_sec=800.0)
+    _write_run(tmp_path / "c", 8, 4000.0)
+
+    summary = _scaling.summarize(_scaling.find_runs(tmp_path)[0])
+
+    assert summary.baseline_samples_per_sec is None
+    assert summary.rows[0].speedup == 1.5
+    assert summary.rows[1].speedup == 2.5
+    assert summary.rows[1].efficiency == 2.5 / 4
+    assert math.isnan(summary.rows[2].speedup)
+    assert any("c has no baseline" in note for note in summary.notes)
+
+
+def test_table_prints_every_column_and_a_dash_for_no_speedup(tmp_path):
+    _write_run(tmp_path / "replicas_1", 1, 1000.0)
+    _write_run(tmp_path / "replicas_2", 2, 1900.0)
+    rows = list(_scaling.summarize(_scaling.find_runs(tmp_path)[0]).rows)
+    rows.append(rows[1].__class__(**{**rows[1].to_json(), "speedup": math.nan,
+                                      "efficiency": math.nan, "run": "x"}))
+
+    lines = format_table(rows).splitlines()
+
+    assert [cell.strip() for cell in lines[0].strip("|").split("|")] == [
+        "replicas", "global batch", "samples/sec", "speedup", "efficiency",
+        "ideal", "run",
+    ]
+    assert [cell.strip() for cell in lines[3].strip("|").split("|")] == [
+        "2", "64", "1900.0", "1.90x", "95%", "2x", "replicas_2",
+    ]
+    assert [cell.strip() for cell in lines[4].strip("|").split("|")][3:5] == ["-", "-"]
+
+
+def test_report_prints_the_table_and_writes_the_plot(sweep):
+    result = _report(sweep)
+
+    assert result.returncode == 0, result.stderr
+    assert "|        4 |          128 |      3000.0 |   3.00x |        75% |    4x |" in (
+        result.stdout
+    )
+    assert "1-replica run replicas_1 (1000.0 samples/sec)" in result.stdout
+    with open(sweep / "scaling.png", "rb") as file:
+        png = file.read()
+    assert png.startswith(b"\x89PNG\r\n\x1a\n")
+    import matplotlib.image
+
+    image = matplotlib.image.imread(sweep / "scaling.png")
+    assert image.shape[0] > 200 and image.shape[1] > 200
+
+
+def test_report_skips_unreadable_files_and_says_which(sweep):
+    os.makedirs(sweep / "broken")
+    (sweep / "broken" / "throughput.json").write_text("{not json")
+
+    result = _report(sweep, "--output", sweep / "plot.png")
+
+    assert result.returncode == 0, result.stderr
+    assert "skipped" in result.stderr and "broken" in result.stderr
+    assert "replicas_2" in result.stdout
+    assert (sweep / "plot.png").stat().st_size > 1000
+
+
+def test_report_on_a_directory_without_runs_exits_2(tmp_path):
+    result = _report(tmp_path)
+
+    assert result.returncode == 2
+    assert "no readable throughput.json" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_report_on_a_missing_directory_exits_2(tmp_path):
+    result = _report(tmp_path / "nowhere")
+
+    assert result.returncode == 2
+    assert "is not a directory" in result.stderr
+    assert "Traceback" not in result.stderr
