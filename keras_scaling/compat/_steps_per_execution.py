@@ -7,6 +7,9 @@ captured inputs: "You must feed a value for placeholder tensor
 'while/cond/Placeholder'". The replacement runs the same steps in one compiled
 function with the step inlined in the loop body: the loop condition alone
 decides whether a step runs, so no step sits inside a `tf.cond`.
+
+Only the train function is replaced: `evaluate` and `predict` work with
+`steps_per_execution > 1` on several replicas in the affected releases.
 """
 
 import tensorflow as tf
@@ -17,29 +20,30 @@ from keras_scaling.compat import _probe
 NAME = "steps_per_execution"
 ISSUE = "keras-team/keras#19246"
 SUMMARY = (
-    "steps_per_execution > 1 fails in fit and evaluate on several replicas; "
-    "the fused steps run in one loop without a nested per-step function"
+    "steps_per_execution > 1 fails in fit on several replicas; the fused "
+    "training steps run in one loop without a nested per-step function"
 )
-# Marks the train and test functions built while this fix is active.
+# Marks the train functions built while this fix is active.
 BUILT_BY_FIX = "_keras_scaling_compat"
 
 
 def target():
     """The attribute this fix replaces: `(owner, name)`."""
-    return tf_trainer.TensorFlowTrainer, "_make_function"
+    return tf_trainer.TensorFlowTrainer, "make_train_function"
 
 
 def probe():
     """Whether the installed Keras nests the per-step function in `tf.cond`."""
-    make_function = getattr(tf_trainer.TensorFlowTrainer, "_make_function", None)
-    if make_function is None or not hasattr(
-        tf_trainer.TensorFlowTrainer, "_autoconvert_optionals"
+    trainer = tf_trainer.TensorFlowTrainer
+    if not all(
+        hasattr(trainer, name)
+        for name in ("make_train_function", "_make_function", "_autoconvert_optionals")
     ):
         return False, (
-            "TensorFlowTrainer._make_function is gone: the fused loop this "
-            "fix replaces no longer exists"
+            "TensorFlowTrainer no longer builds its train function with "
+            "_make_function: the fused loop this fix replaces is gone"
         )
-    source = _probe.source_of(make_function)
+    source = _probe.source_of(trainer._make_function)
     if source is None:
         return _probe.by_version("the nested per-step function")
     nested = _probe.contains(
@@ -56,11 +60,14 @@ def probe():
     )
 
 
-def make_replacement(original_make_function):
-    """Returns a `_make_function` that fuses steps without nesting."""
+def make_replacement(original_make_train_function):
+    """Returns a `make_train_function` that fuses steps without nesting."""
 
-    def _make_function(self, step_function):
-        original_function = original_make_function(self, step_function)
+    def make_train_function(self, force=False):
+        if self.train_function is not None and not force:
+            return self.train_function
+        original_make_train_function(self, force=True)
+        keras_function = self.train_function
         if (
             self.steps_per_execution == 1
             or self.run_eagerly
@@ -68,73 +75,86 @@ def make_replacement(original_make_function):
             or self.distribute_strategy.num_replicas_in_sync == 1
         ):
             # The defect needs fused steps in graph mode on several replicas.
-            setattr(original_function, BUILT_BY_FIX, True)
-            return original_function
-
-        def one_step_on_data(data):
-            outputs = self.distribute_strategy.run(step_function, args=(data,))
-            # Looked up at call time so that a fix of it applies here too.
-            return tf_trainer.reduce_per_replica(
-                outputs, self.distribute_strategy, reduction="auto"
-            )
-
-        one_step_on_data = self._autoconvert_optionals(one_step_on_data)
-
-        @tf.autograph.experimental.do_not_convert
-        def multi_step_on_iterator(iterator):
-            steps_per_execution = self.steps_per_execution
-            # Its element spec becomes known when the loop body is traced.
-            empty_outputs = tf.experimental.Optional.empty(None)
-
-            def cond(execution_step, optional_outputs, optional_inputs):
-                return tf.logical_and(
-                    tf.less(execution_step, steps_per_execution),
-                    optional_inputs.has_value(),
-                )
-
-            def body(execution_step, optional_outputs, optional_inputs):
-                outputs = tf.experimental.Optional.from_value(
-                    one_step_on_data(optional_inputs.get_value())
-                )
-                empty_outputs._element_spec = outputs.element_spec
-                # Never read a batch beyond this execution's share: the
-                # next execution starts where this one stopped.
-                optional_inputs = tf.cond(
-                    tf.less(execution_step + 1, steps_per_execution),
-                    iterator.get_next_as_optional,
-                    lambda: optional_inputs,
-                )
-                return execution_step + 1, outputs, optional_inputs
-
-            _, optional_outputs, _ = tf.while_loop(
-                cond,
-                body,
-                loop_vars=[
-                    tf.constant(0),
-                    empty_outputs,
-                    iterator.get_next_as_optional(),
-                ],
-            )
-            optional_outputs._element_spec = empty_outputs.element_spec
-            return optional_outputs
-
-        multi_step_on_iterator = tf.function(
-            multi_step_on_iterator, reduce_retracing=True
-        )
-
-        def function(iterator):
-            if isinstance(
-                iterator, (tf.data.Iterator, tf.distribute.DistributedIterator)
-            ):
-                optional_outputs = multi_step_on_iterator(iterator)
-                if not optional_outputs.has_value():
-                    raise StopIteration
-                return optional_outputs.get_value()
-            # A Python iterator (`train_on_batch`) goes through Keras' own
-            # per-step function, which is not inside a `tf.cond` there.
-            return original_function(iterator)
-
+            function = keras_function
+        else:
+            function = _fused_function(self, self.train_step, keras_function)
         setattr(function, BUILT_BY_FIX, True)
+        self.train_function = function
         return function
 
-    return _make_function
+    return make_train_function
+
+
+def _fused_function(self, step_function, keras_function):
+    """Runs up to `steps_per_execution` steps per call in one `tf.function`.
+
+    Keras' own loop semantics are kept: an execution reads at most
+    `steps_per_execution` batches, stops early when the iterator runs out
+    (the partial last execution), returns the outputs of its last step, and
+    raises `StopIteration` when it finds no batch at all.
+    """
+
+    def one_step_on_data(data):
+        outputs = self.distribute_strategy.run(step_function, args=(data,))
+        # Looked up at call time so that a fix of it applies here too.
+        return tf_trainer.reduce_per_replica(
+            outputs, self.distribute_strategy, reduction="auto"
+        )
+
+    one_step_on_data = self._autoconvert_optionals(one_step_on_data)
+
+    @tf.autograph.experimental.do_not_convert
+    def multi_step_on_iterator(iterator):
+        steps_per_execution = self.steps_per_execution
+        # Its element spec becomes known when the loop body is traced.
+        empty_outputs = tf.experimental.Optional.empty(None)
+
+        def cond(execution_step, optional_outputs, optional_inputs):
+            return tf.logical_and(
+                tf.less(execution_step, steps_per_execution),
+                optional_inputs.has_value(),
+            )
+
+        def body(execution_step, optional_outputs, optional_inputs):
+            outputs = tf.experimental.Optional.from_value(
+                one_step_on_data(optional_inputs.get_value())
+            )
+            empty_outputs._element_spec = outputs.element_spec
+            # Never read a batch beyond this execution's share: the next
+            # execution starts where this one stopped.
+            optional_inputs = tf.cond(
+                tf.less(execution_step + 1, steps_per_execution),
+                iterator.get_next_as_optional,
+                lambda: optional_inputs,
+            )
+            return execution_step + 1, outputs, optional_inputs
+
+        _, optional_outputs, _ = tf.while_loop(
+            cond,
+            body,
+            loop_vars=[
+                tf.constant(0),
+                empty_outputs,
+                iterator.get_next_as_optional(),
+            ],
+        )
+        optional_outputs._element_spec = empty_outputs.element_spec
+        return optional_outputs
+
+    multi_step_on_iterator = tf.function(
+        multi_step_on_iterator, reduce_retracing=True
+    )
+
+    def function(iterator):
+        if isinstance(
+            iterator, (tf.data.Iterator, tf.distribute.DistributedIterator)
+        ):
+            optional_outputs = multi_step_on_iterator(iterator)
+            if not optional_outputs.has_value():
+                raise StopIteration
+            return optional_outputs.get_value()
+        # A Python iterator (`train_on_batch`) goes through Keras' own
+        # per-step function, which is not inside a `tf.cond` there.
+        return keras_function(iterator)
+
+    return function

@@ -1,0 +1,185 @@
+"""keras_scaling.compat on 2 and 4 replicas of MirroredStrategy over logical CPUs.
+
+The model is deterministic (fixed initial weights, SGD, no dropout, no
+shuffling), so the same batches in the same order give the same weights
+whatever `steps_per_execution` is: each step runs the same operations on the
+same inputs, only the loop around the steps differs. The weights are compared
+bitwise.
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras
+from keras_scaling import compat
+
+REPLICAS = [
+    pytest.param(2, marks=pytest.mark.logical_cpus(2), id="2replicas"),
+    pytest.param(4, marks=pytest.mark.logical_cpus(4), id="4replicas"),
+]
+NUM_SAMPLES = 96
+GLOBAL_BATCH_SIZE = 8
+STEPS_PER_EPOCH = NUM_SAMPLES // GLOBAL_BATCH_SIZE  # 12
+EPOCHS = 2
+# 4 divides 12 steps per epoch; 5 does not: executions of 5, 5 and 2 steps.
+STEPS_PER_EXECUTION = [1, 4, 5]
+
+_strategies = {}
+_runs = {}
+
+
+def make_data():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(NUM_SAMPLES, 6)).astype("float32")
+    y = (x @ rng.normal(size=(6, 1)) + 0.1).astype("float32")
+    return x, y
+
+
+def mirrored_strategy(replicas):
+    if replicas not in _strategies:
+        devices = [device.name for device in tf.config.list_logical_devices("CPU")]
+        assert len(devices) == replicas
+        strategy = tf.distribute.MirroredStrategy(devices)
+        compat.enable_for(strategy)
+        _strategies[replicas] = strategy
+    return _strategies[replicas]
+
+
+def make_model(strategy, steps_per_execution):
+    with strategy.scope():
+        model = keras.Sequential(
+            [
+                keras.Input((6,)),
+                keras.layers.Dense(
+                    8, activation="relu", kernel_initializer=keras.initializers.Constant(0.1)
+                ),
+                keras.layers.Dense(1, kernel_initializer=keras.initializers.Constant(0.2)),
+            ]
+        )
+        model.compile(
+            optimizer=keras.optimizers.SGD(0.01),
+            loss="mse",
+            metrics=["mae"],
+            steps_per_execution=steps_per_execution,
+        )
+    return model
+
+
+def train_evaluate_predict(replicas, steps_per_execution):
+    """Runs fit, evaluate and predict once per (replicas, steps_per_execution)."""
+    key = (replicas, steps_per_execution)
+    if key not in _runs:
+        strategy = mirrored_strategy(replicas)
+        x, y = make_data()
+        model = make_model(strategy, steps_per_execution)
+        history = model.fit(
+            x, y, batch_size=GLOBAL_BATCH_SIZE, epochs=EPOCHS, shuffle=False, verbose=0
+        )
+        _runs[key] = {
+            "history": history.history,
+            "iterations": int(model.optimizer.iterations.numpy()),
+            "weights": model.get_weights(),
+            "evaluate": model.evaluate(
+                x, y, batch_size=GLOBAL_BATCH_SIZE, verbose=0, return_dict=True
+            ),
+            "predict": model.predict(x, batch_size=GLOBAL_BATCH_SIZE, verbose=0),
+        }
+    return _runs[key]
+
+
+@pytest.mark.parametrize("steps_per_execution", STEPS_PER_EXECUTION)
+@pytest.mark.parametrize("replicas", REPLICAS)
+def test_fit_makes_one_optimizer_step_per_batch(replicas, steps_per_execution):
+    run = train_evaluate_predict(replicas, steps_per_execution)
+
+    assert run["iterations"] == EPOCHS * STEPS_PER_EPOCH
+    assert len(run["history"]["loss"]) == EPOCHS
+    assert run["history"]["loss"][1] < run["history"]["loss"][0]
+
+
+@pytest.mark.parametrize("steps_per_execution", [4, 5])
+@pytest.mark.parametrize("replicas", REPLICAS)
+def test_fused_steps_give_the_weights_of_single_steps(replicas, steps_per_execution):
+    fused = train_evaluate_predict(replicas, steps_per_execution)
+    single = train_evaluate_predict(replicas, 1)
+
+    for fused_weight, single_weight in zip(fused["weights"], single["weights"]):
+        np.testing.assert_array_equal(fused_weight, single_weight)
+    assert fused["history"]["loss"] == single["history"]["loss"]
+
+
+@pytest.mark.parametrize("steps_per_execution", [4, 5])
+@pytest.mark.parametrize("replicas", REPLICAS)
+def test_evaluate_counts_every_batch_including_the_partial_execution(
+    replicas, steps_per_execution
+):
+    fused = train_evaluate_predict(replicas, steps_per_execution)
+    single = train_evaluate_predict(replicas, 1)
+
+    # Dropping the last 2 batches of 12 would change the mean loss.
+    assert fused["evaluate"] == single["evaluate"]
+
+
+@pytest.mark.parametrize("steps_per_execution", STEPS_PER_EXECUTION)
+@pytest.mark.parametrize("replicas", REPLICAS)
+def test_predict_returns_one_row_per_sample_in_order(replicas, steps_per_execution):
+    run = train_evaluate_predict(replicas, steps_per_execution)
+    x, _ = make_data()
+    # The same weights on one device, outside any strategy.
+    reference = make_model(tf.distribute.get_strategy(), 1)
+    reference.set_weights(run["weights"])
+
+    assert run["predict"].shape == (NUM_SAMPLES, 1)
+    np.testing.assert_allclose(
+        run["predict"], reference.predict(x, verbose=0), rtol=1e-6, atol=1e-6
+    )
+
+
+@pytest.mark.parametrize("replicas", REPLICAS)
+def test_enable_for_with_model_fixes_the_fit_in_progress(replicas):
+    strategy = mirrored_strategy(replicas)
+    x, y = make_data()
+    compat.disable()
+
+    class EnableCompatOnTrainBegin(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            # Keras built `train_function` before this hook, without the fix.
+            self.built_before = self.model.train_function
+            compat.enable()
+            compat.enable_for(strategy, model=self.model)
+
+    callback = EnableCompatOnTrainBegin()
+    model = make_model(strategy, 4)
+    try:
+        model.fit(
+            x, y, batch_size=GLOBAL_BATCH_SIZE, epochs=1, verbose=0, callbacks=[callback]
+        )
+    finally:
+        compat.enable()
+
+    assert model.train_function is not callback.built_before
+    assert int(model.optimizer.iterations.numpy()) == STEPS_PER_EPOCH
+
+
+@pytest.mark.logical_cpus(2)
+def test_keras_still_needs_the_steps_per_execution_fix():
+    strategy = mirrored_strategy(2)
+    x, y = make_data()
+    model = make_model(strategy, 4)
+    compat.disable("steps_per_execution")
+    try:
+        model.fit(x, y, batch_size=GLOBAL_BATCH_SIZE, epochs=1, verbose=0)
+    except tf.errors.InvalidArgumentError as error:
+        assert "You must feed a value for placeholder tensor" in str(error)
+    else:
+        pytest.fail(
+            f"keras-team/keras#19246 no longer reproduces with Keras "
+            f"{keras.__version__}: fit with steps_per_execution=4 on 2 replicas "
+            "works without keras_scaling's fix, so the steps_per_execution fix "
+            "can be dropped"
+        )
+    finally:
+        compat.enable()
+    # The failed call leaves the strategy usable for the next fit.
+    make_model(strategy, 4).fit(x, y, batch_size=GLOBAL_BATCH_SIZE, epochs=1, verbose=0)
