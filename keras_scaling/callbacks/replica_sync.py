@@ -1,0 +1,355 @@
+"""`ReplicaSyncCheck`: proves the mirrored copies of every weight stay equal."""
+
+import logging
+import math
+import numbers
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from keras_scaling import _tensorboard
+from keras_scaling import compat
+from keras_scaling import devices
+from keras_scaling import replica_state
+
+logger = logging.getLogger("keras_scaling")
+
+ON_DIVERGENCE_MODES = ("raise", "warn", "resync")
+
+
+class ReplicaDivergenceError(RuntimeError):
+    """Raised by `ReplicaSyncCheck(on_divergence="raise")` when copies diverge.
+
+    The message is the readable report; `.report` holds the
+    `keras_scaling.replica_state.ReplicaSyncReport` itself (step, and per
+    diverged variable its path, shape, dtype, aggregation, synchronization,
+    differing replicas and devices, differences and likely cause).
+
+    Example:
+
+    ```python
+    try:
+        model.fit(x, y, callbacks=[keras_scaling.ReplicaSyncCheck()])
+    except keras_scaling.ReplicaDivergenceError as error:
+        print([v.path for v in error.report.divergences])
+    ```
+    """
+
+    def __init__(self, report):
+        super().__init__(str(report))
+        self.report = report
+
+
+class ReplicaSyncCheck(keras.callbacks.Callback):
+    """Checks that every replica holds bitwise-equal copies of every weight.
+
+    In synchronous data parallelism every replica applies the same combined
+    update, so the copies of each variable must stay identical; when they do
+    not, training silently degrades and the saved model holds replica 0's
+    copy only. This callback compares the copies of every distributed
+    variable of the model (trainable, non-trainable, seed generator state)
+    and, with `include_optimizer`, of the optimizer (slots, learning rate,
+    iteration counter), across all replicas of all workers:
+
+    - at the start of training, every `every_n_steps` optimizer steps
+      (counted from `optimizer.iterations`, so it stays right with
+      `steps_per_execution > 1` and across several `fit` calls), and at the
+      end of training;
+    - cheaply: each replica fingerprints its own copies on its device in one
+      compiled function (any change of a single element, even by one ulp,
+      changes the fingerprint); only the small table of fingerprints crosses
+      to the host, and only variables whose fingerprints differ are
+      gathered in full to measure how they differ.
+
+    Under `MultiWorkerMirroredStrategy` the fingerprint table is gathered
+    across workers, so every worker reaches the same verdict at the same
+    step: a divergence on one worker stops all of them.
+
+    Per-replica state is not divergence: variables with
+    `synchronization=ON_READ`, the moving statistics of
+    `keras.layers.BatchNormalization(synchronized=False)` (updated from each
+    replica's own batch) and gradient accumulators. `per_replica_state`
+    says what to do when their copies differ.
+
+    A report (`keras_scaling.replica_state.ReplicaSyncReport`) names, per
+    variable: path, shape, dtype, aggregation, synchronization, the replicas
+    (and devices) that differ from replica 0, the maximum absolute and
+    relative difference, the number of differing elements, the NaN/Inf count
+    per replica and a likely cause. `check()` returns one on demand.
+
+    With one replica (or the default strategy) there is nothing to compare:
+    the callback says so once and does nothing.
+
+    With `log_dir`, it writes the scalars `replica_sync/max_abs_diff` and
+    `replica_sync/diverged_variables` to `log_dir/train` (where
+    `keras.callbacks.TensorBoard` writes), from the chief worker only.
+
+    Args:
+        every_n_steps: int, default 100. Compare every this many optimizer
+            steps, at least 1.
+        include_optimizer: bool, default True. Also compare the optimizer's
+            variables.
+        on_divergence: `"raise"` (default): stop training with
+            `ReplicaDivergenceError`, which carries the report. `"warn"`: log
+            the report and continue. `"resync"`: copy replica 0's value to
+            every replica, log what was repaired, and continue.
+        per_replica_state: `"warn"` (default): one warning naming the
+            per-replica state that differs and its spread, the first time.
+            `"ignore"`: do not compare it. `"error"`: treat it as divergence.
+            `"average"`: replace every copy by the mean across replicas at
+            each check, so every replica and the saved model hold the same
+            averaged values.
+        atol: float, default 0. With `atol` or `rtol` above 0, differences
+            within `atol + rtol * |copy on replica 0|` are reported as
+            "float drift" (a warning) instead of divergence. Equality is
+            bitwise when both are 0.
+        rtol: float, default 0. See `atol`.
+        log_dir: path or None, default None. Where to write TensorBoard
+            scalars, as for `keras.callbacks.TensorBoard(log_dir)`.
+
+    Example:
+
+    ```python
+    import keras, keras_scaling
+    keras_scaling.use_logical_cpus(2)
+    strategy = keras_scaling.auto_strategy()
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
+        model.compile(optimizer="adam", loss="mse")
+    check = keras_scaling.ReplicaSyncCheck(every_n_steps=50, log_dir="logs")
+    model.fit(x, y, epochs=2, callbacks=[check])
+    print(check.check())   # compare now, and read the report
+    ```
+    """
+
+    def __init__(
+        self,
+        every_n_steps=100,
+        *,
+        include_optimizer=True,
+        on_divergence="raise",
+        per_replica_state="warn",
+        atol=0.0,
+        rtol=0.0,
+        log_dir=None,
+    ):
+        super().__init__()
+        if isinstance(every_n_steps, bool) or not isinstance(every_n_steps, numbers.Integral):
+            raise TypeError(
+                f"every_n_steps must be an integer number of optimizer steps, "
+                f"got {every_n_steps!r}"
+            )
+        if every_n_steps < 1:
+            raise ValueError(
+                f"every_n_steps must be at least 1 optimizer step, got {every_n_steps}"
+            )
+        if on_divergence not in ON_DIVERGENCE_MODES:
+            raise ValueError(
+                f"on_divergence must be one of {ON_DIVERGENCE_MODES}, got "
+                f"{on_divergence!r}"
+            )
+        if per_replica_state not in replica_state.PER_REPLICA_STATE_MODES:
+            raise ValueError(
+                "per_replica_state must be one of "
+                f"{replica_state.PER_REPLICA_STATE_MODES}, got {per_replica_state!r}"
+            )
+        for name, value in (("atol", atol), ("rtol", rtol)):
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                raise TypeError(f"{name} must be a non-negative number, got {value!r}")
+            if not math.isfinite(value) or value < 0:
+                raise ValueError(
+                    f"{name} must be a finite number >= 0 (0 means bitwise "
+                    f"equality), got {value!r}"
+                )
+        self.every_n_steps = int(every_n_steps)
+        self.include_optimizer = bool(include_optimizer)
+        self.on_divergence = on_divergence
+        self.per_replica_state = per_replica_state
+        self.atol, self.rtol = float(atol), float(rtol)
+        self.log_dir = None if log_dir is None else _tensorboard.check_log_dir(log_dir)
+        self.last_report = None
+        self._checker = None
+        self._checker_key = None
+        self._last_checked_step = None
+        self._said_single_replica = False
+        self._warned_per_replica_state = False
+
+    # Hooks.
+
+    def set_model(self, model):
+        super().set_model(model)
+        self._enable_compat()
+
+    def on_train_begin(self, logs=None):
+        self._enable_compat()
+        self._check_and_act()
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self._single_replica():
+            return
+        step = self._current_step()
+        last = self._last_checked_step
+        if last is None or step // self.every_n_steps > last // self.every_n_steps:
+            self._check_and_act()
+
+    def on_train_end(self, logs=None):
+        if self._single_replica():
+            return
+        step = self._current_step()
+        if step != self._last_checked_step:
+            self._check_and_act()
+        if self.log_dir is not None:
+            _tensorboard.flush(self.log_dir)
+
+    # Public API.
+
+    def check(self):
+        """Compares every replica's copies now and returns the report.
+
+        It neither raises nor resyncs (the training hooks do that according
+        to `on_divergence`); with `per_replica_state="average"` it does
+        average per-replica state that differs. Under several workers every
+        worker must call it at the same point: it is a collective operation.
+
+        Returns:
+            A `keras_scaling.replica_state.ReplicaSyncReport`; `report.ok` is
+            true when no variable diverged.
+        """
+        if self.model is None:
+            raise ValueError(
+                "ReplicaSyncCheck.check() needs a model: pass the callback to "
+                "model.fit, or call set_model(model) first"
+            )
+        step = self._current_step()
+        strategy = self._strategy()
+        if self._single_replica():
+            report = replica_state.ReplicaSyncReport(
+                step=step,
+                num_replicas=strategy.num_replicas_in_sync,
+                num_workers=devices.num_workers(strategy),
+                num_variables=0,
+            )
+        else:
+            report = self._get_checker(strategy).check(step)
+        self._last_checked_step = step
+        self.last_report = report
+        return report
+
+    # Internals.
+
+    def _strategy(self):
+        strategy = getattr(self.model, "distribute_strategy", None)
+        return strategy or tf.distribute.get_strategy()
+
+    def _enable_compat(self):
+        if self.model is not None:
+            compat.enable_for(self._strategy())
+
+    def _single_replica(self):
+        if self.model is None or self._strategy().num_replicas_in_sync > 1:
+            return False
+        if not self._said_single_replica:
+            logger.warning(
+                "ReplicaSyncCheck: the model runs on one replica, so there are "
+                "no copies to compare; the check does nothing"
+            )
+            self._said_single_replica = True
+        return True
+
+    def _optimizer(self):
+        optimizer = getattr(self.model, "optimizer", None)
+        if optimizer is None or not getattr(optimizer, "built", False):
+            return None
+        return optimizer
+
+    def _current_step(self):
+        optimizer = self._optimizer()
+        if optimizer is None:
+            return 0
+        return int(np.asarray(keras.ops.convert_to_numpy(optimizer.iterations)))
+
+    def _get_checker(self, strategy):
+        optimizer = self._optimizer() if self.include_optimizer else None
+        variables = replica_state.tracked_variables(self.model, optimizer)
+        key = tuple(id(v.variable) for v in variables)
+        if key != self._checker_key:
+            self._checker = replica_state.ReplicaStateChecker(
+                strategy,
+                variables,
+                atol=self.atol,
+                rtol=self.rtol,
+                per_replica_state=self.per_replica_state,
+            )
+            self._checker_key = key
+        return self._checker
+
+    def _check_and_act(self):
+        if self._single_replica():
+            return
+        report = self.check()
+        self._write_scalars(report)
+        if report.per_replica_state and not self._warned_per_replica_state:
+            if self.per_replica_state in ("warn", "average"):
+                self._warned_per_replica_state = True
+                spreads = ", ".join(
+                    f"{v.path} (max abs diff {v.difference.max_abs_diff:.3g})"
+                    for v in report.per_replica_state
+                )
+                action = (
+                    "averaged across replicas at every check"
+                    if self.per_replica_state == "average"
+                    else "not divergence; per_replica_state='average' makes "
+                    "the copies equal"
+                )
+                logger.warning(
+                    "ReplicaSyncCheck at step %d: per-replica state differs "
+                    "between replicas (%s): %s. Cause: %s.",
+                    report.step,
+                    action,
+                    spreads,
+                    report.per_replica_state[0].likely_cause,
+                )
+        if report.float_drift:
+            logger.warning(
+                "ReplicaSyncCheck at step %d: float drift within atol=%g, "
+                "rtol=%g:\n%s",
+                report.step,
+                self.atol,
+                self.rtol,
+                "\n".join(str(v) for v in report.float_drift),
+            )
+        if report.non_finite_everywhere:
+            logger.warning(
+                "ReplicaSyncCheck at step %d: NaN/Inf on every replica in %s",
+                report.step,
+                ", ".join(report.non_finite_everywhere),
+            )
+        if report.ok:
+            return
+        if self.on_divergence == "raise":
+            raise ReplicaDivergenceError(report)
+        if self.on_divergence == "resync":
+            report = self._checker.resync(report)
+            self.last_report = report
+            logger.warning(
+                "ReplicaSyncCheck: copies diverged; resynced %d variable(s) "
+                "from replica 0 and continuing.\n%s",
+                len(report.divergences),
+                report,
+            )
+        else:
+            logger.warning("ReplicaSyncCheck: copies diverged.\n%s", report)
+
+    def _write_scalars(self, report):
+        if self.log_dir is None or not devices.is_chief(self._strategy()):
+            return
+        _tensorboard.write_scalars(
+            self.log_dir,
+            report.step,
+            {
+                "replica_sync/max_abs_diff": report.max_abs_diff,
+                "replica_sync/diverged_variables": len(report.divergences),
+            },
+        )
+        _tensorboard.flush(self.log_dir)
