@@ -48,7 +48,7 @@ def global_batch_size(per_replica_batch_size, strategy=None):
     keras_scaling.data.global_batch_size(32, strategy)   # 64
     ```
     """
-    info = _describe_strategy(strategy)
+    info, _ = _describe_strategy(strategy)
     return _plan.resolve_batch_sizes(
         info.num_replicas, per_replica_batch_size=per_replica_batch_size
     )[1]
@@ -186,9 +186,14 @@ def distribute(
     model.fit(train, epochs=2)
     ```
     """
-    plan, source, schedule, file_assignment = _make_plan(
+    info, strategy = _describe_strategy(strategy)
+    from keras_scaling import compat
+
+    compat.enable_for(strategy)
+    return _distribute_for(
         data,
-        strategy=strategy,
+        info,
+        static_shapes_required=_needs_static_shapes(strategy, info),
         per_replica_batch_size=per_replica_batch_size,
         global_batch_size=global_batch_size,
         shuffle=shuffle,
@@ -198,9 +203,13 @@ def distribute(
         cache=cache,
         parse_fn=parse_fn,
     )
-    from keras_scaling import compat
 
-    compat.enable_for(_strategy_or_current(strategy))
+
+def _distribute_for(data, info, *, static_shapes_required=False, **kwargs):
+    """`distribute` for the worker that `info` (a `StrategyInfo`) describes."""
+    plan, source, schedule, file_assignment = _make_plan(
+        data, info, static_shapes_required=static_shapes_required, **kwargs
+    )
     for message in plan.warnings:
         logger.warning("%s", message)
     logger.info("%s", plan)
@@ -209,8 +218,8 @@ def distribute(
         plan=plan,
         schedule=schedule,
         file_assignment=file_assignment,
-        parse_fn=parse_fn,
-        cache=cache,
+        parse_fn=kwargs.get("parse_fn"),
+        cache=kwargs.get("cache", False),
     )
     setattr(dataset, _PLAN_ATTRIBUTE, plan)
     return dataset
@@ -250,7 +259,14 @@ def describe(data, **kwargs):
                 "original data with the arguments, or the dataset alone."
             )
         return existing
-    return _make_plan(data, **kwargs)[0]
+    strategy = kwargs.pop("strategy", None)
+    info, strategy = _describe_strategy(strategy)
+    return _make_plan(
+        data,
+        info,
+        static_shapes_required=_needs_static_shapes(strategy, info),
+        **kwargs,
+    )[0]
 
 
 def plan_of(dataset):
@@ -284,10 +300,15 @@ def _describe_strategy(strategy):
     return devices.describe_strategy(strategy), strategy
 
 
+def _needs_static_shapes(strategy, info):
+    return isinstance(strategy, tf.distribute.TPUStrategy) or info.device_kind == "TPU"
+
+
 def _make_plan(
     data,
+    info,
     *,
-    strategy=None,
+    static_shapes_required=False,
     per_replica_batch_size=None,
     global_batch_size=None,
     shuffle=None,
@@ -297,7 +318,6 @@ def _make_plan(
     cache=False,
     parse_fn=None,
 ):
-    info, strategy = _describe_strategy(strategy)
     per_replica, global_size = _plan.resolve_batch_sizes(
         info.num_replicas,
         per_replica_batch_size=per_replica_batch_size,
@@ -306,8 +326,7 @@ def _make_plan(
     _plan.check_last_batch(
         last_batch,
         num_workers=info.num_workers,
-        static_shapes_required=isinstance(strategy, tf.distribute.TPUStrategy)
-        or info.device_kind == "TPU",
+        static_shapes_required=static_shapes_required,
     )
     if shard not in _plan.SHARD_MODES:
         _plan.choose_shard_mode(shard, info.num_workers)

@@ -177,15 +177,15 @@ def choose_shard_mode(shard, num_workers, num_files=None):
     if num_files is None:
         return (
             "element",
-            "in-memory data or dataset: each worker keeps every "
-            f"{num_workers}th element",
+            "in-memory data or dataset: each worker keeps one element in "
+            f"{num_workers}",
             None,
         )
     if shard == "element":
         return (
             "element",
             "shard='element' requested: every worker reads all records and "
-            f"keeps every {num_workers}th before parsing",
+            f"keeps one in {num_workers} before parsing",
             None,
         )
     warning = (
@@ -197,7 +197,7 @@ def choose_shard_mode(shard, num_workers, num_files=None):
     return (
         "element",
         f"{num_files} files < {num_workers} workers: every worker reads all "
-        f"records and keeps every {num_workers}th before parsing",
+        f"records and keeps one in {num_workers} before parsing",
         warning,
     )
 
@@ -447,7 +447,8 @@ class InputPlan:
                 f" (this is worker {self.worker_index})" if self.num_workers > 1 else ""
             ),
             f"  batch:            {self.per_replica_batch_size} per replica x "
-            f"{self.num_replicas} replicas = {self.global_batch_size} global",
+            f"{self.num_replicas} replica{'' if self.num_replicas == 1 else 's'} = "
+            f"{self.global_batch_size} global",
             f"  samples:          {self.num_examples}"
             + (f" in {self.num_files} files" if self.num_files is not None else ""),
             f"  shard:            {self.shard_mode} ({self.shard_reason})",

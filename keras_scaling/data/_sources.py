@@ -3,6 +3,7 @@
 import dataclasses
 import os
 
+import keras
 import numpy as np
 import tensorflow as tf
 
@@ -110,9 +111,9 @@ def _inspect_dataset(dataset):
     if cardinality == tf.data.UNKNOWN_CARDINALITY:
         raise ValueError(
             "data has an unknown number of samples (for example after "
-            ".filter()), which distribute() needs to give every replica and "
-            "worker the same number of steps. If you know it, declare it: "
-            "dataset.apply(tf.data.experimental.assert_cardinality(n)); "
+            ".filter() or .unbatch()), which distribute() needs to give every "
+            "replica and worker the same number of steps. If you know it, declare "
+            "it: dataset.apply(tf.data.experimental.assert_cardinality(n)); "
             "otherwise count it once (dataset.reduce(0, lambda n, _: n + 1)) "
             "and declare that."
         )
@@ -245,5 +246,5 @@ def _nested_names(prefix, item):
     flat = tf.nest.flatten(item)
     if len(flat) == 1 and not isinstance(item, (dict, list, tuple)):
         return [prefix]
-    paths = tf.nest.flatten_with_joined_string_paths(item)
-    return [f"{prefix}[{path}]" for path, _ in paths]
+    paths = keras.tree.flatten_with_path(item)
+    return [prefix + "".join(f"[{key!r}]" for key in path) for path, _ in paths]

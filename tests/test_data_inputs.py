@@ -1,0 +1,218 @@
+"""What distribute() accepts and how it refuses the rest (one replica)."""
+
+import logging
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_scaling import data
+
+
+def _ids(dataset):
+    """The first component of every element, batch after batch."""
+    return [
+        batch[0].tolist() if isinstance(batch, tuple) else batch.tolist()
+        for batch in dataset.as_numpy_iterator()
+    ]
+
+
+def _write_records(path, values):
+    with tf.io.TFRecordWriter(str(path)) as writer:
+        for value in values:
+            example = tf.train.Example(
+                features=tf.train.Features(
+                    feature={"id": tf.train.Feature(int64_list=tf.train.Int64List(value=[value]))}
+                )
+            )
+            writer.write(example.SerializeToString())
+    return str(path)
+
+
+def _parse(record):
+    features = tf.io.parse_single_example(record, {"id": tf.io.FixedLenFeature([], tf.int64)})
+    return features["id"], features["id"] * 2
+
+
+def test_arrays_in_fit_layout_give_batches_with_the_same_layout():
+    x = np.arange(10, dtype="float32")
+    dataset = data.distribute((x, x * 2, np.ones(10)), global_batch_size=4, shuffle=False)
+    first = next(dataset.as_numpy_iterator())
+    assert [part.tolist() for part in first] == [[0, 1, 2, 3], [0, 2, 4, 6], [1, 1, 1, 1]]
+
+
+def test_dict_inputs_keep_their_keys():
+    x = {"a": np.arange(6), "b": np.arange(6) * 10}
+    dataset = data.distribute((x, np.arange(6)), global_batch_size=3, shuffle=False)
+    first_x, first_y = next(dataset.as_numpy_iterator())
+    assert first_x["b"].tolist() == [0, 10, 20] and first_y.tolist() == [0, 1, 2]
+
+
+def test_trailing_none_is_ignored_as_fit_does():
+    dataset = data.distribute((np.arange(4), np.arange(4), None), global_batch_size=2, shuffle=False)
+    assert len(dataset.element_spec) == 2
+
+
+def test_a_dataset_keeps_its_order_by_default_and_is_parsed_after_batching_plan():
+    source = tf.data.Dataset.range(10)
+    dataset = data.distribute(source, global_batch_size=5, parse_fn=lambda i: (i, -i))
+    assert _ids(dataset) == [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]
+    assert data.plan_of(dataset).shuffle is False
+
+
+def test_arrays_are_shuffled_by_default_with_a_fixed_seed():
+    plan = data.describe(np.arange(10), global_batch_size=5)
+    assert plan.shuffle is True and plan.seed == data.DEFAULT_SEED
+
+
+def test_pad_with_x_only_adds_rows_but_no_weights():
+    dataset = data.distribute(np.arange(5), global_batch_size=4, last_batch="pad", shuffle=False)
+    assert _ids(dataset) == [[0, 1, 2, 3], [4, 0, 0, 0]]
+
+
+def test_pad_multiplies_given_sample_weights():
+    x = np.arange(5, dtype="float32")
+    weights = np.full(5, 3.0, dtype="float32")
+    dataset = data.distribute((x, x, weights), global_batch_size=4, last_batch="pad", shuffle=False)
+    last = list(dataset.as_numpy_iterator())[-1]
+    assert last[2].tolist() == [3.0, 0.0, 0.0, 0.0]
+
+
+def test_tfrecord_files_are_parsed_once_each(tmp_path):
+    paths = [
+        _write_records(tmp_path / "a.tfrecord", range(0, 7)),
+        _write_records(tmp_path / "b.tfrecord", range(7, 12)),
+    ]
+    dataset = data.distribute(paths, global_batch_size=4, last_batch="pad", parse_fn=_parse)
+    plan = data.plan_of(dataset)
+    assert (plan.num_examples, plan.num_files, plan.steps_per_epoch) == (12, 2, 3)
+    batches = list(dataset.as_numpy_iterator())
+    ids = [int(i) for x, _, w in batches for i, wi in zip(x, w) if wi == 1]
+    assert sorted(ids) == list(range(12))
+
+
+def test_describe_of_a_distributed_dataset_is_its_plan():
+    dataset = data.distribute(np.arange(8), global_batch_size=4)
+    assert data.describe(dataset) is data.plan_of(dataset)
+    assert data.plan_of(tf.data.Dataset.range(3)) is None
+
+
+def test_distribute_logs_the_plan_once(caplog):
+    caplog.set_level(logging.INFO, logger="keras_scaling")
+    data.distribute(np.arange(8), global_batch_size=4)
+    assert caplog.text.count("Input plan") == 1
+
+
+def test_global_batch_size_multiplies_by_the_replicas():
+    assert data.global_batch_size(32) == 32
+
+
+def test_the_result_is_not_sharded_again_by_tensorflow():
+    dataset = data.distribute(np.arange(8), global_batch_size=4)
+    policy = dataset.options().experimental_distribute.auto_shard_policy
+    assert policy == tf.data.experimental.AutoShardPolicy.OFF
+
+
+def test_the_result_ends_with_prefetch():
+    dataset = data.distribute(np.arange(8), global_batch_size=4)
+    assert type(dataset).__name__ == "_PrefetchDataset"
+
+
+@pytest.mark.parametrize(
+    "batched",
+    [
+        lambda d: d.batch(4),
+        lambda d: d.batch(4, drop_remainder=True).map(lambda x: x + 1),
+        lambda d: d.padded_batch(4),
+        lambda d: d.batch(2).prefetch(1),
+    ],
+)
+def test_already_batched_dataset_is_refused_with_the_fix(batched):
+    with pytest.raises(ValueError, match=r"already batched .*\.unbatch\(\)"):
+        data.distribute(batched(tf.data.Dataset.range(8)), global_batch_size=4)
+
+
+def test_batch_then_unbatch_is_accepted():
+    dataset = tf.data.Dataset.range(8).batch(4).unbatch()
+    dataset = dataset.apply(tf.data.experimental.assert_cardinality(8))
+    assert data.describe(dataset, global_batch_size=4).num_examples == 8
+
+
+def test_images_are_not_mistaken_for_batches():
+    images = tf.data.Dataset.from_tensor_slices(np.zeros((6, 4, 4, 3), "float32"))
+    assert data.describe(images, global_batch_size=3).steps_per_epoch == 2
+
+
+def test_unknown_cardinality_asks_for_assert_cardinality():
+    filtered = tf.data.Dataset.range(10).filter(lambda x: x % 2 == 0)
+    with pytest.raises(ValueError, match="assert_cardinality"):
+        data.distribute(filtered, global_batch_size=2)
+    declared = filtered.apply(tf.data.experimental.assert_cardinality(5))
+    assert data.describe(declared, global_batch_size=2).num_examples == 5
+
+
+def test_infinite_dataset_is_refused():
+    with pytest.raises(ValueError, match=r"infinite dataset \(.repeat\(\)"):
+        data.distribute(tf.data.Dataset.range(4).repeat(), global_batch_size=2)
+
+
+@pytest.mark.parametrize(
+    "empty",
+    [tf.data.Dataset.range(0), np.zeros((0, 3)), (np.zeros((0, 3)), np.zeros(0))],
+)
+def test_empty_data_is_refused(empty):
+    with pytest.raises(ValueError, match="empty"):
+        data.distribute(empty, global_batch_size=2)
+
+
+def test_arrays_of_different_lengths_name_each_length():
+    with pytest.raises(ValueError, match="x has 10, y has 9"):
+        data.distribute((np.zeros(10), np.zeros(9)), global_batch_size=2)
+
+
+def test_files_without_parse_fn_ask_for_it(tmp_path):
+    path = _write_records(tmp_path / "a.tfrecord", range(3))
+    with pytest.raises(ValueError, match="needs parse_fn"):
+        data.distribute([path], global_batch_size=2)
+
+
+def test_missing_files_are_named(tmp_path):
+    present = _write_records(tmp_path / "a.tfrecord", range(3))
+    missing = str(tmp_path / "nope.tfrecord")
+    with pytest.raises(ValueError, match="1 file\\(s\\) that do not exist: .*nope.tfrecord"):
+        data.distribute([present, missing], global_batch_size=2, parse_fn=_parse)
+
+
+def test_parse_fn_must_be_callable():
+    with pytest.raises(TypeError, match="parse_fn must be a function"):
+        data.distribute(np.arange(4), global_batch_size=2, parse_fn="json")
+
+
+def test_strategy_must_be_a_strategy():
+    with pytest.raises(TypeError, match="strategy must be a tf.distribute.Strategy.*auto_strategy"):
+        data.distribute(np.arange(4), global_batch_size=2, strategy="mirrored")
+
+
+def test_unknown_last_batch_is_refused():
+    with pytest.raises(ValueError, match="last_batch must be one of"):
+        data.distribute(np.arange(4), global_batch_size=2, last_batch="keep")
+
+
+def test_unknown_shard_is_refused():
+    with pytest.raises(ValueError, match="shard must be one of"):
+        data.distribute(np.arange(4), global_batch_size=2, shard="data")
+
+
+def test_shard_by_file_needs_files():
+    with pytest.raises(ValueError, match="shard='file' needs a list of TFRecord files"):
+        data.distribute(np.arange(4), global_batch_size=2, shard="file")
+
+
+def test_non_integer_batch_size_is_refused():
+    with pytest.raises(ValueError, match="global_batch_size must be a positive integer, got 2.5"):
+        data.distribute(np.arange(4), global_batch_size=2.5)
+
+
+def test_unsupported_data_type_lists_what_is_accepted():
+    with pytest.raises(TypeError, match="must be a tf.data.Dataset, a list of TFRecord"):
+        data.distribute(object(), global_batch_size=2)
