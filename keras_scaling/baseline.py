@@ -1,0 +1,370 @@
+"""Throughput baselines and `throughput.json`: the one place that reads and writes it.
+
+A baseline is the throughput of one replica with the same per-replica batch;
+speedup is measured against it. It comes from a number, from an earlier run's
+`throughput.json`, or from timing a copy of the model on one device.
+
+`log_dir/throughput.json` (written by `ThroughputLogger`, read by
+`keras-scaling report` and `bench`) holds, with `"version": 1`:
+
+| key | meaning |
+|---|---|
+| `samples_per_sec` | steady-state median throughput, all replicas (null when no step was measured) |
+| `steps_per_sec` | steady-state median optimizer steps per second |
+| `step_time_s` | `{"p10", "p50", "p90"}` step time percentiles in seconds |
+| `num_replicas`, `num_workers` | replicas in sync, workers |
+| `per_replica_batch_size`, `global_batch_size` | batch sizes |
+| `device_kind` | `"CPU"`, `"GPU"` or `"TPU"` |
+| `dtype_policy` | the model's dtype policy, such as `"float32"` |
+| `strategy` | the strategy's class name |
+| `baseline_samples_per_sec`, `baseline_source` | the baseline and where it came from, or null |
+| `speedup`, `efficiency` | steady-state speedup and scaling efficiency, or null |
+| `steps_measured` | optimizer steps the steady-state figures are based on |
+| `startup_time_s` | seconds from the start of training to the end of the first execution |
+"""
+
+import dataclasses
+import json
+import logging
+import math
+import os
+import threading
+import time
+
+from keras_scaling.throughput import ThroughputWindow
+
+logger = logging.getLogger("keras_scaling")
+
+THROUGHPUT_JSON = "throughput.json"
+VERSION = 1
+FIELDS = (
+    "version",
+    "samples_per_sec",
+    "steps_per_sec",
+    "step_time_s",
+    "num_replicas",
+    "num_workers",
+    "per_replica_batch_size",
+    "global_batch_size",
+    "device_kind",
+    "dtype_policy",
+    "strategy",
+    "baseline_samples_per_sec",
+    "baseline_source",
+    "speedup",
+    "efficiency",
+    "steps_measured",
+    "startup_time_s",
+)
+
+
+def write_throughput_json(log_dir, record):
+    """Writes `record` to `log_dir/throughput.json`, atomically.
+
+    Readers never see a half-written file: it is written beside and renamed.
+
+    Args:
+        log_dir: the run's log directory.
+        record: dict with exactly the keys of `FIELDS`.
+
+    Returns:
+        The path written.
+    """
+    missing = [key for key in FIELDS if key not in record]
+    extra = [key for key in record if key not in FIELDS]
+    if missing or extra:
+        raise ValueError(
+            f"throughput record does not match version {VERSION}: missing "
+            f"{missing}, unexpected {extra}"
+        )
+    path = os.path.join(os.fspath(log_dir), THROUGHPUT_JSON)
+    temporary = f"{path}.tmp{os.getpid()}"
+    with open(temporary, "w", encoding="utf-8") as file:
+        json.dump(record, file, indent=2, sort_keys=False)
+        file.write("\n")
+    os.replace(temporary, path)
+    return path
+
+
+def read_throughput_json(path, parameter="path"):
+    """Reads an earlier run's `throughput.json`.
+
+    Args:
+        path: the file, or the run's `log_dir` that holds it.
+        parameter: the argument name to use in error messages.
+
+    Returns:
+        The record, a dict with the keys of `FIELDS`.
+
+    Raises:
+        ValueError: the file is missing, not JSON, or not a version-1
+            throughput record.
+    """
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        path = os.path.join(path, THROUGHPUT_JSON)
+    if not os.path.isfile(path):
+        raise ValueError(
+            f"{parameter}={path!r} does not exist; pass an earlier run's log_dir "
+            f"(holding {THROUGHPUT_JSON}) or the path of its {THROUGHPUT_JSON}"
+        )
+    try:
+        with open(path, encoding="utf-8") as file:
+            record = json.load(file)
+    except (OSError, json.JSONDecodeError) as error:
+        raise ValueError(f"{parameter}={path!r} cannot be read as JSON: {error}") from None
+    if not isinstance(record, dict) or record.get("version") != VERSION:
+        raise ValueError(
+            f"{parameter}={path!r} is not a version-{VERSION} {THROUGHPUT_JSON} "
+            "written by ThroughputLogger"
+        )
+    missing = [key for key in FIELDS if key not in record]
+    if missing:
+        raise ValueError(f"{parameter}={path!r} lacks the keys {missing}")
+    return record
+
+
+@dataclasses.dataclass(frozen=True)
+class Baseline:
+    """Where a run's baseline comes from, and its value once known.
+
+    Args:
+        mode: `"number"`, `"file"`, `"measure"` or `"auto"`.
+        samples_per_sec: float, or None until measured.
+        source: str, where the figure comes from, as shown to the user.
+        num_replicas: int, the replicas the baseline ran on (1 except for
+            a file from a multi-replica run).
+        record: the `throughput.json` record for `mode="file"`, else None.
+    """
+
+    mode: str
+    samples_per_sec: float = None
+    source: str = None
+    num_replicas: int = 1
+    record: dict = None
+
+    def with_value(self, samples_per_sec, source):
+        """A copy with the measured figure filled in."""
+        return dataclasses.replace(self, samples_per_sec=samples_per_sec, source=source)
+
+
+def resolve_baseline(baseline, parameter="baseline"):
+    """Checks a `baseline` argument and says where the figure will come from.
+
+    Args:
+        baseline: a positive number (samples/sec of one replica), a path to an
+            earlier run's `log_dir` or `throughput.json`, `"measure"`,
+            `"auto"`, or None (no baseline).
+        parameter: the argument name to use in error messages.
+
+    Returns:
+        A `Baseline`, or None for `baseline=None`.
+
+    Raises:
+        ValueError: a number <= 0, or a path that does not exist or holds no
+            throughput record.
+        TypeError: any other type.
+
+    Example:
+
+    ```python
+    resolve_baseline(1500.0).samples_per_sec   # 1500.0
+    resolve_baseline("runs/one_gpu").source    # 'runs/one_gpu/throughput.json'
+    ```
+    """
+    if baseline is None:
+        return None
+    if isinstance(baseline, bool):
+        raise TypeError(f"{parameter} must not be a bool, got {baseline!r}")
+    if isinstance(baseline, (int, float)):
+        if not (baseline > 0 and math.isfinite(baseline)):
+            raise ValueError(
+                f"{parameter} must be a positive number of samples/sec of one "
+                f"replica, got {baseline}"
+            )
+        return Baseline(mode="number", samples_per_sec=float(baseline), source="given")
+    if isinstance(baseline, str) and baseline in ("measure", "auto"):
+        return Baseline(mode=baseline)
+    if isinstance(baseline, (str, os.PathLike)):
+        path = os.path.abspath(os.fspath(baseline))
+        if os.path.isdir(path):
+            path = os.path.join(path, THROUGHPUT_JSON)
+        record = read_throughput_json(path, parameter=parameter)
+        samples_per_sec = record["samples_per_sec"]
+        if not (isinstance(samples_per_sec, (int, float)) and samples_per_sec > 0):
+            raise ValueError(
+                f"{parameter}={path!r} holds no measured samples_per_sec "
+                f"(got {samples_per_sec!r}); train that run for more steps"
+            )
+        return Baseline(
+            mode="file",
+            samples_per_sec=float(samples_per_sec),
+            source=path,
+            num_replicas=int(record["num_replicas"]),
+            record=record,
+        )
+    raise TypeError(
+        f"{parameter} must be a positive number, a path, 'measure', 'auto' or "
+        f"None, got {type(baseline).__name__}: {baseline!r}"
+    )
+
+
+def setup_differences(record, *, per_replica_batch_size, dtype_policy, device_kind):
+    """What differs between a baseline file's set-up and this run's.
+
+    Returns:
+        A list of readable differences, empty when the set-ups match.
+
+    Example:
+
+    ```python
+    setup_differences({"per_replica_batch_size": 32, "dtype_policy": "float32",
+                       "device_kind": "GPU"}, per_replica_batch_size=64,
+                      dtype_policy="float32", device_kind="GPU")
+    # ['per-replica batch 32 in the baseline, 64 here']
+    ```
+    """
+    differences = []
+    for label, key, value in (
+        ("per-replica batch", "per_replica_batch_size", per_replica_batch_size),
+        ("dtype policy", "dtype_policy", dtype_policy),
+        ("device kind", "device_kind", device_kind),
+    ):
+        if record.get(key) != value:
+            differences.append(f"{label} {record.get(key)} in the baseline, {value} here")
+    return differences
+
+
+def measure_samples_per_sec(model, element_spec, device, *, duration_s=1.0,
+                            min_steps=10, max_steps=10_000, clock=time.perf_counter):
+    """Times a copy of `model` training alone on one device.
+
+    The copy (`keras.models.clone_model` compiled with the model's compile
+    config, including `steps_per_execution`) trains on synthetic batches of
+    `element_spec`, one replica's batch, for `duration_s` seconds and at
+    least `min_steps` steps after a first, untimed execution. The model's
+    own weights and optimizer are not touched.
+
+    It runs in a thread of its own, under TensorFlow's default strategy and
+    `tf.device(device)`: the training strategy's scope and its collective
+    all-reduce groups are thread-local and stay out of it (two
+    `MirroredStrategy` instances of different sizes in one process break
+    each other).
+
+    Synthetic batches come from memory, so the figure is the step alone,
+    without the input pipeline: efficiency below 1 then counts an input
+    pipeline that cannot keep several replicas fed as a scaling loss.
+
+    Args:
+        model: a compiled Keras model.
+        element_spec: one replica's batch, a structure of `tf.TensorSpec`
+            with static shapes, `(x, y)` or `(x, y, sample_weight)`.
+        device: str, the device to run on, such as `"/device:GPU:0"`.
+        duration_s: float, seconds to time.
+        min_steps, max_steps: int, bounds on the timed steps.
+        clock: callable returning seconds.
+
+    Returns:
+        float, samples per second of the copy.
+
+    Raises:
+        ValueError: the model cannot be copied, or the spec has unknown
+            dimensions.
+    """
+    import keras
+    import tensorflow as tf
+
+    specs = tf.nest.flatten(element_spec)
+    for spec in specs:
+        if not isinstance(spec, tf.TensorSpec) or not spec.shape.is_fully_defined():
+            raise ValueError(
+                "baseline='measure' needs batches of static shape to time one "
+                f"replica, got {spec}; pass baseline=<samples/sec of one replica> "
+                "or the log_dir of a one-replica run"
+            )
+    batch_size = specs[0].shape[0]
+
+    def synthetic(spec):
+        if spec.dtype == tf.string:
+            return tf.fill(spec.shape, "")
+        return tf.zeros(spec.shape, spec.dtype)
+
+    result = {}
+
+    def run():
+        try:
+            with tf.device(device):
+                try:
+                    copy = keras.models.clone_model(model)
+                    copy.compile_from_config(model.get_compile_config())
+                except Exception as error:
+                    raise ValueError(
+                        "baseline='measure' could not copy the model with "
+                        f"keras.models.clone_model ({type(error).__name__}: {error}); "
+                        "pass baseline=<samples/sec of one replica> or the "
+                        "log_dir of a one-replica run"
+                    ) from error
+                batch = tf.nest.map_structure(synthetic, element_spec)
+                dataset = tf.data.Dataset.from_tensors(batch).repeat()
+                timer = _baseline_timer(copy, duration_s, min_steps, clock)
+                copy.fit(
+                    dataset,
+                    epochs=1,
+                    steps_per_epoch=max_steps + copy.steps_per_execution,
+                    verbose=0,
+                    callbacks=[timer],
+                )
+                result["samples_per_sec"] = timer.steps_per_sec() * batch_size
+        except BaseException as error:
+            result["error"] = error
+
+    thread = threading.Thread(target=run, name="keras_scaling-baseline")
+    thread.start()
+    thread.join()
+    if "error" in result:
+        raise result["error"]
+    return result["samples_per_sec"]
+
+
+def _baseline_timer(copy, duration_s, min_steps, clock):
+    """A callback that times `copy.fit` from the end of its first execution."""
+    import keras
+
+    class BaselineTimer(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self._window = ThroughputWindow()
+            self._start_time_s = None
+            self._start_batch = None
+            self._interval = None
+
+        def on_train_batch_end(self, batch, logs=None):
+            if self._start_time_s is None:
+                iterations = int(copy.optimizer.iterations.numpy())
+                self._start_time_s, self._start_batch = clock(), batch
+                self._window.restart(
+                    time_s=self._start_time_s, iterations=iterations, samples=0
+                )
+                return
+            # The host clock alone decides when to stop; the counter read
+            # below waits for the device, so the timed figure is exact.
+            if (
+                clock() - self._start_time_s < duration_s
+                or batch - self._start_batch < min_steps
+            ):
+                return
+            iterations = int(copy.optimizer.iterations.numpy())
+            self._interval = self._window.update(
+                time_s=clock(), iterations=iterations, samples=0
+            )
+            copy.stop_training = True
+
+        def steps_per_sec(self):
+            if self._interval is None:
+                raise RuntimeError(
+                    "baseline='measure' ran out of steps before it could time "
+                    "the copy of the model"
+                )
+            return self._interval.steps_per_sec
+
+    return BaselineTimer()

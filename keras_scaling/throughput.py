@@ -1,0 +1,318 @@
+"""Throughput arithmetic: measuring windows, steady-state statistics, speedup.
+
+Numbers in, numbers out: nothing here knows about Keras, so every figure
+`ThroughputLogger` writes can be checked with made-up numbers and a fake clock.
+
+A measurement point is `(time_s, iterations, samples)`: a clock reading in
+seconds, the optimizer's step counter and the number of samples trained so far.
+Throughput is measured between consecutive points of one window, and a window
+is restarted wherever time that is not training must be left out (a new epoch
+after validation and checkpoints, a retrace).
+"""
+
+import dataclasses
+import math
+
+
+@dataclasses.dataclass(frozen=True)
+class Interval:
+    """Training measured between two consecutive points of a window.
+
+    Args:
+        end_iterations: int, the optimizer's iterations at the end of the
+            interval; the step at which its figures are logged.
+        steps: int, optimizer steps taken in the interval.
+        samples: int, samples trained in the interval (all replicas).
+        duration_s: float, wall-clock seconds the interval lasted.
+    """
+
+    end_iterations: int
+    steps: int
+    samples: int
+    duration_s: float
+
+    @property
+    def samples_per_sec(self):
+        """Samples per second over the interval, all replicas together."""
+        return self.samples / self.duration_s
+
+    @property
+    def steps_per_sec(self):
+        """Optimizer steps per second over the interval."""
+        return self.steps / self.duration_s
+
+    @property
+    def step_time_s(self):
+        """Mean seconds per optimizer step over the interval."""
+        return self.duration_s / self.steps
+
+
+class ThroughputWindow:
+    """Turns consecutive measurement points into measured intervals.
+
+    `restart` opens the window at a point; each `update` closes the interval
+    since the previous point and returns it. Like Lightning's
+    `_MonotonicWindow`, it raises instead of producing nonsense when time,
+    iterations or samples go backwards within a window, or when steps were
+    taken in no time at all.
+
+    With `warmup_steps=N`, the first `N` steps after `restart` are not
+    measured: the first point at or beyond them starts the measurement.
+
+    Example:
+
+    ```python
+    window = ThroughputWindow()
+    window.restart(time_s=10.0, iterations=4, samples=128)
+    interval = window.update(time_s=10.5, iterations=14, samples=448)
+    interval.samples_per_sec   # 640.0
+    ```
+    """
+
+    def __init__(self):
+        self._last = None
+        self._measure_from_iterations = None
+
+    @property
+    def is_open(self):
+        """Whether the window has a starting point."""
+        return self._last is not None
+
+    @property
+    def is_measuring(self):
+        """Whether the window is open and its warm-up is over."""
+        return self._last is not None and self._measure_from_iterations is None
+
+    def restart(self, *, time_s, iterations, samples, warmup_steps=0):
+        """Opens the window at a point; nothing before it is measured.
+
+        Args:
+            time_s: float, clock reading in seconds.
+            iterations: int, the optimizer's iterations at that time.
+            samples: int, samples trained so far.
+            warmup_steps: int, steps after this point that are not measured.
+        """
+        if warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
+        self._last = (float(time_s), int(iterations), int(samples))
+        self._measure_from_iterations = (
+            int(iterations) + int(warmup_steps) if warmup_steps else None
+        )
+
+    def close(self):
+        """Closes the window: the next point must `restart` it."""
+        self._last = None
+        self._measure_from_iterations = None
+
+    def update(self, *, time_s, iterations, samples):
+        """Adds a point and returns the `Interval` since the previous one.
+
+        Returns None while warming up and when no step was taken since the
+        previous point (then the previous point is kept).
+
+        Raises:
+            RuntimeError: the window is not open.
+            ValueError: time, iterations or samples went backwards, or steps
+                were taken in zero seconds.
+        """
+        if self._last is None:
+            raise RuntimeError("ThroughputWindow.update called before restart")
+        time_s, iterations, samples = float(time_s), int(iterations), int(samples)
+        last_time_s, last_iterations, last_samples = self._last
+        for name, value, last in (
+            ("time_s", time_s, last_time_s),
+            ("iterations", iterations, last_iterations),
+            ("samples", samples, last_samples),
+        ):
+            if value < last:
+                raise ValueError(
+                    f"{name} went backwards within a window: {last} then "
+                    f"{value}; restart the window when the counter is reset"
+                )
+        steps = iterations - last_iterations
+        if steps == 0:
+            return None
+        if time_s == last_time_s:
+            raise ValueError(
+                f"{steps} step(s) took zero seconds (time_s={time_s}); the "
+                "clock must advance while training"
+            )
+        self._last = (time_s, iterations, samples)
+        if self._measure_from_iterations is not None:
+            if iterations >= self._measure_from_iterations:
+                self._measure_from_iterations = None
+            return None
+        return Interval(
+            end_iterations=iterations,
+            steps=steps,
+            samples=samples - last_samples,
+            duration_s=time_s - last_time_s,
+        )
+
+
+def weighted_percentile(values, weights, q):
+    """The smallest value whose cumulative weight reaches `q` percent.
+
+    With all weights 1 this is the "lower" percentile of the values: no
+    interpolation, so the result is always one of the values.
+
+    Args:
+        values: sequence of floats.
+        weights: sequence of positive numbers, one per value.
+        q: float in [0, 100].
+
+    Example:
+
+    ```python
+    # step times of 3 intervals of 10, 10 and 80 steps
+    weighted_percentile([0.5, 0.3, 0.2], [10, 10, 80], 50)   # 0.2
+    ```
+    """
+    if len(values) != len(weights):
+        raise ValueError(
+            f"values and weights differ in length: {len(values)} and {len(weights)}"
+        )
+    if not values:
+        raise ValueError("weighted_percentile needs at least one value")
+    if not 0 <= q <= 100:
+        raise ValueError(f"q must be in [0, 100], got {q}")
+    if any(weight <= 0 for weight in weights):
+        raise ValueError(f"weights must be positive, got {list(weights)}")
+    pairs = sorted(zip(values, weights))
+    total = sum(weights)
+    threshold = total * q / 100.0
+    cumulative = 0.0
+    for value, weight in pairs:
+        cumulative += weight
+        if cumulative >= threshold:
+            return value
+    return pairs[-1][0]
+
+
+@dataclasses.dataclass(frozen=True)
+class SteadyState:
+    """Steady-state throughput over all measured intervals.
+
+    Percentiles are over steps: `step_time_p50_s` is the time of the median
+    step. `samples_per_sec` is `samples per step / step_time_p50_s`, so a few
+    slow intervals (a checkpoint saved mid-epoch, a garbage collection) do not
+    move it.
+
+    Args:
+        samples_per_sec: float, median throughput, all replicas together.
+        steps_per_sec: float, median optimizer steps per second.
+        step_time_p10_s, step_time_p50_s, step_time_p90_s: float, step time
+            percentiles in seconds.
+        steps_measured: int, the steps the figures are based on.
+        samples_measured: int, the samples the figures are based on.
+        intervals_measured: int, the intervals the figures are based on.
+    """
+
+    samples_per_sec: float
+    steps_per_sec: float
+    step_time_p10_s: float
+    step_time_p50_s: float
+    step_time_p90_s: float
+    steps_measured: int
+    samples_measured: int
+    intervals_measured: int
+
+
+class ThroughputStats:
+    """Collects measured intervals and gives their steady state.
+
+    Example:
+
+    ```python
+    stats = ThroughputStats()
+    stats.add(Interval(end_iterations=20, steps=10, samples=320, duration_s=0.5))
+    stats.steady_state().samples_per_sec   # 640.0
+    ```
+    """
+
+    def __init__(self):
+        self._intervals = []
+
+    def add(self, interval):
+        """Adds one `Interval`."""
+        self._intervals.append(interval)
+
+    def __len__(self):
+        return len(self._intervals)
+
+    def steady_state(self):
+        """The `SteadyState` of the intervals so far, or None without any."""
+        if not self._intervals:
+            return None
+        step_times = [interval.step_time_s for interval in self._intervals]
+        steps = [interval.steps for interval in self._intervals]
+        steps_measured = sum(steps)
+        samples_measured = sum(interval.samples for interval in self._intervals)
+        p50 = weighted_percentile(step_times, steps, 50)
+        return SteadyState(
+            samples_per_sec=samples_measured / steps_measured / p50,
+            steps_per_sec=1.0 / p50,
+            step_time_p10_s=weighted_percentile(step_times, steps, 10),
+            step_time_p50_s=p50,
+            step_time_p90_s=weighted_percentile(step_times, steps, 90),
+            steps_measured=steps_measured,
+            samples_measured=samples_measured,
+            intervals_measured=len(self._intervals),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Scaling:
+    """Speedup over a baseline, against the ideal.
+
+    Args:
+        speedup: float, `samples_per_sec / baseline_samples_per_sec`.
+        ideal_speedup: float, `num_replicas / baseline_num_replicas`: what
+            perfect scaling would give.
+        efficiency: float, `speedup / ideal_speedup`; 1.0 is perfect scaling.
+    """
+
+    speedup: float
+    ideal_speedup: float
+    efficiency: float
+
+
+def scaling(samples_per_sec, baseline_samples_per_sec, num_replicas,
+            baseline_num_replicas=1):
+    """Speedup and scaling efficiency of a run over its baseline.
+
+    Args:
+        samples_per_sec: float, the run's throughput, all replicas together.
+        baseline_samples_per_sec: float, the baseline's throughput with the
+            same per-replica batch.
+        num_replicas: int, the run's replicas.
+        baseline_num_replicas: int, the baseline's replicas, default 1.
+
+    Returns:
+        A `Scaling`.
+
+    Example:
+
+    ```python
+    # 2 replicas reach 1800 samples/s; one replica alone reached 1000.
+    scaling(1800.0, 1000.0, num_replicas=2)
+    # Scaling(speedup=1.8, ideal_speedup=2.0, efficiency=0.9)
+    ```
+    """
+    for name, value in (
+        ("samples_per_sec", samples_per_sec),
+        ("baseline_samples_per_sec", baseline_samples_per_sec),
+    ):
+        if not (value > 0 and math.isfinite(value)):
+            raise ValueError(f"{name} must be a positive finite number, got {value}")
+    for name, value in (
+        ("num_replicas", num_replicas),
+        ("baseline_num_replicas", baseline_num_replicas),
+    ):
+        if value < 1:
+            raise ValueError(f"{name} must be at least 1, got {value}")
+    speedup = samples_per_sec / baseline_samples_per_sec
+    ideal_speedup = num_replicas / baseline_num_replicas
+    return Scaling(
+        speedup=speedup, ideal_speedup=ideal_speedup, efficiency=speedup / ideal_speedup
+    )
