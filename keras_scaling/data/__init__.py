@@ -102,13 +102,15 @@ def distribute(
       `per_replica_batch_size` samples.
     - `"pad"`: the last batch is filled with copies of a sample with
       `sample_weight` 0, and every real sample has weight 1 (multiplied into
-      a `sample_weight` you give), so compiled metrics in `evaluate` count
-      each sample exactly once. Keras' reported `loss` is still averaged
-      over all rows, padding included: it equals the true mean times
-      `num_examples / (num_examples + samples_padded_per_epoch)`. Data
-      without targets (`x` alone, for `predict`) gets no weights: the extra
-      predictions are at the end, so keep the first `num_examples` (with
-      `shuffle=False`).
+      a `sample_weight` you give), so `evaluate` counts each sample exactly
+      once in `weighted_metrics` (Keras applies sample weights to the loss
+      and to `compile(weighted_metrics=...)`, not to `metrics=`). Keras'
+      `loss` sums the weighted losses but divides by every row, padding
+      included: the mean over the real samples is
+      `loss * (num_examples + samples_padded_per_epoch) / num_examples`
+      (numbers from `plan_of(dataset)`). Data without targets (`x` alone,
+      for `predict`) gets no weights: the extra predictions are at the end,
+      so keep the first `num_examples` (with `shuffle=False`).
     - `"partial"`: the last batch is smaller and TensorFlow splits it over the
       replicas, so some replicas can get fewer or no samples in that step.
       Refused under TPUs (static shapes) and with several workers (the
