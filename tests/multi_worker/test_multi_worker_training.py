@@ -1,0 +1,322 @@
+"""Training on 2 workers x 2 logical CPUs (4 replicas), started by `keras-scaling launch`.
+
+Each test launches real worker processes on 127.0.0.1 (the scripts beside
+this file), bounded by a timeout, and reads back what every worker wrote.
+"""
+
+import glob
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+LAUNCH_TIMEOUT_S = 180
+
+pytestmark = pytest.mark.timeout(2 * LAUNCH_TIMEOUT_S + 60)
+
+
+def worker_env():
+    env = dict(os.environ)
+    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    env.pop("KERAS_SCALING_CPU_DEVICES", None)
+    return env
+
+
+def is_running(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            state = stat.read().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")
+
+
+def kill_recorded_workers(out_dir):
+    """Kills any worker process still running, from the pids the workers recorded."""
+    left = []
+    for path in glob.glob(os.path.join(out_dir, "*.pid")):
+        pid = int(open(path).read())
+        if is_running(pid):
+            left.append(pid)
+            os.kill(pid, signal.SIGKILL)
+    return left
+
+
+def run_command(command, cwd=REPO, timeout_s=LAUNCH_TIMEOUT_S):
+    """Runs `command`; on timeout stops it the way Ctrl-C would, then kills it."""
+    process = subprocess.Popen(
+        command,
+        cwd=cwd,
+        env=worker_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        out, err = process.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        # The launcher stops its workers on SIGTERM; SIGKILL only the launcher.
+        process.send_signal(signal.SIGTERM)
+        try:
+            out, err = process.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            out, err = process.communicate()
+        pytest.fail(
+            f"{shlex.join(command)} did not finish within {timeout_s} s\n"
+            f"stdout:\n{out[-3000:]}\nstderr:\n{err[-3000:]}"
+        )
+    return process.returncode, out, err
+
+
+def launch(script, *script_args, workers=2, cpu_devices=2):
+    command = [
+        sys.executable, "-m", "keras_scaling", "launch",
+        "--workers", str(workers), "--cpu-devices", str(cpu_devices),
+        "--grace-period", "2", "--",
+        sys.executable, os.path.join(HERE, script), *script_args,
+    ]
+    return run_command(command)
+
+
+def read_json(path):
+    with open(path) as file:
+        return json.load(file)
+
+
+def details(returncode, out, err):
+    return f"exit status {returncode}\nstdout:\n{out[-4000:]}\nstderr:\n{err[-6000:]}"
+
+
+def scalar_events(log_dir, tag, path=None):
+    """(step, value) of `tag` in `log_dir/train`, or in one event file `path`."""
+    from tensorboard.backend.event_processing.event_accumulator import (
+        EventAccumulator,
+    )
+
+    accumulator = EventAccumulator(path or os.path.join(log_dir, "train"))
+    accumulator.Reload()
+    if tag not in accumulator.Tags()["scalars"]:
+        return []
+    return [(event.step, event.value) for event in accumulator.Scalars(tag)]
+
+
+def event_files(log_dir):
+    return sorted(glob.glob(os.path.join(log_dir, "train", "events.out.tfevents.*")))
+
+
+def writer_pid(event_file):
+    # events.out.tfevents.<time>.<host>.<pid>.<n>.v2
+    return int(os.path.basename(event_file).split(".")[-3])
+
+
+# --- fit and evaluate on 2 workers, with the adapter and both callbacks ------
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    out_dir = str(tmp_path_factory.mktemp("trained"))
+    log_dir = os.path.join(out_dir, "logs")
+    try:
+        returncode, out, err = launch(
+            "mw_train_worker.py", "--out-dir", out_dir, "--log-dir", log_dir
+        )
+    finally:
+        left = kill_recorded_workers(out_dir)
+    assert returncode == 0, details(returncode, out, err)
+    assert not left, f"worker processes {left} outlived the launcher"
+    workers = [read_json(os.path.join(out_dir, f"worker{i}.json")) for i in (0, 1)]
+    return {"out_dir": out_dir, "log_dir": log_dir, "workers": workers, "out": out}
+
+
+def test_two_workers_with_two_cpus_each_make_four_replicas(trained):
+    for index, worker in enumerate(trained["workers"]):
+        assert worker["worker_index"] == index
+        assert worker["num_workers"] == 2
+        assert worker["num_replicas"] == 4
+        assert len(worker["local_devices"]) == 2
+        assert worker["is_chief"] == (index == 0)
+
+
+def test_every_worker_trains_on_its_own_share_exactly_once_per_epoch(trained):
+    workers = trained["workers"]
+    for epoch in ("0", "1"):
+        ids_0 = workers[0]["ids_by_epoch"][epoch]
+        ids_1 = workers[1]["ids_by_epoch"][epoch]
+        assert len(ids_0) == len(set(ids_0)) == 48
+        assert len(ids_1) == len(set(ids_1)) == 48
+        assert not set(ids_0) & set(ids_1)
+        assert set(ids_0) | set(ids_1) == set(range(96))
+
+
+def test_every_worker_runs_the_same_number_of_steps(trained):
+    workers = trained["workers"]
+    steps_per_epoch = workers[0]["steps_per_epoch"]
+    assert steps_per_epoch == 96 // 16
+    for worker in workers:
+        assert worker["steps_per_epoch"] == steps_per_epoch
+        assert worker["steps_by_epoch"] == {"0": steps_per_epoch, "1": steps_per_epoch}
+        assert worker["iterations"] == 2 * steps_per_epoch
+
+
+def test_every_copy_of_every_weight_is_bitwise_identical_on_both_workers(trained):
+    copies = [
+        np.load(os.path.join(trained["out_dir"], f"worker{i}_weights.npz"))
+        for i in (0, 1)
+    ]
+    assert sorted(copies[0].files) == sorted(copies[1].files)
+    paths = {name.split("#")[0] for name in copies[0].files}
+    assert any("kernel" in path for path in paths)
+    for path in paths:
+        reference = copies[0][f"{path}#0"]
+        for worker_copies in copies:
+            for replica in (0, 1):
+                value = worker_copies[f"{path}#{replica}"]
+                assert value.tobytes() == reference.tobytes(), (path, replica)
+
+
+def test_evaluate_counts_every_validation_sample_once_over_both_workers(trained):
+    import mw_common
+
+    weights = np.load(os.path.join(trained["out_dir"], "worker0_dense.npz"))
+    kernel_1, bias_1, kernel_2, bias_2 = (weights[f"arr_{i}"] for i in range(4))
+    x_val, y_val = mw_common.make_data(96 // 2 + 3, seed=1)
+    hidden = np.maximum(x_val[:, 1:] @ kernel_1 + bias_1, 0.0)
+    expected_mae = float(np.mean(np.abs(hidden @ kernel_2 + bias_2 - y_val)))
+    evaluations = [worker["evaluation"] for worker in trained["workers"]]
+    assert evaluations[0] == evaluations[1]
+    assert evaluations[0]["mae"] == pytest.approx(expected_mae, rel=1e-5)
+
+
+def test_throughput_is_written_by_the_chief_only(trained):
+    log_dir = trained["log_dir"]
+    chief_pid = trained["workers"][0]["pid"]
+    files = event_files(log_dir)
+    assert files, f"no event file in {log_dir}/train"
+    assert {writer_pid(path) for path in files} == {chief_pid}
+    summary = read_json(os.path.join(log_dir, "throughput.json"))
+    assert summary["num_workers"] == 2
+    assert summary["num_replicas"] == 4
+    assert summary["global_batch_size"] == 16
+    assert summary["samples_per_sec"] > 0
+    steps = [step for step, _ in scalar_events(log_dir, "throughput/samples_per_sec")]
+    assert steps, "no throughput/samples_per_sec events"
+    assert steps == sorted(set(steps))
+    assert steps[-1] <= trained["workers"][0]["iterations"]
+
+
+# --- a divergence on one worker stops both ------------------------------------
+
+
+def test_a_divergence_on_worker_1_stops_both_workers_at_the_same_step(tmp_path):
+    out_dir = str(tmp_path)
+    try:
+        returncode, out, err = launch("mw_diverge_worker.py", "--out-dir", out_dir)
+    finally:
+        left = kill_recorded_workers(out_dir)
+    assert returncode == 0, details(returncode, out, err)
+    assert not left
+    outcomes = [read_json(os.path.join(out_dir, f"worker{i}.json")) for i in (0, 1)]
+    for outcome in outcomes:
+        assert outcome["error"] == "ReplicaDivergenceError", outcome
+        assert outcome["step"] is not None
+    assert outcomes[0]["step"] == outcomes[1]["step"]
+    assert outcomes[0]["iterations"] == outcomes[1]["iterations"]
+    for index in (0, 1):
+        assert f"[worker {index}] ReplicaDivergenceError at step" in out
+    # The report names the variable that was changed.
+    assert all("kernel" in outcome["message"] for outcome in outcomes)
+
+
+# --- a killed worker: the launcher stops the others; a relaunch resumes -------
+
+
+def test_a_killed_worker_stops_the_launch_and_a_relaunch_resumes(tmp_path):
+    out_dir, log_dir, backup_dir = (
+        str(tmp_path), str(tmp_path / "logs"), str(tmp_path / "backup")
+    )
+    common = ["--out-dir", out_dir, "--log-dir", log_dir, "--backup-dir", backup_dir]
+    try:
+        returncode, out, err = launch(
+            "mw_resume_worker.py", *common, "--run", "1", "--kill-at-epoch", "2"
+        )
+        returned_at = time.time()
+        left = kill_recorded_workers(out_dir)
+        assert not left, f"worker processes {left} outlived the launcher"
+        assert returncode == 128 + signal.SIGKILL, details(returncode, out, err)
+        assert (
+            "keras-scaling launch: worker 1 exited with status -9 (killed by "
+            "SIGKILL); stopped the others" in err
+        ), details(returncode, out, err)
+        killed = read_json(os.path.join(out_dir, "killed.json"))
+        # Worker 0 is blocked in a collective that cannot complete: it must be
+        # stopped, not waited for (TensorFlow's own health check takes longer).
+        assert returned_at - killed["time"] < 20
+        run_1_files = event_files(log_dir)
+
+        returncode, out, err = launch("mw_resume_worker.py", *common, "--run", "2")
+    finally:
+        left = kill_recorded_workers(out_dir)
+    assert returncode == 0, details(returncode, out, err)
+    assert not left
+    runs = [read_json(os.path.join(out_dir, f"run2_worker{i}.json")) for i in (0, 1)]
+    steps_per_epoch = runs[0]["steps_per_epoch"]
+    assert killed["iterations"] == 2 * steps_per_epoch + 2
+    for run in runs:
+        assert run["first_epoch"] == 2
+        assert run["iterations_at_start"] == 2 * steps_per_epoch
+        assert run["iterations_at_end"] == 4 * steps_per_epoch
+
+    tag = "throughput/samples_per_sec"
+    all_steps = [step for step, _ in scalar_events(log_dir, tag)]
+    assert all_steps == sorted(set(all_steps)), f"steps overlap: {all_steps}"
+    run_2_steps = [
+        step
+        for path in event_files(log_dir)
+        if path not in run_1_files
+        for step, _ in scalar_events(log_dir, tag, path=path)
+    ]
+    assert run_2_steps, "the resumed run logged no throughput"
+    assert min(run_2_steps) > 2 * steps_per_epoch
+    assert max(run_2_steps) <= 4 * steps_per_epoch
+
+
+# --- the README's multi-worker example, run as written -----------------------
+
+
+def readme_launch_command():
+    """The `keras-scaling launch` command of README.md's multi-worker section."""
+    with open(os.path.join(REPO, "README.md")) as file:
+        readme = file.read()
+    for block in re.findall(r"```(?:bash|sh|console)?\n(.*?)```", readme, re.S):
+        text = block.replace("\\\n", " ")
+        for line in text.splitlines():
+            if line.strip().startswith("keras-scaling launch"):
+                return line.strip()
+    pytest.fail("README.md has no `keras-scaling launch` example in a code block")
+
+
+def test_the_readme_multi_worker_example_runs_as_written(tmp_path):
+    command = readme_launch_command()
+    assert "examples/multi_worker.py" in command
+    # Run from a copy of the repository's layout, so the logs the example
+    # writes (relative paths) land in a temporary directory.
+    os.symlink(os.path.join(REPO, "examples"), tmp_path / "examples")
+    returncode, out, err = run_command(["bash", "-c", command], cwd=str(tmp_path))
+    assert returncode == 0, details(returncode, out, err)
+    assert "[worker 0] MultiWorkerMirroredStrategy: 2 workers, 4 replicas" in out
+    assert "[worker 1] MultiWorkerMirroredStrategy: 2 workers, 4 replicas" in out
+    assert re.search(r"\[worker 0\] validation mae: \d", out), out[-3000:]
+    logs = glob.glob(str(tmp_path / "**" / "throughput.json"), recursive=True)
+    assert len(logs) == 1, logs
+    assert read_json(logs[0])["num_replicas"] == 4
