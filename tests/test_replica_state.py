@@ -1,0 +1,320 @@
+"""The replica state core: fingerprints, copy comparison, causes, checker.
+
+The fingerprint and comparison tests run in the one-device session; the
+checker tests run on a real MirroredStrategy over 2 logical CPUs.
+"""
+
+import ml_dtypes
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_scaling import _fingerprint
+from keras_scaling import replica_state
+
+# --- fingerprints -------------------------------------------------------------
+
+DTYPES = ["float32", "float64", "float16", "bfloat16", "int32", "int64", "uint8", "bool"]
+SHAPES = [(), (3,), (5, 7), (2, 3, 4)]
+
+
+def _random_array(dtype, shape, seed=0):
+    rng = np.random.default_rng(seed)
+    if dtype == "bool":
+        return rng.random(shape) < 0.5
+    if dtype == "bfloat16":
+        return rng.normal(size=shape).astype(ml_dtypes.bfloat16)
+    if np.issubdtype(np.dtype(dtype), np.integer):
+        info = np.iinfo(dtype)
+        return rng.integers(info.min, info.max, size=shape, dtype=dtype, endpoint=True)
+    return rng.normal(size=shape).astype(dtype)
+
+
+def _flip_lowest_bit(array, index):
+    changed = np.array(array, copy=True)
+    flat = changed.reshape(-1)
+    if changed.dtype == np.bool_:
+        flat[index] = not flat[index]
+    else:
+        bits = flat.view(f"u{changed.dtype.itemsize}")
+        bits[index] ^= 1
+    return changed
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fingerprint_on_device_equals_the_numpy_reference(dtype, shape):
+    array = _random_array(dtype, shape)
+    on_device = _fingerprint.fingerprint(tf.constant(array)).numpy()
+    np.testing.assert_array_equal(on_device, _fingerprint.fingerprint_numpy(array))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fingerprint_changes_when_any_single_element_changes_its_lowest_bit(dtype):
+    array = _random_array(dtype, (3, 5), seed=1)
+    original = _fingerprint.fingerprint(tf.constant(array)).numpy()
+    for index in range(array.size):
+        changed = _fingerprint.fingerprint(tf.constant(_flip_lowest_bit(array, index)))
+        assert changed.numpy()[_fingerprint.WORD_SUM] != original[_fingerprint.WORD_SUM], index
+
+
+def test_fingerprint_changes_with_one_ulp_of_one_element_of_a_large_tensor():
+    array = np.random.default_rng(2).normal(size=(257, 129)).astype(np.float32)
+    changed = array.copy()
+    changed[200, 100] = np.nextafter(changed[200, 100], np.float32(np.inf))
+    table = _fingerprint.fingerprint_table([tf.constant(array), tf.constant(changed)])
+    assert table.shape == (2, len(_fingerprint.FIELDS))
+    assert table[0, _fingerprint.WORD_SUM] != table[1, _fingerprint.WORD_SUM]
+
+
+def test_fingerprint_flags_nan_and_inf_but_not_finite_values():
+    finite = np.float32([1.0, -2.0, 3.5])
+    flags = [
+        int(_fingerprint.fingerprint(tf.constant(a))[_fingerprint.NON_FINITE])
+        for a in (finite, np.float32([1.0, np.nan, 3.5]), np.float32([np.inf, 0.0, 1.0]))
+    ]
+    assert flags == [0, 1, 1]
+    assert int(_fingerprint.fingerprint(tf.constant([1, 2, 3]))[_fingerprint.NON_FINITE]) == 0
+
+
+# --- comparing copies ---------------------------------------------------------
+
+
+def test_compare_copies_measures_the_differences_from_replica_0():
+    reference = np.float32([[1.0, 2.0], [4.0, 8.0]])
+    second = reference.copy()
+    second[1, 1] = 10.0
+    third = reference.copy()
+    third[0, 0] = 0.5
+    difference = replica_state.compare_copies([reference, reference.copy(), second, third])
+    assert difference.differing_replicas == (2, 3)
+    assert difference.num_differing_elements == 2
+    assert difference.num_elements == 4
+    assert difference.max_abs_diff == pytest.approx(2.0)
+    assert difference.max_rel_diff == pytest.approx(0.5)
+    assert not difference.within_tolerance
+
+
+def test_compare_copies_of_equal_copies_finds_nothing():
+    reference = np.arange(6, dtype=np.int64).reshape(2, 3)
+    difference = replica_state.compare_copies([reference, reference.copy()])
+    assert difference.differing_replicas == ()
+    assert difference.num_differing_elements == 0
+    assert difference.max_abs_diff == 0.0
+
+
+def test_compare_copies_sees_one_ulp():
+    reference = np.float32([1.0, 3.0])
+    changed = reference.copy()
+    changed[1] = np.nextafter(changed[1], np.float32(4.0))
+    difference = replica_state.compare_copies([reference, changed])
+    assert difference.differing_replicas == (1,)
+    assert difference.num_differing_elements == 1
+    assert difference.max_abs_diff == pytest.approx(2.0**-22)
+
+
+def test_compare_copies_is_bitwise_so_negative_zero_differs():
+    difference = replica_state.compare_copies([np.float32([0.0]), np.float32([-0.0])])
+    assert difference.differing_replicas == (1,)
+    assert difference.max_abs_diff == 0.0
+
+
+def test_compare_copies_counts_nan_and_inf_per_replica():
+    reference = np.float32([1.0, 2.0, 3.0])
+    broken = np.float32([np.nan, np.inf, 3.0])
+    difference = replica_state.compare_copies([reference, broken])
+    assert difference.nan_counts == (0, 1)
+    assert difference.inf_counts == (0, 1)
+    assert difference.max_abs_diff == np.inf
+    assert difference.num_differing_elements == 2
+
+
+def test_compare_copies_within_tolerance_only_when_every_difference_is():
+    reference = np.float32([1.0, 100.0])
+    close = np.float32([1.0 + 1e-6, 100.0 + 1e-4])
+    assert replica_state.compare_copies([reference, close], atol=1e-5, rtol=1e-5).within_tolerance
+    assert not replica_state.compare_copies([reference, close], atol=1e-5).within_tolerance
+    assert not replica_state.compare_copies([reference, close]).within_tolerance
+
+
+# --- likely causes ------------------------------------------------------------
+
+
+def _variable(role, aggregation=tf.VariableAggregation.NONE, reason=None):
+    return replica_state.TrackedVariable(
+        "model/layer/w", tf.Variable([0.0, 0.0], aggregation=aggregation), role, reason
+    )
+
+
+def _difference(nan_counts=(0, 0), within_tolerance=False):
+    return replica_state.CopyDifference(
+        differing_replicas=(1,),
+        num_differing_elements=1,
+        num_elements=2,
+        max_abs_diff=1.0,
+        max_rel_diff=1.0,
+        nan_counts=nan_counts,
+        inf_counts=(0, 0),
+        within_tolerance=within_tolerance,
+    )
+
+
+@pytest.mark.parametrize(
+    "role, aggregation, expected",
+    [
+        (replica_state.TRAINABLE, tf.VariableAggregation.NONE, "gradients were not combined"),
+        (replica_state.NON_TRAINABLE, tf.VariableAggregation.NONE, "aggregation 'none' assigned in replica context"),
+        (replica_state.NON_TRAINABLE, tf.VariableAggregation.MEAN, "aggregation 'mean'"),
+        (replica_state.OPTIMIZER_ITERATIONS, tf.VariableAggregation.ONLY_FIRST_REPLICA, "optimizer steps were applied on some replicas"),
+        (replica_state.OPTIMIZER_VARIABLE, tf.VariableAggregation.NONE, "optimizer state was updated with per-replica"),
+        (replica_state.SEED_GENERATOR, tf.VariableAggregation.NONE, "seed generator advanced"),
+    ],
+)
+def test_likely_cause_follows_the_role_and_aggregation(role, aggregation, expected):
+    assert expected in replica_state.likely_cause(_variable(role, aggregation), _difference())
+
+
+def test_likely_cause_of_nan_on_one_replica_names_that_replica():
+    cause = replica_state.likely_cause(
+        _variable(replica_state.TRAINABLE), _difference(nan_counts=(0, 3))
+    )
+    assert cause.startswith("NaN/Inf on replica(s) 1 only")
+
+
+def test_likely_cause_within_tolerance_is_float_drift():
+    cause = replica_state.likely_cause(
+        _variable(replica_state.TRAINABLE), _difference(within_tolerance=True)
+    )
+    assert cause.startswith("float drift")
+
+
+def test_report_str_names_step_variable_replica_device_and_cause():
+    variable = _variable(replica_state.TRAINABLE)
+    report = replica_state.ReplicaSyncReport(
+        step=42,
+        num_replicas=2,
+        num_workers=1,
+        num_variables=7,
+        variables=(
+            replica_state.VariableReport(
+                path=variable.path,
+                shape=(2,),
+                dtype="float32",
+                aggregation="NONE",
+                synchronization="ON_WRITE",
+                role=variable.role,
+                tier=replica_state.DIVERGENCE,
+                difference=_difference(nan_counts=(0, 1)),
+                devices=("/device:CPU:1",),
+                likely_cause="the cause",
+            ),
+        ),
+    )
+    text = str(report)
+    assert "step 42: 7 variables on 2 replicas (1 worker): 1 diverged" in text
+    assert "DIVERGENCE: model/layer/w shape=(2,) dtype=float32 aggregation=NONE" in text
+    assert "replicas differing from replica 0: 1 (/device:CPU:1)" in text
+    assert "replica 1: 1 NaN/0 Inf" in text
+    assert "likely cause: the cause" in text
+    assert not report.ok and report.max_abs_diff == 1.0
+
+
+# --- the checker on a real MirroredStrategy -----------------------------------
+
+
+@pytest.fixture(scope="module")
+def strategy():
+    return tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+
+
+def _model(strategy, synchronized):
+    import keras
+
+    with strategy.scope():
+        model = keras.Sequential(
+            [
+                keras.Input((4,)),
+                keras.layers.Dense(3),
+                keras.layers.BatchNormalization(synchronized=synchronized),
+                keras.layers.Dropout(0.5),
+                keras.layers.Dense(1),
+            ]
+        )
+        model.compile(optimizer="adam", loss="mse")
+        model.optimizer.build(model.trainable_variables)
+    return model
+
+
+@pytest.mark.logical_cpus(2)
+def test_tracked_variables_classify_roles_and_per_replica_state(strategy):
+    model = _model(strategy, synchronized=False)
+    tracked = {v.path: v for v in replica_state.tracked_variables(model, model.optimizer)}
+    batch_norm = model.layers[1]
+    assert tracked[model.layers[0].kernel.path].role == replica_state.TRAINABLE
+    assert tracked[batch_norm.moving_mean.path].is_per_replica_state
+    assert tracked[batch_norm.moving_variance.path].is_per_replica_state
+    assert not tracked[batch_norm.gamma.path].is_per_replica_state
+    assert tracked[model.optimizer._iterations.path].role == replica_state.OPTIMIZER_ITERATIONS
+    seed_state = model.layers[2].seed_generator.state
+    assert tracked[seed_state.path].role == replica_state.SEED_GENERATOR
+    assert len(tracked) == len(model.variables) + len(model.optimizer.variables)
+
+
+@pytest.mark.logical_cpus(2)
+def test_synchronized_batch_norm_statistics_are_not_per_replica_state(strategy):
+    model = _model(strategy, synchronized=True)
+    tracked = replica_state.tracked_variables(model)
+    assert not any(v.is_per_replica_state for v in tracked)
+
+
+@pytest.mark.logical_cpus(2)
+def test_checker_fingerprints_each_replicas_own_copy(strategy):
+    model = _model(strategy, synchronized=False)
+    variables = replica_state.tracked_variables(model, model.optimizer)
+    checker = replica_state.ReplicaStateChecker(strategy, variables)
+    table = checker.fingerprints()
+    assert table.shape == (2, len(variables), 2)
+    np.testing.assert_array_equal(table[0], table[1])
+    kernel = model.layers[0].kernel
+    copies = strategy.experimental_local_results(kernel.value)
+    copies[1].assign(copies[1] * 2.0)
+    table = checker.fingerprints()
+    index = [v.path for v in variables].index(kernel.path)
+    differing = np.flatnonzero(table[0, :, 0] != table[1, :, 0])
+    assert differing.tolist() == [index]
+
+
+@pytest.mark.logical_cpus(2)
+def test_checker_gathers_every_replicas_copy_in_replica_order(strategy):
+    model = _model(strategy, synchronized=False)
+    variables = replica_state.tracked_variables(model)
+    checker = replica_state.ReplicaStateChecker(strategy, variables)
+    bias = model.layers[-1].bias
+    strategy.experimental_local_results(bias.value)[1].assign([5.0])
+    index = [v.path for v in variables].index(bias.path)
+    (copies,) = checker.gather([index])
+    assert [float(c[0]) for c in copies] == [0.0, 5.0]
+
+
+@pytest.mark.logical_cpus(2)
+def test_checker_average_replaces_per_replica_state_by_its_mean(strategy):
+    model = _model(strategy, synchronized=False)
+    moving_mean = model.layers[1].moving_mean
+    copies = strategy.experimental_local_results(moving_mean.value)
+    copies[0].assign([1.0, 2.0, 3.0])
+    copies[1].assign([3.0, 4.0, 5.0])
+    checker = replica_state.ReplicaStateChecker(
+        strategy, replica_state.tracked_variables(model), per_replica_state="average"
+    )
+    report = checker.check(step=0)
+    assert report.ok
+    (state,) = report.per_replica_state
+    assert state.path == moving_mean.path and state.repair == "averaged across replicas"
+    for copy in copies:
+        np.testing.assert_array_equal(copy.numpy(), [2.0, 3.0, 4.0])
+
+
+@pytest.mark.logical_cpus(2)
+def test_checker_rejects_unknown_per_replica_state_mode(strategy):
+    with pytest.raises(ValueError, match="per_replica_state must be one of .* got 'sometimes'"):
+        replica_state.ReplicaStateChecker(strategy, [], per_replica_state="sometimes")
