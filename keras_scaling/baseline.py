@@ -312,6 +312,7 @@ def measure_samples_per_sec(model, element_spec, device, *, duration_s=1.0,
                     epochs=1,
                     steps_per_epoch=max_steps + copy.steps_per_execution,
                     verbose=0,
+                    shuffle=False,
                     callbacks=[timer],
                 )
                 result["samples_per_sec"] = timer.steps_per_sec() * batch_size

@@ -1,0 +1,182 @@
+"""The measuring core, with made-up numbers and a fake clock."""
+
+import pytest
+
+from keras_scaling.throughput import (
+    Interval,
+    ThroughputStats,
+    ThroughputWindow,
+    scaling,
+    weighted_percentile,
+)
+
+
+class FakeClock:
+    def __init__(self, start_s=100.0):
+        self.now_s = start_s
+
+    def advance(self, seconds):
+        self.now_s += seconds
+        return self.now_s
+
+
+def test_interval_figures_come_from_steps_samples_and_time():
+    interval = Interval(end_iterations=30, steps=10, samples=320, duration_s=0.5)
+    assert interval.samples_per_sec == 640.0
+    assert interval.steps_per_sec == 20.0
+    assert interval.step_time_s == 0.05
+
+
+def test_window_measures_between_consecutive_points():
+    clock = FakeClock()
+    window = ThroughputWindow()
+    window.restart(time_s=clock.now_s, iterations=4, samples=4 * 32)
+    first = window.update(time_s=clock.advance(0.5), iterations=14, samples=14 * 32)
+    second = window.update(time_s=clock.advance(0.25), iterations=24, samples=24 * 32)
+    assert (first.end_iterations, first.steps, first.samples) == (14, 10, 320)
+    assert first.samples_per_sec == pytest.approx(640.0)
+    assert (second.end_iterations, second.steps) == (24, 10)
+    assert second.samples_per_sec == pytest.approx(1280.0)
+
+
+def test_window_does_not_measure_warmup_steps():
+    clock = FakeClock()
+    window = ThroughputWindow()
+    window.restart(time_s=clock.now_s, iterations=1, samples=32, warmup_steps=5)
+    assert window.is_open and not window.is_measuring
+    # 3 steps in: still warming up; 6 steps in: warm-up over, not measured.
+    assert window.update(time_s=clock.advance(3.0), iterations=4, samples=128) is None
+    assert window.update(time_s=clock.advance(3.0), iterations=7, samples=224) is None
+    assert window.is_measuring
+    interval = window.update(time_s=clock.advance(1.0), iterations=17, samples=544)
+    assert interval.steps == 10 and interval.duration_s == pytest.approx(1.0)
+
+
+def test_window_restart_leaves_out_time_between_windows():
+    clock = FakeClock()
+    window = ThroughputWindow()
+    window.restart(time_s=clock.now_s, iterations=0, samples=0)
+    window.update(time_s=clock.advance(1.0), iterations=10, samples=100)
+    clock.advance(60.0)  # validation, checkpoints
+    window.restart(time_s=clock.now_s, iterations=11, samples=110)
+    interval = window.update(time_s=clock.advance(1.0), iterations=21, samples=210)
+    assert interval.duration_s == pytest.approx(1.0)
+    assert interval.samples_per_sec == pytest.approx(100.0)
+
+
+def test_window_without_new_steps_keeps_its_previous_point():
+    clock = FakeClock()
+    window = ThroughputWindow()
+    window.restart(time_s=clock.now_s, iterations=10, samples=100)
+    assert window.update(time_s=clock.advance(1.0), iterations=10, samples=100) is None
+    interval = window.update(time_s=clock.advance(1.0), iterations=20, samples=200)
+    assert interval.duration_s == pytest.approx(2.0)
+
+
+@pytest.mark.parametrize(
+    "point, name",
+    [
+        ({"time_s": 99.0, "iterations": 20, "samples": 200}, "time_s"),
+        ({"time_s": 101.0, "iterations": 5, "samples": 200}, "iterations"),
+        ({"time_s": 101.0, "iterations": 20, "samples": 50}, "samples"),
+    ],
+)
+def test_window_refuses_counters_going_backwards(point, name):
+    window = ThroughputWindow()
+    window.restart(time_s=100.0, iterations=10, samples=100)
+    with pytest.raises(ValueError, match=f"{name} went backwards"):
+        window.update(**point)
+
+
+def test_window_refuses_steps_in_zero_seconds():
+    window = ThroughputWindow()
+    window.restart(time_s=100.0, iterations=10, samples=100)
+    with pytest.raises(ValueError, match="took zero seconds"):
+        window.update(time_s=100.0, iterations=11, samples=110)
+
+
+def test_window_must_be_restarted_after_close():
+    window = ThroughputWindow()
+    window.restart(time_s=0.0, iterations=0, samples=0)
+    window.close()
+    with pytest.raises(RuntimeError, match="before restart"):
+        window.update(time_s=1.0, iterations=1, samples=1)
+
+
+def test_weighted_percentile_weighs_by_steps():
+    # 80 of 100 steps took 0.2 s: the median step took 0.2 s.
+    assert weighted_percentile([0.5, 0.3, 0.2], [10, 10, 80], 50) == 0.2
+    assert weighted_percentile([0.5, 0.3, 0.2], [10, 10, 80], 90) == 0.3
+    assert weighted_percentile([0.5, 0.3, 0.2], [10, 10, 80], 100) == 0.5
+    assert weighted_percentile([3.0, 1.0, 2.0], [1, 1, 1], 50) == 2.0
+
+
+@pytest.mark.parametrize(
+    "values, weights, q, message",
+    [
+        ([], [], 50, "at least one value"),
+        ([1.0], [1, 2], 50, "differ in length"),
+        ([1.0], [1], 101, "q must be in"),
+        ([1.0], [0], 50, "weights must be positive"),
+    ],
+)
+def test_weighted_percentile_refuses_bad_input(values, weights, q, message):
+    with pytest.raises(ValueError, match=message):
+        weighted_percentile(values, weights, q)
+
+
+def test_steady_state_is_the_median_step_not_slow_outliers():
+    stats = ThroughputStats()
+    assert stats.steady_state() is None
+    for _ in range(8):
+        stats.add(Interval(end_iterations=0, steps=10, samples=640, duration_s=0.1))
+    # A checkpoint saved mid-epoch: one interval 20 times slower.
+    stats.add(Interval(end_iterations=0, steps=10, samples=640, duration_s=2.0))
+    steady = stats.steady_state()
+    assert steady.step_time_p50_s == pytest.approx(0.01)
+    assert steady.samples_per_sec == pytest.approx(6400.0)
+    assert steady.steps_per_sec == pytest.approx(100.0)
+    # The slow interval holds the slowest 11% of steps: p90 shows it.
+    assert steady.step_time_p90_s == pytest.approx(0.2)
+    assert steady.step_time_p10_s == pytest.approx(0.01)
+    assert (steady.steps_measured, steady.samples_measured) == (90, 5760)
+    assert steady.intervals_measured == 9
+
+
+def test_steady_state_percentiles_spread_with_step_times():
+    stats = ThroughputStats()
+    for step_time_s in (0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.07, 0.08, 0.09, 0.10):
+        stats.add(Interval(0, steps=5, samples=5 * 16, duration_s=5 * step_time_s))
+    steady = stats.steady_state()
+    assert steady.step_time_p10_s == pytest.approx(0.01)
+    assert steady.step_time_p50_s == pytest.approx(0.05)
+    assert steady.step_time_p90_s == pytest.approx(0.09)
+    assert steady.samples_per_sec == pytest.approx(16 / 0.05)
+
+
+def test_scaling_divides_by_baseline_and_by_ideal():
+    figures = scaling(1800.0, 1000.0, num_replicas=2)
+    assert figures.speedup == pytest.approx(1.8)
+    assert figures.ideal_speedup == 2.0
+    assert figures.efficiency == pytest.approx(0.9)
+
+
+def test_scaling_over_a_multi_replica_baseline_compares_replica_ratios():
+    figures = scaling(3400.0, 1000.0, num_replicas=8, baseline_num_replicas=2)
+    assert figures.speedup == pytest.approx(3.4)
+    assert figures.ideal_speedup == 4.0
+    assert figures.efficiency == pytest.approx(0.85)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ((0.0, 1000.0, 2), "samples_per_sec must be a positive"),
+        ((100.0, -1.0, 2), "baseline_samples_per_sec must be a positive"),
+        ((100.0, float("nan"), 2), "baseline_samples_per_sec must be a positive"),
+        ((100.0, 100.0, 0), "num_replicas must be at least 1"),
+    ],
+)
+def test_scaling_refuses_nonsense(args, message):
+    with pytest.raises(ValueError, match=message):
+        scaling(*args)
