@@ -18,7 +18,7 @@ SUBPROCESS_TIMEOUT_S = 120
 def keras_originals():
     trainer = tf_trainer.TensorFlowTrainer.__dict__
     return {
-        "make_train_function": trainer["make_train_function"],
+        "_make_function": trainer["_make_function"],
         "_maybe_symbolic_build": trainer["_maybe_symbolic_build"],
         "reduce_per_replica": tf_trainer.reduce_per_replica,
     }
@@ -177,12 +177,12 @@ import json
 from keras.src.backend.tensorflow import trainer
 from keras_scaling import compat
 import keras_scaling
-before = (trainer.TensorFlowTrainer.__dict__["make_train_function"],
+before = (trainer.TensorFlowTrainer.__dict__["_make_function"],
           trainer.TensorFlowTrainer.__dict__["_maybe_symbolic_build"],
           trainer.reduce_per_replica)
 strategy = keras_scaling.auto_strategy()
 compat.enable_for(strategy)
-after = (trainer.TensorFlowTrainer.__dict__["make_train_function"],
+after = (trainer.TensorFlowTrainer.__dict__["_make_function"],
          trainer.TensorFlowTrainer.__dict__["_maybe_symbolic_build"],
          trainer.reduce_per_replica)
 print(json.dumps({

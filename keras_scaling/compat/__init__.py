@@ -5,7 +5,7 @@ active, and `disable()` puts the original function object back:
 
 | fix                   | upstream issue              | symptom without it |
 |-----------------------|-----------------------------|--------------------|
-| `steps_per_execution` | keras-team/keras#19246      | `fit` with `steps_per_execution > 1` on several replicas: "You must feed a value for placeholder tensor 'while/cond/Placeholder'" |
+| `steps_per_execution` | keras-team/keras#19246      | `fit`/`evaluate` with `steps_per_execution > 1` on several replicas: "You must feed a value for placeholder tensor 'while/cond/Placeholder'" |
 | `symbolic_build`      | keras-team/keras#20585      | `fit` under `MultiWorkerMirroredStrategy`: "Attempt to convert a value (PerReplica: ...)" |
 | `scalar_reduce`       | tensorflow/tensorflow#72388 | metrics under `MultiWorkerMirroredStrategy`: "Invalid reduction dimension 0 for input with 0 dimensions" |
 
@@ -273,11 +273,12 @@ def enable_for(strategy, model=None):
     off.
 
     `fit` builds `model.train_function` after the callbacks' `set_model` and
-    before their `on_train_begin`, and reuses it until the model is compiled
+    before their `on_train_begin` (`evaluate` builds `model.test_function`
+    before `on_test_begin`), and reuses it until the model is compiled
     again. Pass `model` when calling from `on_train_begin` or later, or after
-    the model has already been trained: a train function built without the
-    `steps_per_execution` fix is then rebuilt with it, so the `fit` in
-    progress uses it (the `fit` loop looks `model.train_function` up at
+    the model has already run: a train or test function built without the
+    `steps_per_execution` fix is then rebuilt with it, so the `fit` or
+    `evaluate` in progress uses it (their loops look the function up at
     every step). The `symbolic_build` fix acts before
     callbacks run, so under `MultiWorkerMirroredStrategy` enable it before
     `fit` (`auto_strategy()`, `data.distribute()` or `enable()` do).
@@ -315,20 +316,24 @@ def enable_for(strategy, model=None):
         wanted = [fix for fix in _FIXES if fix.NAME not in _disabled_by_user]
         _log_applied(_apply(wanted))
         if model is not None:
-            _rebuild_train_function_built_without_fix(model)
+            _rebuild_functions_built_without_fix(model)
         return status()
 
 
-def _rebuild_train_function_built_without_fix(model):
+def _rebuild_functions_built_without_fix(model):
     if _steps_per_execution.NAME not in _active:
         return
     if getattr(model, "steps_per_execution", 1) == 1:
         return
-    function = getattr(model, "train_function", None)
-    if function is not None and not getattr(
-        function, _steps_per_execution.BUILT_BY_FIX, False
+    for attribute, make in (
+        ("train_function", "make_train_function"),
+        ("test_function", "make_test_function"),
     ):
-        model.make_train_function(force=True)
+        function = getattr(model, attribute, None)
+        if function is not None and not getattr(
+            function, _steps_per_execution.BUILT_BY_FIX, False
+        ):
+            getattr(model, make)(force=True)
 
 
 def status():

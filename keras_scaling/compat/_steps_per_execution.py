@@ -8,8 +8,9 @@ captured inputs: "You must feed a value for placeholder tensor
 function with the step inlined in the loop body: the loop condition alone
 decides whether a step runs, so no step sits inside a `tf.cond`.
 
-Only the train function is replaced: `evaluate` and `predict` work with
-`steps_per_execution > 1` on several replicas in the affected releases.
+`_make_function` builds the train and the test function: `evaluate` fails
+the same way under `MultiWorkerMirroredStrategy`. `predict` builds its own
+function, without the nested loop, and is left as it is.
 """
 
 import tensorflow as tf
@@ -20,28 +21,28 @@ from keras_scaling.compat import _probe
 NAME = "steps_per_execution"
 ISSUE = "keras-team/keras#19246"
 SUMMARY = (
-    "steps_per_execution > 1 fails in fit on several replicas; the fused "
-    "training steps run in one loop without a nested per-step function"
+    "steps_per_execution > 1 fails in fit (and evaluate) on several "
+    "replicas; the fused steps run in one loop without a nested per-step "
+    "function"
 )
-# Marks the train functions built while this fix is active.
+# Marks the train and test functions built while this fix is active.
 BUILT_BY_FIX = "_keras_scaling_compat"
 
 
 def target():
     """The attribute this fix replaces: `(owner, name)`."""
-    return tf_trainer.TensorFlowTrainer, "make_train_function"
+    return tf_trainer.TensorFlowTrainer, "_make_function"
 
 
 def probe():
     """Whether the installed Keras nests the per-step function in `tf.cond`."""
     trainer = tf_trainer.TensorFlowTrainer
     if not all(
-        hasattr(trainer, name)
-        for name in ("make_train_function", "_make_function", "_autoconvert_optionals")
+        name in trainer.__dict__ for name in ("_make_function", "_autoconvert_optionals")
     ):
         return False, (
-            "TensorFlowTrainer no longer builds its train function with "
-            "_make_function: the fused loop this fix replaces is gone"
+            "TensorFlowTrainer no longer has _make_function: the fused loop "
+            "this fix replaces is gone"
         )
     source = _probe.source_of(trainer._make_function)
     if source is None:
@@ -60,14 +61,11 @@ def probe():
     )
 
 
-def make_replacement(original_make_train_function):
-    """Returns a `make_train_function` that fuses steps without nesting."""
+def make_replacement(original_make_function):
+    """Returns a `_make_function` that fuses steps without nesting."""
 
-    def make_train_function(self, force=False):
-        if self.train_function is not None and not force:
-            return self.train_function
-        original_make_train_function(self, force=True)
-        keras_function = self.train_function
+    def _make_function(self, step_function):
+        keras_function = original_make_function(self, step_function)
         if (
             self.steps_per_execution == 1
             or self.run_eagerly
@@ -77,12 +75,11 @@ def make_replacement(original_make_train_function):
             # The defect needs fused steps in graph mode on several replicas.
             function = keras_function
         else:
-            function = _fused_function(self, self.train_step, keras_function)
+            function = _fused_function(self, step_function, keras_function)
         setattr(function, BUILT_BY_FIX, True)
-        self.train_function = function
         return function
 
-    return make_train_function
+    return _make_function
 
 
 def _fused_function(self, step_function, keras_function):
