@@ -105,7 +105,6 @@ def run(args):
     """Trains one replica count; returns the process exit status."""
     from keras_scaling import compat
     from keras_scaling import data
-    from keras_scaling.callbacks import ThroughputLogger
     from keras_scaling.cli import _models
 
     strategy = _configure_tensorflow(args)
@@ -125,6 +124,8 @@ def run(args):
         last_batch="drop",
     )
     dataset = dataset.cache().repeat()
+    from keras_scaling.callbacks import ThroughputLogger
+
     logger = ThroughputLogger(
         args.log_dir,
         baseline=_baseline(args.baseline),
@@ -135,6 +136,7 @@ def run(args):
         steps_per_epoch=args.steps,
         epochs=1,
         verbose=0,
+        shuffle=False,
         callbacks=[logger, _progress_callback(args.steps)],
     )
     if not os.path.exists(os.path.join(args.log_dir, "throughput.json")):

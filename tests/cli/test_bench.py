@@ -1,0 +1,268 @@
+"""`keras-scaling bench`: the sweep plan, bad input, and a real sweep on 2 logical CPUs.
+
+The sweep runs the command line as a subprocess, as a user would; each
+replica count trains in a child process of its own, so this pytest process
+needs no logical CPUs.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from keras_scaling.cli import _plan
+from keras_scaling.cli._errors import UsageError
+
+_TIMEOUT_S = 300
+
+
+def _bench(*args, cwd=None):
+    return subprocess.run(
+        [sys.executable, "-m", "keras_scaling", "bench", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=_TIMEOUT_S,
+        cwd=cwd,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+    )
+
+
+# The sweep plan.
+
+
+def test_default_counts_are_one_then_powers_of_two_then_all_devices():
+    assert _plan.default_replica_counts(1) == (1,)
+    assert _plan.default_replica_counts(2) == (1, 2)
+    assert _plan.default_replica_counts(8) == (1, 2, 4, 8)
+    assert _plan.default_replica_counts(6) == (1, 2, 4, 6)
+
+
+def test_replica_list_is_parsed_sorted_and_deduplicated():
+    assert _plan.parse_replica_counts("4, 1,2,2") == (1, 2, 4)
+    with pytest.raises(UsageError, match="got 0"):
+        _plan.parse_replica_counts("0,1")
+    with pytest.raises(UsageError, match="'1,two'"):
+        _plan.parse_replica_counts("1,two")
+
+
+def test_weak_scaling_grows_the_global_batch_and_strong_scaling_splits_it():
+    weak = _plan.plan_batches((1, 2, 4), per_replica_batch_size=64)
+    strong = _plan.plan_batches((1, 2, 4), global_batch_size=256)
+
+    assert [(p.per_replica_batch_size, p.global_batch_size) for p in weak] == [
+        (64, 64), (64, 128), (64, 256)
+    ]
+    assert [(p.per_replica_batch_size, p.global_batch_size) for p in strong] == [
+        (256, 256), (128, 256), (64, 256)
+    ]
+    with pytest.raises(UsageError, match="does not divide by 4 replicas"):
+        _plan.plan_batches((1, 2, 4), global_batch_size=250)
+
+
+def test_each_replica_gets_the_same_share_of_the_cores_in_every_run():
+    threads = _plan.plan_cpu_threads((1, 2, 4), cores=8)
+
+    assert threads.intra_op_threads() == 2
+    assert [threads.inter_op_threads(n) for n in (1, 2, 4)] == [1, 2, 4]
+    assert not threads.oversubscribed
+    assert "N x 2 of the 8 cores" in threads.describe()
+
+
+def test_more_replicas_than_cores_is_flagged_not_meaningful():
+    threads = _plan.plan_cpu_threads((1, 2, 4), cores=2)
+
+    assert threads.intra_op_threads() == 1
+    assert threads.oversubscribed
+    assert "not meaningful" in threads.describe()
+
+
+# Bad input: a message naming the problem, exit status 2, no traceback.
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--model", "nosuch"], "neither a preset (mlp, cnn, resnet50)"),
+        (["--model", "no_such_module_here:build"], "cannot import module"),
+        (["--model", "json:no_such_function"], "has no attribute 'no_such_function'"),
+        (["--cpu-devices", "2", "--replicas", "1,4"], "asks for 4 replicas but there are 2"),
+        (["--per-replica-batch", "0"], "--per-replica-batch: must be a positive integer"),
+        (["--global-batch", "-8"], "--global-batch: must be a positive integer"),
+        (["--steps", "0"], "--steps: must be a positive integer"),
+        (["--cpu-devices", "2", "--global-batch", "33"], "does not divide by 2 replicas"),
+        (["--cpu-devices", "2", "--replicas", "1,x"], "--replicas must be a comma-separated"),
+    ],
+)
+def test_bad_input_exits_2_with_a_message(tmp_path, args, message):
+    result = _bench(*args, "--logdir", tmp_path / "logs")
+
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_model_function_that_returns_no_model_exits_2(tmp_path):
+    (tmp_path / "not_a_model.py").write_text("def build():\n    return None\n")
+
+    result = _bench(
+        "--cpu-devices", "1", "--model", "not_a_model:build", "--steps", "2",
+        "--logdir", tmp_path / "logs", cwd=tmp_path,
+    )
+
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "returned NoneType, not a keras.Model" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_failing_replica_count_is_named_with_its_stderr_tail(tmp_path):
+    (tmp_path / "broken_model.py").write_text(
+        textwrap.dedent(
+            """
+            def build():
+                raise RuntimeError("this model cannot be built")
+            """
+        )
+    )
+
+    result = _bench(
+        "--cpu-devices", "2", "--replicas", "2", "--model", "broken_model:build",
+        "--steps", "2", "--logdir", tmp_path / "logs", cwd=tmp_path,
+    )
+
+    assert result.returncode == 1
+    assert "the run with 2 replica(s) failed" in result.stderr
+    assert "RuntimeError: this model cannot be built" in result.stderr
+
+
+def test_an_earlier_bench_in_logdir_is_not_overwritten_without_asking(tmp_path):
+    (tmp_path / "replicas_1").mkdir()
+
+    result = _bench("--cpu-devices", "1", "--logdir", tmp_path)
+
+    assert result.returncode == 2
+    assert "already holds bench results (replicas_1)" in result.stderr
+    assert "--overwrite" in result.stderr
+
+
+# A real sweep: 1 and 2 replicas on 2 logical CPUs.
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    log_dir = tmp_path_factory.mktemp("bench") / "logs"
+    result = _bench(
+        "--cpu-devices", "2", "--replicas", "1,2", "--model", "mlp",
+        "--per-replica-batch", "32", "--steps", "30", "--logdir", log_dir,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return log_dir, result
+
+
+def _table_lines(stdout):
+    return [line for line in stdout.splitlines() if line.startswith("|")]
+
+
+def _cells(line):
+    return [cell.strip() for cell in line.strip("|").split("|")]
+
+
+def _read_json(path):
+    with open(path) as file:
+        return json.load(file)
+
+
+def test_sweep_prints_the_table_with_a_row_per_replica_count(sweep):
+    log_dir, result = sweep
+    lines = _table_lines(result.stdout)
+
+    assert _cells(lines[0]) == [
+        "replicas", "global batch", "samples/sec", "speedup", "efficiency", "ideal", "run"
+    ]
+    assert [_cells(line)[0] for line in lines[2:]] == ["1", "2"]
+    assert [_cells(line)[1] for line in lines[2:]] == ["32", "64"]
+    assert _cells(lines[2])[3:6] == ["1.00x", "100%", "1x"]
+    assert _cells(lines[3])[5:] == ["2x", "replicas_2"]
+    assert "CPU thread pools: each replica has 1 intra-op thread" in result.stdout
+    assert f"tensorboard --logdir {log_dir}" in result.stdout
+
+
+def test_speedup_is_samples_per_sec_over_the_one_replica_run_of_the_sweep(sweep):
+    log_dir, _ = sweep
+    scaling = _read_json(log_dir / "scaling.json")
+    one = _read_json(log_dir / "replicas_1" / "throughput.json")["samples_per_sec"]
+    two = _read_json(log_dir / "replicas_2" / "throughput.json")
+
+    rows = scaling["rows"]
+    assert [row["replicas"] for row in rows] == [1, 2]
+    assert [row["samples_per_sec"] for row in rows] == [one, two["samples_per_sec"]]
+    assert rows[0]["speedup"] == 1.0
+    assert rows[1]["speedup"] == pytest.approx(two["samples_per_sec"] / one, rel=1e-12)
+    assert rows[1]["efficiency"] == pytest.approx(rows[1]["speedup"] / 2, rel=1e-12)
+    assert [row["ideal_speedup"] for row in rows] == [1, 2]
+    assert scaling["baseline_samples_per_sec"] == one
+    # ThroughputLogger in the 2-replica run used the same baseline.
+    assert two["baseline_samples_per_sec"] == pytest.approx(one, rel=1e-12)
+    assert two["speedup"] == pytest.approx(rows[1]["speedup"], rel=1e-9)
+
+
+def test_printed_figures_match_scaling_json(sweep):
+    log_dir, result = sweep
+    rows = _read_json(log_dir / "scaling.json")["rows"]
+
+    for line, row in zip(_table_lines(result.stdout)[2:], rows):
+        cells = _cells(line)
+        assert cells[2] == f"{row['samples_per_sec']:.1f}"
+        assert cells[3] == f"{row['speedup']:.2f}x"
+        assert cells[4] == f"{row['efficiency']:.0%}"
+
+
+def test_sweep_writes_a_png_plot(sweep):
+    import matplotlib.image
+
+    log_dir, _ = sweep
+    png = (log_dir / "scaling.png").read_bytes()
+
+    assert png.startswith(b"\x89PNG\r\n\x1a\n")
+    image = matplotlib.image.imread(log_dir / "scaling.png")
+    assert image.shape == (480, 640, 4)
+    assert image[..., :3].std() > 0.05  # not a blank canvas
+
+
+def test_plot_and_table_are_in_tensorboard(sweep):
+    import tensorflow as tf
+    from tensorboard.backend.event_processing import event_accumulator
+
+    log_dir, result = sweep
+    accumulator = event_accumulator.EventAccumulator(
+        str(log_dir / "train"), size_guidance={event_accumulator.TENSORS: 0}
+    )
+    accumulator.Reload()
+
+    plugins = {
+        tag: accumulator.SummaryMetadata(tag).plugin_data.plugin_name
+        for tag in accumulator.Tags()["tensors"]
+    }
+    assert plugins == {"scaling/speedup_vs_replicas": "images", "scaling/table": "text"}
+    text = tf.make_ndarray(accumulator.Tensors("scaling/table")[0].tensor_proto)
+    assert "\n".join(_table_lines(result.stdout)) in text.item().decode()
+    image = tf.make_ndarray(accumulator.Tensors("scaling/speedup_vs_replicas")[0].tensor_proto)
+    assert image[0:2].tolist() == [b"640", b"480"]
+    logged = tf.image.decode_png(image[2], channels=4).numpy()
+    written = tf.image.decode_png((log_dir / "scaling.png").read_bytes(), channels=4)
+    assert (logged == written.numpy()).all()
+
+
+def test_report_on_the_sweep_reproduces_its_table(sweep):
+    log_dir, result = sweep
+    report = subprocess.run(
+        [sys.executable, "-m", "keras_scaling", "report", str(log_dir),
+         "--output", str(log_dir / "report.png")],
+        capture_output=True, text=True, timeout=_TIMEOUT_S,
+    )
+
+    assert report.returncode == 0, report.stderr
+    assert _table_lines(report.stdout) == _table_lines(result.stdout)
+    assert (log_dir / "report.png").read_bytes().startswith(b"\x89PNG")
