@@ -1,0 +1,475 @@
+"""ReplicaSyncCheck on a real MirroredStrategy over 2 logical CPUs, with real fit.
+
+Divergences are injected by assigning to one replica's copy of a variable
+(`strategy.experimental_local_results(variable.value)[1].assign(...)`), or by
+a layer that assigns to an aggregation-"none" weight in `call`.
+"""
+
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras_scaling
+from keras_scaling import replica_state
+from keras_scaling.callbacks.replica_sync import ReplicaDivergenceError
+from keras_scaling.callbacks.replica_sync import ReplicaSyncCheck
+
+pytestmark = pytest.mark.logical_cpus(2)
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.fixture(scope="module")
+def strategy():
+    return tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+
+
+def _regression_data(num_samples=32, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(num_samples, 4)).astype("float32")
+    return x, (x @ np.float32([[1], [2], [-1], [0.5]])).astype("float32")
+
+
+def _mlp(strategy, optimizer="sgd", extra_layers=(), **compile_kwargs):
+    with strategy.scope():
+        model = keras.Sequential(
+            [keras.Input((4,)), keras.layers.Dense(3), *extra_layers, keras.layers.Dense(1)]
+        )
+        model.compile(optimizer=optimizer, loss="mse", **compile_kwargs)
+    return model
+
+
+def _copies(strategy, variable):
+    return [c.numpy() for c in strategy.experimental_local_results(variable.value)]
+
+
+def _scalars(log_dir, tag):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    accumulator = EventAccumulator(
+        os.path.join(log_dir, "train"), size_guidance={"tensors": 0, "scalars": 0}
+    )
+    accumulator.Reload()
+    if tag in accumulator.Tags()["scalars"]:
+        return [(e.step, e.value) for e in accumulator.Scalars(tag)]
+    return [
+        (e.step, float(tf.make_ndarray(e.tensor_proto)))
+        for e in accumulator.Tensors(tag)
+    ]
+
+
+class AssignOnReplica1(keras.callbacks.Callback):
+    """Changes replica 1's copy of a variable once, after a given optimizer step."""
+
+    def __init__(self, strategy, get_variable, after_step, change):
+        super().__init__()
+        self.strategy, self.get_variable = strategy, get_variable
+        self.after_step, self.change = after_step, change
+
+    def on_train_batch_end(self, batch, logs=None):
+        if int(self.model.optimizer.iterations.numpy()) == self.after_step:
+            copy = self.strategy.experimental_local_results(self.get_variable().value)[1]
+            copy.assign(self.change(copy.numpy()))
+
+
+class LastBatchMean(keras.layers.Layer):
+    """Stores the mean of its training batch in an aggregation-"none" weight."""
+
+    def build(self, input_shape):
+        self.last_mean = self.add_weight(
+            shape=(), initializer="zeros", trainable=False, aggregation="none",
+            name="last_mean",
+        )
+
+    def call(self, inputs, training=False):
+        if training:
+            # In replica context this updates only the local copy
+            # (tensorflow/tensorflow#37834): each replica saw another batch.
+            self.last_mean.assign(keras.ops.mean(inputs))
+        return inputs
+
+
+# --- healthy runs -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_healthy_training_reports_nothing_at_every_scheduled_step(strategy, optimizer, tmp_path):
+    with strategy.scope():
+        image = keras.Input((6, 6, 1))
+        tokens = keras.Input((5,), dtype="int32")
+        features = keras.layers.concatenate(
+            [
+                keras.layers.Flatten()(keras.layers.Conv2D(2, 3)(image)),
+                keras.layers.Flatten()(keras.layers.Embedding(20, 3)(tokens)),
+            ]
+        )
+        features = keras.layers.BatchNormalization(synchronized=True)(features)
+        features = keras.layers.Dropout(0.3)(keras.layers.Dense(8, activation="relu")(features))
+        model = keras.Model([image, tokens], keras.layers.Dense(1)(features))
+        model.compile(optimizer=optimizer, loss="mse")
+    rng = np.random.default_rng(0)
+    images = rng.normal(size=(40, 6, 6, 1)).astype("float32")
+    token_ids = rng.integers(0, 20, size=(40, 5)).astype("int32")
+    y = rng.normal(size=(40, 1)).astype("float32")
+    check = ReplicaSyncCheck(every_n_steps=2, log_dir=str(tmp_path))
+    model.fit([images, token_ids], y, batch_size=8, epochs=1, callbacks=[check], verbose=0)
+    assert check.last_report.ok and check.last_report.variables == ()
+    assert check.last_report.num_variables == len(model.variables) + len(model.optimizer.variables)
+    diverged = _scalars(str(tmp_path), "replica_sync/diverged_variables")
+    # 5 steps: at the start, after steps 2 and 4, and at the end (step 5).
+    assert [step for step, _ in diverged] == [0, 2, 4, 5]
+    assert all(value == 0 for _, value in diverged)
+
+
+def test_steps_per_execution_checks_when_iterations_cross_a_multiple(strategy, tmp_path):
+    model = _mlp(strategy, optimizer="adam", steps_per_execution=4)
+    x, y = _regression_data(32)
+    check = ReplicaSyncCheck(every_n_steps=3, log_dir=str(tmp_path))
+    # Batch hooks fire once per execution of 4 steps: iterations 4 and 8.
+    model.fit(x, y, batch_size=4, epochs=1, callbacks=[check], verbose=0)
+    model.fit(x, y, batch_size=4, epochs=1, callbacks=[check], verbose=0)
+    assert check.last_report.ok and check.last_report.variables == ()
+    steps = [step for step, _ in _scalars(str(tmp_path), "replica_sync/diverged_variables")]
+    assert steps == [0, 4, 8, 8, 12, 16]
+
+
+# --- injected divergences are caught and named --------------------------------
+
+
+def _adam_mlp(strategy):
+    model = _mlp(strategy, optimizer="adam")
+    with strategy.scope():
+        model.optimizer.build(model.trainable_variables)
+    return model
+
+
+def _checked(model):
+    check = ReplicaSyncCheck()
+    check.set_model(model)
+    return check.check()
+
+
+@pytest.mark.parametrize(
+    "target, cause",
+    [
+        ("kernel", "gradients were not combined"),
+        ("bias", "gradients were not combined"),
+        ("optimizer slot", "optimizer state was updated with per-replica"),
+        ("iteration counter", "optimizer steps were applied on some replicas"),
+    ],
+)
+def test_a_changed_element_on_one_replica_is_named(strategy, target, cause):
+    model = _adam_mlp(strategy)
+    variable = {
+        "kernel": model.layers[0].kernel,
+        "bias": model.layers[1].bias,
+        "optimizer slot": model.optimizer._momentums[0],
+        "iteration counter": model.optimizer._iterations,
+    }[target]
+    copy = strategy.experimental_local_results(variable.value)[1]
+    value = np.array(copy.numpy())
+    value.reshape(-1)[0] += 1
+    copy.assign(value)
+    report = _checked(model)
+    (diverged,) = report.divergences
+    assert diverged.path == variable.path
+    assert diverged.difference.differing_replicas == (1,)
+    assert diverged.devices[0].endswith("CPU:1")
+    assert diverged.difference.num_differing_elements == 1
+    assert diverged.difference.max_abs_diff == pytest.approx(1.0)
+    assert cause in diverged.likely_cause
+    assert variable.path in str(report) and f"step {report.step}" in str(report)
+
+
+def test_a_one_ulp_change_of_one_element_is_caught(strategy):
+    model = _adam_mlp(strategy)
+    kernel = model.layers[0].kernel
+    copy = strategy.experimental_local_results(kernel.value)[1]
+    value = copy.numpy()
+    before = value[2, 1]
+    value[2, 1] = np.nextafter(before, np.float32(np.inf))
+    copy.assign(value)
+    (diverged,) = _checked(model).divergences
+    assert diverged.path == kernel.path
+    assert diverged.difference.num_differing_elements == 1
+    assert diverged.difference.max_abs_diff == pytest.approx(abs(float(value[2, 1]) - float(before)))
+
+
+def test_a_nan_on_one_replica_is_counted_and_blamed_on_that_replica(strategy):
+    model = _adam_mlp(strategy)
+    bias = model.layers[0].bias
+    copy = strategy.experimental_local_results(bias.value)[1]
+    copy.assign([np.nan, 0.0, 0.0])
+    (diverged,) = _checked(model).divergences
+    assert diverged.path == bias.path
+    assert diverged.difference.nan_counts == (0, 1)
+    assert diverged.likely_cause.startswith("NaN/Inf on replica(s) 1 only")
+
+
+def test_raise_stops_fit_at_the_first_check_after_the_divergence(strategy):
+    model = _mlp(strategy)
+    x, y = _regression_data(64)
+    inject = AssignOnReplica1(strategy, lambda: model.layers[1].kernel, 3, lambda v: v + 0.5)
+    check = ReplicaSyncCheck(every_n_steps=2)
+    with pytest.raises(ReplicaDivergenceError) as caught:
+        model.fit(x, y, batch_size=8, epochs=1, callbacks=[inject, check], verbose=0)
+    report = caught.value.report
+    assert report.step == 4 and int(model.optimizer.iterations.numpy()) == 4
+    assert [v.path for v in report.divergences] == [model.layers[1].kernel.path]
+    assert model.layers[1].kernel.path in str(caught.value)
+    assert isinstance(caught.value, RuntimeError)
+
+
+def test_an_aggregation_none_weight_assigned_in_call_is_caught(strategy):
+    model = _mlp(strategy, extra_layers=[LastBatchMean()])
+    x, y = _regression_data(32)
+    with pytest.raises(ReplicaDivergenceError) as caught:
+        model.fit(x, y, batch_size=8, callbacks=[ReplicaSyncCheck(every_n_steps=1)], verbose=0)
+    (diverged,) = caught.value.report.divergences
+    assert diverged.path.endswith("last_mean")
+    assert diverged.aggregation == "NONE" and diverged.role == replica_state.NON_TRAINABLE
+    assert "tensorflow/tensorflow#37834" in diverged.likely_cause
+    assert caught.value.report.step == 1
+
+
+# --- per-replica state --------------------------------------------------------
+
+
+def test_default_batch_norm_statistics_are_per_replica_state_warned_once(strategy, caplog):
+    caplog.set_level(logging.WARNING, logger="keras_scaling")
+    model = _mlp(strategy, extra_layers=[keras.layers.BatchNormalization()])
+    x, y = _regression_data(32)
+    check = ReplicaSyncCheck(every_n_steps=1)
+    model.fit(x, y, batch_size=8, callbacks=[check], verbose=0)
+    report = check.last_report
+    assert report.ok
+    batch_norm = model.layers[1]
+    assert {v.path for v in report.per_replica_state} == {
+        batch_norm.moving_mean.path,
+        batch_norm.moving_variance.path,
+    }
+    assert all(v.difference.max_abs_diff > 0 for v in report.per_replica_state)
+    warnings = [r.getMessage() for r in caplog.records if "per-replica state" in r.getMessage()]
+    assert len(warnings) == 1
+    assert batch_norm.moving_mean.path in warnings[0] and "max abs diff" in warnings[0]
+
+
+def test_per_replica_state_average_makes_the_copies_equal(strategy):
+    model = _mlp(strategy, extra_layers=[keras.layers.BatchNormalization()])
+    x, y = _regression_data(32)
+    check = ReplicaSyncCheck(every_n_steps=2, per_replica_state="average")
+    model.fit(x, y, batch_size=8, callbacks=[check], verbose=0)
+    batch_norm = model.layers[1]
+    for variable in (batch_norm.moving_mean, batch_norm.moving_variance):
+        first, second = _copies(strategy, variable)
+        np.testing.assert_array_equal(first, second)
+    assert all(v.repair == "averaged across replicas" for v in check.last_report.per_replica_state)
+
+
+def test_per_replica_state_error_treats_batch_norm_statistics_as_divergence(strategy):
+    model = _mlp(strategy, extra_layers=[keras.layers.BatchNormalization()])
+    x, y = _regression_data(32)
+    check = ReplicaSyncCheck(every_n_steps=1, per_replica_state="error")
+    with pytest.raises(ReplicaDivergenceError) as caught:
+        model.fit(x, y, batch_size=8, callbacks=[check], verbose=0)
+    paths = {v.path for v in caught.value.report.divergences}
+    assert model.layers[1].moving_mean.path in paths
+
+
+def test_per_replica_state_ignore_leaves_it_out(strategy):
+    model = _mlp(strategy, extra_layers=[keras.layers.BatchNormalization()])
+    x, y = _regression_data(32)
+    check = ReplicaSyncCheck(every_n_steps=1, per_replica_state="ignore")
+    model.fit(x, y, batch_size=8, callbacks=[check], verbose=0)
+    assert check.last_report.variables == ()
+    assert check.last_report.num_variables == len(model.variables) + len(model.optimizer.variables) - 2
+
+
+# --- repairs, warnings, tolerance, logs ---------------------------------------
+
+
+def test_resync_repairs_and_training_goes_on_with_equal_weights(strategy, caplog):
+    caplog.set_level(logging.WARNING, logger="keras_scaling")
+    model = _mlp(strategy, optimizer="adam")
+    x, y = _regression_data(64)
+    inject = AssignOnReplica1(strategy, lambda: model.layers[0].kernel, 2, lambda v: v * 3)
+    check = ReplicaSyncCheck(every_n_steps=3, on_divergence="resync")
+    model.fit(x, y, batch_size=8, callbacks=[inject, check], verbose=0)
+    assert int(model.optimizer.iterations.numpy()) == 8
+    repaired = [r.getMessage() for r in caplog.records if "resynced" in r.getMessage()]
+    assert len(repaired) == 1 and model.layers[0].kernel.path in repaired[0]
+    for variable in model.variables + model.optimizer.variables:
+        first, second = _copies(strategy, variable)
+        np.testing.assert_array_equal(first, second, err_msg=variable.path)
+    assert check.check().variables == ()
+
+
+def test_warn_logs_the_divergence_and_writes_scalars(strategy, caplog, tmp_path):
+    caplog.set_level(logging.WARNING, logger="keras_scaling")
+    model = _mlp(strategy)
+    x, y = _regression_data(32)
+    inject = AssignOnReplica1(strategy, lambda: model.layers[1].bias, 1, lambda v: v + 0.25)
+    check = ReplicaSyncCheck(every_n_steps=2, on_divergence="warn", log_dir=str(tmp_path))
+    model.fit(x, y, batch_size=8, callbacks=[inject, check], verbose=0)
+    assert int(model.optimizer.iterations.numpy()) == 4
+    assert any("copies diverged" in r.getMessage() for r in caplog.records)
+    diverged = _scalars(str(tmp_path), "replica_sync/diverged_variables")
+    assert diverged == [(0, 0.0), (2, 1.0), (4, 1.0)]
+    max_abs = dict(_scalars(str(tmp_path), "replica_sync/max_abs_diff"))
+    assert max_abs[0] == 0.0 and max_abs[2] == pytest.approx(0.25, rel=1e-3)
+
+
+def test_differences_within_tolerance_are_float_drift_not_divergence(strategy, caplog):
+    caplog.set_level(logging.WARNING, logger="keras_scaling")
+    model = _mlp(strategy)
+    kernel = model.layers[0].kernel
+    copy = strategy.experimental_local_results(kernel.value)[1]
+    copy.assign(copy.numpy() + 1e-6)
+    check = ReplicaSyncCheck(atol=1e-4)
+    x, y = _regression_data(16)
+    model.fit(x, y, batch_size=8, callbacks=[check], verbose=0)
+    report = check.last_report
+    assert report.ok and [v.path for v in report.float_drift] == [kernel.path]
+    assert any("float drift" in r.getMessage() for r in caplog.records)
+    with pytest.raises(ReplicaDivergenceError):
+        model.fit(x, y, batch_size=8, callbacks=[ReplicaSyncCheck()], verbose=0)
+
+
+# --- arguments and one replica ------------------------------------------------
+
+
+@pytest.mark.logical_cpus(1)
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        ({"every_n_steps": 0}, ValueError, "every_n_steps must be at least 1 optimizer step, got 0"),
+        ({"every_n_steps": 2.5}, TypeError, "every_n_steps must be an integer"),
+        ({"on_divergence": "panic"}, ValueError, "on_divergence must be one of .* got 'panic'"),
+        ({"per_replica_state": "sum"}, ValueError, "per_replica_state must be one of .* got 'sum'"),
+        ({"atol": -1e-3}, ValueError, "atol must be a finite number >= 0"),
+        ({"rtol": float("nan")}, ValueError, "rtol must be a finite number >= 0"),
+        ({"rtol": "0.1"}, TypeError, "rtol must be a non-negative number"),
+    ],
+)
+def test_bad_arguments_raise_clear_errors(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        ReplicaSyncCheck(**kwargs)
+
+
+@pytest.mark.logical_cpus(1)
+def test_one_replica_does_nothing_and_says_so_once(caplog):
+    caplog.set_level(logging.WARNING, logger="keras_scaling")
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    check = ReplicaSyncCheck(every_n_steps=1)
+    x, y = _regression_data(32)
+    model.fit(x, y, batch_size=8, epochs=2, callbacks=[check], verbose=0)
+    report = check.check()
+    assert report.ok and report.num_replicas == 1 and report.num_variables == 0
+    said = [r for r in caplog.records if "one replica" in r.getMessage()]
+    assert len(said) == 1
+
+
+def test_check_without_a_model_says_how_to_give_one():
+    with pytest.raises(ValueError, match="needs a model"):
+        ReplicaSyncCheck().check()
+
+
+# --- several workers ----------------------------------------------------------
+
+_WORKER = textwrap.dedent(
+    """
+    import json, sys
+    import numpy as np
+    import tensorflow as tf
+    import keras
+    import keras_scaling
+    from keras_scaling.callbacks.replica_sync import ReplicaDivergenceError
+
+    out_path, index = sys.argv[1], int(sys.argv[2])
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3), keras.layers.Dense(1)])
+        model.compile(optimizer="sgd", loss="mse")
+    check = keras_scaling.ReplicaSyncCheck(every_n_steps=2)
+    check.set_model(model)
+    healthy = check.check()
+    if index == 1:
+        copy = strategy.experimental_local_results(model.layers[1].kernel.value)[0]
+        copy.assign(copy + 1.0)
+    diverged = check.check()
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, 4)).astype("float32")
+    dataset = tf.data.Dataset.from_tensor_slices((x, x[:, :1])).batch(8).repeat()
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    outcome = {
+        "healthy": [v.path for v in healthy.divergences],
+        "diverged": [v.path for v in diverged.divergences],
+        "replicas": list(diverged.divergences[0].difference.differing_replicas),
+        "num_workers": diverged.num_workers,
+    }
+    try:
+        model.fit(dataset.with_options(options), steps_per_epoch=6, callbacks=[check], verbose=0)
+    except ReplicaDivergenceError as error:
+        outcome["raised_at_step"] = error.report.step
+    with open(out_path, "w") as file:
+        json.dump(outcome, file)
+    """
+)
+
+
+def _free_ports(count):
+    sockets = [socket.socket() for _ in range(count)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+@pytest.mark.logical_cpus(1)
+@pytest.mark.timeout(240)
+def test_a_divergence_on_one_worker_gives_every_worker_the_same_verdict(tmp_path):
+    script = tmp_path / "worker.py"
+    script.write_text(_WORKER)
+    workers = [f"127.0.0.1:{port}" for port in _free_ports(2)]
+    processes = []
+    try:
+        for index in range(2):
+            env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO)
+            env["TF_CONFIG"] = json.dumps(
+                {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
+            )
+            processes.append(
+                subprocess.Popen(
+                    [sys.executable, str(script), str(tmp_path / f"worker{index}.json"), str(index)],
+                    env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                )
+            )
+        outputs = [process.communicate(timeout=180)[0] for process in processes]
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    for process, output in zip(processes, outputs):
+        assert process.returncode == 0, output[-4000:]
+    outcomes = [json.loads((tmp_path / f"worker{i}.json").read_text()) for i in range(2)]
+    for outcome in outcomes:
+        assert outcome["healthy"] == []
+        assert outcome["diverged"] == ["sequential/dense_1/kernel"]
+        assert outcome["replicas"] == [1]
+        assert outcome["num_workers"] == 2
+    # Both workers stop at the same step: the check at the start of training.
+    assert outcomes[0]["raised_at_step"] == outcomes[1]["raised_at_step"] == 0
