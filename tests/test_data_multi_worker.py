@@ -215,3 +215,29 @@ def test_two_real_workers_read_disjoint_shares_in_equal_steps(tmp_path):
         assert len(seen) == 1001 - results[0]["dropped"]
         if last_batch == "pad":
             assert sorted(seen) == list(range(1001))
+
+
+def test_cached_shares_stay_disjoint_and_are_reshuffled_each_epoch():
+    source = tf.data.Dataset.range(200).map(lambda i: (i, i))
+    readings = _epochs_of_every_worker(
+        source, 2, epochs=2, per_replica_batch_size=4, last_batch="pad", shuffle=True, cache=True
+    )
+    for epoch in range(2):
+        shares = [set(_real_ids(epochs[epoch])) for _, epochs in readings]
+        assert not shares[0] & shares[1]
+        assert sorted(shares[0] | shares[1]) == list(range(200))
+    worker_0 = readings[0][1]
+    assert _real_ids(worker_0[0]) != _real_ids(worker_0[1])
+
+
+def test_parse_fn_runs_on_each_workers_share_of_arrays():
+    ids = np.arange(100)
+    readings = _epochs_of_every_worker(
+        ids, 2, per_replica_batch_size=4, last_batch="pad",
+        parse_fn=lambda i: (i, i * 10),
+    )
+    for _, epochs in readings:
+        for x, y, weights in epochs[0]:
+            np.testing.assert_array_equal(y[weights > 0], x[weights > 0] * 10)
+    shares = [set(_real_ids(epochs[0])) for _, epochs in readings]
+    assert not shares[0] & shares[1] and sorted(shares[0] | shares[1]) == list(range(100))
