@@ -78,7 +78,8 @@ def main():
     train = data.distribute(
         (x, y), strategy=strategy, per_replica_batch_size=4, shuffle=True, seed=5
     )
-    steps_per_epoch = data.plan_of(train).steps_per_epoch
+    plan = data.plan_of(train)
+    steps_per_epoch = plan.steps_per_epoch
     with strategy.scope():
         model = mw_common.build_model()
     start = _StartPoint()
@@ -90,7 +91,10 @@ def main():
         ),
         start,
         keras_scaling.ThroughputLogger(
-            args.log_dir, baseline=None, update_freq=steps_per_epoch
+            args.log_dir,
+            baseline=None,
+            update_freq=steps_per_epoch,
+            global_batch_size=plan.global_batch_size,
         ),
     ]
     if args.kill_at_epoch is not None and info.worker_index == 1:

@@ -72,7 +72,12 @@ def main():
         callbacks=[
             epoch_steps,
             keras_scaling.ReplicaSyncCheck(every_n_steps=2),
-            keras_scaling.ThroughputLogger(args.log_dir, baseline=None, update_freq=2),
+            keras_scaling.ThroughputLogger(
+                args.log_dir,
+                baseline=None,
+                update_freq=2,
+                global_batch_size=data.plan_of(train).global_batch_size,
+            ),
         ],
         verbose=0,
     )

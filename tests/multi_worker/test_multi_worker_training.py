@@ -104,11 +104,20 @@ def scalar_events(log_dir, tag, path=None):
         EventAccumulator,
     )
 
+    from tensorboard.util import tensor_util
+
     accumulator = EventAccumulator(path or os.path.join(log_dir, "train"))
     accumulator.Reload()
-    if tag not in accumulator.Tags()["scalars"]:
-        return []
-    return [(event.step, event.value) for event in accumulator.Scalars(tag)]
+    tags = accumulator.Tags()
+    if tag in tags["scalars"]:
+        return [(event.step, event.value) for event in accumulator.Scalars(tag)]
+    if tag in tags["tensors"]:
+        # TF2 summary writers store scalars as tensors.
+        return [
+            (event.step, tensor_util.make_ndarray(event.tensor_proto).item())
+            for event in accumulator.Tensors(tag)
+        ]
+    return []
 
 
 def event_files(log_dir):
@@ -301,7 +310,7 @@ def readme_launch_command():
     for block in re.findall(r"```(?:bash|sh|console)?\n(.*?)```", readme, re.S):
         text = block.replace("\\\n", " ")
         for line in text.splitlines():
-            if line.strip().startswith("keras-scaling launch"):
+            if line.strip().startswith("keras-scaling launch") and "multi_worker" in line:
                 return line.strip()
     pytest.fail("README.md has no `keras-scaling launch` example in a code block")
 
@@ -314,8 +323,8 @@ def test_the_readme_multi_worker_example_runs_as_written(tmp_path):
     os.symlink(os.path.join(REPO, "examples"), tmp_path / "examples")
     returncode, out, err = run_command(["bash", "-c", command], cwd=str(tmp_path))
     assert returncode == 0, details(returncode, out, err)
-    assert "[worker 0] MultiWorkerMirroredStrategy: 2 workers, 4 replicas" in out
-    assert "[worker 1] MultiWorkerMirroredStrategy: 2 workers, 4 replicas" in out
+    for index in (0, 1):
+        assert re.search(rf"\[worker {index}\] \w+: 2 workers, 4 replicas on CPU", out)
     assert re.search(r"\[worker 0\] validation mae: \d", out), out[-3000:]
     logs = glob.glob(str(tmp_path / "**" / "throughput.json"), recursive=True)
     assert len(logs) == 1, logs
