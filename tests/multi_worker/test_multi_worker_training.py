@@ -218,6 +218,8 @@ def test_throughput_is_written_by_the_chief_only(trained):
     assert summary["num_replicas"] == 4
     assert summary["global_batch_size"] == 16
     assert summary["samples_per_sec"] > 0
+    # The job's throughput: steps of the whole cluster times its global batch.
+    assert summary["samples_per_sec"] == pytest.approx(summary["steps_per_sec"] * 16)
     steps = [step for step, _ in scalar_events(log_dir, "throughput/samples_per_sec")]
     assert steps, "no throughput/samples_per_sec events"
     assert steps == sorted(set(steps))
