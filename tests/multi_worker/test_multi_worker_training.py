@@ -306,15 +306,17 @@ def test_a_killed_worker_stops_the_launch_and_a_relaunch_resumes(tmp_path):
 
 
 def readme_launch_command():
-    """The `keras-scaling launch` command of README.md's multi-worker section."""
+    """The `keras-scaling launch` command of README.md's multi-worker example."""
     with open(os.path.join(REPO, "README.md")) as file:
-        readme = file.read()
-    for block in re.findall(r"```(?:bash|sh|console)?\n(.*?)```", readme, re.S):
-        text = block.replace("\\\n", " ")
-        for line in text.splitlines():
-            if line.strip().startswith("keras-scaling launch") and "multi_worker" in line:
+        lines = file.read().replace("\\\n", " ").splitlines()
+    in_code = False
+    for line in lines:
+        if line.lstrip().startswith("```"):
+            in_code = not in_code
+        elif in_code and line.strip().startswith("keras-scaling launch"):
+            if "multi_worker" in line:
                 return line.strip()
-    pytest.fail("README.md has no `keras-scaling launch` example in a code block")
+    pytest.fail("README.md has no `keras-scaling launch ... multi_worker` command")
 
 
 def test_the_readme_multi_worker_example_runs_as_written(tmp_path):
