@@ -158,6 +158,25 @@ _WORKER_SCRIPT = textwrap.dedent(
             "num_workers": plan.num_workers, "steps": steps,
             "planned_steps": plan.steps_per_epoch,
             "dropped": plan.samples_dropped_per_epoch, "seen": seen}), flush=True)
+
+    import keras
+
+    class CountSteps(keras.callbacks.Callback):
+        steps = 0
+
+        def on_train_batch_end(self, batch, logs=None):
+            CountSteps.steps += 1
+
+    x = np.random.default_rng(0).normal(size=(1001, 4)).astype("float32")
+    train = data.distribute((x, x.sum(axis=1)), strategy=strategy, per_replica_batch_size=32)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        model.compile(optimizer="sgd", loss="mse")
+    model.fit(train, epochs=1, verbose=0, callbacks=[CountSteps()])
+    print("RESULT " + json.dumps({
+        "last_batch": "fit", "worker": data.plan_of(train).worker_index,
+        "steps": CountSteps.steps,
+        "planned_steps": data.plan_of(train).steps_per_epoch}), flush=True)
     # Skips TensorFlow's shutdown barrier, which waits ~20 s for the cluster.
     os._exit(0)
     """
@@ -198,15 +217,21 @@ def _run_two_workers(tmp_path):
     results = {}
     for (stdout, stderr), process in zip(outputs, processes):
         lines = [line for line in stdout.splitlines() if line.startswith("RESULT ")]
-        assert process.returncode == 0 and len(lines) == 2, stderr[-3000:]
+        assert process.returncode == 0 and len(lines) == 3, stderr[-3000:]
         for line in lines:
             result = json.loads(line[len("RESULT "):])
             results.setdefault(result["last_batch"], []).append(result)
     return results
 
 
-def test_two_real_workers_read_disjoint_shares_in_equal_steps(tmp_path):
-    for last_batch, results in _run_two_workers(tmp_path).items():
+@pytest.fixture(scope="module")
+def two_worker_results(tmp_path_factory):
+    return _run_two_workers(tmp_path_factory.mktemp("two_workers"))
+
+
+def test_two_real_workers_read_disjoint_shares_in_equal_steps(two_worker_results):
+    for last_batch in ("pad", "drop"):
+        results = two_worker_results[last_batch]
         assert sorted(result["worker"] for result in results) == [0, 1]
         assert {result["num_workers"] for result in results} == {2}
         assert {result["steps"] for result in results} == {results[0]["planned_steps"]}
@@ -215,6 +240,17 @@ def test_two_real_workers_read_disjoint_shares_in_equal_steps(tmp_path):
         assert len(seen) == 1001 - results[0]["dropped"]
         if last_batch == "pad":
             assert sorted(seen) == list(range(1001))
+
+
+@pytest.mark.xfail(
+    reason="Keras 3 counts an epoch as the per-worker dataset's cardinality, but "
+    "with TensorFlow's sharding off each worker's global batch lasts num_workers "
+    "steps; needs a keras_scaling.compat fix",
+    strict=False,
+)
+def test_fit_on_two_real_workers_runs_the_planned_steps(two_worker_results):
+    results = two_worker_results["fit"]
+    assert [result["steps"] for result in results] == [results[0]["planned_steps"]] * 2
 
 
 def test_cached_shares_stay_disjoint_and_are_reshuffled_each_epoch():
