@@ -78,9 +78,20 @@ def _apply_cpu_devices_from_env():
     try:
         count = int(value)
     except ValueError:
+        count = 0
+    if count < 1:
         raise ValueError(
             f"{CPU_DEVICES_ENV} must be a positive integer, got {value!r}"
-        ) from None
+        )
+    if _tf_config_worker_count() > 1:
+        # MultiWorkerMirroredStrategy configures collective ops, which must
+        # happen before TensorFlow initialises its context; listing the logical
+        # devices, as use_logical_cpus does to return them, initialises it.
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(count)]
+        )
+        return
     use_logical_cpus(count)
 
 
@@ -145,7 +156,7 @@ def auto_strategy():
     """
     _apply_cpu_devices_from_env()
     strategy, reason = _choose_strategy()
-    logger.info("auto_strategy: %s (%s)", type(strategy).__name__, reason)
+    logger.info("auto_strategy: %s (%s)", strategy_kind(strategy), reason)
     if strategy.num_replicas_in_sync > 1:
         from keras_scaling import compat
 
@@ -162,10 +173,7 @@ def _choose_strategy():
         return tf.distribute.TPUStrategy(resolver), f"TPU {tpu!r} found"
     workers = _tf_config_worker_count()
     if workers > 1:
-        return (
-            tf.distribute.MultiWorkerMirroredStrategy(),
-            f"TF_CONFIG names {workers} workers",
-        )
+        return _multi_worker_strategy(), f"TF_CONFIG names {workers} workers"
     gpus = tf.config.list_logical_devices("GPU")
     if len(gpus) >= 2:
         return tf.distribute.MirroredStrategy(), f"{len(gpus)} GPUs found"
@@ -176,6 +184,31 @@ def _choose_strategy():
             f"{len(cpus)} logical CPUs and no GPU",
         )
     return tf.distribute.get_strategy(), "one device: no TPU, workers or several devices"
+
+
+def _multi_worker_strategy():
+    """MultiWorkerMirroredStrategy with one replica per logical CPU when there is no GPU."""
+    from tensorflow.python.distribute import collective_all_reduce_strategy as collective
+
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    cpu_count = len(tf.config.get_logical_device_configuration(cpu) or [None])
+    extended = collective.CollectiveAllReduceExtended
+    original = extended._initialize_local_devices
+
+    # TensorFlow gives a worker without accelerators a single CPU replica,
+    # whatever its logical CPUs; here the replicas follow the logical CPUs, as
+    # MirroredStrategy's do on one machine.
+    def _initialize_local_devices(self, cluster_resolver, worker_device):
+        devices, kind = original(self, cluster_resolver, worker_device)
+        if kind == "CPU" and cpu_count > 1:
+            devices = tuple(f"{worker_device}/device:CPU:{i}" for i in range(cpu_count))
+        return devices, kind
+
+    extended._initialize_local_devices = _initialize_local_devices
+    try:
+        return tf.distribute.MultiWorkerMirroredStrategy()
+    finally:
+        extended._initialize_local_devices = original
 
 
 @dataclasses.dataclass(frozen=True)
@@ -253,7 +286,7 @@ def describe_strategy(strategy=None):
         )
     devices = _local_devices(strategy)
     return StrategyInfo(
-        kind=type(strategy).__name__,
+        kind=strategy_kind(strategy),
         num_workers=num_workers(strategy),
         worker_index=worker_index(strategy),
         is_chief=is_chief(strategy),
@@ -261,6 +294,17 @@ def describe_strategy(strategy=None):
         local_devices=devices,
         device_kind=_device_kind(devices),
     )
+
+
+def strategy_kind(strategy):
+    """The strategy's public class name.
+
+    `tf.distribute.MultiWorkerMirroredStrategy()` is an instance of the
+    internal `CollectiveAllReduceStrategy`; users know it by its public name.
+    """
+    if _is_multi_worker(strategy):
+        return "MultiWorkerMirroredStrategy"
+    return type(strategy).__name__
 
 
 def _local_devices(strategy):
