@@ -69,7 +69,12 @@ def _configure_tensorflow(args):
 
         devices = keras_scaling.use_logical_cpus(args.replicas)
     else:
+        # Only the GPUs this count uses, so the others are left alone.
+        gpus = tf.config.list_physical_devices("GPU")
+        tf.config.set_visible_devices(gpus[: args.replicas], "GPU")
         devices = [device.name for device in tf.config.list_logical_devices("GPU")]
+        if not devices:
+            devices = [tf.config.list_logical_devices("CPU")[0].name]
     if len(devices) < args.replicas:
         raise UsageError(
             f"{args.replicas} replicas asked for, but this process sees "
@@ -103,6 +108,7 @@ def _baseline(text):
 
 def run(args):
     """Trains one replica count; returns the process exit status."""
+    from keras_scaling import callbacks
     from keras_scaling import compat
     from keras_scaling import data
     from keras_scaling.cli import _models
@@ -124,9 +130,7 @@ def run(args):
         last_batch="drop",
     )
     dataset = dataset.cache().repeat()
-    from keras_scaling.callbacks import ThroughputLogger
-
-    logger = ThroughputLogger(
+    logger = callbacks.ThroughputLogger(
         args.log_dir,
         baseline=_baseline(args.baseline),
         global_batch_size=global_batch_size,

@@ -14,6 +14,7 @@ from keras_scaling.cli import _bench_worker
 from keras_scaling.cli import _models
 from keras_scaling.cli import _plan
 from keras_scaling.cli import _scaling
+from keras_scaling.cli._arguments import positive_int
 from keras_scaling.cli._errors import UsageError
 from keras_scaling.cli._plot import scaling_plot_png
 from keras_scaling.cli._table import format_table
@@ -78,7 +79,7 @@ def add_parser(subparsers):
     )
     parser.add_argument(
         "--cpu-devices",
-        type=_positive_int,
+        type=positive_int,
         metavar="N",
         help="sweep over N logical CPUs instead of the GPUs",
     )
@@ -92,26 +93,26 @@ def add_parser(subparsers):
     batch = parser.add_mutually_exclusive_group()
     batch.add_argument(
         "--per-replica-batch",
-        type=_positive_int,
+        type=positive_int,
         metavar="B",
         help=f"weak scaling: each replica's batch (default {_DEFAULT_PER_REPLICA_BATCH})",
     )
     batch.add_argument(
         "--global-batch",
-        type=_positive_int,
+        type=positive_int,
         metavar="G",
         help="strong scaling: the global batch, split over the replicas",
     )
     parser.add_argument(
         "--steps",
-        type=_positive_int,
+        type=positive_int,
         default=_DEFAULT_STEPS,
         metavar="S",
         help=f"training steps per replica count (default {_DEFAULT_STEPS})",
     )
     parser.add_argument(
         "--steps-per-execution",
-        type=_positive_int,
+        type=positive_int,
         default=1,
         metavar="K",
         help="steps per compiled call, for models the bench compiles (default 1)",
@@ -133,18 +134,6 @@ def add_parser(subparsers):
     )
     parser.set_defaults(run=run)
     return parser
-
-
-def _positive_int(text):
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"must be a positive integer, got {text!r}"
-        ) from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
-    return value
 
 
 def run(args):
