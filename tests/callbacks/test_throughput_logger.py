@@ -1,0 +1,623 @@
+"""ThroughputLogger: real fits, event files read back with TensorBoard's reader."""
+
+import contextlib
+import csv
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+import types
+import urllib.parse
+import urllib.request
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+import keras_scaling
+from keras_scaling import baseline as baseline_lib
+
+NUM_FEATURES = 8
+
+
+def _model(strategy=None, steps_per_execution=1):
+    scope = strategy.scope() if strategy is not None else contextlib.nullcontext()
+    with scope:
+        model = keras.Sequential(
+            [
+                keras.Input((NUM_FEATURES,)),
+                keras.layers.Dense(16, activation="relu"),
+                keras.layers.Dense(1),
+            ]
+        )
+        model.compile(optimizer="sgd", loss="mse", steps_per_execution=steps_per_execution)
+    return model
+
+
+def _arrays(num_samples, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(num_samples, NUM_FEATURES)).astype("float32")
+    return x, x.sum(axis=1, keepdims=True).astype("float32")
+
+
+def _dataset(num_samples=512, batch_size=32, drop_remainder=True):
+    return tf.data.Dataset.from_tensor_slices(_arrays(num_samples)).batch(
+        batch_size, drop_remainder=drop_remainder
+    )
+
+
+class IterationsRecorder(keras.callbacks.Callback):
+    """Reads the clock and the optimizer's iterations at every train batch end."""
+
+    def __init__(self):
+        super().__init__()
+        self.points = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        iterations = int(self.model.optimizer.iterations.numpy())
+        self.points.append((time.perf_counter(), iterations))
+
+    @property
+    def iterations(self):
+        return [iterations for _, iterations in self.points]
+
+
+def _scalars(log_dir, tag):
+    accumulator = EventAccumulator(
+        os.path.join(log_dir, "train"), size_guidance={"tensors": 0}
+    )
+    accumulator.Reload()
+    if tag not in accumulator.Tags()["tensors"]:
+        return []
+    return [
+        (event.step, float(tf.make_ndarray(event.tensor_proto)))
+        for event in accumulator.Tensors(tag)
+    ]
+
+
+def _tags(log_dir):
+    accumulator = EventAccumulator(os.path.join(log_dir, "train"))
+    accumulator.Reload()
+    return set(accumulator.Tags()["tensors"])
+
+
+def _steps(log_dir, tag="throughput/samples_per_sec"):
+    return [step for step, _ in _scalars(log_dir, tag)]
+
+
+def _json(log_dir):
+    with open(os.path.join(log_dir, "throughput.json")) as file:
+        return json.load(file)
+
+
+@pytest.fixture(scope="module")
+def mirrored():
+    return tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+
+
+# --- one run on 2 replicas, read back by several tests -------------------------
+
+
+@pytest.fixture(scope="module")
+def two_replica_run(mirrored, tmp_path_factory):
+    log_dir = str(tmp_path_factory.mktemp("two_replica_run"))
+    model = _model(mirrored)
+    recorder = IterationsRecorder()
+    csv_path = os.path.join(log_dir, "log.csv")
+    history = model.fit(
+        _dataset(512, 32),
+        epochs=2,
+        verbose=0,
+        callbacks=[
+            keras_scaling.ThroughputLogger(
+                log_dir, baseline=1000.0, update_freq=3, warmup_steps=2
+            ),
+            recorder,
+            keras.callbacks.CSVLogger(csv_path),
+        ],
+    )
+    return types.SimpleNamespace(
+        log_dir=log_dir,
+        recorder=recorder,
+        history=history,
+        csv_path=csv_path,
+        iterations=int(model.optimizer.iterations.numpy()),
+    )
+
+
+@pytest.mark.logical_cpus(2)
+def test_scalars_are_written_at_optimizer_iterations_strictly_increasing(two_replica_run):
+    run = two_replica_run
+    expected = {
+        "throughput/samples_per_sec",
+        "throughput/steps_per_sec",
+        "throughput/samples_per_sec_per_replica",
+        "throughput/startup_time_s",
+        "scaling/speedup",
+        "scaling/efficiency",
+        "scaling/ideal_speedup",
+    }
+    assert expected <= _tags(run.log_dir)
+    steps = _steps(run.log_dir)
+    assert len(steps) >= 6
+    assert all(a < b for a, b in zip(steps, steps[1:]))
+    assert set(steps) <= set(run.recorder.iterations)
+    assert steps[-1] <= run.iterations == 32
+    # Every epoch ends with a figure: the last step of each epoch is written.
+    assert {16, 32} <= set(steps)
+    for tag in expected - {"throughput/startup_time_s"}:
+        assert _steps(run.log_dir, tag) == steps
+
+
+@pytest.mark.logical_cpus(2)
+def test_speedup_and_efficiency_follow_from_samples_per_sec(two_replica_run):
+    log_dir = two_replica_run.log_dir
+    samples_per_sec = dict(_scalars(log_dir, "throughput/samples_per_sec"))
+    steps_per_sec = dict(_scalars(log_dir, "throughput/steps_per_sec"))
+    per_replica = dict(_scalars(log_dir, "throughput/samples_per_sec_per_replica"))
+    speedup = dict(_scalars(log_dir, "scaling/speedup"))
+    efficiency = dict(_scalars(log_dir, "scaling/efficiency"))
+    ideal = dict(_scalars(log_dir, "scaling/ideal_speedup"))
+    for step, value in samples_per_sec.items():
+        assert value == pytest.approx(32 * steps_per_sec[step], rel=1e-5)
+        assert per_replica[step] == pytest.approx(value / 2, rel=1e-5)
+        assert speedup[step] == pytest.approx(value / 1000.0, rel=1e-5)
+        assert efficiency[step] == pytest.approx(speedup[step] / 2, rel=1e-5)
+        assert ideal[step] == 2.0
+
+
+@pytest.mark.logical_cpus(2)
+def test_throughput_json_describes_the_run(two_replica_run):
+    record = _json(two_replica_run.log_dir)
+    assert set(record) == set(baseline_lib.FIELDS)
+    assert record["version"] == 1
+    assert (record["num_replicas"], record["num_workers"]) == (2, 1)
+    assert (record["per_replica_batch_size"], record["global_batch_size"]) == (16, 32)
+    assert (record["device_kind"], record["dtype_policy"]) == ("CPU", "float32")
+    assert record["strategy"] == "MirroredStrategy"
+    assert (record["baseline_samples_per_sec"], record["baseline_source"]) == (1000.0, "given")
+    step_time = record["step_time_s"]
+    assert 0 < step_time["p10"] <= step_time["p50"] <= step_time["p90"]
+    assert record["samples_per_sec"] == pytest.approx(32 / step_time["p50"])
+    assert record["steps_per_sec"] == pytest.approx(1 / step_time["p50"])
+    assert record["speedup"] == pytest.approx(record["samples_per_sec"] / 1000.0)
+    assert record["efficiency"] == pytest.approx(record["speedup"] / 2)
+    # Measured: the steps after warm-up, without the first execution of each epoch.
+    assert 0 < record["steps_measured"] <= 32 - 1 - 2 - 1
+    assert record["startup_time_s"] > 0
+
+
+@pytest.mark.logical_cpus(2)
+def test_epoch_logs_show_samples_per_sec_in_history_and_csv(two_replica_run):
+    history = two_replica_run.history.history["samples_per_sec"]
+    assert len(history) == 2 and all(value > 0 for value in history)
+    with open(two_replica_run.csv_path) as file:
+        rows = list(csv.DictReader(file))
+    assert [float(row["samples_per_sec"]) for row in rows] == pytest.approx(history)
+
+
+@pytest.mark.logical_cpus(2)
+def test_setup_text_and_speedup_chart_are_written(two_replica_run):
+    log_dir = two_replica_run.log_dir
+    accumulator = EventAccumulator(
+        os.path.join(log_dir, "train"), size_guidance={"tensors": 0}
+    )
+    accumulator.Reload()
+    (text_event,) = accumulator.Tensors("throughput/setup")
+    text = tf.make_ndarray(text_event.tensor_proto).item().decode()
+    for fact in ("MirroredStrategy", "| replicas | 2 |", "| global batch | 32 |",
+                 "| per-replica batch | 16 |", "1000.0 samples/sec (given)"):
+        assert fact in text
+    from tensorboard.plugins.custom_scalar import layout_pb2
+
+    (layout_event,) = accumulator.Tensors("custom_scalars__config__")
+    layout = layout_pb2.Layout.FromString(
+        tf.make_ndarray(layout_event.tensor_proto).item()
+    )
+    charts = {chart.title: list(chart.multiline.tag) for chart in layout.category[0].chart}
+    assert charts["speedup vs ideal"] == ["^scaling/speedup$", "^scaling/ideal_speedup$"]
+
+
+# --- counting with steps_per_execution, several fits, resume --------------------
+
+
+@pytest.mark.logical_cpus(2)
+def test_steps_per_execution_counts_optimizer_steps(mirrored, tmp_path):
+    model = _model(mirrored, steps_per_execution=4)
+    recorder = IterationsRecorder()
+    logger = keras_scaling.ThroughputLogger(
+        tmp_path, baseline=None, update_freq=8, warmup_steps=4
+    )
+    model.fit(_dataset(1024, 32), epochs=1, verbose=0, callbacks=[logger, recorder])
+    assert recorder.iterations == list(range(4, 33, 4))
+    written = _scalars(tmp_path, "throughput/steps_per_sec")
+    assert [step for step, _ in written] == [16, 24, 32]
+    times = dict((iterations, time_s) for time_s, iterations in recorder.points)
+    # An independent clock over the same steps: counting executions instead
+    # of steps would be 4 times off.
+    for (previous, _), (step, steps_per_sec) in zip([(12, None)] + written, written):
+        independent = (step - previous) / (times[step] - times[previous])
+        assert steps_per_sec == pytest.approx(independent, rel=0.5)
+    assert "scaling/speedup" not in _tags(tmp_path)
+
+
+@pytest.mark.logical_cpus(2)
+def test_fit_again_and_initial_epoch_continue_the_step_axis(mirrored, tmp_path):
+    model = _model(mirrored)
+    logger = keras_scaling.ThroughputLogger(tmp_path, baseline=500, update_freq=4)
+    model.fit(_dataset(256, 32), epochs=2, verbose=0, callbacks=[logger])
+    first = _steps(tmp_path)
+    model.fit(_dataset(256, 32), epochs=4, initial_epoch=2, verbose=0, callbacks=[logger])
+    # A new logger on the same log_dir continues too.
+    model.fit(
+        _dataset(256, 32),
+        epochs=5,
+        initial_epoch=4,
+        verbose=0,
+        callbacks=[keras_scaling.ThroughputLogger(tmp_path, baseline=500, update_freq=4)],
+    )
+    steps = _steps(tmp_path)
+    assert steps[: len(first)] == first
+    assert max(first) <= 16 < steps[len(first)]
+    assert all(a < b for a, b in zip(steps, steps[1:]))
+    assert max(steps) == 40 == int(model.optimizer.iterations.numpy())
+    startup_steps = _steps(tmp_path, "throughput/startup_time_s")
+    assert startup_steps == [1, 17, 33]
+
+
+class _StopAt(keras.callbacks.Callback):
+    def __init__(self, epoch, batch):
+        super().__init__()
+        self.epoch, self.batch = epoch, batch
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.current_epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        if (self.current_epoch, batch) == (self.epoch, self.batch):
+            raise RuntimeError("interrupted")
+
+
+@pytest.mark.logical_cpus(2)
+def test_resume_with_backup_and_restore_never_repeats_a_step(mirrored, tmp_path):
+    log_dir, backup_dir = str(tmp_path / "logs"), str(tmp_path / "backup")
+    model = _model(mirrored)
+
+    def callbacks(*extra):
+        return [
+            keras_scaling.ThroughputLogger(log_dir, baseline=500, update_freq=2),
+            keras.callbacks.BackupAndRestore(backup_dir),
+            *extra,
+        ]
+
+    with pytest.raises(RuntimeError, match="interrupted"):
+        model.fit(_dataset(256, 32), epochs=4, verbose=0, callbacks=callbacks(_StopAt(2, 6)))
+    before = _steps(log_dir)
+    # Epochs 0 and 1 (16 steps) were saved; the interruption came after step 23.
+    assert max(before) == 23
+    model.fit(_dataset(256, 32), epochs=4, verbose=0, callbacks=callbacks())
+    assert int(model.optimizer.iterations.numpy()) == 32
+    steps = _steps(log_dir)
+    assert steps[: len(before)] == before
+    assert all(a < b for a, b in zip(steps, steps[1:]))
+    assert max(steps) == 32
+
+
+# --- what is and is not training time -------------------------------------------
+
+
+def _slow(x, y):
+    def sleep(value):
+        time.sleep(0.2)
+        return value
+
+    x = tf.py_function(sleep, [x], tf.float32)
+    x.set_shape((16, NUM_FEATURES))
+    return x, y
+
+
+@pytest.mark.logical_cpus(2)
+def test_validation_time_is_not_training_time(mirrored, tmp_path):
+    model = _model(mirrored)
+    validation = tf.data.Dataset.from_tensor_slices(_arrays(16, seed=1)).batch(16).map(_slow)
+    recorder = IterationsRecorder()
+    logger = keras_scaling.ThroughputLogger(tmp_path, baseline=None, update_freq=4, warmup_steps=0)
+    model.fit(
+        _dataset(512, 32),
+        epochs=2,
+        validation_data=validation,
+        verbose=0,
+        callbacks=[logger, recorder],
+    )
+    # Each epoch: 16 steps of a few ms, then at least 0.2 s of validation.
+    figures = [value for _, value in _scalars(tmp_path, "throughput/samples_per_sec")]
+    median = float(np.median(figures))
+    assert min(figures) > 0.25 * median
+    (first_time_s, first_iterations) = recorder.points[0]
+    (last_time_s, last_iterations) = recorder.points[-1]
+    with_validation = 32 * (last_iterations - first_iterations) / (last_time_s - first_time_s)
+    assert _json(tmp_path)["samples_per_sec"] > 2 * with_validation
+
+
+@pytest.mark.logical_cpus(2)
+def test_measure_baseline_leaves_training_as_it_would_be(mirrored, tmp_path):
+    initial = _model(mirrored).get_weights()
+
+    def train(callbacks):
+        model = _model(mirrored)
+        model.set_weights(initial)
+        model.fit(_dataset(256, 32), epochs=2, shuffle=False, verbose=0, callbacks=callbacks)
+        return model
+
+    plain = train([])
+    measured = train(
+        [keras_scaling.ThroughputLogger(tmp_path, baseline="measure", update_freq=2)]
+    )
+    assert int(measured.optimizer.iterations.numpy()) == 16
+    for expected, actual in zip(plain.get_weights(), measured.get_weights()):
+        np.testing.assert_allclose(actual, expected, rtol=1e-6)
+    record = _json(tmp_path)
+    assert record["baseline_source"].startswith("measured: a copy of the model alone on")
+    assert record["baseline_source"].endswith("CPU:0")
+    assert record["baseline_samples_per_sec"] > 0
+    speedup = dict(_scalars(tmp_path, "scaling/speedup"))
+    for step, value in _scalars(tmp_path, "throughput/samples_per_sec"):
+        assert speedup[step] == pytest.approx(
+            value / record["baseline_samples_per_sec"], rel=1e-5
+        )
+
+
+@pytest.mark.logical_cpus(2)
+def test_dynamic_batch_size_needs_global_batch_size(mirrored, tmp_path):
+    model = _model(mirrored)
+    dataset = _dataset(96, 32, drop_remainder=False)
+    with pytest.raises(ValueError, match="Pass global_batch_size="):
+        model.fit(dataset, verbose=0, callbacks=[keras_scaling.ThroughputLogger(tmp_path)])
+    logger = keras_scaling.ThroughputLogger(
+        tmp_path, baseline=100.0, global_batch_size=32, update_freq=1, warmup_steps=0
+    )
+    model.fit(dataset, epochs=2, verbose=0, callbacks=[logger])
+    record = _json(tmp_path)
+    assert (record["global_batch_size"], record["per_replica_batch_size"]) == (32, 16)
+
+
+# --- one replica ------------------------------------------------------------------
+
+
+def test_one_replica_auto_is_its_own_baseline_and_advises_once(tmp_path, caplog):
+    caplog.set_level(logging.WARNING, logger="keras_scaling")
+    model = _model()
+    logger = keras_scaling.ThroughputLogger(tmp_path, update_freq=2, warmup_steps=1)
+    model.fit(_dataset(512, 16), epochs=2, verbose=0, callbacks=[logger])
+    record = _json(tmp_path)
+    assert record["baseline_samples_per_sec"] == record["samples_per_sec"]
+    assert record["baseline_source"].startswith("this run")
+    assert (record["speedup"], record["efficiency"]) == (1.0, 1.0)
+    assert {value for _, value in _scalars(tmp_path, "scaling/speedup")} == {1.0}
+    # Steps of this tiny model take far less than 5 ms.
+    advice = [r for r in caplog.records if "steps_per_execution=" in r.getMessage()]
+    assert len(advice) == 1
+
+
+def test_baseline_none_writes_no_scaling_tags(tmp_path):
+    model = _model()
+    logger = keras_scaling.ThroughputLogger(tmp_path, baseline=None, update_freq=2)
+    model.fit(_dataset(256, 16), verbose=0, callbacks=[logger])
+    tags = _tags(tmp_path)
+    assert "throughput/samples_per_sec" in tags
+    assert not any(tag.startswith("scaling/") for tag in tags)
+    record = _json(tmp_path)
+    assert record["speedup"] is record["baseline_source"] is None
+
+
+def test_baseline_file_with_another_setup_warns(tmp_path, caplog):
+    earlier = tmp_path / "earlier"
+    model = _model()
+    model.fit(
+        _dataset(256, 16),
+        verbose=0,
+        callbacks=[keras_scaling.ThroughputLogger(earlier, update_freq=2)],
+    )
+    earlier_samples_per_sec = _json(earlier)["samples_per_sec"]
+    caplog.set_level(logging.WARNING, logger="keras_scaling")
+    later = tmp_path / "later"
+    model.fit(
+        _dataset(256, 32),
+        verbose=0,
+        callbacks=[keras_scaling.ThroughputLogger(later, baseline=earlier, update_freq=2)],
+    )
+    assert "per-replica batch 16 in the baseline, 32 here" in caplog.text
+    record = _json(later)
+    assert record["baseline_samples_per_sec"] == earlier_samples_per_sec
+    assert record["speedup"] == pytest.approx(record["samples_per_sec"] / earlier_samples_per_sec)
+
+
+# --- failures --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        ({"baseline": 0}, ValueError, "baseline must be a positive number"),
+        ({"baseline": -3.5}, ValueError, "baseline must be a positive number"),
+        ({"baseline": "/nonexistent/run"}, ValueError, "does not exist"),
+        ({"update_freq": 0}, ValueError, "update_freq must be at least 1"),
+        ({"update_freq": 2.5}, TypeError, "update_freq must be a positive int"),
+        ({"warmup_steps": -1}, ValueError, "warmup_steps must be >= 0"),
+        ({"global_batch_size": 0}, ValueError, "global_batch_size must be at least 1"),
+    ],
+)
+def test_bad_arguments_are_refused_in_the_constructor(tmp_path, kwargs, error, message):
+    with pytest.raises(error, match=message):
+        keras_scaling.ThroughputLogger(tmp_path, **kwargs)
+
+
+def test_unwritable_log_dir_is_refused(tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    with pytest.raises(ValueError, match="cannot be created"):
+        keras_scaling.ThroughputLogger(blocker / "logs")
+
+
+def test_error_in_a_step_still_writes_throughput_json(tmp_path):
+    x, y = _arrays(4096)
+
+    def fail_late(x, y):
+        # Sample 2000 arrives in step 125 of the only epoch.
+        tf.debugging.assert_none_equal(x[0], tf.constant(x_poison[0]))
+        return x, y
+
+    x_poison = x[2000]
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).map(fail_late).batch(16)
+    model = _model()
+    logger = keras_scaling.ThroughputLogger(
+        tmp_path, baseline=None, update_freq=5, global_batch_size=16
+    )
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        model.fit(dataset, epochs=1, verbose=0, callbacks=[logger])
+    record = _json(tmp_path)
+    assert record["steps_measured"] >= 100
+    assert max(_steps(tmp_path)) <= 125
+    # The train function is Keras' own again.
+    assert model.train_function is not None
+    assert model.train_function.__name__ != "guarded_train_function"
+
+
+_SCRIPT = textwrap.dedent(
+    """
+    import os, sys, time
+    import keras, numpy as np, tensorflow as tf
+    import keras_scaling
+
+    log_dir, mode = sys.argv[1], sys.argv[2]
+    # Steps of several milliseconds, so Ctrl-C most likely lands in one.
+    model = keras.Sequential(
+        [keras.Input((256,)), keras.layers.Dense(1024), keras.layers.Dense(1)]
+    )
+    model.compile(optimizer="sgd", loss="mse")
+    x = np.zeros((64, 256), "float32"); y = np.zeros((64, 1), "float32")
+    dataset = tf.data.Dataset.from_tensors((x, y)).repeat()
+
+    class Ready(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == 40:
+                if mode == "raise":
+                    raise RuntimeError("a callback failed mid-epoch")
+                open(os.path.join(log_dir, "ready"), "w").close()
+
+    model.fit(
+        dataset,
+        steps_per_epoch=100000,
+        epochs=1,
+        verbose=0,
+        callbacks=[keras_scaling.ThroughputLogger(log_dir, baseline=None, update_freq=5), Ready()],
+    )
+    """
+)
+
+
+def _run_script(tmp_path, mode):
+    script = tmp_path / "train.py"
+    script.write_text(_SCRIPT)
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    return subprocess.Popen(
+        [sys.executable, str(script), str(tmp_path), mode],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+
+
+def test_ctrl_c_writes_throughput_json(tmp_path):
+    process = _run_script(tmp_path, "interrupt")
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "ready").exists():
+            assert process.poll() is None, process.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, "training never got going"
+            time.sleep(0.2)
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=60)
+    finally:
+        process.kill()
+        process.wait()
+    assert process.returncode != 0
+    assert "KeyboardInterrupt" in stderr
+    record = _json(tmp_path)
+    assert record["steps_measured"] >= 25
+    assert record["steps_measured"] == pytest.approx(
+        sum(1 for _ in _steps(tmp_path)) * 5, abs=5
+    )
+
+
+def test_callback_raising_mid_epoch_writes_throughput_json_at_exit(tmp_path):
+    process = _run_script(tmp_path, "raise")
+    try:
+        _, stderr = process.communicate(timeout=120)
+    finally:
+        process.kill()
+        process.wait()
+    assert process.returncode != 0
+    assert "a callback failed mid-epoch" in stderr
+    record = _json(tmp_path)
+    assert record["steps_measured"] >= 25
+    assert max(_steps(tmp_path)) <= 41
+
+
+# --- the real TensorBoard server ---------------------------------------------------
+
+
+def _free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_tensorboard_server_serves_the_speedup(tmp_path):
+    model = _model()
+    model.fit(
+        _dataset(256, 16),
+        verbose=0,
+        callbacks=[keras_scaling.ThroughputLogger(tmp_path, baseline=200.0, update_freq=2)],
+    )
+    expected = _scalars(tmp_path, "scaling/speedup")
+    assert expected
+    tensorboard = os.path.join(os.path.dirname(sys.executable), "tensorboard")
+    port = _free_port()
+    server = subprocess.Popen(
+        [tensorboard, "--logdir", str(tmp_path), "--host", "127.0.0.1", "--port", str(port),
+         "--load_fast", "false"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    query = urllib.parse.urlencode({"run": "train", "tag": "scaling/speedup"})
+    url = f"http://127.0.0.1:{port}/data/plugin/scalars/scalars?{query}"
+    try:
+        deadline = time.monotonic() + 90
+        served = None
+        while served is None:
+            assert server.poll() is None, "tensorboard exited"
+            assert time.monotonic() < deadline, "tensorboard never served the scalars"
+            try:
+                with urllib.request.urlopen(url, timeout=5) as response:
+                    served = json.load(response)
+            except OSError:
+                time.sleep(0.5)
+            else:
+                if len(served) < len(expected):
+                    served = None
+                    time.sleep(0.5)
+    finally:
+        server.kill()
+        server.wait(timeout=30)
+    assert [step for _, step, _ in served] == [step for step, _ in expected]
+    for (_, _, value), (_, expected_value) in zip(served, expected):
+        assert value == pytest.approx(expected_value, rel=1e-6)
