@@ -216,3 +216,17 @@ def test_non_integer_batch_size_is_refused():
 def test_unsupported_data_type_lists_what_is_accepted():
     with pytest.raises(TypeError, match="must be a tf.data.Dataset, a list of TFRecord"):
         data.distribute(object(), global_batch_size=2)
+
+
+def test_several_inputs_as_a_list_stay_separate_and_fit_trains():
+    import keras
+
+    x1, x2 = np.ones((20, 3), "float32"), np.ones((20, 2), "float32")
+    dataset = data.distribute(([x1, x2], np.ones((20, 1), "float32")), global_batch_size=5)
+    inputs_spec = dataset.element_spec[0]
+    assert [spec.shape.as_list() for spec in inputs_spec] == [[5, 3], [5, 2]]
+    first, second = keras.Input((3,)), keras.Input((2,))
+    output = keras.layers.Dense(1)(keras.layers.Concatenate()([first, second]))
+    model = keras.Model([first, second], output)
+    model.compile(optimizer="sgd", loss="mse")
+    assert len(model.fit(dataset, verbose=0).history["loss"]) == 1

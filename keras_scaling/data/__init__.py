@@ -116,11 +116,15 @@ def distribute(
       Refused under TPUs (static shapes) and with several workers (the
       workers would run different numbers of steps).
 
-    With several workers each worker's batches (of the global size) last
-    `num_workers` steps, as each worker feeds only its own replicas, so the
-    epoch is made a whole number of batches on every worker: up to
-    `num_workers - 1` more global batches are dropped or padded than on one
-    worker. `describe` shows the exact numbers.
+    With several workers, TensorFlow cuts each worker's batch (of the global
+    size) into per-replica pieces for all replicas, and each worker feeds
+    only its own replicas, so one batch lasts `num_workers` steps: an epoch
+    is `plan.steps_per_epoch` steps, `num_workers` times
+    `dataset.cardinality()`. So that every worker stops after the same step
+    with static shapes, the epoch is a whole number of batches on every
+    worker: up to `num_workers - 1` more global batches are dropped or padded
+    than on one worker. `describe` shows the exact numbers. Every worker
+    must call `distribute` with the same data and arguments.
 
     Args:
         data: what to read:
@@ -128,9 +132,9 @@ def distribute(
               `(x, y)` or `(x, y, sample_weight)`, where `x` and `y` may be
               arrays, lists or dicts of arrays;
             - an unbatched `tf.data.Dataset` whose number of elements is known
-              (`dataset.cardinality()`; after `.filter()` declare it with
-              `tf.data.experimental.assert_cardinality(n)`), yielding `x`,
-              `(x, y)` or `(x, y, sample_weight)`;
+              (`dataset.cardinality()`; after `.filter()` or `.unbatch()`
+              declare it with `tf.data.experimental.assert_cardinality(n)`),
+              yielding `x`, `(x, y)` or `(x, y, sample_weight)`;
             - a list of TFRecord file paths, with `parse_fn`. The files are
               read once here to count their records (no parsing).
         strategy: a `tf.distribute.Strategy`; defaults to the current one

@@ -228,8 +228,19 @@ def _inspect_arrays(data):
     num_examples = next(iter(lengths.values()))
     if num_examples == 0:
         raise ValueError("data's arrays are empty: there is nothing to train on.")
-    arrays = tf.nest.map_structure(tf.convert_to_tensor, structure)
+    arrays = tf.nest.map_structure(tf.convert_to_tensor, _lists_to_tuples(structure))
     return ArraySource(arrays, int(num_examples), has_targets)
+
+
+def _lists_to_tuples(structure):
+    """Turns lists (several inputs, as `fit` takes them) into tuples, which
+    tf.data keeps as separate components; it would stack a list into one
+    tensor."""
+    if isinstance(structure, (list, tuple)):
+        return tuple(_lists_to_tuples(item) for item in structure)
+    if isinstance(structure, dict):
+        return {key: _lists_to_tuples(value) for key, value in structure.items()}
+    return structure
 
 
 def _leaf_names(structure):
