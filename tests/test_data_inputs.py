@@ -230,3 +230,21 @@ def test_several_inputs_as_a_list_stay_separate_and_fit_trains():
     model = keras.Model([first, second], output)
     model.compile(optimizer="sgd", loss="mse")
     assert len(model.fit(dataset, verbose=0).history["loss"]) == 1
+
+
+@pytest.mark.parametrize(
+    "argument, value, message",
+    [
+        ("shuffle", "yes", "shuffle must be True, False or None"),
+        ("seed", 1.5, "seed must be an integer or None"),
+        ("cache", 1, "cache must be False, True"),
+    ],
+)
+def test_other_bad_arguments_are_named(argument, value, message):
+    with pytest.raises(TypeError, match=message):
+        data.distribute(np.arange(4), global_batch_size=2, **{argument: value})
+
+
+def test_numpy_integer_seed_and_batch_size_are_accepted():
+    plan = data.describe(np.arange(8), global_batch_size=np.int64(4), seed=np.int32(3))
+    assert (plan.global_batch_size, plan.seed) == (4, 3)

@@ -7,6 +7,7 @@ what each replica and worker reads.
 """
 
 import logging
+import numbers
 
 import tensorflow as tf
 
@@ -334,11 +335,12 @@ def _make_plan(
         num_workers=info.num_workers,
         static_shapes_required=static_shapes_required,
     )
-    if shard not in _plan.SHARD_MODES:
-        _plan.choose_shard_mode(shard, info.num_workers)
+    _plan.check_shard(shard)
     if shuffle is not None and not isinstance(shuffle, bool):
         raise TypeError(f"shuffle must be True, False or None, got {shuffle!r}.")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+    if seed is not None and (
+        isinstance(seed, bool) or not isinstance(seed, numbers.Integral)
+    ):
         raise TypeError(f"seed must be an integer or None, got {seed!r}.")
     if not (cache is False or cache is True or isinstance(cache, str)):
         raise TypeError(
@@ -371,7 +373,6 @@ def _make_plan(
         )
         if message
     )
-    worker = info.worker_index if last_batch != "partial" else 0
     plan = InputPlan(
         num_examples=source.num_examples,
         num_replicas=info.num_replicas,
@@ -385,9 +386,9 @@ def _make_plan(
         shard_reason=shard_reason,
         samples_dropped_per_epoch=schedule.samples_dropped,
         samples_padded_per_epoch=schedule.samples_padded,
-        worker_examples=schedule.examples_per_worker[worker],
+        worker_examples=schedule.examples_per_worker[info.worker_index],
         shuffle=shuffle,
-        seed=DEFAULT_SEED if seed is None else seed,
+        seed=DEFAULT_SEED if seed is None else int(seed),
         num_files=source.num_files,
         worker_files=(
             len(file_assignment[info.worker_index]) if file_assignment else None

@@ -6,7 +6,7 @@ from keras_scaling.data import _sources
 
 # Datasets and records are shuffled through a buffer of at most this many
 # elements (arrays get a full permutation of their row indices instead): a
-# full-size buffer of decoded images would not fit in memory.
+# buffer holding every record of a large data set would not fit in memory.
 SHUFFLE_BUFFER_ELEMENTS = 10_000
 
 
@@ -83,11 +83,10 @@ def _batched_array_rows(source, plan, schedule):
 
 def _keep_or_pad(stream, schedule, plan, padding):
     """Cuts the stream to this worker's real samples, then appends padding."""
-    worker = plan.worker_index if plan.last_batch != "partial" else 0
     if plan.last_batch == "drop":
-        return stream.take(schedule.examples_per_worker[worker])
+        return stream.take(schedule.examples_per_worker[plan.worker_index])
     if plan.last_batch == "pad":
-        count = schedule.padding_per_worker[worker]
+        count = schedule.padding_per_worker[plan.worker_index]
         if count:
             stream = stream.concatenate(padding.repeat(count))
     return stream

@@ -121,6 +121,15 @@ def check_last_batch(last_batch, *, num_workers=1, static_shapes_required=False)
     return last_batch
 
 
+def check_shard(shard):
+    """Validates `shard`; returns it."""
+    if shard not in SHARD_MODES:
+        raise ValueError(
+            f"shard must be one of {', '.join(map(repr, SHARD_MODES))}; got {shard!r}."
+        )
+    return shard
+
+
 def choose_shard_mode(shard, num_workers, num_files=None):
     """Decides how the data is split between workers, and says why.
 
@@ -149,10 +158,7 @@ def choose_shard_mode(shard, num_workers, num_files=None):
         ValueError: an unknown `shard`, or `shard="file"` without enough
             files.
     """
-    if shard not in SHARD_MODES:
-        raise ValueError(
-            f"shard must be one of {', '.join(map(repr, SHARD_MODES))}; got {shard!r}."
-        )
+    check_shard(shard)
     if shard == "file" and num_files is None:
         raise ValueError(
             "shard='file' needs a list of TFRecord files as data; arrays and "
