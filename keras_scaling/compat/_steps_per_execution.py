@@ -10,7 +10,10 @@ decides whether a step runs, so no step sits inside a `tf.cond`.
 
 `_make_function` builds the train and the test function: `evaluate` fails
 the same way under `MultiWorkerMirroredStrategy`. `predict` builds its own
-function, without the nested loop, and is left as it is.
+function, without the nested loop, and is left as it is. Only mirrored
+strategies (`MirroredStrategy`, `MultiWorkerMirroredStrategy`) with several
+replicas get the fused loop, where the defect was reproduced; other
+strategies, one replica, `run_eagerly` and `jit_compile` keep Keras' loop.
 """
 
 import tensorflow as tf
@@ -70,9 +73,10 @@ def make_replacement(original_make_function):
             self.steps_per_execution == 1
             or self.run_eagerly
             or self.jit_compile
-            or self.distribute_strategy.num_replicas_in_sync == 1
+            or not _is_mirrored_with_several_replicas(self.distribute_strategy)
         ):
-            # The defect needs fused steps in graph mode on several replicas.
+            # The defect needs fused steps in graph mode on several replicas
+            # of a mirrored strategy; elsewhere Keras' own loop is kept.
             function = keras_function
         else:
             function = _fused_function(self, step_function, keras_function)
@@ -80,6 +84,13 @@ def make_replacement(original_make_function):
         return function
 
     return _make_function
+
+
+def _is_mirrored_with_several_replicas(strategy):
+    return strategy.num_replicas_in_sync > 1 and isinstance(
+        strategy,
+        (tf.distribute.MirroredStrategy, tf.distribute.MultiWorkerMirroredStrategy),
+    )
 
 
 def _fused_function(self, step_function, keras_function):
