@@ -7,18 +7,21 @@ per run: replicas, global batch, samples/sec, speedup, efficiency, ideal.
 Speedup is samples/sec divided by the baseline's samples/sec. The baseline
 is the 1-replica run among the runs when there is exactly one (so a bench
 sweep that includes 1 replica compares every count to the 1-replica figure
-it measured itself); otherwise each run's own recorded baseline
-(`baseline_samples_per_sec`), and no speedup when it has none.
-Efficiency is speedup divided by replicas; ideal is the number of replicas.
+it measured itself); otherwise each run's own: the speedup and efficiency
+its `ThroughputLogger` recorded, or computed from its recorded
+`baseline_samples_per_sec`, and no speedup when it has none. Efficiency is
+speedup divided by replicas; ideal is the number of replicas.
 """
 
 import dataclasses
-import json
 import math
 import os
+import re
 
-THROUGHPUT_FILE = "throughput.json"
-_REQUIRED_FIELDS = ("samples_per_sec", "num_replicas", "global_batch_size")
+from keras_scaling import baseline
+from keras_scaling import throughput as throughput_math
+
+THROUGHPUT_FILE = baseline.THROUGHPUT_JSON
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,20 +77,12 @@ class Summary:
 
 def read_run(path, name):
     """Reads one `throughput.json`; raises ValueError saying what is wrong."""
-    try:
-        with open(path, encoding="utf-8") as file:
-            throughput = json.load(file)
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{path} is not valid JSON ({error})") from None
-    if not isinstance(throughput, dict):
-        raise ValueError(f"{path} does not hold a JSON object")
-    missing = [field for field in _REQUIRED_FIELDS if throughput.get(field) is None]
-    if missing:
-        raise ValueError(f"{path} lacks {', '.join(missing)}")
+    throughput = baseline.read_throughput_json(path, parameter="file")
     samples_per_sec = throughput["samples_per_sec"]
     if not isinstance(samples_per_sec, (int, float)) or not samples_per_sec > 0:
         raise ValueError(
-            f"{path} has samples_per_sec={samples_per_sec!r}, not a positive number"
+            f"{path} holds no measured samples_per_sec (got {samples_per_sec!r}): "
+            "the run was too short to measure"
         )
     return Run(name=name, path=os.path.abspath(path), throughput=throughput)
 
@@ -114,8 +109,6 @@ def find_runs(log_dir):
 
 def _natural_key(name):
     """Sorts `replicas_2` before `replicas_10`."""
-    import re
-
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
 
 
@@ -126,11 +119,13 @@ def summarize(runs):
     single = [run for run in runs if run.throughput["num_replicas"] == 1]
     notes = []
     if len(single) == 1:
-        baseline = float(single[0].throughput["samples_per_sec"])
-        source = f"the 1-replica run {single[0].name} ({baseline:.1f} samples/sec)"
+        common_baseline = float(single[0].throughput["samples_per_sec"])
+        source = (
+            f"the 1-replica run {single[0].name} ({common_baseline:.1f} samples/sec)"
+        )
     else:
-        baseline = None
-        source = "each run's own recorded baseline"
+        common_baseline = None
+        source = "each run's own recorded baseline (see its throughput.json)"
         if len(single) > 1:
             notes.append(
                 f"{len(single)} runs have 1 replica, so none is the common "
@@ -138,35 +133,41 @@ def summarize(runs):
             )
     rows = []
     for run in runs:
-        throughput = run.throughput
-        replicas = int(throughput["num_replicas"])
-        samples_per_sec = float(throughput["samples_per_sec"])
-        run_baseline = baseline
-        if run_baseline is None:
-            run_baseline = throughput.get("baseline_samples_per_sec")
-            if not run_baseline:
-                notes.append(f"{run.name} has no baseline, so no speedup")
-        speedup = samples_per_sec / run_baseline if run_baseline else math.nan
-        global_batch_size = int(throughput["global_batch_size"])
+        record = run.throughput
+        replicas = int(record["num_replicas"])
+        samples_per_sec = float(record["samples_per_sec"])
+        if common_baseline is not None:
+            scaling = throughput_math.scaling(samples_per_sec, common_baseline, replicas)
+            speedup, efficiency = scaling.speedup, scaling.efficiency
+        elif record.get("speedup") is not None and record.get("efficiency") is not None:
+            speedup, efficiency = float(record["speedup"]), float(record["efficiency"])
+        elif record.get("baseline_samples_per_sec"):
+            scaling = throughput_math.scaling(
+                samples_per_sec, float(record["baseline_samples_per_sec"]), replicas
+            )
+            speedup, efficiency = scaling.speedup, scaling.efficiency
+        else:
+            speedup = efficiency = math.nan
+            notes.append(f"{run.name} has no baseline, so no speedup")
+        global_batch_size = int(record["global_batch_size"])
         rows.append(
             Row(
                 run=run.name,
                 replicas=replicas,
                 per_replica_batch_size=int(
-                    throughput.get("per_replica_batch_size")
-                    or global_batch_size // replicas
+                    record.get("per_replica_batch_size") or global_batch_size // replicas
                 ),
                 global_batch_size=global_batch_size,
                 samples_per_sec=samples_per_sec,
                 speedup=speedup,
-                efficiency=speedup / replicas,
+                efficiency=efficiency,
                 ideal_speedup=replicas,
             )
         )
     rows.sort(key=lambda row: (row.replicas, _natural_key(row.run)))
     return Summary(
         rows=tuple(rows),
-        baseline_samples_per_sec=baseline,
+        baseline_samples_per_sec=common_baseline,
         baseline_source=source,
         notes=tuple(notes),
     )

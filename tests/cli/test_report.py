@@ -17,12 +17,12 @@ from keras_scaling.cli._table import format_table
 
 
 def _write_run(directory, replicas, samples_per_sec, per_replica_batch_size=32,
-               baseline_samples_per_sec=None):
+               baseline_samples_per_sec=None, speedup=None, efficiency=None):
     os.makedirs(directory, exist_ok=True)
     record = {
         "version": 1,
         "samples_per_sec": samples_per_sec,
-        "steps_per_sec": samples_per_sec / (per_replica_batch_size * replicas),
+        "steps_per_sec": samples_per_sec and samples_per_sec / (per_replica_batch_size * replicas),
         "step_time_s": {"p10": 0.01, "p50": 0.011, "p90": 0.012},
         "num_replicas": replicas,
         "num_workers": 1,
@@ -33,8 +33,8 @@ def _write_run(directory, replicas, samples_per_sec, per_replica_batch_size=32,
         "strategy": "MirroredStrategy",
         "baseline_samples_per_sec": baseline_samples_per_sec,
         "baseline_source": "given" if baseline_samples_per_sec else None,
-        "speedup": None,
-        "efficiency": None,
+        "speedup": speedup,
+        "efficiency": efficiency,
         "steps_measured": 40,
         "startup_time_s": 1.5,
     }
@@ -80,6 +80,8 @@ def test_without_a_one_replica_run_each_run_uses_its_recorded_baseline(tmp_path)
     _write_run(tmp_path / "a", 2, 1500.0, baseline_samples_per_sec=1000.0)
     _write_run(tmp_path / "b", 4, 2000.0, baseline_samples_per_sec=800.0)
     _write_run(tmp_path / "c", 8, 4000.0)
+    _write_run(tmp_path / "d", 16, 6000.0, baseline_samples_per_sec=500.0,
+               speedup=12.0, efficiency=0.75)
 
     summary = _scaling.summarize(_scaling.find_runs(tmp_path)[0])
 
@@ -88,6 +90,7 @@ def test_without_a_one_replica_run_each_run_uses_its_recorded_baseline(tmp_path)
     assert summary.rows[1].speedup == 2.5
     assert summary.rows[1].efficiency == 2.5 / 4
     assert math.isnan(summary.rows[2].speedup)
+    assert (summary.rows[3].speedup, summary.rows[3].efficiency) == (12.0, 0.75)
     assert any("c has no baseline" in note for note in summary.notes)
 
 
@@ -137,6 +140,17 @@ def test_report_skips_unreadable_files_and_says_which(sweep):
     assert "skipped" in result.stderr and "broken" in result.stderr
     assert "replicas_2" in result.stdout
     assert (sweep / "plot.png").stat().st_size > 1000
+
+
+def test_a_run_too_short_to_measure_is_skipped_with_the_reason(sweep):
+    _write_run(sweep / "short", 2, None)
+
+    runs, problems = _scaling.find_runs(sweep)
+
+    assert [run.name for run in runs] == [
+        os.path.join("more", "replicas_4"), "replicas_1", "replicas_2"
+    ]
+    assert len(problems) == 1 and "holds no measured samples_per_sec" in problems[0]
 
 
 def test_report_on_a_directory_without_runs_exits_2(tmp_path):
