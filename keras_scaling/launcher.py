@@ -285,6 +285,9 @@ def launch(
     - Signals go to each worker's whole process group, so processes a worker
       started are stopped too, and none is left running when this returns.
 
+    The launcher handles SIGINT and SIGTERM only when called from the main
+    thread (Python delivers signals there alone).
+
     Args:
         command: list of str, the program and its arguments.
         num_workers: int, the number of workers, at least 1.
@@ -304,7 +307,8 @@ def launch(
     Returns:
         A `LaunchResult`: `exit_code` is 0 when every worker succeeded, the
         first failed worker's status otherwise (128 + N for signal N), 130
-        after Ctrl-C; `message` says which worker failed and how.
+        after Ctrl-C (143 after SIGTERM); `message` says which worker failed
+        and how.
 
     Raises:
         TypeError, ValueError: an argument is invalid, or the command cannot
