@@ -27,6 +27,8 @@ def add_parser(subparsers):
     parser = subparsers.add_parser(
         "launch",
         help="run a training command as N local workers (TF_CONFIG set for each)",
+        usage="%(prog)s --workers N [--cpu-devices K] [--port-base P] "
+        "[--grace-period SECONDS] -- COMMAND ...",
         description=_DESCRIPTION,
         epilog=_EXAMPLE,
         formatter_class=argparse.RawDescriptionHelpFormatter,
