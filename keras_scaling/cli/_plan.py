@@ -164,7 +164,8 @@ class CpuThreads:
         per = "thread" if self.threads_per_replica == 1 else "threads"
         text = (
             f"CPU thread pools: each replica has {self.threads_per_replica} intra-op "
-            f"{per} of its own ({self.cores} cores // {self.largest_count} replicas), "
+            f"{per} of its own ({self.cores} cores // {self.largest_count}, the "
+            "largest replica count), "
             f"so N replicas use N x {self.threads_per_replica} of the {self.cores} "
             "cores, like N devices."
         )

@@ -321,9 +321,15 @@ def _run_point(args, point, index, total, log_dir, baseline, cpu_threads):
     elapsed_s = time.perf_counter() - start_s
     throughput_path = os.path.join(run_dir, _scaling.THROUGHPUT_FILE)
     if returncode == 0 and os.path.exists(throughput_path):
-        samples_per_sec = _scaling.read_run(throughput_path, run_dir).throughput[
-            "samples_per_sec"
-        ]
+        try:
+            run = _scaling.read_run(throughput_path, run_dir)
+        except ValueError as error:
+            progress.abort()
+            raise UsageError(
+                f"the run with {point.replicas} replica(s) gave no throughput figure "
+                f"({error}); pass more --steps than {args.steps}"
+            ) from None
+        samples_per_sec = run.throughput["samples_per_sec"]
         progress.finish(f"{samples_per_sec:.1f} samples/sec ({elapsed_s:.0f} s)")
         return 0
     progress.abort()

@@ -137,6 +137,18 @@ def test_a_failing_replica_count_is_named_with_its_stderr_tail(tmp_path):
     assert "RuntimeError: this model cannot be built" in result.stderr
 
 
+def test_too_few_steps_to_measure_exits_2_asking_for_more(tmp_path):
+    result = _bench(
+        "--cpu-devices", "1", "--steps", "3", "--per-replica-batch", "8",
+        "--logdir", tmp_path / "logs",
+    )
+
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "the run with 1 replica(s) gave no throughput figure" in result.stderr
+    assert "pass more --steps than 3" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def test_an_earlier_bench_in_logdir_is_not_overwritten_without_asking(tmp_path):
     (tmp_path / "replicas_1").mkdir()
 
