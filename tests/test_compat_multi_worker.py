@@ -1,8 +1,11 @@
 """keras_scaling.compat under MultiWorkerMirroredStrategy: 2 local workers on 127.0.0.1.
 
 Each worker is its own process (`tests/workers/compat_worker.py`) with its
-own `TF_CONFIG`; on CPU a multi-worker strategy has one replica per worker.
-The workers run once for the whole module; every test reads what they wrote.
+own `TF_CONFIG` and 1 or 2 logical CPUs (`KERAS_SCALING_CPU_DEVICES`, as
+`keras-scaling launch --cpu-devices` sets it): one replica per worker, where
+Keras sees each worker's values as plain tensors, and two, where it sees
+per-replica values. The workers run once per CPU count; every test reads what
+they wrote.
 """
 
 import json
@@ -36,23 +39,25 @@ def free_ports(count):
             sock.close()
 
 
-def worker_env(index, addresses):
+def worker_env(index, addresses, cpus_per_worker):
     env = {
         key: value
         for key, value in os.environ.items()
-        if key not in ("KERAS_SCALING_NO_COMPAT", "KERAS_SCALING_CPU_DEVICES")
+        if key != "KERAS_SCALING_NO_COMPAT"
     }
     env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    env["KERAS_SCALING_CPU_DEVICES"] = str(cpus_per_worker)
     env["TF_CONFIG"] = json.dumps(
         {"cluster": {"worker": addresses}, "task": {"type": "worker", "index": index}}
     )
     return env
 
 
-@pytest.fixture(scope="module")
-def workers(tmp_path_factory):
+@pytest.fixture(scope="module", params=[1, 2], ids=["1cpu_per_worker", "2cpus_per_worker"])
+def workers(request, tmp_path_factory):
     """Runs the workers to the end; returns (output dir, per-worker reports)."""
-    out_dir = tmp_path_factory.mktemp("compat_workers")
+    cpus_per_worker = request.param
+    out_dir = tmp_path_factory.mktemp(f"compat_workers_{cpus_per_worker}cpu")
     addresses = [f"127.0.0.1:{port}" for port in free_ports(NUM_WORKERS)]
     processes = []
     try:
@@ -61,7 +66,7 @@ def workers(tmp_path_factory):
             processes.append(
                 subprocess.Popen(
                     [sys.executable, str(WORKER_SCRIPT), str(out_dir)],
-                    env=worker_env(index, addresses),
+                    env=worker_env(index, addresses, cpus_per_worker),
                     stdout=log,
                     stderr=subprocess.STDOUT,
                 )
@@ -90,15 +95,15 @@ def workers(tmp_path_factory):
         json.loads((out_dir / f"worker{index}.json").read_text())
         for index in range(NUM_WORKERS)
     ]
-    return out_dir, reports
+    return out_dir, reports, cpus_per_worker
 
 
 def test_fit_evaluate_predict_work_on_two_workers(workers):
-    _, reports = workers
+    _, reports, cpus_per_worker = workers
 
     for report in reports:
-        assert report["strategy"] == "CollectiveAllReduceStrategy"
-        assert report["num_replicas"] == NUM_WORKERS
+        assert report["strategy"] == "MultiWorkerMirroredStrategy"
+        assert report["num_replicas"] == NUM_WORKERS * cpus_per_worker
         assert report["iterations"] == EPOCHS * STEPS_PER_EPOCH
         assert report["loss"][1] < report["loss"][0]
         assert np.isfinite(report["evaluate"]["loss"])
@@ -107,7 +112,7 @@ def test_fit_evaluate_predict_work_on_two_workers(workers):
 
 
 def test_workers_end_with_bitwise_identical_weights(workers):
-    out_dir, _ = workers
+    out_dir, _, _ = workers
     weight_files = sorted(out_dir.glob("worker0_weight*.npy"))
 
     assert len(weight_files) == 4
@@ -117,7 +122,7 @@ def test_workers_end_with_bitwise_identical_weights(workers):
 
 
 def test_keras_still_needs_the_symbolic_build_fix(workers):
-    _, reports = workers
+    _, reports, _ = workers
 
     for report in reports:
         error = report["defects"]["symbolic_build"]
@@ -131,7 +136,7 @@ def test_keras_still_needs_the_symbolic_build_fix(workers):
 
 
 def test_keras_still_needs_the_scalar_reduce_fix(workers):
-    _, reports = workers
+    _, reports, _ = workers
 
     for report in reports:
         error = report["defects"]["scalar_reduce"]

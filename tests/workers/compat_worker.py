@@ -66,7 +66,7 @@ def main(out_dir):
     index = devices.worker_index(strategy)
     x, y = make_data()
     report = {
-        "strategy": type(strategy).__name__,
+        "strategy": devices.strategy_kind(strategy),
         "num_replicas": strategy.num_replicas_in_sync,
         "active_fixes": list(compat.status().active),
     }
