@@ -278,7 +278,9 @@ def launch(
     - When a worker fails (non-zero status, or killed by a signal), the
       others get SIGTERM, then SIGKILL after `grace_period_s`: they may be
       blocked in a collective operation that can never complete, so they are
-      stopped, not waited for.
+      stopped, not waited for. (TensorFlow's multi-worker runtime takes
+      SIGTERM as a preemption notice and keeps running, so it is usually the
+      SIGKILL that stops such a worker.)
     - On SIGINT (Ctrl-C) or SIGTERM, the launcher forwards that signal to
       every worker, then sends SIGTERM and finally SIGKILL, each after
       `grace_period_s`. A second Ctrl-C skips the wait.

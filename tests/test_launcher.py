@@ -398,3 +398,34 @@ def test_ctrl_c_is_forwarded_to_every_worker_and_nothing_is_left(tmp_path):
     ]
     assert "keras-scaling launch: interrupted by SIGINT; stopped the workers" in err
     assert not any(is_running(pid) for pid in workers + children)
+
+
+def test_a_second_ctrl_c_kills_the_workers_without_waiting(tmp_path):
+    worker_code = WORKER_PRELUDE + textwrap.dedent(
+        """
+        # Like a worker stuck in a collective operation: deaf to both signals.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        time.sleep(120)
+        """
+    )
+    launch_process = subprocess.Popen(
+        [sys.executable, "-m", "keras_scaling", "launch", "--workers", "2",
+         "--grace-period", "60", "--", sys.executable, "-c", worker_code,
+         str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        workers = wait_for_files([tmp_path / "worker0", tmp_path / "worker1"])
+        launch_process.send_signal(signal.SIGINT)
+        time.sleep(0.5)
+        launch_process.send_signal(signal.SIGINT)
+        # Well within the 60 s grace period it would otherwise wait, twice.
+        launch_process.communicate(timeout=30)
+    finally:
+        launch_process.kill()
+        launch_process.wait()
+    assert launch_process.returncode == 128 + signal.SIGINT
+    assert not any(is_running(pid) for pid in workers)
