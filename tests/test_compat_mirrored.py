@@ -136,6 +136,24 @@ def test_predict_returns_one_row_per_sample_in_order(replicas, steps_per_executi
     )
 
 
+@pytest.mark.logical_cpus(2)
+def test_fused_steps_stop_at_the_end_of_a_dataset_of_unknown_length():
+    strategy = mirrored_strategy(2)
+    x, y = make_data()
+    # `filter` hides the length: the last execution finds 2 batches, and the
+    # call after it finds none and ends the epoch.
+    dataset = (
+        tf.data.Dataset.from_tensor_slices((x, y))
+        .batch(GLOBAL_BATCH_SIZE)
+        .filter(lambda *batch: True)
+    )
+    model = make_model(strategy, 5)
+
+    model.fit(dataset, epochs=EPOCHS, verbose=0)
+
+    assert int(model.optimizer.iterations.numpy()) == EPOCHS * STEPS_PER_EPOCH
+
+
 @pytest.mark.parametrize("replicas", REPLICAS)
 def test_enable_for_with_model_fixes_the_fit_in_progress(replicas):
     strategy = mirrored_strategy(replicas)

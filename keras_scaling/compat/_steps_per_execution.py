@@ -99,7 +99,9 @@ def _fused_function(self, step_function, keras_function):
     Keras' own loop semantics are kept: an execution reads at most
     `steps_per_execution` batches, stops early when the iterator runs out
     (the partial last execution), returns the outputs of its last step, and
-    raises `StopIteration` when it finds no batch at all.
+    raises `StopIteration` when it finds no batch at all. The loop is not
+    unrolled (`model.unrolled_steps_per_execution` is not used): unrolled
+    copies of the step would each need a `tf.cond` guard again.
     """
 
     def one_step_on_data(data):
