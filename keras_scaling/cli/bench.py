@@ -1,6 +1,7 @@
 """`keras-scaling bench`: the speedup table of your model over replica counts."""
 
 import argparse
+import dataclasses
 import json
 import os
 import re
@@ -136,8 +137,73 @@ def add_parser(subparsers):
     return parser
 
 
+@dataclasses.dataclass(frozen=True)
+class _Sweep:
+    """What the bench will run: counts, batch sizes, devices and thread pools."""
+
+    points: list
+    device_kind: str
+    num_devices: int
+    scaling: str
+    cpu_threads: _plan.CpuThreads = None
+
+    @property
+    def replica_counts(self):
+        return [point.replicas for point in self.points]
+
+
 def run(args):
     """Runs the sweep of `args`; returns the exit status."""
+    sweep = _plan_sweep(args)
+    log_dir = _prepare_log_dir(args.logdir, args.overwrite)
+    print(
+        f"Bench: model {args.model}, {sweep.scaling} scaling, {args.steps} steps per "
+        f"count, replicas {', '.join(map(str, sweep.replica_counts))} on "
+        f"{sweep.device_kind}"
+    )
+    if sweep.num_devices == 1 and not args.cpu_devices:
+        print("Only one device: pass --cpu-devices N to sweep over N logical CPUs.")
+    if sweep.cpu_threads is not None:
+        print(sweep.cpu_threads.describe())
+    print(f"Logs: {log_dir}", flush=True)
+
+    # The 1-replica count runs first; every later count's ThroughputLogger
+    # takes its throughput.json as the baseline, so the table's speedup and
+    # the logged one are the same figure.
+    baseline = "auto" if 1 in sweep.replica_counts else "measure"
+    runs = []
+    for index, point in enumerate(sweep.points, start=1):
+        run_or_status = _run_point(args, sweep, point, index, log_dir, baseline)
+        if isinstance(run_or_status, int):
+            return run_or_status
+        runs.append(run_or_status)
+        if point.replicas == 1:
+            baseline = run_or_status.path
+
+    summary = _scaling.summarize(runs)
+    table = format_table(summary.rows)
+    print()
+    print(table)
+    print(f"\nSpeedup over {summary.baseline_source}.")
+    for note in summary.notes:
+        print(f"Note: {note}.")
+    if sweep.cpu_threads is not None and sweep.cpu_threads.oversubscribed:
+        cores = sweep.cpu_threads.cores
+        print(
+            f"WARNING: counts above {cores} replicas exceed the {cores} cores; "
+            "their figures are not meaningful."
+        )
+    _write_results(log_dir, summary, table, args, sweep)
+    print(
+        f"\nWrote {os.path.join(log_dir, 'scaling.json')} and "
+        f"{os.path.join(log_dir, 'scaling.png')}."
+    )
+    print(f"Open TensorBoard: tensorboard --logdir {shlex.quote(log_dir)}")
+    return 0
+
+
+def _plan_sweep(args):
+    """Checks the arguments and plans the sweep; raises `UsageError`."""
     _models.check_spec(args.model)
     num_devices, device_kind = _count_devices(args.cpu_devices)
     if args.replicas is None:
@@ -155,64 +221,13 @@ def run(args):
     cpu_threads = None
     if args.cpu_devices:
         cpu_threads = _plan.plan_cpu_threads(replica_counts, _plan.available_cores())
-    log_dir = _prepare_log_dir(args.logdir, args.overwrite)
-    scaling = "strong" if args.global_batch else "weak"
-
-    print(
-        f"Bench: model {args.model}, {scaling} scaling, {args.steps} steps per count, "
-        f"replicas {', '.join(map(str, replica_counts))} on {device_kind}"
+    return _Sweep(
+        points=points,
+        device_kind=device_kind,
+        num_devices=num_devices,
+        scaling="strong" if args.global_batch else "weak",
+        cpu_threads=cpu_threads,
     )
-    if num_devices == 1 and not args.cpu_devices:
-        print("Only one device: pass --cpu-devices N to sweep over N logical CPUs.")
-    if cpu_threads is not None:
-        print(cpu_threads.describe())
-    print(f"Logs: {log_dir}", flush=True)
-
-    baseline = "auto" if 1 in replica_counts else "measure"
-    for index, point in enumerate(points, start=1):
-        status = _run_point(args, point, index, len(points), log_dir, baseline, cpu_threads)
-        if status:
-            return status
-        if point.replicas == 1:
-            baseline = os.path.join(
-                log_dir, _RUN_DIR.format(1), _scaling.THROUGHPUT_FILE
-            )
-
-    runs = [
-        _scaling.read_run(
-            os.path.join(log_dir, _RUN_DIR.format(point.replicas), _scaling.THROUGHPUT_FILE),
-            _RUN_DIR.format(point.replicas),
-        )
-        for point in points
-    ]
-    summary = _scaling.summarize(runs)
-    table = format_table(summary.rows)
-    title = f"{args.model}, {scaling} scaling on {device_kind}"
-    print()
-    print(table)
-    print(f"\nSpeedup over {summary.baseline_source}.")
-    for note in summary.notes:
-        print(f"Note: {note}.")
-    if cpu_threads is not None and cpu_threads.oversubscribed:
-        print(
-            f"WARNING: counts above {cpu_threads.cores} replicas exceed the "
-            f"{cpu_threads.cores} cores; their figures are not meaningful."
-        )
-    setup = {
-        "title": title,
-        "model": args.model,
-        "scaling": scaling,
-        "device_kind": device_kind,
-        "steps": args.steps,
-        "steps_per_execution": args.steps_per_execution,
-        "cpu_cores": cpu_threads.cores if cpu_threads else None,
-        "cpu_threads_per_replica": cpu_threads.threads_per_replica if cpu_threads else None,
-    }
-    _write_results(log_dir, summary, table, title, setup)
-    print(f"\nWrote {os.path.join(log_dir, 'scaling.json')} and "
-          f"{os.path.join(log_dir, 'scaling.png')}.")
-    print(f"Open TensorBoard: tensorboard --logdir {shlex.quote(log_dir)}")
-    return 0
 
 
 def _count_devices(cpu_devices):
@@ -264,8 +279,8 @@ def _earlier_results(log_dir):
     )
 
 
-def _run_point(args, point, index, total, log_dir, baseline, cpu_threads):
-    """Trains one count in a child process; returns 0, or the bench's exit status."""
+def _run_point(args, sweep, point, index, log_dir, baseline):
+    """Trains one count in a child process; returns its `Run`, or an exit status."""
     run_dir = os.path.join(log_dir, _RUN_DIR.format(point.replicas))
     os.makedirs(run_dir, exist_ok=True)
     command = [
@@ -281,16 +296,16 @@ def _run_point(args, point, index, total, log_dir, baseline, cpu_threads):
         f"--baseline={baseline}",
         f"--seed={args.seed}",
     ]
-    if cpu_threads is not None:
+    if sweep.cpu_threads is not None:
         command += [
             "--cpu-devices",
-            f"--intra-op-threads={cpu_threads.intra_op_threads()}",
-            f"--inter-op-threads={cpu_threads.inter_op_threads(point.replicas)}",
+            f"--intra-op-threads={sweep.cpu_threads.intra_op_threads()}",
+            f"--inter-op-threads={sweep.cpu_threads.inter_op_threads(point.replicas)}",
         ]
     env = dict(os.environ)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     log_path = os.path.join(run_dir, _WORKER_LOG)
-    progress = _Progress(index, total, point, args.steps)
+    progress = _Progress(index, len(sweep.points), point, args.steps)
     start_s = time.perf_counter()
     # Both streams append to one file: the child's stderr directly, its other
     # stdout lines through the parent, which keeps only progress for itself.
@@ -322,7 +337,7 @@ def _run_point(args, point, index, total, log_dir, baseline, cpu_threads):
     throughput_path = os.path.join(run_dir, _scaling.THROUGHPUT_FILE)
     if returncode == 0 and os.path.exists(throughput_path):
         try:
-            run = _scaling.read_run(throughput_path, run_dir)
+            run = _scaling.read_run(throughput_path, _RUN_DIR.format(point.replicas))
         except ValueError as error:
             progress.abort()
             raise UsageError(
@@ -331,7 +346,7 @@ def _run_point(args, point, index, total, log_dir, baseline, cpu_threads):
             ) from None
         samples_per_sec = run.throughput["samples_per_sec"]
         progress.finish(f"{samples_per_sec:.1f} samples/sec ({elapsed_s:.0f} s)")
-        return 0
+        return run
     progress.abort()
     lines = _tail(log_path)
     usage = [
@@ -414,10 +429,22 @@ class _Progress:
         self._last = text
 
 
-def _write_results(log_dir, summary, table, title, setup):
+def _write_results(log_dir, summary, table, args, sweep):
     """scaling.json, scaling.png, and the plot and table in TensorBoard."""
     from keras_scaling import _tensorboard
 
+    title = f"{args.model}, {sweep.scaling} scaling on {sweep.device_kind}"
+    threads = sweep.cpu_threads
+    setup = {
+        "title": title,
+        "model": args.model,
+        "scaling": sweep.scaling,
+        "device_kind": sweep.device_kind,
+        "steps": args.steps,
+        "steps_per_execution": args.steps_per_execution,
+        "cpu_cores": threads.cores if threads else None,
+        "cpu_threads_per_replica": threads.threads_per_replica if threads else None,
+    }
     with open(os.path.join(log_dir, "scaling.json"), "w", encoding="utf-8") as file:
         json.dump(_scaling.summary_to_json(summary, **setup), file, indent=2)
         file.write("\n")
