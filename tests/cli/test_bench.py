@@ -79,6 +79,56 @@ def test_more_replicas_than_cores_is_flagged_not_meaningful():
     assert "not meaningful" in threads.describe()
 
 
+# Models and their synthetic data.
+
+
+def test_a_model_the_bench_compiles_gets_sgd_and_mean_squared_error():
+    import keras
+
+    from keras_scaling.cli import _models
+
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    _models.compile_for_bench(model, "my.models:build", steps_per_execution=1)
+    x, y = _models.synthetic_data(model, 8)
+
+    assert isinstance(model.optimizer, keras.optimizers.SGD)
+    assert model.loss == "mean_squared_error"
+    assert x.shape == (8, 3) and y.shape == (8, 2) and y.dtype == "float32"
+
+
+@pytest.mark.parametrize(
+    "loss, expected",
+    [("sparse_categorical_crossentropy", "labels"), ("categorical_crossentropy", "one_hot")],
+)
+def test_synthetic_targets_follow_the_loss_of_a_compiled_model(loss, expected):
+    import keras
+    import numpy as np
+
+    from keras_scaling.cli import _models
+
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(5, activation="softmax")])
+    model.compile(optimizer="sgd", loss=loss)
+    _models.compile_for_bench(model, "my.models:build", steps_per_execution=1)
+    _, y = _models.synthetic_data(model, 64)
+
+    assert model.loss == loss  # a compiled model is trained as compiled
+    if expected == "labels":
+        assert y.shape == (64,) and set(np.unique(y)) <= set(range(5))
+    else:
+        assert y.shape == (64, 5) and (y.sum(axis=1) == 1).all()
+
+
+def test_a_model_without_known_input_shapes_is_refused():
+    import keras
+
+    from keras_scaling.cli import _models
+
+    model = keras.Sequential([keras.layers.Dense(2)])
+
+    with pytest.raises(UsageError, match="no defined inputs"):
+        _models.synthetic_data(model, 8)
+
+
 # Bad input: a message naming the problem, exit status 2, no traceback.
 
 
