@@ -192,3 +192,11 @@ def test_per_replica_batch_is_derived_from_the_global_batch():
 def test_global_batch_not_divisible_by_the_replicas_is_refused():
     with pytest.raises(ValueError, match="global_batch_size=100 is not divisible by the 3 replicas"):
         data.distribute(np.arange(200), strategy=_mirrored(3), global_batch_size=100)
+
+
+@pytest.mark.logical_cpus(3)
+def test_the_strategy_defaults_to_the_one_in_scope():
+    strategy = _mirrored(3)
+    with strategy.scope():
+        plan = data.plan_of(data.distribute(np.arange(60), per_replica_batch_size=4))
+    assert (plan.num_replicas, plan.global_batch_size, plan.strategy) == (3, 12, "MirroredStrategy")
