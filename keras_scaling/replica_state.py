@@ -429,8 +429,6 @@ class ReplicaSyncReport:
         num_variables: variables compared.
         variables: a `VariableReport` for every variable whose copies
             differ, in every tier.
-        non_finite_everywhere: paths of variables that hold NaN or Inf on
-            every replica alike (not a divergence, but worth knowing).
 
     Its `str` is a readable multi-line summary. `ok` is true when no
     variable diverged.
@@ -441,7 +439,6 @@ class ReplicaSyncReport:
     num_workers: int
     num_variables: int
     variables: tuple = ()
-    non_finite_everywhere: tuple = ()
 
     def _tier(self, tier):
         return tuple(v for v in self.variables if v.tier == tier)
@@ -485,11 +482,6 @@ class ReplicaSyncReport:
         )
         lines = [head]
         lines += [str(v) for v in self.divergences + self.float_drift + self.per_replica_state]
-        if self.non_finite_everywhere:
-            lines.append(
-                "NaN/Inf on every replica alike in: "
-                + ", ".join(self.non_finite_everywhere)
-            )
         return "\n".join(lines)
 
 
@@ -517,8 +509,7 @@ class ReplicaStateChecker:
     the fingerprint tables of all replicas are gathered with the replica
     context's `all_gather`, across workers too: every worker gets the same
     table and reaches the same verdict. Only the variables whose
-    fingerprints differ (or hold NaN/Inf) are gathered in full to measure
-    the differences. Under several workers, `check()`, `resync()` and
+    fingerprints differ are gathered in full to measure the differences. Under several workers, `check()`, `resync()` and
     per-replica-state averaging are collective: every worker must call them
     at the same point, as a callback triggered by the optimizer step does.
 
@@ -580,9 +571,9 @@ class ReplicaStateChecker:
         return fingerprint_all
 
     def fingerprints(self):
-        """The int64 table `[num_replicas, num_variables, 2]` of fingerprints."""
+        """The int64 table `[num_replicas, num_variables]` of fingerprints."""
         if not self.variables:
-            return np.zeros([self.num_replicas, 0, len(_fingerprint.FIELDS)], np.int64)
+            return np.zeros([self.num_replicas, 0], np.int64)
         if self._fingerprint_function is None:
             self._fingerprint_function = self._build_fingerprint_function()
         table = self._fingerprint_function()
@@ -637,19 +628,15 @@ class ReplicaStateChecker:
             step: int, the optimizer step to put in the report.
         """
         table = self.fingerprints()
-        word_sums = table[:, :, _fingerprint.WORD_SUM]
-        non_finite = table[:, :, _fingerprint.NON_FINITE]
-        differ = np.any(word_sums != word_sums[:1], axis=0)
-        flagged = np.any(non_finite != 0, axis=0)
-        suspects = [int(i) for i in np.flatnonzero(differ | flagged)]
+        suspects = [int(i) for i in np.flatnonzero(np.any(table != table[:1], axis=0))]
         copies_by_index = dict(zip(suspects, self.gather(suspects)))
-        reports, non_finite_everywhere = [], []
+        reports = []
         for index in suspects:
             variable, copies = self.variables[index], copies_by_index[index]
             difference = compare_copies(copies, self.atol, self.rtol)
             if not difference.differing_replicas:
-                if any(difference.nan_counts) or any(difference.inf_counts):
-                    non_finite_everywhere.append(variable.path)
+                # Fingerprints are deterministic (an integer sum): the copies
+                # were assigned between the fingerprints and the gather.
                 continue
             tier = self._tier(variable, difference)
             repair = None
@@ -679,7 +666,6 @@ class ReplicaStateChecker:
             num_workers=self.num_workers,
             num_variables=len(self.variables),
             variables=tuple(reports),
-            non_finite_everywhere=tuple(non_finite_everywhere),
         )
 
     def resync(self, report):

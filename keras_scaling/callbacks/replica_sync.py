@@ -319,12 +319,6 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
                 self.rtol,
                 "\n".join(str(v) for v in report.float_drift),
             )
-        if report.non_finite_everywhere:
-            logger.warning(
-                "ReplicaSyncCheck at step %d: NaN/Inf on every replica in %s",
-                report.step,
-                ", ".join(report.non_finite_everywhere),
-            )
         if report.ok:
             return
         if self.on_divergence == "raise":
