@@ -6,6 +6,7 @@ writes to, so keras_scaling's scalars sit beside the loss.
 
 import os
 import threading
+import time
 
 import tensorflow as tf
 
@@ -62,6 +63,56 @@ def write_scalars(log_dir, step, scalars):
             tf.summary.scalar(tag, float(value), step=int(step))
 
 
+def write_scalars_fast(log_dir, step, scalars):
+    """Writes `{tag: float}` at `step` to `log_dir/train`, without TensorFlow ops.
+
+    Same events as `write_scalars` (scalar-plugin tensors), for figures written
+    while training: building the event in Python and handing it to
+    TensorBoard's background file writer costs tens of microseconds, where a
+    `tf.summary.scalar` op costs about a millisecond. The events go to an event
+    file of their own in `log_dir/train`; `flush(log_dir)` flushes it too.
+    """
+    from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, types_pb2
+
+    summary_writer, tags_seen = _python_writer(log_dir)
+    values = []
+    for tag, value in scalars.items():
+        summary_value = summary_pb2.Summary.Value(
+            tag=tag,
+            tensor=tensor_pb2.TensorProto(dtype=types_pb2.DT_FLOAT, float_val=[float(value)]),
+        )
+        if tag not in tags_seen:
+            # TensorBoard needs the plugin metadata on a tag's first event only.
+            summary_value.metadata.CopyFrom(_scalar_metadata())
+            tags_seen.add(tag)
+        values.append(summary_value)
+    summary_writer.add_event(
+        event_pb2.Event(
+            wall_time=time.time(), step=int(step), summary=summary_pb2.Summary(value=values)
+        )
+    )
+
+
+_python_writers = {}
+
+
+def _python_writer(log_dir):
+    """TensorBoard's pure-Python event writer of `log_dir/train`, and its tags."""
+    from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+    path = os.path.abspath(train_dir(log_dir))
+    with _lock:
+        if path not in _python_writers:
+            _python_writers[path] = (EventFileWriter(path), set())
+        return _python_writers[path]
+
+
+def _scalar_metadata():
+    from tensorboard.plugins.scalar import metadata
+
+    return metadata.create_summary_metadata(display_name=None, description=None)
+
+
 def write_text(log_dir, step, tag, markdown):
     """Writes a Markdown text summary to `log_dir/train`."""
     with tf.init_scope(), writer(log_dir).as_default():
@@ -91,6 +142,9 @@ def flush(log_dir):
     path = os.path.abspath(train_dir(log_dir))
     with _lock:
         summary_writer = _writers.get(path)
+        python_writer = _python_writers.get(path)
     if summary_writer is not None:
         with tf.init_scope():
             summary_writer.flush()
+    if python_writer is not None:
+        python_writer[0].flush()

@@ -160,6 +160,7 @@ class ThroughputLogger(keras.callbacks.Callback):
         _enable_compat(model)
 
     def on_train_begin(self, logs=None):
+        self._finish_left_over_fits()
         strategy = self.model.distribute_strategy
         _enable_compat(self.model)
         self._info = devices.describe_strategy(strategy)
@@ -202,6 +203,7 @@ class ThroughputLogger(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         if logs is not None and getattr(self, "_epoch_duration_s", 0.0) > 0:
             logs["samples_per_sec"] = self._epoch_samples / self._epoch_duration_s
+        self._advise()
         self._save()
 
     def on_train_end(self, logs=None):
@@ -279,7 +281,8 @@ class ThroughputLogger(keras.callbacks.Callback):
             scalars["scaling/efficiency"] = figures.efficiency
             scalars["scaling/ideal_speedup"] = figures.ideal_speedup
         self._write(scalars, interval.end_iterations)
-        self._advise()
+        if len(self._stats) == _ADVICE_AFTER_INTERVALS:
+            self._advise()
 
     def _scaling(self, samples_per_sec):
         """`Scaling` of a throughput figure, or None without a baseline."""
@@ -431,7 +434,7 @@ class ThroughputLogger(keras.callbacks.Callback):
             self._last_written_step = _last_step_in_event_files(self.log_dir)
         if step <= self._last_written_step:
             return
-        _tensorboard.write_scalars(self.log_dir, step, scalars)
+        _tensorboard.write_scalars_fast(self.log_dir, step, scalars)
         self._last_written_step = step
 
     def _record(self):
@@ -509,6 +512,22 @@ class ThroughputLogger(keras.callbacks.Callback):
     # try/finally), so a wrapper around the train function saves what was
     # measured when a step raises, Ctrl-C included; atexit covers the rest.
 
+    def _finish_left_over_fits(self):
+        """Saves for loggers whose fit raised outside a step, now it is over.
+
+        A fit of this model is starting, so any guard still wrapping its train
+        function belongs to a fit that ended by an exception, unless it is
+        another logger of this same fit (its callbacks share `params`).
+        """
+        while True:
+            top = self.model.train_function
+            owner = getattr(top, "_keras_scaling_logger", None)
+            if owner is None or (owner is not self and owner.params is self.params):
+                return
+            owner._finish()
+            if self.model.train_function is top:
+                return
+
     def _attach_guard(self):
         original = self.model.train_function
         self._guard_original = original
@@ -527,6 +546,7 @@ class ThroughputLogger(keras.callbacks.Callback):
                 self._finish()
                 raise
 
+        guarded_train_function._keras_scaling_logger = self
         self._guard = guarded_train_function
         self.model.train_function = guarded_train_function
 
@@ -538,7 +558,11 @@ class ThroughputLogger(keras.callbacks.Callback):
     # Advice.
 
     def _advise(self):
-        if len(self._stats) < _ADVICE_AFTER_INTERVALS or not self._info.is_chief:
+        if (
+            len(self._stats) < _ADVICE_AFTER_INTERVALS
+            or not self._info.is_chief
+            or self._advised >= {"short_steps", "low_efficiency"}
+        ):
             return
         steady = self._stats.steady_state()
         step_time_s = steady.step_time_p50_s
