@@ -144,8 +144,8 @@ def event_files(log_dir):
 
 
 def writer_pid(event_file):
-    # events.out.tfevents.<time>.<host>.<pid>.<n>.v2
-    return int(os.path.basename(event_file).split(".")[-3])
+    # events.out.tfevents.<time>.<host>.<pid>.<n>, with ".v2" from TensorFlow
+    return int(re.search(r"\.(\d+)\.\d+(?:\.v2)?$", event_file).group(1))
 
 
 # --- fit and evaluate on 2 workers, with the adapter and both callbacks ------
