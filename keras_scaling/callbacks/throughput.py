@@ -58,11 +58,13 @@ class ThroughputLogger(keras.callbacks.Callback):
 
     - Samples are counted from the optimizer's `iterations` times the global
       batch, so `steps_per_execution` > 1, a partial last execution, several
-      `fit` calls and resumed runs count right. The global batch is the
-      data's static batch size times the replicas, or `global_batch_size`.
+      `fit` calls and resumed runs count right. The global batch is
+      `global_batch_size` when given, else the plan of a dataset made by
+      `keras_scaling.data.distribute`, else the data's static batch size times
+      the replicas; when none is known, the first step raises and says so.
     - The counter is read (which waits for the devices to finish their work)
-      once every `update_freq` steps and at the end of each epoch, so the
-      overhead stays small.
+      once every `update_freq` steps and at the last step of each epoch (when
+      Keras knows the epoch's length), so the overhead stays small.
     - Only time between train batches of one epoch counts: validation,
       checkpoints saved at the end of an epoch and the first execution of
       every epoch are left out. The first execution of each `fit` call,
@@ -106,7 +108,7 @@ class ThroughputLogger(keras.callbacks.Callback):
         warmup_steps: int, steps after the first execution of each `fit`
             call that are not measured; default None means 5.
         global_batch_size: int, samples per optimizer step over all replicas;
-            default None reads it from the data's static batch size.
+            default None reads it from the data (see above).
 
     Example:
 
@@ -331,6 +333,10 @@ class ThroughputLogger(keras.callbacks.Callback):
     def _resolve_global_batch_size(self):
         per_replica = _static_batch_size(self._element_spec)
         replicas = self._info.num_replicas
+        if self.global_batch_size is None:
+            planned = _planned_global_batch_size(self._iterator)
+            if planned is not None:
+                return planned
         if self.global_batch_size is not None:
             if per_replica is not None and per_replica * replicas != self.global_batch_size:
                 logger.warning(
@@ -661,6 +667,33 @@ def _static_batch_size(element_spec):
         return None
     (size,) = sizes
     return size
+
+
+def _planned_global_batch_size(iterator):
+    """The global batch of the `keras_scaling.data` plan behind an iterator, or None.
+
+    `fit` distributes the dataset it is given; the datasets TensorFlow derives
+    from it keep it as an input, so the plan is found up that chain.
+    """
+    from keras_scaling import data
+
+    worker_iterators = getattr(iterator, "_iterators", None)
+    source = worker_iterators[0] if worker_iterators else iterator
+    pending = [getattr(source, "_dataset", None)]
+    seen = set()
+    while pending:
+        dataset = pending.pop()
+        if not isinstance(dataset, tf.data.Dataset) or id(dataset) in seen:
+            continue
+        seen.add(id(dataset))
+        plan = data.plan_of(dataset)
+        if plan is not None:
+            return plan.global_batch_size
+        try:
+            pending.extend(dataset._inputs())
+        except Exception:  # pragma: no cover - a dataset type without inputs
+            continue
+    return None
 
 
 def _tracing_count(function):

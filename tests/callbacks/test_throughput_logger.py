@@ -389,6 +389,20 @@ def test_dynamic_batch_size_needs_global_batch_size(mirrored, tmp_path):
     assert (record["global_batch_size"], record["per_replica_batch_size"]) == (32, 16)
 
 
+@pytest.mark.logical_cpus(2)
+def test_global_batch_size_comes_from_the_input_plan(mirrored, tmp_path):
+    x, y = _arrays(200)
+    train = keras_scaling.data.distribute(
+        (x, y), strategy=mirrored, per_replica_batch_size=12, last_batch="partial"
+    )
+    assert train.element_spec[0].shape[0] is None
+    model = _model(mirrored)
+    logger = keras_scaling.ThroughputLogger(tmp_path, baseline=None, update_freq=2)
+    model.fit(train, epochs=2, verbose=0, callbacks=[logger])
+    record = _json(tmp_path)
+    assert (record["global_batch_size"], record["per_replica_batch_size"]) == (24, 12)
+
+
 # --- one replica ------------------------------------------------------------------
 
 
