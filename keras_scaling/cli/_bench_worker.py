@@ -21,7 +21,8 @@ from keras_scaling.cli._errors import UsageError
 PROGRESS_PREFIX = "@progress "
 USAGE_PREFIX = "keras-scaling bench: error: "
 # Each logical CPU device gets its own intra-op pool instead of sharing the
-# process-wide one, so `--intra-op-threads` is a per-replica budget.
+# process-wide one (tensorflow/core/common_runtime/local_device.cc), so
+# `--intra-op-threads` is a per-replica budget.
 THREADPOOL_ENV = "TF_OVERRIDE_GLOBAL_THREADPOOL"
 _DISTINCT_BATCHES = 4
 
@@ -67,6 +68,8 @@ def _configure_tensorflow(args):
     if args.cpu_devices:
         import keras_scaling
 
+        # A sweep over logical CPUs leaves any GPU alone, so no op lands there.
+        tf.config.set_visible_devices([], "GPU")
         devices = keras_scaling.use_logical_cpus(args.replicas)
     else:
         # Only the GPUs this count uses, so the others are left alone.
