@@ -179,12 +179,18 @@ def tracked_variables(model, optimizer=None):
         else:
             add(variable, TRAINABLE if variable.trainable else NON_TRAINABLE)
     if optimizer is not None:
-        iterations = getattr(optimizer, "_iterations", None)
+        # A LossScaleOptimizer wraps the optimizer that counts the steps.
+        optimizers = [optimizer]
+        while getattr(optimizers[-1], "inner_optimizer", None) is not None:
+            optimizers.append(optimizers[-1].inner_optimizer)
+        counters = {id(getattr(o, "_iterations", None)) for o in optimizers}
         accumulators = {
-            id(v) for v in getattr(optimizer, "_accumulated_gradients", None) or ()
+            id(v)
+            for o in optimizers
+            for v in getattr(o, "_accumulated_gradients", None) or ()
         }
         for variable in optimizer.variables:
-            if variable is iterations:
+            if id(variable) in counters:
                 add(variable, OPTIMIZER_ITERATIONS)
             elif id(variable) in accumulators:
                 add(
@@ -505,10 +511,10 @@ class ReplicaStateChecker:
     """Compares every replica's copy of a list of distributed variables.
 
     `check()` runs one compiled function in which every replica fingerprints
-    its own copy of every variable (see `keras_scaling._fingerprint`), and
-    the fingerprint tables of all replicas are gathered with the replica
-    context's `all_gather`, across workers too: every worker gets the same
-    table and reaches the same verdict. Only the variables whose
+    its own copy of every variable (see `keras_scaling._fingerprint`). On one
+    worker the replicas' rows are read locally; across workers they are
+    gathered with the replica context's `all_gather`, so every worker gets
+    the same table and reaches the same verdict. Only the variables whose
     fingerprints differ are gathered in full to measure the differences. Under several workers, `check()`, `resync()` and
     per-replica-state averaging are collective: every worker must call them
     at the same point, as a callback triggered by the optimizer step does.
@@ -553,7 +559,7 @@ class ReplicaStateChecker:
 
     def _build_fingerprint_function(self):
         tf_variables = [v.variable for v in self.variables]
-        strategy = self.strategy
+        strategy, across_workers = self.strategy, self.num_workers > 1
 
         def replica_fn():
             # In replica context, reading a distributed variable reads this
@@ -561,6 +567,8 @@ class ReplicaStateChecker:
             table = _fingerprint.fingerprint_table(
                 [tf.identity(variable) for variable in tf_variables]
             )
+            if not across_workers:
+                return table
             context = tf.distribute.get_replica_context()
             return context.all_gather(table[tf.newaxis], axis=0)
 
@@ -576,8 +584,13 @@ class ReplicaStateChecker:
             return np.zeros([self.num_replicas, 0], np.int64)
         if self._fingerprint_function is None:
             self._fingerprint_function = self._build_fingerprint_function()
-        table = self._fingerprint_function()
-        return self.strategy.experimental_local_results(table)[0].numpy()
+        local = self.strategy.experimental_local_results(self._fingerprint_function())
+        if self.num_workers > 1:
+            return local[0].numpy()
+        # On one worker every replica's row is local: no collective needed.
+        # (Collectives of two MirroredStrategy objects in one process share
+        # instance keys and can clash.)
+        return np.stack([row.numpy() for row in local])
 
     def gather(self, indices):
         """Every replica's copy of `self.variables[i]` for `i` in `indices`.
@@ -588,6 +601,16 @@ class ReplicaStateChecker:
         indices = tuple(indices)
         if not indices:
             return []
+        if self.num_workers == 1:
+            return [
+                [
+                    np.asarray(copy.numpy())
+                    for copy in self.strategy.experimental_local_results(
+                        self.variables[i].variable
+                    )
+                ]
+                for i in indices
+            ]
         if indices not in self._gather_functions:
             tf_variables = [self.variables[i].variable for i in indices]
             strategy = self.strategy
