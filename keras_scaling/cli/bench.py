@@ -269,14 +269,22 @@ def _prepare_log_dir(log_dir, overwrite):
 
 
 def _earlier_results(log_dir):
+    """The files and directories an earlier bench left in `log_dir`.
+
+    `train` counts only beside a `scaling.json`: without one it may hold a
+    user's own TensorBoard logs.
+    """
     if not os.path.isdir(log_dir):
         return []
-    return sorted(
+    names = set(os.listdir(log_dir))
+    earlier = {
         name
-        for name in os.listdir(log_dir)
-        if _RUN_DIR_PATTERN.fullmatch(name)
-        or name in ("train", "scaling.json", "scaling.png")
-    )
+        for name in names
+        if _RUN_DIR_PATTERN.fullmatch(name) or name in ("scaling.json", "scaling.png")
+    }
+    if "scaling.json" in names and "train" in names:
+        earlier.add("train")
+    return sorted(earlier)
 
 
 def _run_point(args, sweep, point, index, log_dir, baseline):

@@ -328,3 +328,30 @@ def test_report_on_the_sweep_reproduces_its_table(sweep):
     assert report.returncode == 0, report.stderr
     assert _table_lines(report.stdout) == _table_lines(result.stdout)
     assert (log_dir / "report.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_overwrite_removes_only_what_an_earlier_bench_wrote(tmp_path):
+    from keras_scaling.cli import bench
+
+    (tmp_path / "replicas_1").mkdir()
+    (tmp_path / "replicas_1" / "throughput.json").write_text("{}")
+    (tmp_path / "scaling.json").write_text("{}")
+    (tmp_path / "train").mkdir()
+    (tmp_path / "train" / "old_events").write_text("")
+    (tmp_path / "notes.txt").write_text("mine")
+
+    bench._prepare_log_dir(tmp_path, overwrite=True)
+
+    assert sorted(os.listdir(tmp_path)) == ["notes.txt", "train"]
+    assert os.listdir(tmp_path / "train") == []
+
+
+def test_a_train_directory_without_a_bench_is_not_an_earlier_bench(tmp_path):
+    from keras_scaling.cli import bench
+
+    (tmp_path / "train").mkdir()
+    (tmp_path / "train" / "events").write_text("")
+
+    bench._prepare_log_dir(tmp_path, overwrite=False)
+
+    assert os.listdir(tmp_path / "train") == ["events"]
