@@ -41,12 +41,14 @@ def parse_args():
     return parser.parse_args()
 
 
+TRUE_KERNEL = np.random.default_rng(42).normal(size=(16, 1)).astype("float32")
+
+
 def make_data(num_samples, seed):
     """A noisy linear regression: 16 features, one target."""
     rng = np.random.default_rng(seed)
     x = rng.normal(size=(num_samples, 16)).astype("float32")
-    true_kernel = rng.normal(size=(16, 1)).astype("float32")
-    y = x @ true_kernel + 0.1 * rng.normal(size=(num_samples, 1)).astype("float32")
+    y = x @ TRUE_KERNEL + 0.1 * rng.normal(size=(num_samples, 1)).astype("float32")
     return x, y
 
 
