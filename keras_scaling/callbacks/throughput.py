@@ -3,6 +3,7 @@
 import atexit
 import logging
 import math
+import sys
 import time
 
 import keras
@@ -61,7 +62,8 @@ class ThroughputLogger(keras.callbacks.Callback):
       `fit` calls and resumed runs count right. The global batch is
       `global_batch_size` when given, else the plan of a dataset made by
       `keras_scaling.data.distribute`, else the data's static batch size times
-      the replicas; when none is known, the first step raises and says so.
+      the replicas, else the `batch_size` given to `fit` with arrays; when none
+      is known, the first step raises and says so.
     - The counter is read (which waits for the devices to finish their work)
       once every `update_freq` steps and at the last step of each epoch (when
       Keras knows the epoch's length), so the overhead stays small.
@@ -176,6 +178,7 @@ class ThroughputLogger(keras.callbacks.Callback):
         self._iterations_variable = None
         self._element_spec = None
         self._iterator = None
+        self._adapter_batch_size = _batch_size_of_running_fit()
         self._attach_guard()
         atexit.register(self._finish_at_exit)
 
@@ -345,6 +348,8 @@ class ThroughputLogger(keras.callbacks.Callback):
                     self.global_batch_size, per_replica, replicas, per_replica * replicas,
                 )
             return self.global_batch_size
+        if per_replica is None and self._adapter_batch_size:
+            return self._adapter_batch_size
         if per_replica is None:
             raise ValueError(
                 "ThroughputLogger cannot tell the global batch size: the training "
@@ -593,11 +598,16 @@ class ThroughputLogger(keras.callbacks.Callback):
             and figures.efficiency < _LOW_EFFICIENCY
         ):
             self._advised.add("low_efficiency")
+            diagnosis = self._efficiency_diagnosis(steady.samples_per_sec)
+            if self._setup["device_kind"] == "CPU" and self._info.replicas_per_worker > 1:
+                diagnosis += (
+                    " The replicas are CPU devices of one host, which share its "
+                    "cores: they speed up only as far as free cores allow."
+                )
             logger.warning(
                 "ThroughputLogger: scaling efficiency is %.2f (speedup %.2f of an "
                 "ideal %.2f). %s",
-                figures.efficiency, figures.speedup, figures.ideal_speedup,
-                self._efficiency_diagnosis(steady.samples_per_sec),
+                figures.efficiency, figures.speedup, figures.ideal_speedup, diagnosis,
             )
 
     def _efficiency_diagnosis(self, samples_per_sec):
@@ -667,6 +677,28 @@ def _static_batch_size(element_spec):
         return None
     (size,) = sizes
     return size
+
+
+def _batch_size_of_running_fit():
+    """The batch size Keras' data adapter knows for the running fit, or None.
+
+    Keras hands callbacks no handle on the data. Its adapter, which knows the
+    batch size of arrays even when the last batch is partial (so the batch
+    dimension is not static), is a local of `fit` (`epoch_iterator`), found
+    on the call stack; it is only read.
+    """
+    frame = sys._getframe(1)
+    try:
+        while frame is not None:
+            if frame.f_code.co_name == "fit":
+                adapter = getattr(frame.f_locals.get("epoch_iterator"), "data_adapter", None)
+                batch_size = getattr(adapter, "batch_size", None)
+                if isinstance(batch_size, int) and batch_size > 0:
+                    return batch_size
+            frame = frame.f_back
+        return None
+    finally:
+        del frame
 
 
 def _planned_global_batch_size(iterator):

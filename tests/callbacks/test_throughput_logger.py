@@ -403,6 +403,16 @@ def test_global_batch_size_comes_from_the_input_plan(mirrored, tmp_path):
     assert (record["global_batch_size"], record["per_replica_batch_size"]) == (24, 12)
 
 
+@pytest.mark.logical_cpus(2)
+def test_global_batch_size_of_arrays_with_a_partial_last_batch(mirrored, tmp_path):
+    x, y = _arrays(200)  # 200 = 6 x 32 + 8
+    model = _model(mirrored)
+    logger = keras_scaling.ThroughputLogger(tmp_path, baseline=None, update_freq=2)
+    model.fit(x, y, batch_size=32, epochs=2, verbose=0, callbacks=[logger])
+    record = _json(tmp_path)
+    assert (record["global_batch_size"], record["per_replica_batch_size"]) == (32, 16)
+
+
 # --- one replica ------------------------------------------------------------------
 
 
