@@ -129,7 +129,8 @@ class Baseline:
     """Where a run's baseline comes from, and its value once known.
 
     Args:
-        mode: `"number"`, `"file"`, `"measure"` or `"auto"`.
+        mode: `"number"`, `"file"`, `"measure"` or `"auto"`; `"self"` once
+            `"auto"` found one replica, which is its own baseline.
         samples_per_sec: float, or None until measured.
         source: str, where the figure comes from, as shown to the user.
         num_replicas: int, the replicas the baseline ran on (1 except for

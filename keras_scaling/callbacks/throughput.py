@@ -79,11 +79,13 @@ class ThroughputLogger(keras.callbacks.Callback):
     - `samples_per_sec` of each epoch is added to the epoch logs, so the
       progress bar, `History` and `CSVLogger` show it (put `CSVLogger` after
       this callback).
-    - At the end of training, at the end of every epoch, when a training step
-      raises (including Ctrl-C) and, for any other error that ends the
-      process, at exit, the event files are flushed and `log_dir/throughput.json`
-      is written: steady-state median samples/sec, step time percentiles,
-      set-up, baseline, speedup and efficiency.
+    - The event files are flushed and `log_dir/throughput.json` is written
+      (steady-state median samples/sec, step time percentiles, set-up,
+      baseline, speedup and efficiency) at the end of training and of every
+      epoch, and when training stops by an exception: Keras then skips
+      `on_train_end`, so it is done when a training step raises (Ctrl-C
+      included), and for an error raised elsewhere (another callback) when
+      the model trains again or at exit, whichever comes first.
     - Under `MultiWorkerMirroredStrategy` only the chief writes, and the
       figure is the measured global throughput: all workers step together,
       so global batch times steps over the chief's wall time.
@@ -120,7 +122,7 @@ class ThroughputLogger(keras.callbacks.Callback):
         model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
         model.compile(optimizer="adam", loss="mse")
     model.fit(
-        dataset,   # batches of static shape, or pass global_batch_size=
+        dataset,   # batches of a known size, or pass global_batch_size=
         epochs=3,
         callbacks=[
             keras_scaling.ThroughputLogger("runs/a"),
@@ -336,10 +338,6 @@ class ThroughputLogger(keras.callbacks.Callback):
     def _resolve_global_batch_size(self):
         per_replica = _static_batch_size(self._element_spec)
         replicas = self._info.num_replicas
-        if self.global_batch_size is None:
-            planned = _planned_global_batch_size(self._iterator)
-            if planned is not None:
-                return planned
         if self.global_batch_size is not None:
             if per_replica is not None and per_replica * replicas != self.global_batch_size:
                 logger.warning(
@@ -348,17 +346,20 @@ class ThroughputLogger(keras.callbacks.Callback):
                     self.global_batch_size, per_replica, replicas, per_replica * replicas,
                 )
             return self.global_batch_size
-        if per_replica is None and self._adapter_batch_size:
+        planned = _planned_global_batch_size(self._iterator)
+        if planned is not None:
+            return planned
+        if per_replica is not None:
+            return per_replica * replicas
+        if self._adapter_batch_size is not None:
             return self._adapter_batch_size
-        if per_replica is None:
-            raise ValueError(
-                "ThroughputLogger cannot tell the global batch size: the training "
-                f"data's batch dimension is not static (element_spec: "
-                f"{self._element_spec}). Pass global_batch_size=<samples per step "
-                "over all replicas>, or batch with drop_remainder=True (as "
-                "keras_scaling.data.distribute does)."
-            )
-        return per_replica * replicas
+        raise ValueError(
+            "ThroughputLogger cannot tell the global batch size: the training "
+            f"data's batch dimension is not static (element_spec: "
+            f"{self._element_spec}). Pass global_batch_size=<samples per step "
+            "over all replicas>, or batch with drop_remainder=True (as "
+            "keras_scaling.data.distribute does)."
+        )
 
     def _resolve_baseline(self):
         baseline = self._baseline
