@@ -564,22 +564,27 @@ _SCRIPT = textwrap.dedent(
 )
 
 
-def _run_script(tmp_path, mode):
+@contextlib.contextmanager
+def _training_script(tmp_path, mode):
+    """Runs the script above in a process of its own, killed at the end."""
     script = tmp_path / "train.py"
     script.write_text(_SCRIPT)
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    return subprocess.Popen(
+    process = subprocess.Popen(
         [sys.executable, str(script), str(tmp_path), mode],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env=env,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
     )
+    try:
+        yield process
+    finally:
+        process.kill()
+        process.wait()
 
 
 def test_ctrl_c_writes_throughput_json(tmp_path):
-    process = _run_script(tmp_path, "interrupt")
-    try:
+    with _training_script(tmp_path, "interrupt") as process:
         deadline = time.monotonic() + 120
         while not (tmp_path / "ready").exists():
             assert process.poll() is None, process.communicate()[1][-3000:]
@@ -587,9 +592,6 @@ def test_ctrl_c_writes_throughput_json(tmp_path):
             time.sleep(0.2)
         process.send_signal(signal.SIGINT)
         _, stderr = process.communicate(timeout=60)
-    finally:
-        process.kill()
-        process.wait()
     assert process.returncode != 0
     assert "KeyboardInterrupt" in stderr
     record = _json(tmp_path)
@@ -600,12 +602,8 @@ def test_ctrl_c_writes_throughput_json(tmp_path):
 
 
 def test_callback_raising_mid_epoch_writes_throughput_json_at_exit(tmp_path):
-    process = _run_script(tmp_path, "raise")
-    try:
+    with _training_script(tmp_path, "raise") as process:
         _, stderr = process.communicate(timeout=120)
-    finally:
-        process.kill()
-        process.wait()
     assert process.returncode != 0
     assert "a callback failed mid-epoch" in stderr
     record = _json(tmp_path)
