@@ -103,7 +103,9 @@ def _python_writer(log_dir):
     path = os.path.abspath(train_dir(log_dir))
     with _lock:
         if path not in _python_writers:
-            _python_writers[path] = (EventFileWriter(path), set())
+            # Flushed every few seconds by its own thread, so a process that
+            # is killed loses at most the last seconds of figures.
+            _python_writers[path] = (EventFileWriter(path, flush_secs=5), set())
         return _python_writers[path]
 
 
