@@ -222,7 +222,13 @@ def test_report_str_names_step_variable_replica_device_and_cause():
 
 @pytest.fixture(scope="module")
 def strategy():
-    return tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    # Collective ops of two MirroredStrategy objects in one process number
+    # their instances alike and clash ("Shape mismatch in the collective
+    # instance 100"): reducing to one device keeps these tests independent
+    # of the strategies other test modules create in the same session.
+    return tf.distribute.MirroredStrategy(
+        ["/cpu:0", "/cpu:1"], cross_device_ops=tf.distribute.ReductionToOneDevice()
+    )
 
 
 def _model(strategy, synchronized):

@@ -30,7 +30,13 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 @pytest.fixture(scope="module")
 def strategy():
-    return tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    # Collective ops of two MirroredStrategy objects in one process number
+    # their instances alike and clash ("Shape mismatch in the collective
+    # instance 100"): reducing to one device keeps these tests independent
+    # of the strategies other test modules create in the same session.
+    return tf.distribute.MirroredStrategy(
+        ["/cpu:0", "/cpu:1"], cross_device_ops=tf.distribute.ReductionToOneDevice()
+    )
 
 
 def _regression_data(num_samples=32, seed=0):
