@@ -78,8 +78,7 @@ def main():
     train = data.distribute(
         (x, y), strategy=strategy, per_replica_batch_size=4, shuffle=True, seed=5
     )
-    plan = data.plan_of(train)
-    steps_per_epoch = plan.steps_per_epoch
+    steps_per_epoch = data.plan_of(train).steps_per_epoch
     with strategy.scope():
         model = mw_common.build_model()
     start = _StartPoint()
@@ -91,10 +90,7 @@ def main():
         ),
         start,
         keras_scaling.ThroughputLogger(
-            args.log_dir,
-            baseline=None,
-            update_freq=steps_per_epoch,
-            global_batch_size=plan.global_batch_size,
+            args.log_dir, baseline=None, update_freq=steps_per_epoch
         ),
     ]
     if args.kill_at_epoch is not None and info.worker_index == 1:

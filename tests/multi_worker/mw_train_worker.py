@@ -72,12 +72,7 @@ def main():
         callbacks=[
             epoch_steps,
             keras_scaling.ReplicaSyncCheck(every_n_steps=2),
-            keras_scaling.ThroughputLogger(
-                args.log_dir,
-                baseline=None,
-                update_freq=2,
-                global_batch_size=data.plan_of(train).global_batch_size,
-            ),
+            keras_scaling.ThroughputLogger(args.log_dir, baseline=None, update_freq=2),
         ],
         verbose=0,
     )
