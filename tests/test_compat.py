@@ -11,7 +11,7 @@ from keras.src.backend.tensorflow import trainer as tf_trainer
 
 from keras_scaling import compat
 
-FIX_NAMES = ("steps_per_execution", "symbolic_build", "scalar_reduce")
+FIX_NAMES = ("steps_per_execution", "symbolic_build", "scalar_reduce", "multi_worker_epoch")
 SUBPROCESS_TIMEOUT_S = 120
 
 
@@ -21,6 +21,7 @@ def keras_originals():
         "_make_function": trainer["_make_function"],
         "_maybe_symbolic_build": trainer["_maybe_symbolic_build"],
         "reduce_per_replica": tf_trainer.reduce_per_replica,
+        "TFEpochIterator.__init__": tf_trainer.TFEpochIterator.__dict__["__init__"],
     }
 
 
@@ -61,6 +62,7 @@ def test_status_lists_every_fix_with_its_upstream_issue():
     assert status["steps_per_execution"].issue == "keras-team/keras#19246"
     assert status["symbolic_build"].issue == "keras-team/keras#20585"
     assert status["scalar_reduce"].issue == "tensorflow/tensorflow#72388"
+    assert status["multi_worker_epoch"].issue == "no upstream issue"
     text = str(status)
     for name in FIX_NAMES:
         assert name in text
@@ -77,6 +79,7 @@ def test_reading_the_installed_keras_finds_every_defect():
             "fix can be dropped"
         )
     assert "tf.cond" in status["steps_per_execution"].why
+    assert "cardinality" in status["multi_worker_epoch"].why
 
 
 def test_enable_replaces_keras_functions_and_status_says_so():
@@ -109,7 +112,9 @@ def test_disable_one_fix_leaves_the_others_active():
 
     status = compat.disable("scalar_reduce")
 
-    assert status.active == ("steps_per_execution", "symbolic_build")
+    assert status.active == (
+        "steps_per_execution", "symbolic_build", "multi_worker_epoch"
+    )
     assert "turned off by disable()" in status["scalar_reduce"].why
 
 
@@ -183,12 +188,14 @@ from keras_scaling import compat
 import keras_scaling
 before = (trainer.TensorFlowTrainer.__dict__["_make_function"],
           trainer.TensorFlowTrainer.__dict__["_maybe_symbolic_build"],
-          trainer.reduce_per_replica)
+          trainer.reduce_per_replica,
+          trainer.TFEpochIterator.__dict__["__init__"])
 strategy = keras_scaling.auto_strategy()
 compat.enable_for(strategy)
 after = (trainer.TensorFlowTrainer.__dict__["_make_function"],
          trainer.TensorFlowTrainer.__dict__["_maybe_symbolic_build"],
-         trainer.reduce_per_replica)
+         trainer.reduce_per_replica,
+         trainer.TFEpochIterator.__dict__["__init__"])
 print(json.dumps({
     "replicas": strategy.num_replicas_in_sync,
     "untouched": all(a is b for a, b in zip(before, after)),

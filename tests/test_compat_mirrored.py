@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 
 import keras
-from keras_scaling import compat
+from keras_scaling import compat, data
 
 REPLICAS = [
     pytest.param(2, marks=pytest.mark.logical_cpus(2), id="2replicas"),
@@ -151,6 +151,24 @@ def test_fused_steps_stop_at_the_end_of_a_dataset_of_unknown_length():
 
     model.fit(dataset, epochs=EPOCHS, verbose=0)
 
+    assert int(model.optimizer.iterations.numpy()) == EPOCHS * STEPS_PER_EPOCH
+
+
+@pytest.mark.logical_cpus(2)
+def test_one_worker_keeps_one_step_per_batch_of_a_dataset_tensorflow_does_not_shard():
+    strategy = mirrored_strategy(2)
+    x, y = make_data()
+    # AutoShardPolicy.OFF, which the multi_worker_epoch fix looks for.
+    train = data.distribute(
+        (x, y), strategy=strategy, global_batch_size=GLOBAL_BATCH_SIZE, shuffle=False
+    )
+    model = make_model(strategy, 1)
+    history = model.fit(train, epochs=EPOCHS, verbose=0)
+
+    assert compat.status()["multi_worker_epoch"].active
+    assert int(train.cardinality()) == data.plan_of(train).steps_per_epoch
+    # The steps Keras expects, not only those the data allowed.
+    assert history.params["steps"] == STEPS_PER_EPOCH
     assert int(model.optimizer.iterations.numpy()) == EPOCHS * STEPS_PER_EPOCH
 
 

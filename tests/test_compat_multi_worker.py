@@ -8,6 +8,7 @@ per-replica values. The workers run once per CPU count; every test reads what
 they wrote.
 """
 
+import collections
 import json
 import os
 import pathlib
@@ -26,6 +27,7 @@ WORKERS_TIMEOUT_S = 240
 NUM_SAMPLES = 96
 STEPS_PER_EPOCH = 6
 EPOCHS = 2
+NUM_IDS = 50
 
 
 def free_ports(count):
@@ -148,3 +150,61 @@ def test_keras_still_needs_the_scalar_reduce_fix(workers):
                 "scalar_reduce fix can be dropped"
             )
         assert "Invalid reduction dimension 0" in error, error
+
+
+def test_fit_on_worker_shares_runs_the_planned_steps_every_epoch(workers):
+    _, reports, _ = workers
+
+    for report in reports:
+        # auto_strategy() applied it: the data comes from keras_scaling.data.
+        assert "multi_worker_epoch" in report["active_fixes"]
+        shares = report["worker_shares"]
+        # One batch of the global size lasts NUM_WORKERS steps on its worker.
+        assert shares["planned_steps"] == NUM_WORKERS * shares["batches"]
+        assert shares["fit_steps_per_epoch"] == [shares["planned_steps"]] * EPOCHS
+        assert shares["fit_announced_steps"] == shares["planned_steps"]
+        # Every sample once per epoch, over both workers; padding weighs 0.
+        history = shares["fit_history"]
+        for prefix in ("", "val_"):
+            assert history[f"{prefix}weighted_count"] == [NUM_IDS] * EPOCHS
+            assert history[f"{prefix}weighted_id_sum"] == [sum(range(NUM_IDS))] * EPOCHS
+
+
+def test_evaluate_on_padded_data_counts_every_sample_exactly_once(workers):
+    _, reports, _ = workers
+
+    for report in reports:
+        evaluate = report["worker_shares"]["evaluate"]
+        assert evaluate["weighted_count"] == NUM_IDS
+        assert evaluate["weighted_id_sum"] == sum(range(NUM_IDS))
+        assert evaluate["loss"] == 0
+
+
+def test_predict_returns_the_rows_of_every_worker_once_on_each_worker(workers):
+    _, reports, _ = workers
+
+    for report in reports:
+        shares = report["worker_shares"]
+        # Every step gathers the rows of all replicas of all workers.
+        assert len(shares["predict"]) == shares["planned_steps"] * shares["global_batch_size"]
+        # The model is y = x on the ids; the padding rows repeat row 0.
+        expected = collections.Counter(range(NUM_IDS))
+        expected[0] += shares["samples_padded"]
+        assert collections.Counter(shares["predict"]) == expected
+    assert reports[0]["worker_shares"]["predict"] == reports[1]["worker_shares"]["predict"]
+
+
+def test_keras_still_needs_the_multi_worker_epoch_fix(workers):
+    _, reports, _ = workers
+
+    for report in reports:
+        shares = report["worker_shares"]
+        steps = report["defects"]["multi_worker_epoch"]
+        if steps == [shares["planned_steps"]]:
+            pytest.fail(
+                "Keras now runs the whole epoch of a dataset with "
+                "AutoShardPolicy.OFF under MultiWorkerMirroredStrategy without "
+                "keras_scaling's fix, so the multi_worker_epoch fix can be dropped"
+            )
+        # Keras counts one step per batch of this worker's dataset.
+        assert steps == [shares["batches"]], steps

@@ -242,12 +242,6 @@ def test_two_real_workers_read_disjoint_shares_in_equal_steps(two_worker_results
             assert sorted(seen) == list(range(1001))
 
 
-@pytest.mark.xfail(
-    reason="Keras 3 counts an epoch as the per-worker dataset's cardinality, but "
-    "with TensorFlow's sharding off each worker's global batch lasts num_workers "
-    "steps; needs a keras_scaling.compat fix",
-    strict=False,
-)
 def test_fit_on_two_real_workers_runs_the_planned_steps(two_worker_results):
     results = two_worker_results["fit"]
     assert [result["steps"] for result in results] == [results[0]["planned_steps"]] * 2

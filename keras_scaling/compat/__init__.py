@@ -8,6 +8,7 @@ active, and `disable()` puts the original function object back:
 | `steps_per_execution` | keras-team/keras#19246      | `fit`/`evaluate` with `steps_per_execution > 1` on several replicas: "You must feed a value for placeholder tensor 'while/cond/Placeholder'" |
 | `symbolic_build`      | keras-team/keras#20585      | `fit` under `MultiWorkerMirroredStrategy`: "Attempt to convert a value (PerReplica: ...)" |
 | `scalar_reduce`       | tensorflow/tensorflow#72388 | metrics under `MultiWorkerMirroredStrategy`: "Invalid reduction dimension 0 for input with 0 dimensions" |
+| `multi_worker_epoch`  | no upstream issue           | under `MultiWorkerMirroredStrategy`, `fit`, `evaluate` and `predict` stop after `1 / num_workers` of each worker's dataset when its `AutoShardPolicy` is OFF (as `keras_scaling.data.distribute` makes it) |
 
 `keras_scaling` enables them by itself whenever it meets a strategy with more
 than one replica (`auto_strategy()`, `data.distribute()`, its callbacks).
@@ -20,6 +21,7 @@ import logging
 import os
 import threading
 
+from keras_scaling.compat import _multi_worker_epoch
 from keras_scaling.compat import _probe
 from keras_scaling.compat import _scalar_reduce
 from keras_scaling.compat import _steps_per_execution
@@ -39,7 +41,7 @@ logger = logging.getLogger("keras_scaling")
 
 NO_COMPAT_ENV = "KERAS_SCALING_NO_COMPAT"
 
-_FIXES = (_steps_per_execution, _symbolic_build, _scalar_reduce)
+_FIXES = (_steps_per_execution, _symbolic_build, _scalar_reduce, _multi_worker_epoch)
 _FIX_NAMES = tuple(fix.NAME for fix in _FIXES)
 _lock = threading.RLock()
 # name -> (owner, attribute, original object, replacement)
@@ -224,8 +226,8 @@ def disable(name=None):
 
     Args:
         name: the fix to turn off, one of `"steps_per_execution"`,
-            `"symbolic_build"` and `"scalar_reduce"`; `None` (the default)
-            turns off all of them.
+            `"symbolic_build"`, `"scalar_reduce"` and `"multi_worker_epoch"`;
+            `None` (the default) turns off all of them.
 
     Returns:
         The `CompatStatus` after disabling.

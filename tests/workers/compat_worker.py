@@ -5,8 +5,9 @@ Run with `TF_CONFIG` naming this worker and `KERAS_SCALING_CPU_DEVICES`:
     python tests/workers/compat_worker.py OUT_DIR
 
 It writes `OUT_DIR/worker<i>_weight<j>.npy` (the weights after `fit`) and
-`OUT_DIR/worker<i>.json` (what `fit`, `evaluate` and `predict` returned, and
-the error each defect raises with its fix turned off).
+`OUT_DIR/worker<i>.json` (what `fit`, `evaluate` and `predict` returned, on
+arrays and on `keras_scaling.data.distribute` datasets, and what each defect
+does with its fix turned off).
 """
 
 import json
@@ -20,6 +21,10 @@ import keras_scaling
 NUM_SAMPLES = 96
 GLOBAL_BATCH_SIZE = 16
 STEPS_PER_EXECUTION = 4  # 6 batches: one execution of 4, a partial one of 2
+# Samples of the `keras_scaling.data.distribute` runs: shares of 25 and 25,
+# padded to whole global batches of 8 (1 CPU per worker) or 16 (2 CPUs).
+NUM_IDS = 50
+PER_REPLICA_BATCH_SIZE = 4
 
 
 def make_data():
@@ -48,6 +53,109 @@ def make_model(strategy, steps_per_execution):
             steps_per_execution=steps_per_execution,
         )
     return model
+
+
+def make_identity_model(strategy):
+    """y = x, whose loss is 0, so the weights never change; counts the samples.
+
+    `weighted_metrics` count the rows with their `sample_weight` (the padding
+    rows of `last_batch="pad"` weigh 0) and sum their ids: each sample counted
+    exactly once gives `NUM_IDS` and `sum(range(NUM_IDS))`.
+    """
+    import keras
+
+    class WeightedCount(keras.metrics.Metric):
+        def __init__(self, name="weighted_count"):
+            super().__init__(name=name)
+            self.total = self.add_variable(shape=(), initializer="zeros", name="total")
+
+        def update_state(self, y_true, y_pred, sample_weight=None):
+            self.total.assign_add(keras.ops.sum(sample_weight))
+
+        def result(self):
+            return keras.ops.cast(self.total, self.dtype)
+
+    class WeightedIdSum(WeightedCount):
+        def __init__(self):
+            super().__init__(name="weighted_id_sum")
+
+        def update_state(self, y_true, y_pred, sample_weight=None):
+            self.total.assign_add(keras.ops.sum(y_true[:, 0] * sample_weight))
+
+    with strategy.scope():
+        model = keras.Sequential(
+            [keras.Input((1,)), keras.layers.Dense(1, kernel_initializer="ones")]
+        )
+        model.compile(
+            optimizer=keras.optimizers.SGD(0.01),
+            loss="mse",
+            weighted_metrics=[WeightedCount(), WeightedIdSum()],
+        )
+    return model
+
+
+def steps_per_epoch_recorder():
+    """A callback: `steps` lists the optimizer steps of each epoch, and
+    `announced_steps` the steps per epoch Keras told the callbacks."""
+    import keras
+
+    class StepsPerEpoch(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.steps = []
+            self.announced_steps = None
+            self._iterations_at_begin = 0
+
+        def on_train_begin(self, logs=None):
+            self.announced_steps = self.params["steps"]
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self._iterations_at_begin = int(self.model.optimizer.iterations.numpy())
+
+        def on_epoch_end(self, epoch, logs=None):
+            iterations = int(self.model.optimizer.iterations.numpy())
+            self.steps.append(iterations - self._iterations_at_begin)
+
+    return StepsPerEpoch()
+
+
+def run_on_worker_shares(strategy):
+    """fit, evaluate and predict on datasets of `keras_scaling.data.distribute`."""
+    from keras_scaling import data
+
+    ids = np.arange(NUM_IDS, dtype="float32").reshape(-1, 1)
+    train = data.distribute(
+        (ids, ids), strategy=strategy,
+        per_replica_batch_size=PER_REPLICA_BATCH_SIZE, last_batch="pad",
+    )
+    plan = data.plan_of(train)
+    report = {
+        "planned_steps": plan.steps_per_epoch,
+        "batches": int(train.cardinality()),
+        "global_batch_size": plan.global_batch_size,
+        "samples_padded": plan.samples_padded_per_epoch,
+    }
+
+    validation = data.distribute(
+        (ids, ids), strategy=strategy, shuffle=False,
+        per_replica_batch_size=PER_REPLICA_BATCH_SIZE, last_batch="pad",
+    )
+    model = make_identity_model(strategy)
+    steps = steps_per_epoch_recorder()
+    history = model.fit(
+        train, validation_data=validation, epochs=2, verbose=0, callbacks=[steps]
+    )
+    report["fit_steps_per_epoch"] = steps.steps
+    report["fit_announced_steps"] = steps.announced_steps
+    report["fit_history"] = history.history
+    report["evaluate"] = model.evaluate(validation, verbose=0, return_dict=True)
+
+    inputs = data.distribute(
+        ids, strategy=strategy, shuffle=False,
+        per_replica_batch_size=PER_REPLICA_BATCH_SIZE, last_batch="pad",
+    )
+    report["predict"] = model.predict(inputs, verbose=0)[:, 0].round().tolist()
+    return model, train, report
 
 
 def error_of(run):
@@ -99,6 +207,15 @@ def main(out_dir):
         compat.enable()
         compat.disable(name)
         report["defects"][name] = error_of(fit_once)
+    compat.enable()
+
+    model, train, report["worker_shares"] = run_on_worker_shares(strategy)
+    # Without the fix every worker stops early, at the same step: no hang.
+    # The fix acts when `fit` makes its iterator, so the model can be reused.
+    compat.disable("multi_worker_epoch")
+    steps = steps_per_epoch_recorder()
+    model.fit(train, epochs=1, verbose=0, callbacks=[steps])
+    report["defects"]["multi_worker_epoch"] = steps.steps
     compat.enable()
 
     with open(os.path.join(out_dir, f"worker{index}.json"), "w") as file:

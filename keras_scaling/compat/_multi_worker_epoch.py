@@ -1,0 +1,127 @@
+"""Fix: a whole epoch on every worker for datasets TensorFlow does not shard.
+
+Keras takes the steps of an epoch from the dataset's cardinality
+(`TFDatasetAdapter.num_batches`). Under `MultiWorkerMirroredStrategy`,
+`experimental_distribute_dataset` cuts every batch of a worker's dataset into
+pieces for all replicas of all workers, and each worker feeds only its own
+replicas, `num_replicas_in_sync / num_workers` pieces per step; when
+TensorFlow's sharding is on (`AutoShardPolicy` AUTO, DATA or FILE) it also
+drops the other workers' pieces, so one batch is one step. With
+`AutoShardPolicy.OFF`, which each worker's own share of the data needs (what
+`keras_scaling.data.distribute` returns, and any dataset a user sharded
+himself), nothing is dropped: one batch lasts `num_workers` steps and Keras
+stops every epoch (and `evaluate`, and `predict`) after `1 / num_workers` of
+it, then starts the next one on a new iterator, so the rest of each worker's
+share is never read.
+
+The replacement `TFEpochIterator.__init__` gives exactly those iterators
+(multi-worker strategy, a `tf.data.Dataset` Keras distributes itself, sharding
+off, known length) an adapter whose `num_batches` is `num_workers` times the
+cardinality; `EpochIterator.reset()` reads it again every epoch. Everything
+else, and every other iterator, is left as Keras makes it.
+"""
+
+import tensorflow as tf
+from keras.src.backend.tensorflow import trainer as tf_trainer
+from keras.src.trainers.data_adapters import tf_dataset_adapter
+
+from keras_scaling import devices
+from keras_scaling.compat import _probe
+
+NAME = "multi_worker_epoch"
+ISSUE = "no upstream issue"
+SUMMARY = (
+    "under MultiWorkerMirroredStrategy, fit, evaluate and predict run "
+    "1/num_workers of an epoch of a dataset with AutoShardPolicy.OFF; the "
+    "epoch counts num_workers steps per batch of each worker"
+)
+
+
+def target():
+    """The attribute this fix replaces: `(owner, name)`."""
+    return tf_trainer.TFEpochIterator, "__init__"
+
+
+def probe():
+    """Whether Keras counts one step per batch of each worker's dataset."""
+    adapter = tf_dataset_adapter.TFDatasetAdapter
+    iterator = getattr(tf_trainer, "TFEpochIterator", None)
+    if iterator is None or "__init__" not in iterator.__dict__:
+        return False, (
+            "TFEpochIterator.__init__ is gone: the iterator this fix adjusts "
+            "no longer exists"
+        )
+    num_batches = adapter.__dict__.get("num_batches")
+    sources = [
+        _probe.source_of(getattr(num_batches, "fget", None)),
+        _probe.source_of(iterator.__init__),
+    ]
+    if None in sources:
+        return _probe.by_version("the epoch of one step per worker batch")
+    num_batches_source, init_source = sources
+    if _probe.contains(r"auto_shard|num_workers", num_batches_source + init_source):
+        return False, (
+            "Keras now looks at sharding or workers when it counts the steps "
+            "of a tf.data.Dataset"
+        )
+    if _probe.contains(r"cardinality", num_batches_source):
+        return True, (
+            "TFDatasetAdapter.num_batches is the dataset's cardinality, one "
+            "step per batch, whatever the workers and the sharding"
+        )
+    return False, "TFDatasetAdapter.num_batches no longer reads the cardinality"
+
+
+def steps_per_batch(strategy, dataset):
+    """How many steps one batch of `dataset` lasts when Keras distributes it.
+
+    `num_workers` under a multi-worker strategy when TensorFlow's sharding is
+    off: every worker keeps all of its batches and each step uses
+    `1 / num_workers` of one. Otherwise 1.
+
+    Args:
+        strategy: the `tf.distribute.Strategy` of the model.
+        dataset: the `tf.data.Dataset` of batches given to Keras.
+
+    Returns:
+        int.
+    """
+    if strategy is None or not isinstance(dataset, tf.data.Dataset):
+        return 1
+    workers = devices.num_workers(strategy)
+    if workers < 2 or not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return 1
+    policy = dataset.options().experimental_distribute.auto_shard_policy
+    if policy != tf.data.experimental.AutoShardPolicy.OFF:
+        return 1
+    return workers
+
+
+class _WorkerShareAdapter(tf_dataset_adapter.TFDatasetAdapter):
+    """Keras' adapter of a worker's dataset, with the epoch in steps it lasts."""
+
+    def __init__(self, adapter, steps_per_batch):
+        # The same state as the adapter Keras made; only the count differs.
+        self.__dict__.update(vars(adapter))
+        self._steps_per_batch = steps_per_batch
+
+    @property
+    def num_batches(self):
+        batches = super().num_batches
+        return None if batches is None else batches * self._steps_per_batch
+
+
+def make_replacement(original_init):
+    """Returns a `TFEpochIterator.__init__` that counts whole epochs."""
+
+    def __init__(self, *args, **kwargs):
+        original_init(self, *args, **kwargs)
+        adapter = self.data_adapter
+        if type(adapter) is not tf_dataset_adapter.TFDatasetAdapter:
+            return
+        factor = steps_per_batch(self._distribute_strategy, adapter.get_tf_dataset())
+        if factor > 1:
+            self.data_adapter = _WorkerShareAdapter(adapter, factor)
+            self._num_batches = self.data_adapter.num_batches
+
+    return __init__
