@@ -173,23 +173,42 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
         self._checker_key = None
         self._last_checked_step = None
         self._said_single_replica = False
+        self._first_batch = None
+        self._step_upper_bound = 0
+        self._num_replicas = None
+        self._step_counter = None
         self._warned_per_replica_state = False
 
     # Hooks.
 
     def set_model(self, model):
         super().set_model(model)
+        self._num_replicas = None
+        self._step_counter = None
         self._enable_compat()
 
     def on_train_begin(self, logs=None):
         self._enable_compat()
         self._check_and_act()
 
+    def on_train_batch_begin(self, batch, logs=None):
+        self._first_batch = batch
+
     def on_train_batch_end(self, batch, logs=None):
         if self._single_replica():
             return
-        step = self._current_step()
         last = self._last_checked_step
+        if last is not None:
+            # One hook call covers `steps_per_execution` batches, each at most
+            # one optimizer step (fewer with gradient accumulation): the
+            # counter is read (tens of microseconds) only once this upper
+            # bound reaches the next multiple.
+            batches = batch - self._first_batch + 1 if self._first_batch is not None else 1
+            self._step_upper_bound += max(batches, 1)
+            if self._step_upper_bound // self.every_n_steps <= last // self.every_n_steps:
+                return
+        step = self._current_step()
+        self._step_upper_bound = step
         if last is None or step // self.every_n_steps > last // self.every_n_steps:
             self._check_and_act()
 
@@ -232,7 +251,7 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
             )
         else:
             report = self._get_checker(strategy).check(step)
-        self._last_checked_step = step
+        self._last_checked_step = self._step_upper_bound = step
         self.last_report = report
         return report
 
@@ -247,7 +266,11 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
             compat.enable_for(self._strategy())
 
     def _single_replica(self):
-        if self.model is None or self._strategy().num_replicas_in_sync > 1:
+        if self.model is None:
+            return False
+        if self._num_replicas is None:
+            self._num_replicas = self._strategy().num_replicas_in_sync
+        if self._num_replicas > 1:
             return False
         if not self._said_single_replica:
             logger.warning(
@@ -267,20 +290,23 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
         optimizer = self._optimizer()
         if optimizer is None:
             return 0
+        if self._step_counter is None or self._step_counter[0] is not optimizer:
+            self._step_counter = (optimizer, *self._find_step_counter(optimizer))
+        _, counter, accumulation_steps = self._step_counter
+        step = int(counter.numpy())
+        return step // accumulation_steps if accumulation_steps else step
+
+    def _find_step_counter(self, optimizer):
+        """(a variable to read the step from, gradient accumulation steps)."""
         # A LossScaleOptimizer wraps the optimizer that counts the steps.
         while getattr(optimizer, "inner_optimizer", None) is not None:
             optimizer = optimizer.inner_optimizer
-        counter = getattr(optimizer, "_iterations", None)
-        if counter is None:
-            return int(np.asarray(keras.ops.convert_to_numpy(optimizer.iterations)))
-        # Read once per batch: this replica-0 copy costs tens of microseconds,
-        # a read of the distributed variable several times as much.
-        counter = replica_state.distributed_variable(counter)
+        counter = replica_state.distributed_variable(optimizer._iterations)
         if replica_state.is_distributed(counter):
+            # Read at every batch: the local copy of replica 0 costs tens of
+            # microseconds, the distributed variable several times as much.
             counter = self._strategy().experimental_local_results(counter)[0]
-        step = int(counter.numpy())
-        accumulation_steps = getattr(optimizer, "gradient_accumulation_steps", None)
-        return step // accumulation_steps if accumulation_steps else step
+        return counter, getattr(optimizer, "gradient_accumulation_steps", None)
 
     def _get_checker(self, strategy):
         optimizer = self._optimizer() if self.include_optimizer else None
