@@ -180,6 +180,23 @@ def test_evaluate_on_padded_data_counts_every_sample_exactly_once(workers):
         assert evaluate["loss"] == 0
 
 
+def test_evaluate_counts_a_dataset_split_between_workers_by_hand(workers):
+    _, reports, _ = workers
+
+    for report in reports:
+        batch = report["worker_shares"]["global_batch_size"]
+        # Worker w keeps ids w, w + 2, ... and whole batches of them.
+        rows_per_worker = NUM_IDS // NUM_WORKERS // batch * batch
+        kept = [
+            i
+            for worker in range(NUM_WORKERS)
+            for i in list(range(worker, NUM_IDS, NUM_WORKERS))[:rows_per_worker]
+        ]
+        evaluate = report["worker_shares"]["evaluate_own_shards"]
+        assert evaluate["weighted_count"] == len(kept)
+        assert evaluate["weighted_id_sum"] == sum(kept)
+
+
 def test_predict_returns_the_rows_of_every_worker_once_on_each_worker(workers):
     _, reports, _ = workers
 

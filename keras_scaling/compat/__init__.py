@@ -1,4 +1,6 @@
-"""Fixes for Keras 3 defects that break `model.fit` under `tf.distribute`.
+"""Fixes for Keras 3 defects of `model.fit` under `tf.distribute`.
+
+Three defects break `fit`; one makes it read only part of the data.
 
 Each fix replaces one function of Keras' TensorFlow trainer while it is
 active, and `disable()` puts the original function object back:
@@ -281,9 +283,10 @@ def enable_for(strategy, model=None):
     the model has already run: a train or test function built without the
     `steps_per_execution` fix is then rebuilt with it, so the `fit` or
     `evaluate` in progress uses it (their loops look the function up at
-    every step). The `symbolic_build` fix acts before
-    callbacks run, so under `MultiWorkerMirroredStrategy` enable it before
-    `fit` (`auto_strategy()`, `data.distribute()` or `enable()` do).
+    every step). The `symbolic_build` and `multi_worker_epoch` fixes act
+    when `fit`, `evaluate` or `predict` starts, before callbacks run, so
+    under `MultiWorkerMirroredStrategy` enable them before those calls
+    (`auto_strategy()`, `data.distribute()` or `enable()` do).
 
     Args:
         strategy: a `tf.distribute.Strategy`.

@@ -3,22 +3,23 @@
 Keras takes the steps of an epoch from the dataset's cardinality
 (`TFDatasetAdapter.num_batches`). Under `MultiWorkerMirroredStrategy`,
 `experimental_distribute_dataset` cuts every batch of a worker's dataset into
-pieces for all replicas of all workers, and each worker feeds only its own
-replicas, `num_replicas_in_sync / num_workers` pieces per step; when
-TensorFlow's sharding is on (`AutoShardPolicy` AUTO, DATA or FILE) it also
-drops the other workers' pieces, so one batch is one step. With
-`AutoShardPolicy.OFF`, which each worker's own share of the data needs (what
-`keras_scaling.data.distribute` returns, and any dataset a user sharded
-himself), nothing is dropped: one batch lasts `num_workers` steps and Keras
-stops every epoch (and `evaluate`, and `predict`) after `1 / num_workers` of
-it, then starts the next one on a new iterator, so the rest of each worker's
-share is never read.
+pieces for all replicas of all workers, and each step feeds this worker's
+replicas with `num_replicas_in_sync / num_workers` of them. With TensorFlow's
+sharding on (`AutoShardPolicy` AUTO, DATA or FILE) each worker then keeps
+only `1 / num_workers` of the pieces or of the files, and an epoch is the
+cardinality, as Keras counts. With `AutoShardPolicy.OFF` (a dataset that is
+already this worker's share: what `keras_scaling.data.distribute` returns,
+or one a user sharded himself) every piece is used: one batch lasts
+`num_workers` steps, and Keras stops `fit`, `evaluate` and `predict` after
+`1 / num_workers` of the data, then starts the next epoch on a new iterator,
+so the rest of each worker's share is never read.
 
 The replacement `TFEpochIterator.__init__` gives exactly those iterators
-(multi-worker strategy, a `tf.data.Dataset` Keras distributes itself, sharding
-off, known length) an adapter whose `num_batches` is `num_workers` times the
-cardinality; `EpochIterator.reset()` reads it again every epoch. Everything
-else, and every other iterator, is left as Keras makes it.
+(multi-worker strategy, a `tf.data.Dataset` that Keras distributes itself,
+sharding off) an adapter whose `num_batches` is `num_workers` times the
+cardinality (`EpochIterator.reset()` reads it again every epoch); a dataset
+of unknown or infinite length keeps `None`. Every other iterator, and
+everything else about these, is left as Keras makes it.
 """
 
 import tensorflow as tf
@@ -57,7 +58,10 @@ def probe():
         _probe.source_of(iterator.__init__),
     ]
     if None in sources:
-        return _probe.by_version("the epoch of one step per worker batch")
+        return _probe.by_version(
+            "the epoch of one step per batch of each worker's dataset",
+            upstream_issue_open=False,
+        )
     num_batches_source, init_source = sources
     if _probe.contains(r"auto_shard|num_workers", num_batches_source + init_source):
         return False, (
@@ -86,10 +90,12 @@ def steps_per_batch(strategy, dataset):
     Returns:
         int.
     """
-    if strategy is None or not isinstance(dataset, tf.data.Dataset):
+    if not isinstance(
+        strategy, tf.distribute.MultiWorkerMirroredStrategy
+    ) or not isinstance(dataset, tf.data.Dataset):
         return 1
     workers = devices.num_workers(strategy)
-    if workers < 2 or not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+    if workers < 2:
         return 1
     policy = dataset.options().experimental_distribute.auto_shard_policy
     if policy != tf.data.experimental.AutoShardPolicy.OFF:
@@ -119,7 +125,9 @@ def make_replacement(original_init):
         adapter = self.data_adapter
         if type(adapter) is not tf_dataset_adapter.TFDatasetAdapter:
             return
-        factor = steps_per_batch(self._distribute_strategy, adapter.get_tf_dataset())
+        factor = steps_per_batch(
+            getattr(self, "_distribute_strategy", None), adapter.get_tf_dataset()
+        )
         if factor > 1:
             self.data_adapter = _WorkerShareAdapter(adapter, factor)
             self._num_batches = self.data_adapter.num_batches
