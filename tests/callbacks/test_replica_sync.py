@@ -428,6 +428,11 @@ _WORKER = textwrap.dedent(
         model.fit(dataset.with_options(options), steps_per_epoch=6, callbacks=[check], verbose=0)
     except ReplicaDivergenceError as error:
         outcome["raised_at_step"] = error.report.step
+    repair = keras_scaling.ReplicaSyncCheck(every_n_steps=2, on_divergence="resync")
+    model.fit(dataset.with_options(options), steps_per_epoch=4, callbacks=[repair], verbose=0)
+    after = repair.check()
+    outcome["after_resync"] = [v.path for v in after.variables]
+    outcome["steps_after_resync"] = after.step
     with open(out_path, "w") as file:
         json.dump(outcome, file)
     """
@@ -446,7 +451,7 @@ def _free_ports(count):
 
 @pytest.mark.logical_cpus(1)
 @pytest.mark.timeout(240)
-def test_a_divergence_on_one_worker_gives_every_worker_the_same_verdict(tmp_path):
+def test_a_divergence_on_one_worker_gives_every_worker_the_same_verdict_and_repair(tmp_path):
     script = tmp_path / "worker.py"
     script.write_text(_WORKER)
     workers = [f"127.0.0.1:{port}" for port in _free_ports(2)]
@@ -479,3 +484,6 @@ def test_a_divergence_on_one_worker_gives_every_worker_the_same_verdict(tmp_path
         assert outcome["num_workers"] == 2
     # Both workers stop at the same step: the check at the start of training.
     assert outcomes[0]["raised_at_step"] == outcomes[1]["raised_at_step"] == 0
+    # "resync" repairs every worker's copies alike, and training goes on.
+    for outcome in outcomes:
+        assert outcome["after_resync"] == [] and outcome["steps_after_resync"] == 4
