@@ -54,6 +54,14 @@ class TrackedVariable:
             gradient accumulator.
         per_replica_reason: why its copies may legitimately differ between
             replicas, or None when they must be equal.
+
+    Example:
+
+    ```python
+    kernel = tracked_variables(model)[0]
+    kernel.path, kernel.aggregation, kernel.is_per_replica_state
+    # ("sequential/dense/kernel", "NONE", False)
+    ```
     """
 
     path: str
@@ -91,6 +99,16 @@ def distributed_variable(variable):
 
     Keras 3 variables wrap a `tf.Variable` in `_value`; under a strategy's
     scope that is a distributed variable with one component per replica.
+
+    Args:
+        variable: a `keras.Variable` or a `tf.Variable`.
+
+    Example:
+
+    ```python
+    tf_kernel = distributed_variable(model.layers[0].kernel)
+    strategy.experimental_local_results(tf_kernel)   # one copy per replica
+    ```
     """
     if isinstance(variable, tf.Variable):
         return variable
@@ -104,7 +122,14 @@ def distributed_variable(variable):
 
 
 def is_distributed(tf_variable):
-    """Whether a `tf.Variable` holds one copy per replica."""
+    """Whether a `tf.Variable` holds one copy per replica.
+
+    Example:
+
+    ```python
+    is_distributed(distributed_variable(model.layers[0].kernel))  # True in scope
+    ```
+    """
     return isinstance(tf_variable, tf.distribute.DistributedValues)
 
 
@@ -148,6 +173,13 @@ def tracked_variables(model, optimizer=None):
 
     Returns:
         A list of `TrackedVariable`, model variables first.
+
+    Example:
+
+    ```python
+    for variable in tracked_variables(model, model.optimizer):
+        print(variable.path, variable.role, variable.per_replica_reason)
+    ```
     """
     batch_norm = _unsynchronized_batch_norm_statistics(model)
     seed_states = _seed_generator_states(model)
@@ -220,6 +252,13 @@ class CopyDifference:
         inf_counts: Inf elements in each replica's copy.
         within_tolerance: whether every difference is within
             `atol + rtol * |copy_0|` (never true when the tolerances are 0).
+
+    Example:
+
+    ```python
+    difference = compare_copies([np.float32([1, 2]), np.float32([1, 5])])
+    difference.differing_replicas, difference.max_abs_diff   # ((1,), 3.0)
+    ```
     """
 
     differing_replicas: tuple
@@ -313,9 +352,19 @@ def compare_copies(copies, atol=0.0, rtol=0.0):
 def likely_cause(variable, difference):
     """What usually makes a variable's copies differ like this, in one sentence.
 
+    NaN or Inf on some replicas only comes first; then per-replica state,
+    differences within tolerance, and the variable's role and aggregation.
+
     Args:
         variable: the `TrackedVariable`.
         difference: its `CopyDifference`.
+
+    Example:
+
+    ```python
+    likely_cause(variable, compare_copies(copies))
+    # "gradients were not combined across replicas before the update ..."
+    ```
     """
     non_finite = [
         nan + inf for nan, inf in zip(difference.nan_counts, difference.inf_counts)
@@ -381,8 +430,17 @@ class VariableReport:
         difference: the `CopyDifference`.
         devices: the device of each differing replica.
         likely_cause: one sentence on what usually causes this.
-        repair: what was done about it (`"averaged"`, `"resynced from
-            replica 0"`), or None.
+        repair: what was done about it (`"averaged across replicas"`,
+            `"resynced from replica 0"`), or None.
+
+    Its `str` is a few readable lines.
+
+    Example:
+
+    ```python
+    for variable in report.divergences:
+        print(variable.path, variable.difference.max_abs_diff, variable.likely_cause)
+    ```
     """
 
     path: str
@@ -438,6 +496,14 @@ class ReplicaSyncReport:
 
     Its `str` is a readable multi-line summary. `ok` is true when no
     variable diverged.
+
+    Example:
+
+    ```python
+    report = keras_scaling.ReplicaSyncCheck().check()   # after fit
+    if not report.ok:
+        print(report)
+    ```
     """
 
     step: int
