@@ -8,7 +8,7 @@ a layer that assigns to an aggregation-"none" weight in `call`.
 import json
 import logging
 import os
-import socket
+import signal
 import subprocess
 import sys
 import textwrap
@@ -401,8 +401,9 @@ _WORKER = textwrap.dedent(
     import keras_scaling
     from keras_scaling.callbacks.replica_sync import ReplicaDivergenceError
 
-    out_path, index = sys.argv[1], int(sys.argv[2])
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    strategy = keras_scaling.auto_strategy()
+    index = keras_scaling.describe_strategy(strategy).worker_index
+    out_path = f"{sys.argv[1]}/worker{index}.json"
     with strategy.scope():
         model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3), keras.layers.Dense(1)])
         model.compile(optimizer="sgd", loss="mse")
@@ -422,7 +423,9 @@ _WORKER = textwrap.dedent(
         "healthy": [v.path for v in healthy.divergences],
         "diverged": [v.path for v in diverged.divergences],
         "replicas": list(diverged.divergences[0].difference.differing_replicas),
+        "devices": list(diverged.divergences[0].devices),
         "num_workers": diverged.num_workers,
+        "num_replicas": diverged.num_replicas,
     }
     try:
         model.fit(dataset.with_options(options), steps_per_epoch=6, callbacks=[check], verbose=0)
@@ -439,49 +442,39 @@ _WORKER = textwrap.dedent(
 )
 
 
-def _free_ports(count):
-    sockets = [socket.socket() for _ in range(count)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
-
-
 @pytest.mark.logical_cpus(1)
 @pytest.mark.timeout(240)
 def test_a_divergence_on_one_worker_gives_every_worker_the_same_verdict_and_repair(tmp_path):
     script = tmp_path / "worker.py"
     script.write_text(_WORKER)
-    workers = [f"127.0.0.1:{port}" for port in _free_ports(2)]
-    processes = []
+    command = [
+        sys.executable, "-m", "keras_scaling", "launch", "--workers", "2", "--cpu-devices", "2",
+        "--grace-period", "2", "--", sys.executable, str(script), str(tmp_path),
+    ]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO)
+    launcher = subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     try:
-        for index in range(2):
-            env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO)
-            env["TF_CONFIG"] = json.dumps(
-                {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
-            )
-            processes.append(
-                subprocess.Popen(
-                    [sys.executable, str(script), str(tmp_path / f"worker{index}.json"), str(index)],
-                    env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                )
-            )
-        outputs = [process.communicate(timeout=180)[0] for process in processes]
+        output = launcher.communicate(timeout=180)[0]
+    except subprocess.TimeoutExpired:
+        # The launcher stops its workers on SIGTERM.
+        launcher.send_signal(signal.SIGTERM)
+        output = launcher.communicate(timeout=30)[0]
+        pytest.fail(f"the workers did not finish within 180 s:\n{output[-4000:]}")
     finally:
-        for process in processes:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
-    for process, output in zip(processes, outputs):
-        assert process.returncode == 0, output[-4000:]
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+    assert launcher.returncode == 0, output[-4000:]
     outcomes = [json.loads((tmp_path / f"worker{i}.json").read_text()) for i in range(2)]
     for outcome in outcomes:
         assert outcome["healthy"] == []
         assert outcome["diverged"] == ["sequential/dense_1/kernel"]
-        assert outcome["replicas"] == [1]
-        assert outcome["num_workers"] == 2
+        # 2 workers x 2 logical CPUs: worker 1's first copy is replica 2.
+        assert outcome["replicas"] == [2]
+        assert outcome["devices"][0].endswith("/task:1/device:CPU:0")
+        assert (outcome["num_workers"], outcome["num_replicas"]) == (2, 4)
     # Both workers stop at the same step: the check at the start of training.
     assert outcomes[0]["raised_at_step"] == outcomes[1]["raised_at_step"] == 0
     # "resync" repairs every worker's copies alike, and training goes on.
