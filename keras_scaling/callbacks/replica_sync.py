@@ -321,7 +321,26 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
                 per_replica_state=self.per_replica_state,
             )
             self._checker_key = key
+            self._warn_about_single_copies(optimizer)
         return self._checker
+
+    def _warn_about_single_copies(self, optimizer):
+        candidates = list(self.model.variables)
+        if optimizer is not None:
+            candidates += list(optimizer.variables)
+        single = [
+            v.path
+            for v in candidates
+            if not replica_state.is_distributed(replica_state.distributed_variable(v))
+        ]
+        if single:
+            logger.warning(
+                "ReplicaSyncCheck: %d variable(s) have a single copy, not one per "
+                "replica, and are not compared (created outside "
+                "strategy.scope()?): %s",
+                len(single),
+                ", ".join(single[:10]) + (", ..." if len(single) > 10 else ""),
+            )
 
     def _check_and_act(self):
         if self._single_replica():
