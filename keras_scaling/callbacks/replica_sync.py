@@ -76,7 +76,8 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
     variable: path, shape, dtype, aggregation, synchronization, the replicas
     (and devices) that differ from replica 0, the maximum absolute and
     relative difference, the number of differing elements, the NaN/Inf count
-    per replica and a likely cause. `check()` returns one on demand.
+    per replica and a likely cause. `check()` returns one on demand, and the
+    latest is kept in `last_report`.
 
     With one replica (or the default strategy) there is nothing to compare:
     the callback says so once and does nothing.
