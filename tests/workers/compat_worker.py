@@ -25,6 +25,8 @@ STEPS_PER_EXECUTION = 4  # 6 batches: one execution of 4, a partial one of 2
 # padded to whole global batches of 8 (1 CPU per worker) or 16 (2 CPUs).
 NUM_IDS = 50
 PER_REPLICA_BATCH_SIZE = 4
+# Does not divide the 8 (or 4) steps of an epoch: the last execution is partial.
+SHARES_STEPS_PER_EXECUTION = 3
 
 
 def make_data():
@@ -90,6 +92,7 @@ def make_identity_model(strategy):
             optimizer=keras.optimizers.SGD(0.01),
             loss="mse",
             weighted_metrics=[WeightedCount(), WeightedIdSum()],
+            steps_per_execution=SHARES_STEPS_PER_EXECUTION,
         )
     return model
 
