@@ -4,8 +4,11 @@ Each worker is its own process (`tests/workers/compat_worker.py`) with its
 own `TF_CONFIG` and 1 or 2 logical CPUs (`KERAS_SCALING_CPU_DEVICES`, as
 `keras-scaling launch --cpu-devices` sets it): one replica per worker, where
 Keras sees each worker's values as plain tensors, and two, where it sees
-per-replica values. The workers run once per CPU count; every test reads what
-they wrote.
+per-replica values. Besides arrays, they train, evaluate and predict on
+datasets holding each worker's own share with TensorFlow's sharding off (from
+`keras_scaling.data.distribute`, and one split by hand), where the
+`multi_worker_epoch` fix decides how long an epoch is. The workers run once
+per CPU count; every test reads what they wrote.
 """
 
 import collections
