@@ -265,6 +265,27 @@ def test_tracked_variables_classify_roles_and_per_replica_state(strategy):
 
 
 @pytest.mark.logical_cpus(2)
+def test_on_read_variables_are_per_replica_state(strategy):
+    import keras
+
+    class RunningTotal(keras.layers.Layer):
+        def build(self, input_shape):
+            self.total = keras.Variable(
+                0.0, trainable=False, aggregation="sum", synchronization="on_read",
+                name="total",
+            )
+
+        def call(self, inputs):
+            return inputs
+
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((2,)), RunningTotal()])
+    (tracked,) = replica_state.tracked_variables(model)
+    assert (tracked.synchronization, tracked.aggregation) == ("ON_READ", "SUM")
+    assert tracked.per_replica_reason.startswith("synchronization ON_READ")
+
+
+@pytest.mark.logical_cpus(2)
 def test_synchronized_batch_norm_statistics_are_not_per_replica_state(strategy):
     model = _model(strategy, synchronized=True)
     tracked = replica_state.tracked_variables(model)
