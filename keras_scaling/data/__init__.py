@@ -110,8 +110,10 @@ def distribute(
       included: the mean over the real samples is
       `loss * (num_examples + samples_padded_per_epoch) / num_examples`
       (numbers from `plan_of(dataset)`). Data without targets (`x` alone,
-      for `predict`) gets no weights: the extra predictions are at the end,
-      so keep the first `num_examples` (with `shuffle=False`).
+      for `predict`) gets no weights: on one worker the extra predictions
+      are at the end, so keep the first `num_examples` (with
+      `shuffle=False`); with several workers the workers' rows alternate and
+      the padding is mixed in, so predict with a single worker.
     - `"partial"`: the last batch is smaller and TensorFlow splits it over the
       replicas, so some replicas can get fewer or no samples in that step.
       Refused under TPUs (static shapes) and with several workers (the
