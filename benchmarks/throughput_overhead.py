@@ -139,6 +139,34 @@ def main(argv=None):
     print(f"steady-state overhead per step: ThroughputLogger {overhead:+.2%} (goal < 1%), "
           f"TensorBoard(update_freq=1) {tensorboard:+.2%}")
 
+    # The logger's own time, which a busy machine distorts far less than the
+    # differences above: its batch hook (the counter read every update_freq
+    # steps included) after the first execution, per step; and its set-up at
+    # the end of the first execution of a fit.
+    class TimedLogger(keras_scaling.ThroughputLogger):
+        def on_train_begin(self, logs=None):
+            self.setup_s, self.hook_s = 0.0, 0.0
+            super().on_train_begin(logs)
+
+        def on_train_batch_end(self, batch, logs=None):
+            start_s = time.perf_counter()
+            super().on_train_batch_end(batch, logs)
+            if batch == 0:
+                self.setup_s += time.perf_counter() - start_s
+            else:
+                self.hook_s += time.perf_counter() - start_s
+
+    hook_shares, setups_s = [], []
+    for _ in range(args.repeats):
+        timed = TimedLogger(fresh_dir(), baseline=None)
+        step_time_s, _ = fit([timed])
+        hook_shares.append(timed.hook_s / (args.steps - 1) / step_time_s)
+        setups_s.append(timed.setup_s)
+    print(f"time inside ThroughputLogger's batch hook: median "
+          f"{statistics.median(hook_shares):.2%} of a step "
+          f"(runs: {', '.join(f'{r:.2%}' for r in hook_shares)}); "
+          f"set-up once per fit: median {statistics.median(setups_s) * 1e3:.1f} ms")
+
     mean_ratios, median_ratios = [], []
     for _ in range(args.repeats):
         log_dir = fresh_dir()
