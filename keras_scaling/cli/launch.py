@@ -4,6 +4,7 @@ import argparse
 import sys
 
 from keras_scaling import launcher
+from keras_scaling.cli._arguments import positive_int
 
 _DESCRIPTION = """\
 Run COMMAND as N local workers of one MultiWorkerMirroredStrategy cluster.
@@ -35,14 +36,14 @@ def add_parser(subparsers):
     )
     parser.add_argument(
         "--workers",
-        type=_positive_int,
+        type=positive_int,
         required=True,
         metavar="N",
         help="number of worker processes",
     )
     parser.add_argument(
         "--cpu-devices",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         metavar="K",
         help="split each worker's CPU into K logical devices (sets "
@@ -50,7 +51,7 @@ def add_parser(subparsers):
     )
     parser.add_argument(
         "--port-base",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         metavar="P",
         help="use ports P, P+1, ... on 127.0.0.1 (default: free ports)",
@@ -71,18 +72,6 @@ def add_parser(subparsers):
     )
     parser.set_defaults(run=run)
     return parser
-
-
-def _positive_int(text):
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"must be a positive integer, got {text!r}"
-        ) from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
-    return value
 
 
 def _seconds(text):
