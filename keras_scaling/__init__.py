@@ -30,7 +30,16 @@ _EXPORTS = {
     "ReplicaDivergenceError": "keras_scaling.callbacks.replica_sync",
     "ThroughputLogger": "keras_scaling.callbacks.throughput",
 }
-_SUBMODULES = ("callbacks", "compat", "data", "devices")
+_SUBMODULES = (
+    "baseline",
+    "callbacks",
+    "compat",
+    "data",
+    "devices",
+    "launcher",
+    "replica_state",
+    "throughput",
+)
 
 __all__ = sorted(_EXPORTS) + list(_SUBMODULES)
 

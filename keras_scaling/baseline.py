@@ -25,7 +25,6 @@ speedup is measured against it. It comes from a number, from an earlier run's
 
 import dataclasses
 import json
-import logging
 import math
 import os
 import threading
@@ -33,10 +32,23 @@ import time
 
 from keras_scaling.throughput import ThroughputWindow
 
-logger = logging.getLogger("keras_scaling")
+__all__ = [
+    "Baseline",
+    "FIELDS",
+    "THROUGHPUT_JSON",
+    "VERSION",
+    "measure_samples_per_sec",
+    "read_throughput_json",
+    "resolve_baseline",
+    "setup_differences",
+    "write_throughput_json",
+]
 
+# The file name in a run's log_dir.
 THROUGHPUT_JSON = "throughput.json"
+# The format version, the record's "version" key.
 VERSION = 1
+# Every key of a record, in the order written.
 FIELDS = (
     "version",
     "samples_per_sec",
@@ -69,6 +81,19 @@ def write_throughput_json(log_dir, record):
 
     Returns:
         The path written.
+
+    Raises:
+        ValueError: `record` lacks a key of `FIELDS` or has another key.
+
+    Example:
+
+    ```python
+    import tempfile
+    from keras_scaling import baseline
+    record = dict.fromkeys(baseline.FIELDS)
+    record.update(version=baseline.VERSION, samples_per_sec=1500.0, num_replicas=1)
+    path = baseline.write_throughput_json(tempfile.mkdtemp(), record)
+    ```
     """
     missing = [key for key in FIELDS if key not in record]
     extra = [key for key in record if key not in FIELDS]
@@ -99,6 +124,14 @@ def read_throughput_json(path, parameter="path"):
     Raises:
         ValueError: the file is missing, not JSON, or not a version-1
             throughput record.
+
+    Example:
+
+    ```python
+    from keras_scaling import baseline
+    record = baseline.read_throughput_json("runs/one_gpu")   # or .../throughput.json
+    record["samples_per_sec"], record["num_replicas"]
+    ```
     """
     path = os.fspath(path)
     if os.path.isdir(path):
@@ -136,6 +169,18 @@ class Baseline:
         num_replicas: int, the replicas the baseline ran on (1 except for
             a file from a multi-replica run).
         record: the `throughput.json` record for `mode="file"`, else None.
+
+    `resolve_baseline` makes one from a user's `baseline` argument; for
+    `"measure"` and `"auto"` the figure is filled in later with `with_value`.
+
+    Example:
+
+    ```python
+    from keras_scaling import baseline
+    pending = baseline.resolve_baseline("measure")   # Baseline(mode="measure")
+    known = pending.with_value(1500.0, "measured on /device:CPU:0")
+    known.samples_per_sec   # 1500.0
+    ```
     """
 
     mode: str
@@ -213,6 +258,15 @@ def resolve_baseline(baseline, parameter="baseline"):
 def setup_differences(record, *, per_replica_batch_size, dtype_policy, device_kind):
     """What differs between a baseline file's set-up and this run's.
 
+    A baseline is only comparable when it ran with the same per-replica
+    batch, dtype policy and kind of device.
+
+    Args:
+        record: dict, the baseline's `throughput.json` record.
+        per_replica_batch_size: int, this run's per-replica batch size.
+        dtype_policy: str, this run's dtype policy, such as `"float32"`.
+        device_kind: str, this run's `"CPU"`, `"GPU"` or `"TPU"`.
+
     Returns:
         A list of readable differences, empty when the set-ups match.
 
@@ -271,6 +325,18 @@ def measure_samples_per_sec(model, element_spec, device, *, duration_s=1.0,
     Raises:
         ValueError: the model cannot be copied, or the spec has unknown
             dimensions.
+
+    Example:
+
+    ```python
+    import keras
+    import tensorflow as tf
+    from keras_scaling import baseline
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    spec = (tf.TensorSpec([32, 8], tf.float32), tf.TensorSpec([32, 1], tf.float32))
+    baseline.measure_samples_per_sec(model, spec, "/device:CPU:0", duration_s=0.5)
+    ```
     """
     import keras
     import tensorflow as tf

@@ -8,10 +8,22 @@ import os
 
 import tensorflow as tf
 
-logger = logging.getLogger("keras_scaling")
+# `keras-scaling launch --cpu-devices K` sets it for every worker it starts.
+from keras_scaling.launcher import CPU_DEVICES_ENV as _CPU_DEVICES_ENV
 
-# Set by `keras-scaling launch --cpu-devices K` for every worker it starts.
-CPU_DEVICES_ENV = "KERAS_SCALING_CPU_DEVICES"
+__all__ = [
+    "StrategyInfo",
+    "auto_strategy",
+    "describe_strategy",
+    "is_chief",
+    "num_workers",
+    "strategy_kind",
+    "tf_config",
+    "use_logical_cpus",
+    "worker_index",
+]
+
+logger = logging.getLogger("keras_scaling")
 
 
 def use_logical_cpus(n):
@@ -72,7 +84,7 @@ def use_logical_cpus(n):
 
 def _apply_cpu_devices_from_env():
     """Honours `KERAS_SCALING_CPU_DEVICES`, set by `keras-scaling launch`."""
-    value = os.environ.get(CPU_DEVICES_ENV)
+    value = os.environ.get(_CPU_DEVICES_ENV)
     if not value:
         return
     try:
@@ -81,7 +93,7 @@ def _apply_cpu_devices_from_env():
         count = 0
     if count < 1:
         raise ValueError(
-            f"{CPU_DEVICES_ENV} must be a positive integer, got {value!r}"
+            f"{_CPU_DEVICES_ENV} must be a positive integer, got {value!r}"
         )
     if _tf_config_worker_count() > 1:
         # MultiWorkerMirroredStrategy configures collective ops, which must
@@ -96,7 +108,28 @@ def _apply_cpu_devices_from_env():
 
 
 def tf_config():
-    """Returns the parsed `TF_CONFIG` environment variable, or `{}`."""
+    """Returns the parsed `TF_CONFIG` environment variable, or `{}`.
+
+    `TF_CONFIG` describes a multi-worker cluster and this process's task in
+    it; `keras-scaling launch` sets it for every worker it starts. An unset
+    or empty variable gives `{}`.
+
+    Returns:
+        dict, the decoded JSON object, such as `{"cluster": {"worker": [...]},
+        "task": {"type": "worker", "index": 0}}`, or `{}`.
+
+    Raises:
+        ValueError: `TF_CONFIG` is not valid JSON, or not a JSON object.
+
+    Example:
+
+    ```python
+    from keras_scaling import devices
+    config = devices.tf_config()
+    workers = config.get("cluster", {}).get("worker", [])
+    print(f"{len(workers)} worker(s) in TF_CONFIG")
+    ```
+    """
     raw = os.environ.get("TF_CONFIG")
     if not raw:
         return {}
@@ -301,6 +334,21 @@ def strategy_kind(strategy):
 
     `tf.distribute.MultiWorkerMirroredStrategy()` is an instance of the
     internal `CollectiveAllReduceStrategy`; users know it by its public name.
+
+    Args:
+        strategy: a `tf.distribute.Strategy`.
+
+    Returns:
+        str, such as `"MirroredStrategy"` or `"MultiWorkerMirroredStrategy"`.
+
+    Example:
+
+    ```python
+    import tensorflow as tf
+    from keras_scaling import devices
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    devices.strategy_kind(strategy)   # "MirroredStrategy"
+    ```
     """
     if _is_multi_worker(strategy):
         return "MultiWorkerMirroredStrategy"
@@ -330,7 +378,25 @@ def _is_multi_worker(strategy):
 
 
 def num_workers(strategy):
-    """The number of workers (machines or processes) the strategy spans."""
+    """The number of workers (machines or processes) the strategy spans.
+
+    1 for every strategy but `MultiWorkerMirroredStrategy` (the workers of
+    its cluster) and `TPUStrategy` (the TPU hosts).
+
+    Args:
+        strategy: a `tf.distribute.Strategy`.
+
+    Returns:
+        int, at least 1.
+
+    Example:
+
+    ```python
+    import tensorflow as tf
+    from keras_scaling import devices
+    devices.num_workers(tf.distribute.get_strategy())   # 1
+    ```
+    """
     if _is_multi_worker(strategy):
         return strategy.extended._num_workers
     if isinstance(strategy, tf.distribute.TPUStrategy):
@@ -343,6 +409,20 @@ def worker_index(strategy):
 
     With a `chief` task in `TF_CONFIG` the chief is worker 0 and the
     `worker` tasks follow it.
+
+    Args:
+        strategy: a `tf.distribute.Strategy`.
+
+    Returns:
+        int, from 0 to `num_workers(strategy) - 1`.
+
+    Example:
+
+    ```python
+    import tensorflow as tf
+    from keras_scaling import devices
+    devices.worker_index(tf.distribute.get_strategy())   # 0
+    ```
     """
     if not _is_multi_worker(strategy):
         return 0
@@ -354,7 +434,26 @@ def worker_index(strategy):
 
 
 def is_chief(strategy):
-    """Whether this worker is the one that writes logs, files and checkpoints."""
+    """Whether this worker is the one that writes logs, files and checkpoints.
+
+    Always true on a single worker; under `MultiWorkerMirroredStrategy`, true
+    on the chief only (worker 0 when `TF_CONFIG` has no `chief` task).
+
+    Args:
+        strategy: a `tf.distribute.Strategy`.
+
+    Returns:
+        bool.
+
+    Example:
+
+    ```python
+    import tensorflow as tf
+    from keras_scaling import devices
+    if devices.is_chief(tf.distribute.get_strategy()):
+        print("this worker writes the logs")
+    ```
+    """
     if not _is_multi_worker(strategy):
         return True
     return bool(strategy.extended.should_checkpoint)

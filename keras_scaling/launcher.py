@@ -17,7 +17,10 @@ import sys
 import threading
 import time
 
-# Read by `keras_scaling.devices.auto_strategy` in every worker.
+__all__ = ["CPU_DEVICES_ENV", "LaunchResult", "free_ports", "launch", "worker_env"]
+
+# Read by `keras_scaling.devices.auto_strategy` in every worker; `devices`
+# imports it from here, since this module must not import TensorFlow.
 CPU_DEVICES_ENV = "KERAS_SCALING_CPU_DEVICES"
 
 _POLL_INTERVAL_S = 0.05
@@ -36,6 +39,13 @@ def free_ports(count, host="127.0.0.1"):
 
     Returns:
         A list of `count` port numbers.
+
+    Example:
+
+    ```python
+    from keras_scaling import launcher
+    ports = launcher.free_ports(2)   # such as [41235, 37807]
+    ```
     """
     sockets = []
     try:
@@ -62,7 +72,7 @@ def _check_ports_free(ports, host="127.0.0.1"):
                 ) from None
 
 
-def tf_config(ports, index, host="127.0.0.1"):
+def _tf_config(ports, index, host="127.0.0.1"):
     """The `TF_CONFIG` of worker `index` in a cluster of workers on `ports`.
 
     Worker 0 is the chief: with no `chief` task in the cluster,
@@ -89,17 +99,47 @@ def worker_env(base_env, ports, index, cpu_devices=None):
     Sets `TF_CONFIG`, `KERAS_SCALING_CPU_DEVICES` when `cpu_devices` is given,
     and `PYTHONUNBUFFERED=1` (unless already set) so that a Python worker's
     lines reach the terminal as they are printed, not when a buffer fills.
+
+    `TF_CONFIG` names every worker of the cluster on 127.0.0.1, one port
+    each, and gives this worker task `{"type": "worker", "index": index}`;
+    worker 0 is the chief. `base_env` itself is not changed.
+
+    Args:
+        base_env: dict (or `os.environ`), the environment to start from.
+        ports: list of int, one port per worker of the cluster.
+        index: int, this worker's index in `ports`.
+        cpu_devices: int or None, the logical CPUs each worker splits its CPU
+            into (`KERAS_SCALING_CPU_DEVICES`); None, the default, leaves it
+            unset.
+
+    Returns:
+        A new dict.
+
+    Example:
+
+    ```python
+    import json, os
+    from keras_scaling import launcher
+    env = launcher.worker_env(os.environ, launcher.free_ports(2), 0, cpu_devices=2)
+    json.loads(env["TF_CONFIG"])["task"]   # {"type": "worker", "index": 0}
+    env["KERAS_SCALING_CPU_DEVICES"]      # "2"
+    ```
     """
     env = dict(base_env)
-    env["TF_CONFIG"] = json.dumps(tf_config(ports, index))
+    env["TF_CONFIG"] = json.dumps(_tf_config(ports, index))
     if cpu_devices is not None:
         env[CPU_DEVICES_ENV] = str(cpu_devices)
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
 
 
-def describe_status(returncode):
-    """`"status 3"`, or `"status -9 (killed by SIGKILL)"` for a signal."""
+def _describe_status(returncode):
+    """`"status 3"`, or `"status -9 (killed by SIGKILL)"` for a signal.
+
+    Args:
+        returncode: int, a `subprocess.Popen.returncode` (negative: the
+            signal that ended the process).
+    """
     if returncode < 0:
         try:
             name = signal.Signals(-returncode).name
@@ -109,8 +149,13 @@ def describe_status(returncode):
     return f"status {returncode}"
 
 
-def exit_code_for(returncode):
-    """The launcher's exit status for a worker's: 128 + N for signal N, as a shell does."""
+def _exit_code_for(returncode):
+    """The launcher's exit status for a worker's: 128 + N for signal N, as a shell does.
+
+    Args:
+        returncode: int, a `subprocess.Popen.returncode` (negative: the
+            signal that ended the process).
+    """
     if returncode < 0:
         return 128 + (-returncode)
     return returncode
@@ -129,6 +174,17 @@ class LaunchResult:
         failed_worker: the index of the first worker that failed, or None.
         interrupted: whether the launcher was interrupted (SIGINT or SIGTERM).
         message: one line for the user, empty when all succeeded.
+
+    `launch` returns one; a caller usually exits with its `exit_code`.
+
+    Example:
+
+    ```python
+    import sys
+    from keras_scaling import launcher
+    result = launcher.launch([sys.executable, "-c", "pass"], num_workers=2)
+    result.exit_code, result.returncodes   # (0, [0, 0])
+    ```
     """
 
     exit_code: int
@@ -420,11 +476,11 @@ def _supervise(workers, grace_period_s, signals):
             running = [worker for worker in workers if worker.poll() is None]
             _stop(running, [signal.SIGTERM, signal.SIGKILL], grace_period_s, signals)
             code = failed.process.returncode
-            message = f"worker {failed.index} exited with {describe_status(code)}"
+            message = f"worker {failed.index} exited with {_describe_status(code)}"
             if running:
                 message += "; stopped the others"
             return LaunchResult(
-                exit_code=exit_code_for(code) or 1,
+                exit_code=_exit_code_for(code) or 1,
                 returncodes=[worker.process.wait() for worker in workers],
                 failed_worker=failed.index,
                 message=message,

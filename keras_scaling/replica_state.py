@@ -26,10 +26,35 @@ import tensorflow as tf
 from keras_scaling import _fingerprint
 from keras_scaling import devices
 
+__all__ = [
+    "DIVERGENCE",
+    "FLOAT_DRIFT",
+    "GRADIENT_ACCUMULATOR",
+    "NON_TRAINABLE",
+    "OPTIMIZER_ITERATIONS",
+    "OPTIMIZER_VARIABLE",
+    "PER_REPLICA_STATE",
+    "PER_REPLICA_STATE_MODES",
+    "SEED_GENERATOR",
+    "TRAINABLE",
+    "CopyDifference",
+    "ReplicaStateChecker",
+    "ReplicaSyncReport",
+    "TrackedVariable",
+    "VariableReport",
+    "compare_copies",
+    "distributed_variable",
+    "is_distributed",
+    "likely_cause",
+    "tracked_variables",
+]
+
+# Tiers of a `VariableReport`.
 DIVERGENCE = "divergence"
 FLOAT_DRIFT = "float drift"
 PER_REPLICA_STATE = "per-replica state"
 
+# The values of `ReplicaStateChecker(per_replica_state=...)`.
 PER_REPLICA_STATE_MODES = ("warn", "ignore", "error", "average")
 
 # Roles of tracked variables.
@@ -123,6 +148,17 @@ def distributed_variable(variable):
 
 def is_distributed(tf_variable):
     """Whether a `tf.Variable` holds one copy per replica.
+
+    A variable created under a strategy's scope is a
+    `tf.distribute.DistributedValues` (for example a `MirroredVariable`); one
+    created outside it has a single copy and is not.
+
+    Args:
+        tf_variable: a `tf.Variable`, such as `distributed_variable(v)` for a
+            Keras variable `v`.
+
+    Returns:
+        bool.
 
     Example:
 

@@ -13,6 +13,16 @@ after validation and checkpoints, a retrace).
 import dataclasses
 import math
 
+__all__ = [
+    "Interval",
+    "Scaling",
+    "SteadyState",
+    "ThroughputStats",
+    "ThroughputWindow",
+    "scaling",
+    "weighted_percentile",
+]
+
 
 @dataclasses.dataclass(frozen=True)
 class Interval:
@@ -24,6 +34,14 @@ class Interval:
         steps: int, optimizer steps taken in the interval.
         samples: int, samples trained in the interval (all replicas).
         duration_s: float, wall-clock seconds the interval lasted.
+
+    Example:
+
+    ```python
+    interval = Interval(end_iterations=20, steps=10, samples=320, duration_s=0.5)
+    interval.samples_per_sec   # 640.0
+    interval.step_time_s       # 0.05
+    ```
     """
 
     end_iterations: int
@@ -206,6 +224,16 @@ class SteadyState:
         steps_measured: int, the steps the figures are based on.
         samples_measured: int, the samples the figures are based on.
         intervals_measured: int, the intervals the figures are based on.
+
+    Example:
+
+    ```python
+    stats = ThroughputStats()
+    stats.add(Interval(end_iterations=10, steps=10, samples=320, duration_s=0.5))
+    stats.add(Interval(end_iterations=20, steps=10, samples=320, duration_s=2.0))
+    steady = stats.steady_state()
+    steady.step_time_p50_s, steady.samples_per_sec   # (0.05, 640.0)
+    ```
     """
 
     samples_per_sec: float
@@ -270,6 +298,14 @@ class Scaling:
         ideal_speedup: float, `num_replicas / baseline_num_replicas`: what
             perfect scaling would give.
         efficiency: float, `speedup / ideal_speedup`; 1.0 is perfect scaling.
+
+    Example:
+
+    ```python
+    result = scaling(1800.0, 1000.0, num_replicas=2)
+    f"{result.speedup:.1f}x of {result.ideal_speedup:.0f}x, {result.efficiency:.0%}"
+    # '1.8x of 2x, 90%'
+    ```
     """
 
     speedup: float

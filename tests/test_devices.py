@@ -100,12 +100,3 @@ def test_tf_config_worker_count_counts_chief_and_workers(monkeypatch):
     cluster = {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2", "127.0.0.1:3"]}
     monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": cluster, "task": {}}))
     assert devices._tf_config_worker_count() == 3
-
-
-def test_public_names_are_exported_and_documented():
-    for name in keras_scaling.__all__:
-        value = getattr(keras_scaling, name)
-        doc = value.__doc__ or ""
-        assert doc.strip(), f"{name} has no docstring"
-        if callable(value) and not isinstance(value, type(keras_scaling)):
-            assert "Example" in doc, f"{name}'s docstring has no Example"

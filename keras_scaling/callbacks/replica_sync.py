@@ -26,6 +26,10 @@ class ReplicaDivergenceError(RuntimeError):
     diverged variable its path, shape, dtype, aggregation, synchronization,
     differing replicas and devices, differences and likely cause).
 
+    Args:
+        report: the `keras_scaling.replica_state.ReplicaSyncReport` whose
+            divergences are raised; its `str` is the message.
+
     Example:
 
     ```python

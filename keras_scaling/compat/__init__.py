@@ -41,6 +41,7 @@ __all__ = [
 
 logger = logging.getLogger("keras_scaling")
 
+# The environment variable that keeps Keras untouched when set to 1.
 NO_COMPAT_ENV = "KERAS_SCALING_NO_COMPAT"
 
 _FIXES = (_steps_per_execution, _symbolic_build, _scalar_reduce, _multi_worker_epoch)
@@ -65,6 +66,13 @@ class FixStatus:
         needed: whether the installed Keras has the defect.
         active: whether the fix is applied now.
         why: why it is needed or not, and why it is active or not.
+
+    Example:
+
+    ```python
+    fix = keras_scaling.compat.status()["steps_per_execution"]
+    print(fix.issue, fix.needed, fix.active, fix.why)
+    ```
     """
 
     name: str

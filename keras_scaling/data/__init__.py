@@ -284,6 +284,12 @@ def plan_of(dataset):
     Transformations applied after `distribute` (such as `.map`) return new
     datasets without the plan.
 
+    Args:
+        dataset: a `tf.data.Dataset`, or any object.
+
+    Returns:
+        The `InputPlan`, or None for a dataset `distribute` did not return.
+
     Example:
 
     ```python
