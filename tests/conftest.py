@@ -1,10 +1,11 @@
-"""Runs each test in the pytest session whose process has its device count.
+"""Runs each test in a pytest process split into the logical CPUs it needs.
 
 TensorFlow fixes its logical devices once per process, and MirroredStrategy
-instances of different sizes in one process break each other's collective
-all-reduce. So `make test` runs one pytest session per device count
-(`--logical-cpus=N`), and a test marked `@pytest.mark.logical_cpus(N)` runs
-only in session N; an unmarked test runs in session 1 (the process as it is).
+objects in one process clash in their collective all-reduce. So `make test`
+runs the unmarked tests in one process (`--logical-cpus=1`, the default), and
+each file with tests marked `@pytest.mark.logical_cpus(N)` once more per N, in
+a process of its own (`pytest FILE --logical-cpus=N`), which runs only the
+tests marked for N.
 """
 
 import pytest
