@@ -200,10 +200,20 @@ def auto_strategy():
 def _choose_strategy():
     tpu = _tpu_address()
     if tpu is not None:
-        resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu)
-        tf.config.experimental_connect_to_cluster(resolver)
-        tf.tpu.experimental.initialize_tpu_system(resolver)
-        return tf.distribute.TPUStrategy(resolver), f"TPU {tpu!r} found"
+        try:
+            resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu)
+            tf.config.experimental_connect_to_cluster(resolver)
+            tf.tpu.experimental.initialize_tpu_system(resolver)
+            return tf.distribute.TPUStrategy(resolver), f"TPU {tpu!r} found"
+        except (ValueError, RuntimeError, tf.errors.OpError) as error:
+            if tpu != "local":
+                raise
+            # Device files such as /dev/vfio/N also exist on hosts that pass
+            # other hardware through to virtual machines.
+            logger.warning(
+                "auto_strategy: accelerator device files suggest a TPU, but none "
+                "could be initialised (%s); looking for other devices", error
+            )
     workers = _tf_config_worker_count()
     if workers > 1:
         return _multi_worker_strategy(), f"TF_CONFIG names {workers} workers"
