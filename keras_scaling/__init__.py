@@ -22,6 +22,7 @@ import importlib
 __version__ = "0.1.0"
 
 _EXPORTS = {
+    "BackupAndRestore": "keras_scaling.callbacks.backup_and_restore",
     "use_logical_cpus": "keras_scaling.devices",
     "auto_strategy": "keras_scaling.devices",
     "describe_strategy": "keras_scaling.devices",

@@ -3,6 +3,7 @@
 import importlib
 
 _EXPORTS = {
+    "BackupAndRestore": "keras_scaling.callbacks.backup_and_restore",
     "ReplicaSyncCheck": "keras_scaling.callbacks.replica_sync",
     "ReplicaDivergenceError": "keras_scaling.callbacks.replica_sync",
     "ThroughputLogger": "keras_scaling.callbacks.throughput",

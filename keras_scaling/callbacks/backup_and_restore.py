@@ -1,0 +1,394 @@
+"""`BackupAndRestore`: survive preemption, resume inside the epoch, bitwise."""
+
+import logging
+import numbers
+import os
+import shutil
+import signal
+import threading
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from keras_scaling import _backup
+from keras_scaling import _resume
+from keras_scaling import devices
+
+logger = logging.getLogger("keras_scaling")
+
+# EX_TEMPFAIL of sysexits.h: "a temporary failure; the user is invited to
+# retry". Distinct from success (0), errors (1, 2) and death by a signal
+# (128 + N), so a scheduler or `keras-scaling launch --max-restarts` knows to
+# run the job again.
+EXIT_PREEMPTED = 75
+
+_PREEMPTION_DIR = ".preemption"
+
+
+class BackupAndRestore(keras.callbacks.Callback):
+    """Saves training where it stands, and resumes there, inside the epoch.
+
+    A drop-in for `keras.callbacks.BackupAndRestore` for jobs that can be
+    stopped at any time (preemptible machines). It saves the model's
+    variables (weights and layers' seed-generator states), the optimizer's
+    variables (its `iterations` included) and the position in training (the
+    epoch and the step within it) in `backup_dir/backup.npz`:
+
+    - at the end of every epoch;
+    - every `save_every_n_steps` optimizer steps, when given (counted on the
+      optimizer's `iterations`, so right with `steps_per_execution > 1`);
+    - when the process gets SIGTERM (`save_on_preemption`): at the end of
+      the step in progress it saves, stops training, and `fit` raises
+      `SystemExit(75)` (`EXIT_PREEMPTED`, "try again") from `on_train_end`,
+      so the process exits with status 75. Callbacks listed after this one
+      do not get `on_train_end` then. Under `MultiWorkerMirroredStrategy`
+      the signal may reach any one worker: TensorFlow's coordinated
+      preemption handling (`tf.distribute.experimental.PreemptionCheckpointHandler`)
+      agrees on one step, every worker stops after it and exits with 75.
+
+    Running the same script again restores the backup when training begins
+    and continues from the saved step. With a dataset from
+    `keras_scaling.data.distribute`, the saved epoch gets the same seeded
+    order and the steps it had already trained are skipped (read, not
+    trained), so no sample is trained twice or left out: with
+    deterministic ops (`tf.config.experimental.enable_op_determinism()`),
+    the weights at the end are bitwise those of a run that was never
+    stopped, with the same optimizer `iterations`. With other data the run
+    resumes at the start of the saved epoch and says so once, as Keras
+    does. In the resumed epoch Keras numbers the steps from 0 and its
+    progress bar ends early by the skipped steps.
+
+    A save is atomic: the file is written beside the previous one and renamed
+    over it, so a process killed during a save leaves the previous backup
+    whole. Under `MultiWorkerMirroredStrategy` only the chief writes the
+    backup (`backup_dir` must be a directory every worker reads) and every
+    worker restores the same step. A backup of another model (other
+    variables, shapes or dtypes), of another data plan (global batch,
+    samples, shuffling, workers) or a corrupt file raises
+    `keras_scaling.callbacks.backup_and_restore.BackupError` (a
+    `ValueError`) naming the directory and what differs; nothing is
+    overwritten. When training ends normally the backup is deleted (unless
+    `delete_checkpoint=False`), so the next run starts afresh.
+
+    Exactness needs the same script, data and `steps_per_execution`, one
+    `fit` per `backup_dir`, and the training dataset iterated only by `fit`
+    (each iterator draws the next shuffle order).
+
+    Args:
+        backup_dir: str or path, where the backup lives; created when missing.
+        save_every_n_steps: int or None, also save every this many optimizer
+            steps. Defaults to None (epoch ends and preemption only).
+        save_on_preemption: bool, save and stop on SIGTERM. Defaults to True.
+        delete_checkpoint: bool, delete the backup when training ends
+            normally, as Keras does. Defaults to True.
+
+    Example:
+
+    ```python
+    import keras, numpy as np, keras_scaling
+    keras_scaling.use_logical_cpus(2)
+    strategy = keras_scaling.auto_strategy()
+    x = np.random.rand(1024, 8).astype("float32")
+    train = keras_scaling.data.distribute(
+        (x, x.sum(axis=1)), strategy=strategy, per_replica_batch_size=32
+    )
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
+        model.compile(optimizer="adam", loss="mse")
+    # Preempted (SIGTERM)? The process exits with status 75; run it again.
+    model.fit(train, epochs=5, callbacks=[
+        keras_scaling.BackupAndRestore("backup", save_every_n_steps=100),
+    ])
+    ```
+    """
+
+    EXIT_PREEMPTED = EXIT_PREEMPTED
+
+    def __init__(
+        self,
+        backup_dir,
+        *,
+        save_every_n_steps=None,
+        save_on_preemption=True,
+        delete_checkpoint=True,
+    ):
+        super().__init__()
+        if not isinstance(backup_dir, (str, os.PathLike)) or not os.fspath(backup_dir):
+            raise TypeError(
+                "backup_dir must be a non-empty directory path (str or "
+                f"os.PathLike), got {backup_dir!r}. Pass for example "
+                "backup_dir='backup'."
+            )
+        if save_every_n_steps is not None and (
+            isinstance(save_every_n_steps, bool)
+            or not isinstance(save_every_n_steps, numbers.Integral)
+            or save_every_n_steps < 1
+        ):
+            raise ValueError(
+                "save_every_n_steps must be a positive integer or None, got "
+                f"{save_every_n_steps!r}. Pass for example save_every_n_steps=100."
+            )
+        for name, value in (
+            ("save_on_preemption", save_on_preemption),
+            ("delete_checkpoint", delete_checkpoint),
+        ):
+            if not isinstance(value, bool):
+                raise TypeError(f"{name} must be True or False, got {value!r}.")
+        self.backup_dir = os.fspath(backup_dir)
+        self.save_every_n_steps = (
+            None if save_every_n_steps is None else int(save_every_n_steps)
+        )
+        self.save_on_preemption = save_on_preemption
+        self.delete_checkpoint = delete_checkpoint
+        self._hook = None
+        self._handler = None
+        self._signal_received = threading.Event()
+        self._previous_sigterm_handler = None
+        self._preempted = False
+        self._warned = set()
+
+    # Keras hooks.
+
+    def on_train_begin(self, logs=None):
+        strategy = self.model.distribute_strategy
+        self._is_chief = devices.is_chief(strategy)
+        self._multi_worker = devices.num_workers(strategy) > 1 and isinstance(
+            strategy, tf.distribute.MultiWorkerMirroredStrategy
+        )
+        self._preempted = False
+        self._signal_received.clear()
+        self._hook, why = _resume.attach(self.model)
+        if self._hook is None:
+            self._warn_once("hook", why)
+        self._epoch = 0
+        self._epoch_start_iterations = 0
+        self._restore()
+        self._last_saved_iterations = self._read_iterations()
+        if self.save_on_preemption:
+            self._watch_for_preemption(strategy)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+        self._epoch_start_iterations = self._read_iterations()
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self._handler is not None:
+            # Every worker calls it once per batch end; TensorFlow agrees on
+            # the step to save at and calls `_save_preempted` on all of them.
+            self._handler.run(_no_step)
+        elif self._signal_received.is_set() and not self._preempted:
+            self._save_preempted()
+        if self._preempted:
+            self.model.stop_training = True
+            return
+        if self.save_every_n_steps:
+            iterations = self._read_iterations()
+            if _backup.save_is_due(
+                iterations, self._last_saved_iterations, self.save_every_n_steps
+            ):
+                self._save(self._mid_epoch_position(iterations), "every_n_steps")
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self._preempted:
+            return
+        iterations = self._read_iterations()
+        dataset_iterations = None if self._hook is None else self._hook.iterators_created
+        self._save(
+            _backup.Position(epoch + 1, 0, iterations, dataset_iterations), "epoch_end"
+        )
+        if self._signal_received.is_set():
+            self._announce_preemption(iterations)
+            self.model.stop_training = True
+
+    def on_train_end(self, logs=None):
+        self._stop_watching()
+        if self._hook is not None:
+            self._hook.detach()
+            self._hook = None
+        if hasattr(self.model, "_initial_epoch"):
+            self.model._initial_epoch = None
+        if self._preempted:
+            raise SystemExit(EXIT_PREEMPTED)
+        if self.delete_checkpoint and self._is_chief:
+            _backup.remove(self.backup_dir)
+        shutil.rmtree(os.path.join(self.backup_dir, _PREEMPTION_DIR), ignore_errors=True)
+
+    # Saving.
+
+    def _variables(self):
+        return list(self.model.variables) + list(self.model.optimizer.variables)
+
+    def _specs(self, variables):
+        return [_backup.variable_spec(v.path, v.shape, v.dtype) for v in variables]
+
+    def _mid_epoch_position(self, iterations):
+        skipped = 0 if self._hook is None else self._hook.steps_skipped
+        dataset_iterations = (
+            None if self._hook is None else self._hook.iterators_created - 1
+        )
+        return _backup.Position(
+            self._epoch,
+            skipped + iterations - self._epoch_start_iterations,
+            iterations,
+            dataset_iterations,
+        )
+
+    def _save(self, position, reason):
+        self._last_saved_iterations = position.iterations
+        if not self._is_chief:
+            return
+        variables = self._variables()
+        header = {
+            "reason": reason,
+            "position": {
+                "epoch": position.epoch,
+                "step_in_epoch": position.step_in_epoch,
+                "iterations": position.iterations,
+                "dataset_iterations": position.dataset_iterations,
+            },
+            "steps_per_epoch": None if self._hook is None else self._hook.steps_per_epoch,
+            "data_plan": _backup.plan_summary(None if self._hook is None else self._hook.plan),
+        }
+        _backup.write(
+            self.backup_dir,
+            values=[_local_value(v, self.model.distribute_strategy) for v in variables],
+            specs=self._specs(variables),
+            header=header,
+        )
+
+    def _save_preempted(self):
+        iterations = self._read_iterations()
+        position = self._mid_epoch_position(iterations)
+        steps_per_epoch = None if self._hook is None else self._hook.steps_per_epoch
+        if steps_per_epoch and position.step_in_epoch >= steps_per_epoch:
+            # The epoch is complete: its end saves, then training stops.
+            self._signal_received.set()
+            return
+        self._save(position, "preemption")
+        self._announce_preemption(iterations)
+
+    def _announce_preemption(self, iterations):
+        self._preempted = True
+        logger.warning(
+            "Preemption notice (SIGTERM): saved a backup at optimizer step %d "
+            "in %s; stopping training, the process exits with status %d. Run "
+            "the same script again to resume.",
+            iterations,
+            self.backup_dir,
+            EXIT_PREEMPTED,
+        )
+
+    # Restoring.
+
+    def _restore(self):
+        backup = _backup.read(self.backup_dir)  # raises on a corrupt file
+        if self._is_chief:
+            _backup.remove_temporary_files(self.backup_dir)
+        if backup is None:
+            return
+        header, raw_values = backup
+        variables = self._variables()
+        differences = _backup.variable_differences(header["variables"], self._specs(variables))
+        if differences:
+            raise _backup.mismatch_error(self.backup_dir, "model", differences)
+        plan = None if self._hook is None else _backup.plan_summary(self._hook.plan)
+        differences = _backup.plan_differences(header.get("data_plan"), plan)
+        if differences:
+            raise _backup.mismatch_error(self.backup_dir, "data plan", differences)
+        for variable, raw, spec in zip(variables, raw_values, header["variables"]):
+            numpy_dtype = tf.as_dtype(variable.dtype).as_numpy_dtype
+            variable.assign(_backup.decode(raw, spec, numpy_dtype))
+        saved = header["position"]
+        position = _backup.Position(
+            saved["epoch"],
+            saved["step_in_epoch"],
+            saved["iterations"],
+            saved.get("dataset_iterations"),
+        )
+        epoch, steps_to_skip = position.epoch, position.step_in_epoch
+        if not hasattr(self.model, "_initial_epoch"):
+            self._warn_once(
+                "initial_epoch",
+                f"Keras {keras.__version__} models have no _initial_epoch: the "
+                "weights are restored but training starts again at epoch 0",
+            )
+        else:
+            self.model._initial_epoch = epoch
+        skip_ok, why = (False, "") if self._hook is None else self._hook.can_skip()
+        if skip_ok and position.dataset_iterations is not None:
+            self._hook.resume_at(position.dataset_iterations, steps_to_skip)
+        elif steps_to_skip:
+            self._warn_once(
+                "skip",
+                f"{why or 'exact resume is off'}: resuming at the start of epoch "
+                f"{epoch + 1}, so its first {steps_to_skip} steps are trained again "
+                "(what keras.callbacks.BackupAndRestore does). Pass a dataset from "
+                "keras_scaling.data.distribute for an exact resume.",
+            )
+        logger.info(
+            "Restored the backup in %s: epoch %d, step %d of it (optimizer step %d).",
+            self.backup_dir,
+            epoch + 1,
+            steps_to_skip,
+            position.iterations,
+        )
+
+    # Preemption.
+
+    def _watch_for_preemption(self, strategy):
+        if self._multi_worker:
+            self._handler = self._handler or self._preemption_handler(strategy)
+            return
+        if threading.current_thread() is not threading.main_thread():
+            self._warn_once(
+                "thread",
+                "fit runs outside the main thread, where Python cannot receive "
+                "signals: no save on SIGTERM",
+            )
+            return
+        self._previous_sigterm_handler = signal.signal(
+            signal.SIGTERM, lambda signum, frame: self._signal_received.set()
+        )
+
+    def _preemption_handler(self, strategy):
+        config = tf.distribute.experimental.TerminationConfig(
+            exit_fn=_no_step, save_fn=self._save_preempted, grace_period=0
+        )
+        # The handler's own checkpoint holds only its step counter; with a
+        # save_fn it is never written, and other workers' scratch directories
+        # go under this one and are removed when they exit.
+        directory = os.path.join(self.backup_dir, _PREEMPTION_DIR, "handler")
+        return tf.distribute.experimental.PreemptionCheckpointHandler(
+            strategy.cluster_resolver, tf.train.Checkpoint(), directory, config
+        )
+
+    def _stop_watching(self):
+        if self._previous_sigterm_handler is not None:
+            signal.signal(signal.SIGTERM, self._previous_sigterm_handler)
+            self._previous_sigterm_handler = None
+
+    # Helpers.
+
+    def _read_iterations(self):
+        return int(
+            _local_value(self.model.optimizer.iterations, self.model.distribute_strategy)
+        )
+
+    def _warn_once(self, key, message):
+        if key not in self._warned:
+            self._warned.add(key)
+            logger.warning("BackupAndRestore: %s.", message)
+
+
+def _local_value(variable, strategy):
+    """One local copy of a (possibly mirrored) variable, as NumPy.
+
+    All copies are equal; reading a mirrored variable as a whole costs more.
+    """
+    value = getattr(variable, "value", variable)
+    return np.asarray(strategy.experimental_local_results(value)[0].numpy())
+
+
+def _no_step():
+    """Nothing: the step already ran in `fit`; the handler only counts calls."""

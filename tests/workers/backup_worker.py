@@ -1,0 +1,105 @@
+"""Trains a small model with `BackupAndRestore`, for the resume tests.
+
+Run alone it trains on `--cpus` logical CPUs; under `keras-scaling launch` it
+is one worker of a `MultiWorkerMirroredStrategy` job. `--sigterm-at N` makes
+worker `--sigterm-worker` send itself SIGTERM after optimizer step N (a real
+signal, at a step the test chooses). At the end it writes every model and
+optimizer variable to `--out` (from worker 0), with the step count.
+"""
+
+import argparse
+import json
+import os
+import signal
+
+import numpy as np
+
+
+def parse_args():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--backup-dir", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--cpus", type=int, default=2)
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--samples", type=int, default=640)
+    parser.add_argument("--per-replica-batch", type=int, default=8)
+    parser.add_argument("--steps-per-execution", type=int, default=1)
+    parser.add_argument("--save-every", type=int, default=None)
+    parser.add_argument("--sigterm-at", type=int, default=None)
+    parser.add_argument("--sigterm-worker", type=int, default=0)
+    parser.add_argument("--data", choices=("distribute", "arrays"), default="distribute")
+    parser.add_argument("--units", type=int, default=16)
+    parser.add_argument("--log-dir", default=None)
+    parser.add_argument("--pid-dir", default=None)
+    return parser.parse_args()
+
+
+def main():
+    args = parse_args()
+    if args.pid_dir:
+        os.makedirs(args.pid_dir, exist_ok=True)
+        with open(os.path.join(args.pid_dir, f"{os.getpid()}.pid"), "w") as file:
+            file.write(str(os.getpid()))
+    import keras_scaling
+
+    if "TF_CONFIG" not in os.environ:
+        keras_scaling.use_logical_cpus(args.cpus)
+    import keras
+    import tensorflow as tf
+
+    tf.config.experimental.enable_op_determinism()
+    keras.utils.set_random_seed(0)
+    strategy = keras_scaling.auto_strategy()
+    index = keras_scaling.devices.worker_index(strategy)
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(args.samples, 8)).astype("float32")
+    y = (x @ np.arange(1, 9, dtype="float32")[:, None] / 8).astype("float32")
+    with strategy.scope():
+        model = keras.Sequential(
+            [
+                keras.Input((8,)),
+                keras.layers.Dense(args.units, activation="relu"),
+                keras.layers.Dropout(0.25),
+                keras.layers.Dense(1),
+            ]
+        )
+        model.compile(
+            optimizer=keras.optimizers.Adam(1e-2),
+            loss="mse",
+            steps_per_execution=args.steps_per_execution,
+        )
+
+    class SigtermAt(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            step = int(self.model.optimizer.iterations.numpy())
+            if args.sigterm_at is not None and step == args.sigterm_at and index == args.sigterm_worker:
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    callbacks = [
+        SigtermAt(),
+        keras_scaling.BackupAndRestore(args.backup_dir, save_every_n_steps=args.save_every),
+    ]
+    if args.log_dir:
+        callbacks += [
+            keras_scaling.ReplicaSyncCheck(log_dir=args.log_dir, every_n_steps=5),
+            keras_scaling.ThroughputLogger(args.log_dir, update_freq=2, baseline=None),
+        ]
+    if args.data == "distribute":
+        train = keras_scaling.data.distribute(
+            (x, y), strategy=strategy, per_replica_batch_size=args.per_replica_batch
+        )
+        model.fit(train, epochs=args.epochs, verbose=0, callbacks=callbacks)
+    else:
+        batch = args.per_replica_batch * strategy.num_replicas_in_sync
+        model.fit(x, y, batch_size=batch, epochs=args.epochs, verbose=0, callbacks=callbacks)
+
+    if index == 0:
+        values = [np.asarray(v.numpy()) for v in model.variables + model.optimizer.variables]
+        np.savez(args.out, *values)
+        with open(args.out + ".json", "w") as file:
+            json.dump({"iterations": int(model.optimizer.iterations.numpy())}, file)
+
+
+if __name__ == "__main__":
+    main()
