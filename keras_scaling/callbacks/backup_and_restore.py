@@ -288,6 +288,12 @@ class BackupAndRestore(keras.callbacks.Callback):
         if backup is None:
             return
         header, raw_values = backup
+        optimizer = self.model.optimizer
+        if not optimizer.built:
+            # Keras builds the optimizer at the first step on one device; its
+            # variables must exist to take the saved values.
+            with self.model.distribute_strategy.scope():
+                optimizer.build(self.model.trainable_variables)
         variables = self._variables()
         differences = _backup.variable_differences(header["variables"], self._specs(variables))
         if differences:

@@ -1,0 +1,334 @@
+"""BackupAndRestore: exact resume after SIGTERM, atomic saves, clear errors.
+
+The resume tests run `tests/workers/backup_worker.py` in processes of their
+own (2 logical CPUs each): one run never stopped, one that sends itself
+SIGTERM after a chosen optimizer step (exit status 75), and the same command
+again, which resumes. The other tests train in this process on one device.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+import keras_scaling
+from keras_scaling import _backup
+from keras_scaling.callbacks.backup_and_restore import EXIT_PREEMPTED
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+WORKER = os.path.join(REPO, "tests", "workers", "backup_worker.py")
+RUN_TIMEOUT_S = 240
+
+# 640 samples, 8 per replica on 2 replicas: 40 steps per epoch, 120 in all.
+STEPS_PER_EPOCH = 40
+TOTAL_STEPS = 120
+
+
+def run_worker(tmp_path, name, *extra, backup="backup"):
+    out = tmp_path / f"{name}.npz"
+    command = [
+        sys.executable,
+        WORKER,
+        "--backup-dir",
+        str(tmp_path / backup),
+        "--out",
+        str(out),
+        *extra,
+    ]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    result = subprocess.run(
+        command, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=env
+    )
+    return result, out
+
+
+def load_result(out):
+    with np.load(out) as arrays:
+        values = [arrays[name] for name in arrays.files]
+    with open(f"{out}.json") as file:
+        return values, json.load(file)["iterations"]
+
+
+def assert_bitwise_equal(values, reference):
+    assert len(values) == len(reference)
+    for index, (value, expected) in enumerate(zip(values, reference)):
+        assert value.dtype == expected.dtype, index
+        assert value.tobytes() == expected.tobytes(), f"variable {index} differs"
+
+
+def stop_and_resume(tmp_path, *extra, sigterm_at):
+    stopped, _ = run_worker(tmp_path, "resumed", *extra, "--sigterm-at", str(sigterm_at))
+    assert stopped.returncode == EXIT_PREEMPTED, stopped.stderr[-3000:]
+    resumed, out = run_worker(tmp_path, "resumed", *extra)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    return stopped, resumed, out
+
+
+@pytest.mark.timeout(4 * RUN_TIMEOUT_S)
+def test_sigterm_mid_epoch_then_resume_is_bitwise_identical_to_a_run_never_stopped(tmp_path):
+    reference, reference_out = run_worker(tmp_path, "reference", backup="reference_backup")
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    # Step 50 is step 10 of the second epoch.
+    stop_and_resume(tmp_path, sigterm_at=50)
+
+    values, iterations = load_result(tmp_path / "resumed.npz")
+    reference_values, reference_iterations = load_result(reference_out)
+    assert iterations == reference_iterations == TOTAL_STEPS
+    assert_bitwise_equal(values, reference_values)
+
+
+@pytest.mark.timeout(4 * RUN_TIMEOUT_S)
+def test_resume_is_bitwise_identical_with_steps_per_execution(tmp_path):
+    common = ("--steps-per-execution", "4")
+    reference, reference_out = run_worker(
+        tmp_path, "reference", *common, backup="reference_backup"
+    )
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    stop_and_resume(tmp_path, *common, sigterm_at=52)
+
+    values, iterations = load_result(tmp_path / "resumed.npz")
+    reference_values, reference_iterations = load_result(reference_out)
+    assert iterations == reference_iterations
+    assert_bitwise_equal(values, reference_values)
+
+
+@pytest.mark.timeout(3 * RUN_TIMEOUT_S)
+def test_preempted_run_exits_75_and_leaves_a_backup_at_the_signalled_step(tmp_path):
+    stopped, _ = run_worker(tmp_path, "stopped", "--sigterm-at", "50")
+
+    assert stopped.returncode == EXIT_PREEMPTED == 75
+    header, _ = _backup.read(tmp_path / "backup")
+    assert header["reason"] == "preemption"
+    assert header["position"]["iterations"] == 50
+    assert header["position"]["epoch"] == 1
+    assert header["position"]["step_in_epoch"] == 50 - STEPS_PER_EPOCH
+    assert "Preemption notice (SIGTERM)" in stopped.stderr
+
+
+@pytest.mark.timeout(3 * RUN_TIMEOUT_S)
+def test_other_data_resumes_at_the_start_of_the_saved_epoch_and_says_so(tmp_path):
+    arrays = ("--data", "arrays")
+    _, resumed, out = stop_and_resume(tmp_path, *arrays, sigterm_at=50)
+
+    _, iterations = load_result(out)
+    # The 10 steps of the second epoch before the signal are trained again.
+    assert iterations == TOTAL_STEPS + 10
+    assert resumed.stderr.count("resuming at the start of epoch 2") == 1
+
+
+def _scalar_steps(log_dir, tag):
+    accumulator = EventAccumulator(
+        os.path.join(log_dir, "train"),
+        size_guidance={"tensors": 0},
+        purge_orphaned_data=False,
+    )
+    accumulator.Reload()
+    if tag not in accumulator.Tags()["tensors"]:
+        return []
+    return [event.step for event in accumulator.Tensors(tag)]
+
+
+@pytest.mark.timeout(3 * RUN_TIMEOUT_S)
+def test_replica_sync_check_and_throughput_logger_continue_across_a_resume(tmp_path):
+    log_dir = tmp_path / "logs"
+    _, resumed, _ = stop_and_resume(tmp_path, "--log-dir", str(log_dir), sigterm_at=50)
+
+    throughput_steps = _scalar_steps(log_dir, "throughput/samples_per_sec")
+    sync_steps = _scalar_steps(log_dir, "replica_sync/max_abs_diff")
+    for steps in (throughput_steps, sync_steps):
+        assert steps, "nothing was written"
+        assert len(steps) == len(set(steps)), f"a step was written twice: {steps}"
+        assert max(steps) > 50, f"the resumed run wrote nothing: {steps}"
+    assert "diverged" not in resumed.stderr
+
+
+# In this process: one device, the default strategy.
+
+
+def _model(units=4, seed=0):
+    keras.utils.set_random_seed(seed)
+    model = keras.Sequential(
+        [keras.Input((3,)), keras.layers.Dense(units), keras.layers.Dense(1)]
+    )
+    model.compile(optimizer="adam", loss="mse")
+    return model
+
+
+def _data(global_batch_size=8, num_examples=64):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(num_examples, 3)).astype("float32")
+    return keras_scaling.data.distribute(
+        (x, x.sum(axis=1, keepdims=True)), global_batch_size=global_batch_size
+    )
+
+
+def _backup_of_one_epoch(backup_dir):
+    _model().fit(
+        _data(),
+        epochs=1,
+        verbose=0,
+        callbacks=[keras_scaling.BackupAndRestore(backup_dir, delete_checkpoint=False)],
+    )
+    with open(_backup.backup_path(backup_dir), "rb") as file:
+        return file.read()
+
+
+def _fit_resuming(model, data, backup_dir):
+    model.fit(
+        data, epochs=2, verbose=0, callbacks=[keras_scaling.BackupAndRestore(backup_dir)]
+    )
+
+
+def test_backup_of_another_model_raises_naming_the_directory_and_overwrites_nothing(tmp_path):
+    saved = _backup_of_one_epoch(tmp_path)
+
+    with pytest.raises(ValueError, match="another model") as raised:
+        _fit_resuming(_model(units=5), _data(), tmp_path)
+
+    assert str(tmp_path) in str(raised.value)
+    assert "shape [3, 4] in the backup, [3, 5] here" in str(raised.value)
+    assert open(_backup.backup_path(tmp_path), "rb").read() == saved
+
+
+def test_backup_of_another_global_batch_raises_and_overwrites_nothing(tmp_path):
+    saved = _backup_of_one_epoch(tmp_path)
+
+    with pytest.raises(ValueError, match="another data plan") as raised:
+        _fit_resuming(_model(), _data(global_batch_size=16), tmp_path)
+
+    assert "global_batch_size 8 in the backup, 16 here" in str(raised.value)
+    assert open(_backup.backup_path(tmp_path), "rb").read() == saved
+
+
+def test_corrupt_backup_raises_naming_the_file_and_overwrites_nothing(tmp_path):
+    path = _backup.backup_path(tmp_path)
+    with open(path, "wb") as file:
+        file.write(b"not a backup")
+
+    with pytest.raises(ValueError, match="corrupt") as raised:
+        _fit_resuming(_model(), _data(), tmp_path)
+
+    assert path in str(raised.value)
+    assert open(path, "rb").read() == b"not a backup"
+
+
+def test_training_to_the_end_deletes_the_backup(tmp_path):
+    _backup_of_one_epoch(tmp_path)
+
+    _fit_resuming(_model(), _data(), tmp_path)
+
+    assert not _backup.exists(tmp_path)
+
+
+def test_resume_at_an_epoch_boundary_continues_with_the_next_epoch(tmp_path):
+    _backup_of_one_epoch(tmp_path)
+    model = _model()
+
+    _fit_resuming(model, _data(), tmp_path)
+
+    # 64 samples in batches of 8: the second epoch's 8 steps after the first's 8.
+    assert int(model.optimizer.iterations.numpy()) == 16
+
+
+def test_save_every_n_steps_saves_at_the_first_batch_end_past_each_multiple(tmp_path):
+    seen = []
+
+    class ReadBackup(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            backup = _backup.read(tmp_path)
+            seen.append(None if backup is None else backup[0]["position"]["iterations"])
+
+    _model().fit(
+        _data(),
+        epochs=1,
+        verbose=0,
+        callbacks=[
+            keras_scaling.BackupAndRestore(
+                tmp_path, save_every_n_steps=3, delete_checkpoint=False
+            ),
+            ReadBackup(),
+        ],
+    )
+
+    assert seen == [None, None, 3, 3, 3, 6, 6, 6]
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, fragment",
+    [
+        ({"backup_dir": None}, TypeError, "backup_dir must be a non-empty directory path"),
+        ({"backup_dir": ""}, TypeError, "backup_dir must be a non-empty directory path"),
+        ({"backup_dir": "b", "save_every_n_steps": 0}, ValueError, "got 0"),
+        ({"backup_dir": "b", "save_every_n_steps": 2.5}, ValueError, "save_every_n_steps"),
+        ({"backup_dir": "b", "save_on_preemption": "yes"}, TypeError, "save_on_preemption"),
+    ],
+)
+def test_bad_arguments_raise_naming_the_parameter(kwargs, error, fragment):
+    backup_dir = kwargs.pop("backup_dir")
+    with pytest.raises(error, match=fragment):
+        keras_scaling.BackupAndRestore(backup_dir, **kwargs)
+
+
+_SLOW_SAVER = """
+import sys
+import numpy as np
+from keras_scaling import _backup
+big = np.ones((64, 1024, 1024), np.float32)   # 256 MB: the save takes a while
+spec = _backup.variable_spec("big", big.shape, "float32")
+_backup.write(sys.argv[1], values=[big], specs=[spec], header={"position": {"iterations": 2}})
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_process_killed_during_a_save_leaves_the_previous_backup_usable(tmp_path):
+    previous = np.arange(6, dtype=np.float32).reshape(2, 3)
+    spec = _backup.variable_spec("big", previous.shape, "float32")
+    _backup.write(tmp_path, values=[previous], specs=[spec], header={"position": {"iterations": 1}})
+    saver = subprocess.Popen([sys.executable, "-c", _SLOW_SAVER, str(tmp_path)])
+    try:
+        deadline = time.monotonic() + 60
+        while not [name for name in os.listdir(tmp_path) if name.endswith(".tmp")]:
+            assert time.monotonic() < deadline, "the save never started"
+            assert saver.poll() is None, "the save ended before it could be killed"
+            time.sleep(0.01)
+        saver.send_signal(signal.SIGKILL)
+    finally:
+        saver.kill()
+        saver.wait()
+
+    header, raw_values = _backup.read(tmp_path)
+    assert header["position"]["iterations"] == 1
+    restored = _backup.decode(raw_values[0], header["variables"][0], np.float32)
+    assert np.array_equal(restored, previous)
+    _backup.remove_temporary_files(tmp_path)
+    assert os.listdir(tmp_path) == [_backup.FILE_NAME]
+
+
+def test_save_is_due_counts_multiples_of_optimizer_steps():
+    assert not _backup.save_is_due(99, 0, 100)
+    assert _backup.save_is_due(100, 0, 100)
+    assert _backup.save_is_due(104, 96, 100)  # steps_per_execution=8 jumps past 100
+    assert not _backup.save_is_due(150, 100, 100)
+    assert not _backup.save_is_due(500, 0, None)
+
+
+def test_variable_differences_name_index_path_and_what_differs():
+    saved = [_backup.variable_spec("dense/kernel", (8, 4), "float32")]
+    current = [
+        _backup.variable_spec("dense_1/kernel", (8, 4), "float16"),
+        _backup.variable_spec("dense_1/bias", (4,), "float32"),
+    ]
+
+    assert _backup.variable_differences(saved, current) == [
+        "1 variables in the backup, 2 here",
+        "variable 0 (dense_1/kernel): dtype float32 in the backup, float16 here",
+    ]
+    assert _backup.variable_differences(saved, saved) == []
