@@ -17,6 +17,12 @@ import zipfile
 
 import numpy as np
 
+# EX_TEMPFAIL of sysexits.h: "a temporary failure; the user is invited to
+# retry". Distinct from success (0), errors (1, 2) and death by a signal
+# (128 + N), so a scheduler or `keras-scaling launch --max-restarts` knows that
+# the job saved a backup and can run again.
+EXIT_PREEMPTED = 75
+
 FILE_NAME = "backup.npz"
 FORMAT = "keras_scaling.backup"
 FORMAT_VERSION = 1

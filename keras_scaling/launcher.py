@@ -17,6 +17,8 @@ import sys
 import threading
 import time
 
+from keras_scaling._backup import EXIT_PREEMPTED
+
 __all__ = ["CPU_DEVICES_ENV", "LaunchResult", "free_ports", "launch", "worker_env"]
 
 # Read by `keras_scaling.devices.auto_strategy` in every worker; `devices`
@@ -146,6 +148,8 @@ def _describe_status(returncode):
         except ValueError:
             name = f"signal {-returncode}"
         return f"status {returncode} (killed by {name})"
+    if returncode == EXIT_PREEMPTED:
+        return f"status {returncode} (preempted: saved a backup to resume from)"
     return f"status {returncode}"
 
 
@@ -174,6 +178,8 @@ class LaunchResult:
         failed_worker: the index of the first worker that failed, or None.
         interrupted: whether the launcher was interrupted (SIGINT or SIGTERM).
         message: one line for the user, empty when all succeeded.
+        restarts: how many times the whole job was restarted
+            (`max_restarts`).
 
     `launch` returns one; a caller usually exits with its `exit_code`.
 
@@ -192,6 +198,7 @@ class LaunchResult:
     failed_worker: int = None
     interrupted: bool = False
     message: str = ""
+    restarts: int = 0
 
 
 class _Worker:
@@ -319,6 +326,7 @@ def launch(
     stdout=None,
     stderr=None,
     env=None,
+    max_restarts=0,
 ):
     """Runs `command` as `num_workers` local workers of one cluster, and waits.
 
@@ -337,9 +345,20 @@ def launch(
       stopped, not waited for. (TensorFlow's multi-worker runtime takes
       SIGTERM as a preemption notice and keeps running, so it is usually the
       SIGKILL that stops such a worker.)
-    - On SIGINT (Ctrl-C) or SIGTERM, the launcher forwards that signal to
-      every worker, then sends SIGTERM and finally SIGKILL, each after
-      `grace_period_s`. A second Ctrl-C skips the wait.
+    - On SIGTERM, the launcher sends SIGTERM to every worker, a preemption
+      notice: with `keras_scaling.BackupAndRestore` they save a backup and
+      exit with status 75 (`EXIT_PREEMPTED`). SIGKILL follows after
+      `grace_period_s`. The launcher then exits with 75 when every worker
+      did, else 143.
+    - On SIGINT (Ctrl-C), the launcher forwards SIGINT to every worker, then
+      sends SIGTERM and finally SIGKILL, each after `grace_period_s`. A
+      second Ctrl-C skips the wait.
+    - A worker that exits with status 75 (preempted, after saving) gets its
+      peers `grace_period_s` to exit by themselves before they are stopped.
+    - With `max_restarts`, a job whose worker failed or was preempted is
+      started again, all workers anew, up to `max_restarts` times; each
+      restart prints why on `stderr`. A job the launcher was told to stop
+      (SIGINT, SIGTERM) is not restarted.
     - Signals go to each worker's whole process group, so processes a worker
       started are stopped too, and none is left running when this returns.
 
@@ -361,12 +380,14 @@ def launch(
         stderr: file for the workers' prefixed stderr; `sys.stderr` by default.
         env: dict, the environment the workers' settings are added to;
             `os.environ` by default.
+        max_restarts: int, how many times to restart the whole job after a
+            worker fails or is preempted. Defaults to 0.
 
     Returns:
         A `LaunchResult`: `exit_code` is 0 when every worker succeeded, the
         first failed worker's status otherwise (128 + N for signal N), 130
-        after Ctrl-C (143 after SIGTERM); `message` says which worker failed
-        and how.
+        after Ctrl-C, 143 after SIGTERM (75 when every worker then saved and
+        exited with 75); `message` says which worker failed and how.
 
     Raises:
         TypeError, ValueError: an argument is invalid, or the command cannot
@@ -381,6 +402,33 @@ def launch(
     ```
     """
     _check_arguments(command, num_workers, cpu_devices, port_base, grace_period_s)
+    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
+        raise ValueError(
+            f"max_restarts must be an integer >= 0, got {max_restarts!r}; pass 0 "
+            "to never restart"
+        )
+    stderr = sys.stderr if stderr is None else stderr
+    restarts = 0
+    while True:
+        result = _launch_once(
+            command, num_workers, cpu_devices, port_base, grace_period_s, stdout, stderr, env
+        )
+        result.restarts = restarts
+        if result.exit_code == 0 or result.interrupted or restarts >= max_restarts:
+            return result
+        restarts += 1
+        print(
+            f"keras-scaling launch: {result.message}; restarting the job "
+            f"(restart {restarts} of {max_restarts})",
+            file=stderr,
+            flush=True,
+        )
+
+
+def _launch_once(
+    command, num_workers, cpu_devices, port_base, grace_period_s, stdout, stderr, env
+):
+    """Runs the workers once, as `launch` describes; returns a `LaunchResult`."""
     stdout = sys.stdout if stdout is None else stdout
     stderr = sys.stderr if stderr is None else stderr
     env = os.environ if env is None else env
@@ -455,11 +503,23 @@ def _supervise(workers, grace_period_s, signals):
     while True:
         if signals.received:
             first = signals.received[0]
-            _stop(workers, [first, signal.SIGTERM, signal.SIGKILL], grace_period_s, signals)
+            # SIGTERM is a preemption notice, passed on as such: the workers
+            # save and exit; only SIGKILL is stronger.
+            sequence = [first] + ([] if first == signal.SIGTERM else [signal.SIGTERM])
+            _stop(workers, sequence + [signal.SIGKILL], grace_period_s, signals)
             name = signal.Signals(first).name
+            returncodes = [worker.process.wait() for worker in workers]
+            if all(code == EXIT_PREEMPTED for code in returncodes):
+                return LaunchResult(
+                    exit_code=EXIT_PREEMPTED,
+                    returncodes=returncodes,
+                    interrupted=True,
+                    message=f"interrupted by {name}; every worker saved a backup "
+                    f"and exited with status {EXIT_PREEMPTED} (preempted)",
+                )
             return LaunchResult(
                 exit_code=128 + first,
-                returncodes=[worker.process.wait() for worker in workers],
+                returncodes=returncodes,
                 interrupted=True,
                 message=f"interrupted by {name}; stopped the workers",
             )
@@ -473,6 +533,9 @@ def _supervise(workers, grace_period_s, signals):
             None,
         )
         if failed is not None:
+            if failed.process.returncode == EXIT_PREEMPTED:
+                # Its peers saved at the same step and are exiting too.
+                _wait_for_exit(workers, grace_period_s, signals)
             running = [worker for worker in workers if worker.poll() is None]
             _stop(running, [signal.SIGTERM, signal.SIGKILL], grace_period_s, signals)
             code = failed.process.returncode
@@ -487,6 +550,16 @@ def _supervise(workers, grace_period_s, signals):
             )
         if all(code == 0 for code in returncodes):
             return LaunchResult(exit_code=0, returncodes=returncodes)
+        time.sleep(_POLL_INTERVAL_S)
+
+
+def _wait_for_exit(workers, timeout_s, signals):
+    """Waits up to `timeout_s` for every worker to exit, or for a signal."""
+    received_before = len(signals.received)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and len(signals.received) == received_before:
+        if all(worker.poll() is not None for worker in workers):
+            return
         time.sleep(_POLL_INTERVAL_S)
 
 

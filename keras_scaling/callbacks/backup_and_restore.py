@@ -17,11 +17,7 @@ from keras_scaling import devices
 
 logger = logging.getLogger("keras_scaling")
 
-# EX_TEMPFAIL of sysexits.h: "a temporary failure; the user is invited to
-# retry". Distinct from success (0), errors (1, 2) and death by a signal
-# (128 + N), so a scheduler or `keras-scaling launch --max-restarts` knows to
-# run the job again.
-EXIT_PREEMPTED = 75
+EXIT_PREEMPTED = _backup.EXIT_PREEMPTED
 
 _PREEMPTION_DIR = ".preemption"
 

@@ -4,7 +4,7 @@ import argparse
 import sys
 
 from keras_scaling import launcher
-from keras_scaling.cli._arguments import positive_int
+from keras_scaling.cli._arguments import non_negative_int, positive_int
 
 _DESCRIPTION = """\
 Run COMMAND as N local workers of one MultiWorkerMirroredStrategy cluster.
@@ -13,8 +13,12 @@ Each worker gets a TF_CONFIG naming all workers on free 127.0.0.1 ports
 (worker 0 is the chief), so keras_scaling.auto_strategy() in COMMAND joins
 them. Every output line is prefixed with "[worker i]". When a worker fails,
 the others are stopped and the exit status is the failed worker's (128 + N
-when signal N killed it); Ctrl-C is forwarded to every worker. No worker
-process is left running when launch returns.
+when signal N killed it); Ctrl-C is forwarded to every worker. SIGTERM is
+passed to every worker as a preemption notice (keras_scaling.BackupAndRestore
+saves, then exits with status 75), SIGKILL follows after --grace-period.
+--max-restarts N starts the whole job again after a worker fails or is
+preempted, up to N times, and says why. No worker process is left running
+when launch returns.
 """
 
 _EXAMPLE = """\
@@ -29,7 +33,7 @@ def add_parser(subparsers):
         "launch",
         help="run a training command as N local workers (TF_CONFIG set for each)",
         usage="%(prog)s --workers N [--cpu-devices K] [--port-base P] "
-        "[--grace-period SECONDS] -- COMMAND ...",
+        "[--grace-period SECONDS] [--max-restarts N] -- COMMAND ...",
         description=_DESCRIPTION,
         epilog=_EXAMPLE,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -63,6 +67,14 @@ def add_parser(subparsers):
         metavar="SECONDS",
         help="time a worker has to stop after each signal before a stronger "
         "one (SIGINT, then SIGTERM, then SIGKILL); default 5",
+    )
+    parser.add_argument(
+        "--max-restarts",
+        type=non_negative_int,
+        default=0,
+        metavar="N",
+        help="restart the whole job after a worker fails or is preempted "
+        "(exit status 75), up to N times; default 0",
     )
     parser.add_argument(
         "command",
@@ -105,6 +117,7 @@ def run(args):
             cpu_devices=args.cpu_devices,
             port_base=args.port_base,
             grace_period_s=args.grace_period,
+            max_restarts=args.max_restarts,
         )
     except (TypeError, ValueError) as error:
         print(f"keras-scaling launch: {error}", file=sys.stderr)
