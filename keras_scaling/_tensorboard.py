@@ -16,6 +16,31 @@ _writers = {}
 _lock = threading.Lock()
 
 
+def last_step_written(log_dir, tags):
+    """The largest step at which any of `tags` was written in `log_dir/train`, or -1.
+
+    A resumed run continues the step axis of the run it resumes; this says
+    where that run stopped, so no point is written twice.
+
+    Args:
+        log_dir: str, the log directory.
+        tags: a set of scalar tags.
+    """
+    import glob
+
+    from tensorboard.backend.event_processing import event_file_loader
+
+    last_step = -1
+    pattern = os.path.join(train_dir(log_dir), "events.out.tfevents.*")
+    for path in glob.glob(pattern):
+        for event in event_file_loader.EventFileLoader(path).Load():
+            if event.step <= last_step or not event.HasField("summary"):
+                continue
+            if any(value.tag in tags for value in event.summary.value):
+                last_step = event.step
+    return last_step
+
+
 def train_dir(log_dir):
     """`log_dir/train`, where `keras.callbacks.TensorBoard(log_dir)` writes."""
     return os.path.join(os.fspath(log_dir), "train")

@@ -55,6 +55,10 @@ def runs(tmp_path_factory):
         "tpu_fit": _Run(
             "tpu_fit.py", root / "tpu", "--samples", "96", "--per-replica-batch", "8"
         ),
+        "preemptible_fit": _Run(
+            "preemptible_fit.py", root / "preemptible", "--samples", "1024",
+            "--stop-at-step", "20",
+        ),
     }
     yield started
     for run in started.values():
@@ -107,3 +111,18 @@ def test_tpu_fit_falls_back_to_this_machine_with_static_shapes_and_fused_steps(r
     accumulator = _scalar_tags(run.log_dir / "train")
     assert "epoch_loss" in accumulator.Tags()["tensors"]
     assert os.path.exists(run.log_dir / "throughput.json")
+
+
+def test_preemptible_fit_exits_75_when_preempted_and_the_same_command_resumes(runs):
+    run = runs["preemptible_fit"]
+    returncode, _, stderr = run.result()
+    assert returncode == 75, stderr[-3000:]
+    assert "saved a backup at optimizer step 20" in stderr
+
+    resumed = _Run("preemptible_fit.py", run.log_dir, "--samples", "1024")
+    returncode, stdout, stderr = resumed.result()
+
+    assert returncode == 0, stderr[-3000:]
+    # 1024 samples, 32 per replica on 2 replicas: 16 steps per epoch, 3 epochs.
+    assert "finished: 48 optimizer steps" in stdout
+    assert not os.path.exists(run.log_dir / "backup" / "backup.npz")

@@ -267,9 +267,10 @@ class BackupAndRestore(keras.callbacks.Callback):
     def _announce_preemption(self, iterations):
         self._preempted = True
         logger.warning(
-            "Preemption notice (SIGTERM): saved a backup at optimizer step %d "
+            "Preemption notice (SIGTERM): %s a backup at optimizer step %d "
             "in %s; stopping training, the process exits with status %d. Run "
             "the same script again to resume.",
+            "saved" if self._is_chief else "the chief saved",
             iterations,
             self.backup_dir,
             EXIT_PREEMPTED,

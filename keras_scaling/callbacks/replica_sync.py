@@ -16,6 +16,9 @@ from keras_scaling import replica_state
 logger = logging.getLogger("keras_scaling")
 
 ON_DIVERGENCE_MODES = ("raise", "warn", "resync")
+_SCALAR_TAGS = frozenset(
+    {"replica_sync/max_abs_diff", "replica_sync/diverged_variables"}
+)
 
 
 class ReplicaDivergenceError(RuntimeError):
@@ -174,6 +177,7 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
         self.atol, self.rtol = float(atol), float(rtol)
         self.log_dir = None if log_dir is None else _tensorboard.check_log_dir(log_dir)
         self.last_report = None
+        self._last_written_step = None
         self._checker = None
         self._checker_key = None
         self._last_checked_step = None
@@ -401,6 +405,16 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
     def _write_scalars(self, report):
         if self.log_dir is None or not devices.is_chief(self._strategy()):
             return
+        if self._last_written_step is None:
+            # A resumed run (BackupAndRestore) checks again at the step where
+            # the run it resumes may have written already.
+            _tensorboard.flush(self.log_dir)
+            self._last_written_step = _tensorboard.last_step_written(
+                self.log_dir, _SCALAR_TAGS
+            )
+        if report.step <= self._last_written_step:
+            return
+        self._last_written_step = report.step
         _tensorboard.write_scalars(
             self.log_dir,
             report.step,

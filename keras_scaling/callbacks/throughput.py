@@ -443,7 +443,9 @@ class ThroughputLogger(keras.callbacks.Callback):
             return
         if self._last_written_step is None:
             _tensorboard.flush(self.log_dir)
-            self._last_written_step = _last_step_in_event_files(self.log_dir)
+            self._last_written_step = _tensorboard.last_step_written(
+                self.log_dir, _SCALAR_TAGS
+            )
         if step <= self._last_written_step:
             return
         _tensorboard.write_scalars_fast(self.log_dir, step, scalars)
@@ -740,24 +742,6 @@ def _tracing_count(function):
         if callable(counter):
             total += counter()
     return total
-
-
-def _last_step_in_event_files(log_dir):
-    """The largest step of a ThroughputLogger scalar in `log_dir/train`, or -1."""
-    import glob
-    import os
-
-    from tensorboard.backend.event_processing import event_file_loader
-
-    last_step = -1
-    pattern = os.path.join(_tensorboard.train_dir(log_dir), "events.out.tfevents.*")
-    for path in glob.glob(pattern):
-        for event in event_file_loader.EventFileLoader(path).Load():
-            if event.step <= last_step or not event.HasField("summary"):
-                continue
-            if any(value.tag in _SCALAR_TAGS for value in event.summary.value):
-                last_step = event.step
-    return last_step
 
 
 def _layout():
