@@ -117,7 +117,7 @@ def test_preemptible_fit_exits_75_when_preempted_and_the_same_command_resumes(ru
     run = runs["preemptible_fit"]
     returncode, _, stderr = run.result()
     assert returncode == 75, stderr[-3000:]
-    assert "saved a backup at optimizer step 20" in stderr
+    assert "saved a backup at optimizer step 21" in stderr
 
     resumed = _Run("preemptible_fit.py", run.log_dir, "--samples", "1024")
     returncode, stdout, stderr = resumed.result()

@@ -139,6 +139,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         self.delete_checkpoint = delete_checkpoint
         self._hook = None
         self._handler = None
+        self._wrapper = self._wrapped = None
         self._signal_received = threading.Event()
         self._previous_sigterm_handler = None
         self._preempted = False
@@ -167,10 +168,19 @@ class BackupAndRestore(keras.callbacks.Callback):
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
         self._epoch_start_iterations = self._read_iterations()
+        self._steps_run_in_epoch = 0
+        self._wrap_train_function()
 
-    def on_train_batch_end(self, batch, logs=None):
+    def _after_execution(self):
+        """Runs after each call of the train function (`steps_per_execution` steps).
+
+        Called from `fit`'s loop, not from a batch hook: a batch hook would
+        make Keras wait for every step to finish before dispatching the next.
+        Nothing here waits for the devices unless a save is due.
+        """
+        self._steps_run_in_epoch += self.model.steps_per_execution
         if self._handler is not None:
-            # Every worker calls it once per batch end; TensorFlow agrees on
+            # Every worker calls it once per execution; TensorFlow agrees on
             # the step to save at and calls `_save_preempted` on all of them.
             self._handler.run(_no_step)
         elif self._signal_received.is_set() and not self._preempted:
@@ -178,14 +188,38 @@ class BackupAndRestore(keras.callbacks.Callback):
         if self._preempted:
             self.model.stop_training = True
             return
-        if self.save_every_n_steps:
+        if self.save_every_n_steps and _backup.save_is_due(
+            self._epoch_start_iterations + self._steps_run_in_epoch,
+            self._last_saved_iterations,
+            self.save_every_n_steps,
+        ):
             iterations = self._read_iterations()
             if _backup.save_is_due(
                 iterations, self._last_saved_iterations, self.save_every_n_steps
             ):
                 self._save(self._mid_epoch_position(iterations), "every_n_steps")
 
+    def _wrap_train_function(self):
+        # Wrapped per epoch: a callback's on_train_begin may rebuild it.
+        original = self.model.train_function
+        if original is None or original is self._wrapper:
+            return
+
+        def train_function(iterator):
+            logs = original(iterator)
+            self._after_execution()
+            return logs
+
+        self._wrapped, self._wrapper = original, train_function
+        self.model.train_function = train_function
+
+    def _unwrap_train_function(self):
+        if self._wrapper is not None and self.model.train_function is self._wrapper:
+            self.model.train_function = self._wrapped
+        self._wrapper = self._wrapped = None
+
     def on_epoch_end(self, epoch, logs=None):
+        self._unwrap_train_function()
         if self._preempted:
             return
         iterations = self._read_iterations()
@@ -198,6 +232,7 @@ class BackupAndRestore(keras.callbacks.Callback):
             self.model.stop_training = True
 
     def on_train_end(self, logs=None):
+        self._unwrap_train_function()
         self._stop_watching()
         if self._hook is not None:
             self._hook.detach()

@@ -101,15 +101,16 @@ def test_resume_is_bitwise_identical_with_steps_per_execution(tmp_path):
 
 
 @pytest.mark.timeout(3 * RUN_TIMEOUT_S)
-def test_preempted_run_exits_75_and_leaves_a_backup_at_the_signalled_step(tmp_path):
+def test_preempted_run_exits_75_and_leaves_a_backup_at_the_end_of_the_step_in_progress(tmp_path):
     stopped, _ = run_worker(tmp_path, "stopped", "--sigterm-at", "50")
 
     assert stopped.returncode == EXIT_PREEMPTED == 75
     header, _ = _backup.read(tmp_path / "backup")
     assert header["reason"] == "preemption"
-    assert header["position"]["iterations"] == 50
+    # Signalled after step 50: saved at the end of the step in progress.
+    assert header["position"]["iterations"] == 51
     assert header["position"]["epoch"] == 1
-    assert header["position"]["step_in_epoch"] == 50 - STEPS_PER_EPOCH
+    assert header["position"]["step_in_epoch"] == 51 - STEPS_PER_EPOCH
     assert "Preemption notice (SIGTERM)" in stopped.stderr
 
 
