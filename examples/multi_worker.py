@@ -15,14 +15,14 @@ replicas). Then:
   weights, and stops all workers together if one differs;
 - `ThroughputLogger` writes the cluster's throughput to `--log-dir`, from the
   chief (worker 0) only;
-- with `--backup-dir`, `keras.callbacks.BackupAndRestore` lets a relaunched
-  run resume from the last completed epoch after a worker failed.
+- with `--backup-dir`, `keras_scaling.BackupAndRestore` saves when a worker
+  is preempted (SIGTERM) and lets a relaunched run resume from that step
+  (`keras-scaling launch --max-restarts N` relaunches by itself).
 
 Open the logs with `tensorboard --logdir logs/multi_worker`.
 """
 
 import argparse
-import os
 
 import keras
 import numpy as np
@@ -92,14 +92,8 @@ def main():
         keras_scaling.ThroughputLogger(args.log_dir),
     ]
     if args.backup_dir:
-        # One directory per worker: Keras' BackupAndRestore writes a single
-        # file, which workers sharing a directory would write at the same time.
-        callbacks.insert(
-            0,
-            keras.callbacks.BackupAndRestore(
-                os.path.join(args.backup_dir, f"worker-{info.worker_index}")
-            ),
-        )
+        # One directory for all workers: the chief writes, every worker reads.
+        callbacks.insert(0, keras_scaling.BackupAndRestore(args.backup_dir))
     model.fit(
         train,
         epochs=args.epochs,
