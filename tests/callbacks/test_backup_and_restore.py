@@ -120,8 +120,8 @@ def test_other_data_resumes_at_the_start_of_the_saved_epoch_and_says_so(tmp_path
     _, resumed, out = stop_and_resume(tmp_path, *arrays, sigterm_at=50)
 
     _, iterations = load_result(out)
-    # The 10 steps of the second epoch before the signal are trained again.
-    assert iterations == TOTAL_STEPS + 10
+    # Saved after step 51: the second epoch's 11 steps before it are trained again.
+    assert iterations == TOTAL_STEPS + 11
     assert resumed.stderr.count("resuming at the start of epoch 2") == 1
 
 
