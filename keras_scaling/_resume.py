@@ -149,14 +149,13 @@ class EpochIteratorHook:
         return _Started(iterator)
 
 
-def attach(model):
+def attach():
     """An `EpochIteratorHook` on the running `fit`'s data, or None with the reason.
 
     Returns:
         `(hook, why)`: `hook` is None when the epoch iterator is not found or
         not of the known shape; `why` says what is lost.
     """
-    del model  # the iterator is found on the stack; the model is not needed
     epoch_iterator = running_epoch_iterator()
     ok, why = probe(epoch_iterator)
     if not ok:

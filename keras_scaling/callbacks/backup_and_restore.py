@@ -17,7 +17,10 @@ from keras_scaling import devices
 
 logger = logging.getLogger("keras_scaling")
 
+__all__ = ["BackupAndRestore", "BackupError", "EXIT_PREEMPTED"]
+
 EXIT_PREEMPTED = _backup.EXIT_PREEMPTED
+BackupError = _backup.BackupError
 
 _PREEMPTION_DIR = ".preemption"
 
@@ -155,7 +158,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         )
         self._preempted = False
         self._signal_received.clear()
-        self._hook, why = _resume.attach(self.model)
+        self._hook, why = _resume.attach()
         if self._hook is None:
             self._warn_once("hook", why)
         self._epoch = 0
