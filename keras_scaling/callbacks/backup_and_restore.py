@@ -174,6 +174,35 @@ class BackupAndRestore(keras.callbacks.Callback):
         self._steps_run_in_epoch = 0
         self._wrap_train_function()
 
+    def on_epoch_end(self, epoch, logs=None):
+        self._unwrap_train_function()
+        if self._preempted:
+            return
+        iterations = self._read_iterations()
+        dataset_iterations = None if self._hook is None else self._hook.iterators_created
+        self._save(
+            _backup.Position(epoch + 1, 0, iterations, dataset_iterations), "epoch_end"
+        )
+        if self._signal_received.is_set():
+            self._announce_preemption(iterations)
+            self.model.stop_training = True
+
+    def on_train_end(self, logs=None):
+        self._unwrap_train_function()
+        self._stop_watching()
+        if self._hook is not None:
+            self._hook.detach()
+            self._hook = None
+        if hasattr(self.model, "_initial_epoch"):
+            self.model._initial_epoch = None
+        if self._preempted:
+            raise SystemExit(EXIT_PREEMPTED)
+        if self.delete_checkpoint and self._is_chief:
+            _backup.remove(self.backup_dir)
+        shutil.rmtree(os.path.join(self.backup_dir, _PREEMPTION_DIR), ignore_errors=True)
+
+    # The train function.
+
     def _after_execution(self):
         """Runs after each call of the train function (`steps_per_execution` steps).
 
@@ -220,33 +249,6 @@ class BackupAndRestore(keras.callbacks.Callback):
         if self._wrapper is not None and self.model.train_function is self._wrapper:
             self.model.train_function = self._wrapped
         self._wrapper = self._wrapped = None
-
-    def on_epoch_end(self, epoch, logs=None):
-        self._unwrap_train_function()
-        if self._preempted:
-            return
-        iterations = self._read_iterations()
-        dataset_iterations = None if self._hook is None else self._hook.iterators_created
-        self._save(
-            _backup.Position(epoch + 1, 0, iterations, dataset_iterations), "epoch_end"
-        )
-        if self._signal_received.is_set():
-            self._announce_preemption(iterations)
-            self.model.stop_training = True
-
-    def on_train_end(self, logs=None):
-        self._unwrap_train_function()
-        self._stop_watching()
-        if self._hook is not None:
-            self._hook.detach()
-            self._hook = None
-        if hasattr(self.model, "_initial_epoch"):
-            self.model._initial_epoch = None
-        if self._preempted:
-            raise SystemExit(EXIT_PREEMPTED)
-        if self.delete_checkpoint and self._is_chief:
-            _backup.remove(self.backup_dir)
-        shutil.rmtree(os.path.join(self.backup_dir, _PREEMPTION_DIR), ignore_errors=True)
 
     # Saving.
 

@@ -333,3 +333,42 @@ def test_variable_differences_name_index_path_and_what_differs():
         "variable 0 (dense_1/kernel): dtype float32 in the backup, float16 here",
     ]
     assert _backup.variable_differences(saved, saved) == []
+
+
+class _SigtermAtStep(keras.callbacks.Callback):
+    def __init__(self, step):
+        super().__init__()
+        self.step = step
+
+    def on_train_batch_end(self, batch, logs=None):
+        if int(self.model.optimizer.iterations.numpy()) == self.step:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_sigterm_during_fit_saves_then_fit_raises_system_exit_75(tmp_path):
+    with pytest.raises(SystemExit) as raised:
+        _model().fit(
+            _data(),
+            epochs=2,
+            verbose=0,
+            callbacks=[_SigtermAtStep(3), keras_scaling.BackupAndRestore(tmp_path)],
+        )
+
+    assert raised.value.code == EXIT_PREEMPTED
+    header, _ = _backup.read(tmp_path)
+    assert header["reason"] == "preemption"
+    assert header["position"]["iterations"] == 4  # the step in progress finished
+
+
+def test_the_previous_sigterm_handler_is_back_after_fit(tmp_path):
+    def previous_handler(signum, frame):
+        pass
+
+    original = signal.signal(signal.SIGTERM, previous_handler)
+    try:
+        _model().fit(
+            _data(), epochs=1, verbose=0, callbacks=[keras_scaling.BackupAndRestore(tmp_path)]
+        )
+        assert signal.getsignal(signal.SIGTERM) is previous_handler
+    finally:
+        signal.signal(signal.SIGTERM, original)
