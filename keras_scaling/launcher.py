@@ -402,10 +402,11 @@ def launch(
     ```
     """
     _check_arguments(command, num_workers, cpu_devices, port_base, grace_period_s)
-    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
+    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int):
+        raise TypeError(f"max_restarts must be an integer, got {max_restarts!r}")
+    if max_restarts < 0:
         raise ValueError(
-            f"max_restarts must be an integer >= 0, got {max_restarts!r}; pass 0 "
-            "to never restart"
+            f"max_restarts must be at least 0, got {max_restarts}; pass 0 to never restart"
         )
     stderr = sys.stderr if stderr is None else stderr
     restarts = 0

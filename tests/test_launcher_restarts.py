@@ -168,9 +168,16 @@ def test_max_restarts_restarts_a_preempted_job(tmp_path):
     assert "restarting the job (restart 1 of 1)" in err
 
 
-@pytest.mark.parametrize("value", [-1, 1.5, True])
-def test_max_restarts_must_be_a_non_negative_integer(value):
-    with pytest.raises(ValueError, match="max_restarts must be an integer >= 0"):
+@pytest.mark.parametrize(
+    "value, error, fragment",
+    [
+        (-1, ValueError, "max_restarts must be at least 0, got -1"),
+        (1.5, TypeError, "max_restarts must be an integer, got 1.5"),
+        (True, TypeError, "max_restarts must be an integer, got True"),
+    ],
+)
+def test_max_restarts_must_be_a_non_negative_integer(value, error, fragment):
+    with pytest.raises(error, match=fragment):
         launcher.launch([sys.executable, "-c", "pass"], 1, max_restarts=value)
 
 

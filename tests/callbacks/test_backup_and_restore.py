@@ -57,6 +57,11 @@ def load_result(out):
         return values, json.load(file)["iterations"]
 
 
+def start_iterations(out):
+    with open(f"{out}.json") as file:
+        return json.load(file)["start_iterations"]
+
+
 def assert_bitwise_equal(values, reference):
     assert len(values) == len(reference)
     for index, (value, expected) in enumerate(zip(values, reference)):
@@ -81,6 +86,7 @@ def test_sigterm_mid_epoch_then_resume_is_bitwise_identical_to_a_run_never_stopp
 
     values, iterations = load_result(tmp_path / "resumed.npz")
     reference_values, reference_iterations = load_result(reference_out)
+    assert start_iterations(tmp_path / "resumed.npz") == 51
     assert iterations == reference_iterations == TOTAL_STEPS
     assert_bitwise_equal(values, reference_values)
 

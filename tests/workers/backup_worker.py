@@ -11,6 +11,7 @@ import argparse
 import json
 import os
 import signal
+import time
 
 import numpy as np
 
@@ -31,6 +32,13 @@ def parse_args():
     parser.add_argument("--units", type=int, default=16)
     parser.add_argument("--log-dir", default=None)
     parser.add_argument("--pid-dir", default=None)
+    parser.add_argument(
+        "--mark-dir",
+        default=None,
+        help="write `step5-{worker}` there after optimizer step 5, then sleep "
+        "--sleep-per-step seconds after every step",
+    )
+    parser.add_argument("--sleep-per-step", type=float, default=0.0)
     return parser.parse_args()
 
 
@@ -75,10 +83,22 @@ def main():
             step = int(self.model.optimizer.iterations.numpy())
             if args.sigterm_at is not None and step == args.sigterm_at and index == args.sigterm_worker:
                 os.kill(os.getpid(), signal.SIGTERM)
+            if args.mark_dir and step == 5:
+                open(os.path.join(args.mark_dir, f"step5-{index}"), "w").close()
+            time.sleep(args.sleep_per_step)
+
+    class StartStep(keras.callbacks.Callback):
+        """Records the optimizer step training starts from (after a restore)."""
+
+        step = None
+
+        def on_train_begin(self, logs=None):
+            StartStep.step = int(self.model.optimizer.iterations.numpy())
 
     callbacks = [
         SigtermAt(),
         keras_scaling.BackupAndRestore(args.backup_dir, save_every_n_steps=args.save_every),
+        StartStep(),
     ]
     if args.log_dir:
         callbacks += [
@@ -98,7 +118,13 @@ def main():
         values = [np.asarray(v.numpy()) for v in model.variables + model.optimizer.variables]
         np.savez(args.out, *values)
         with open(args.out + ".json", "w") as file:
-            json.dump({"iterations": int(model.optimizer.iterations.numpy())}, file)
+            json.dump(
+                {
+                    "iterations": int(model.optimizer.iterations.numpy()),
+                    "start_iterations": StartStep.step,
+                },
+                file,
+            )
 
 
 if __name__ == "__main__":
