@@ -11,7 +11,8 @@ Runs on a MirroredStrategy over 2 logical CPUs and prints, side by side:
    spread (min-max) of each, and the ratio of the medians.
 2. The `fit` overhead of `BackupAndRestore(save_every_n_steps=100)` on the
    `mlp` preset fed by `keras_scaling.data.distribute`: fits with and
-   without the callback in alternating rounds, ratio of the median times.
+   without the callback in alternating rounds (ABBA), ratio of the median
+   times.
 
 Usage:
     python benchmarks/backup.py            # full run
@@ -19,6 +20,7 @@ Usage:
 """
 
 import argparse
+import gc
 import logging
 import os
 import statistics
@@ -101,9 +103,13 @@ def fit_time_s(strategy, with_backup, steps, directory):
 def fit_overhead(strategy, steps, rounds):
     plain, backed_up = [], []
     with tempfile.TemporaryDirectory() as directory:
-        for _ in range(rounds):
-            plain.append(fit_time_s(strategy, False, steps, directory))
-            backed_up.append(fit_time_s(strategy, True, steps, directory))
+        for round_index in range(rounds):
+            # ABBA order and a collection before each fit: neither variant
+            # always runs first or after the other's leftovers.
+            for with_backup in (False, True)[:: 1 if round_index % 2 == 0 else -1]:
+                gc.collect()
+                elapsed_s = fit_time_s(strategy, with_backup, steps, directory)
+                (backed_up if with_backup else plain).append(elapsed_s)
     ratio = statistics.median(backed_up) / statistics.median(plain)
     print(
         f"fit of the mlp preset, {steps} steps of 64 samples, alternating rounds:\n"
@@ -123,7 +129,7 @@ def main(argv=None):
     one_save(strategy, "mlp", rounds)
     if not args.quick:
         one_save(strategy, "resnet50", rounds)
-    fit_overhead(strategy, steps=200 if args.quick else 500, rounds=1 if args.quick else 3)
+    fit_overhead(strategy, steps=200 if args.quick else 500, rounds=1 if args.quick else 4)
 
 
 if __name__ == "__main__":
