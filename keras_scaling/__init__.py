@@ -19,6 +19,10 @@ not initialise TensorFlow's devices: `use_logical_cpus` can still follow it.
 
 import importlib
 
+from keras_scaling import _versions
+
+_versions.check_supported()
+
 __version__ = "0.1.0"
 
 _EXPORTS = {

@@ -9,6 +9,8 @@ import time
 import keras
 import tensorflow as tf
 
+from keras_scaling import _keras_internals
+from keras_scaling import _tf_data_internals
 from keras_scaling import _tensorboard
 from keras_scaling import baseline as baseline_lib
 from keras_scaling import devices
@@ -166,6 +168,7 @@ class ThroughputLogger(keras.callbacks.Callback):
         _enable_compat(model)
 
     def on_train_begin(self, logs=None):
+        devices.warn_if_keras_distribution_set()
         self._finish_left_over_fits()
         strategy = self.model.distribute_strategy
         _enable_compat(self.model)
@@ -180,7 +183,7 @@ class ThroughputLogger(keras.callbacks.Callback):
         self._iterations_variable = None
         self._element_spec = None
         self._iterator = None
-        self._adapter_batch_size = _batch_size_of_running_fit()
+        self._adapter_batch_size = _keras_internals.batch_size_of_running_fit(sys._getframe(1))
         self._attach_guard()
         atexit.register(self._finish_at_exit)
 
@@ -193,9 +196,16 @@ class ThroughputLogger(keras.callbacks.Callback):
         self._window.close()
 
     def on_train_batch_end(self, batch, logs=None):
+        if self._finished:
+            return
         if not self._window.is_open:
             try:
                 self._open_window()
+            except _GlobalBatchSizeUnknown as error:
+                # Training goes on; only the figures that need it are lost.
+                logger.warning("%s ThroughputLogger measures nothing in this fit.", error)
+                self._finish()
+                return
             except BaseException:
                 self._finish()
                 raise
@@ -245,7 +255,7 @@ class ThroughputLogger(keras.callbacks.Callback):
                 self._set_up(iterations)
             self._write({"throughput/startup_time_s": startup_time_s}, iterations)
             warmup_steps = self.warmup_steps
-            self._tracing_count = _tracing_count(self._guard_original)
+            self._tracing_count = self._read_tracing_count()
             now_s = self._clock()
         self._window.restart(
             time_s=now_s,
@@ -255,11 +265,16 @@ class ThroughputLogger(keras.callbacks.Callback):
         )
         self._executions_since_sync = 0
 
+    def _read_tracing_count(self):
+        if self.model.run_eagerly or self._guard_original is None:
+            return 0  # nothing is traced
+        return _keras_internals.tracing_count(self._guard_original)
+
     def _measure(self):
         iterations = self._read_iterations()
         now_s = self._clock()
         self._executions_since_sync = 0
-        tracing_count = _tracing_count(self._guard_original)
+        tracing_count = self._read_tracing_count()
         if tracing_count != self._tracing_count:
             # The step function was traced again within this interval.
             self._tracing_count = tracing_count
@@ -353,7 +368,7 @@ class ThroughputLogger(keras.callbacks.Callback):
             return per_replica * replicas
         if self._adapter_batch_size is not None:
             return self._adapter_batch_size
-        raise ValueError(
+        raise _GlobalBatchSizeUnknown(
             "ThroughputLogger cannot tell the global batch size: the training "
             f"data's batch dimension is not static (element_spec: "
             f"{self._element_spec}). Pass global_batch_size=<samples per step "
@@ -636,6 +651,10 @@ class ThroughputLogger(keras.callbacks.Callback):
         )
 
 
+class _GlobalBatchSizeUnknown(ValueError):
+    """The samples of a step cannot be counted, so throughput is unknown."""
+
+
 def _positive_int(value, parameter):
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{parameter} must be a positive int, got {value!r}")
@@ -655,8 +674,7 @@ def _one_replica_spec(element_spec, per_replica_batch_size):
 
     def one(spec):
         # A PerReplicaSpec holds one spec per local replica.
-        value_specs = getattr(spec, "_value_specs", None)
-        spec = value_specs[0] if value_specs else spec
+        spec = _tf_data_internals.first_replica_spec(spec)
         if isinstance(spec, tf.TensorSpec) and spec.shape.rank:
             shape = [per_replica_batch_size] + spec.shape.as_list()[1:]
             return tf.TensorSpec(shape, spec.dtype, spec.name)
@@ -680,28 +698,6 @@ def _static_batch_size(element_spec):
     return size
 
 
-def _batch_size_of_running_fit():
-    """The batch size Keras' data adapter knows for the running fit, or None.
-
-    Keras hands callbacks no handle on the data. Its adapter, which knows the
-    batch size of arrays even when the last batch is partial (so the batch
-    dimension is not static), is a local of `fit` (`epoch_iterator`), found
-    on the call stack; it is only read.
-    """
-    frame = sys._getframe(1)
-    try:
-        while frame is not None:
-            if frame.f_code.co_name == "fit":
-                adapter = getattr(frame.f_locals.get("epoch_iterator"), "data_adapter", None)
-                batch_size = getattr(adapter, "batch_size", None)
-                if isinstance(batch_size, int) and batch_size > 0:
-                    return batch_size
-            frame = frame.f_back
-        return None
-    finally:
-        del frame
-
-
 def _planned_global_batch_size(iterator):
     """The global batch of the `keras_scaling.data` plan behind an iterator, or None.
 
@@ -710,9 +706,7 @@ def _planned_global_batch_size(iterator):
     """
     from keras_scaling import data
 
-    worker_iterators = getattr(iterator, "_iterators", None)
-    source = worker_iterators[0] if worker_iterators else iterator
-    pending = [getattr(source, "_dataset", None)]
+    pending = [_tf_data_internals.dataset_of_iterator(iterator)]
     seen = set()
     while pending:
         dataset = pending.pop()
@@ -722,24 +716,8 @@ def _planned_global_batch_size(iterator):
         plan = data.plan_of(dataset)
         if plan is not None:
             return plan.global_batch_size
-        try:
-            pending.extend(dataset._inputs())
-        except Exception:  # pragma: no cover - a dataset type without inputs
-            continue
+        pending.extend(_tf_data_internals.dataset_inputs(dataset))
     return None
-
-
-def _tracing_count(function):
-    """How often the tf.functions behind a Keras train function were traced."""
-    total = 0
-    for cell in getattr(function, "__closure__", None) or ():
-        try:
-            counter = getattr(cell.cell_contents, "experimental_get_tracing_count", None)
-        except ValueError:
-            continue
-        if callable(counter):
-            total += counter()
-    return total
 
 
 def _last_step_in_event_files(log_dir):
@@ -787,17 +765,12 @@ def _layout():
 
 def _time_input_pipeline(iterator):
     """This worker's input samples/sec, read alone, or (None, why not)."""
-    worker_iterators = getattr(iterator, "_iterators", None)
-    source = worker_iterators[0] if worker_iterators else iterator
-    dataset = getattr(source, "_dataset", None)
-    if not isinstance(dataset, tf.data.Dataset):
+    dataset = _tf_data_internals.dataset_of_iterator(iterator)
+    if dataset is None:
         return None, "its dataset is out of reach"
-    try:
-        graph = tf.compat.v1.GraphDef.FromString(dataset._as_serialized_graph().numpy())
-    except Exception as error:  # pragma: no cover - depends on the pipeline
-        return None, f"its graph cannot be inspected: {error}"
-    ops = {node.op for node in graph.node}
-    ops |= {node.op for function in graph.library.function for node in function.node_def}
+    ops = _tf_data_internals.op_types(dataset)
+    if ops is None:
+        return None, "its graph cannot be inspected"
     if ops & _PYTHON_OPS:
         return None, "it runs Python code, which may not be safe to read twice"
     batches = iter(dataset)

@@ -195,6 +195,7 @@ def distribute(
     model.fit(train, epochs=2)
     ```
     """
+    devices.warn_if_keras_distribution_set()
     info, strategy = _describe_strategy(strategy)
     from keras_scaling import compat
 
