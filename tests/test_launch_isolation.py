@@ -114,6 +114,44 @@ def wait_for(paths, timeout_s):
     raise AssertionError(f"the workers did not write {paths} within {timeout_s} s")
 
 
+class Look:
+    """What a launched job showed while its workers waited: its ports, and who listens."""
+
+    def __init__(self, out_dir, timeout_s):
+        pids = wait_for([out_dir / "ready0", out_dir / "ready1"], timeout_s)
+        self.ports = set(json.loads((out_dir / "ports0").read_text()))
+        self.inside = listening_ports(f"/proc/{pids[0]}/net")
+        self.host = listening_ports()
+
+
+def launch_and_look(worker_command, out_dir, timeout_s):
+    """Launches 2 workers of `worker_command` and looks while they wait.
+
+    Each worker writes `ports{i}` and `ready{i}` (its pid) to `out_dir`,
+    then waits for `out_dir/go`, which is written once the ports are read.
+
+    Returns:
+        (the `Look`, the launcher's exit status, its stdout, its stderr).
+    """
+    process = subprocess.Popen(
+        [sys.executable, "-m", "keras_scaling", "launch", "--workers", "2",
+         "--grace-period", "2", "--", *worker_command, str(out_dir)],
+        cwd=REPO,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        look = Look(out_dir, timeout_s)
+        (out_dir / "go").write_text("go")
+        out, err = process.communicate(timeout=timeout_s)
+    finally:
+        process.kill()
+        process.wait()
+    return look, process.returncode, out, err
+
+
 # Each worker listens on its TF_CONFIG port on every interface, as
 # TensorFlow's server does; worker 1 connects to worker 0 on 127.0.0.1.
 LISTENING_WORKER = """
@@ -142,36 +180,19 @@ else:
 
 @needs_namespaces
 def test_no_worker_port_listens_in_the_host_namespace_while_the_job_runs(tmp_path):
-    process = subprocess.Popen(
-        [sys.executable, "-m", "keras_scaling", "launch", "--workers", "2", "--"]
-        + python(LISTENING_WORKER)
-        + [str(tmp_path)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    look, returncode, out, err = launch_and_look(
+        python(LISTENING_WORKER), tmp_path, timeout_s=30
     )
-    try:
-        pids = wait_for([tmp_path / "ready0", tmp_path / "ready1"], timeout_s=30)
-        ports = set(json.loads((tmp_path / "ports0").read_text()))
-        inside = listening_ports(f"/proc/{pids[0]}/net")
-        host = listening_ports()
-        (tmp_path / "go").write_text("go")
-        out, err = process.communicate(timeout=30)
-    finally:
-        process.kill()
-        process.wait()
-    assert inside == ports, f"the workers listen on {inside} in their namespace"
-    assert not ports & host, f"ports {ports & host} listen in the host namespace"
-    assert process.returncode == 0, err
+    assert look.inside == look.ports, f"the workers listen on {look.inside} inside"
+    assert not look.ports & look.host, f"{look.ports & look.host} listen in the host"
+    assert returncode == 0, err
     assert by_worker(out) == {0: "received hello from worker 1", 1: "sent"}
     assert "warning" not in err
 
 
 @needs_namespaces
 def test_all_workers_of_a_job_share_one_namespace_apart_from_the_host():
-    result, out, _ = run_launch(
-        PRINT_NAMESPACE, num_workers=3
-    )
+    result, out, _ = run_launch(PRINT_NAMESPACE, num_workers=3)
     assert result.exit_code == 0
     namespaces = set(by_worker(out).values())
     assert len(namespaces) == 1
@@ -326,29 +347,14 @@ def test_kernel_settings_that_allow_namespaces_are_not_named():
 @needs_namespaces
 @pytest.mark.timeout(300)
 def test_a_tensorflow_job_listens_only_in_its_namespace_and_trains(tmp_path):
-    process = subprocess.Popen(
-        [sys.executable, "-m", "keras_scaling", "launch", "--workers", "2",
-         "--grace-period", "2", "--",
-         sys.executable, str(HERE / "workers" / "isolation_worker.py"), str(tmp_path)],
-        cwd=REPO,
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    look, returncode, _, err = launch_and_look(
+        [sys.executable, str(HERE / "workers" / "isolation_worker.py")],
+        tmp_path,
+        timeout_s=180,
     )
-    try:
-        pids = wait_for([tmp_path / "ready0", tmp_path / "ready1"], timeout_s=180)
-        ports = set(json.loads((tmp_path / "ports0").read_text()))
-        inside = listening_ports(f"/proc/{pids[0]}/net")
-        host = listening_ports()
-        (tmp_path / "go").write_text("go")
-        out, err = process.communicate(timeout=180)
-    finally:
-        process.kill()
-        process.wait()
-    assert process.returncode == 0, err[-4000:]
-    assert ports <= inside, f"TensorFlow's servers listen on {inside} in the namespace"
-    assert not ports & host, f"ports {ports & host} listen in the host namespace"
+    assert returncode == 0, err[-4000:]
+    assert look.ports <= look.inside, f"TensorFlow listens on {look.inside} inside"
+    assert not look.ports & look.host, f"{look.ports & look.host} listen in the host"
     workers = [json.loads((tmp_path / f"worker{i}.json").read_text()) for i in (0, 1)]
     assert [worker["replica_sum"] for worker in workers] == [3.0, 3.0]
     assert workers[0]["weights"] == workers[1]["weights"]
