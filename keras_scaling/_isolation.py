@@ -275,7 +275,8 @@ def _sysctl_hint(values):
     """The kernel settings in `values` (name to text) that forbid the namespaces.
 
     For example `{"user.max_user_namespaces": "0"}` gives
-    `" (user.max_user_namespaces = 0)"`; settings that allow them give `""`.
+    `"; forbidden by user.max_user_namespaces = 0"`; settings that allow them
+    give `""`.
     """
     forbidding = {
         "kernel.unprivileged_userns_clone": "0",
@@ -288,7 +289,7 @@ def _sysctl_hint(values):
         for name, value in forbidding.items()
         if values.get(name) == value
     ]
-    return f" ({', '.join(found)})" if found else ""
+    return f"; forbidden by {', '.join(found)}" if found else ""
 
 
 class Isolation:

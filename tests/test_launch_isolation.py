@@ -331,7 +331,8 @@ def test_kernel_settings_that_forbid_namespaces_are_named():
         {"user.max_user_namespaces": "0", "kernel.apparmor_restrict_unprivileged_userns": "1"}
     )
     assert hint == (
-        " (user.max_user_namespaces = 0, kernel.apparmor_restrict_unprivileged_userns = 1)"
+        "; forbidden by user.max_user_namespaces = 0, "
+        "kernel.apparmor_restrict_unprivileged_userns = 1"
     )
 
 
