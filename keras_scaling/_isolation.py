@@ -34,7 +34,6 @@ it would: tests use it to see what happens on such a system.
 """
 
 import ctypes
-import ctypes.util
 import errno
 import fcntl
 import os
@@ -75,7 +74,8 @@ def check_mode(isolation):
 
 
 def _libc():
-    return ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    # The process's own symbols, libc's included, without searching for a file.
+    return ctypes.CDLL(None, use_errno=True)
 
 
 def _call(function, *args):
@@ -310,6 +310,7 @@ class Isolation:
         return None if self.namespace is None else self.namespace.enter
 
     def close(self):
+        """Closes the namespace, if any, once no more workers will join it."""
         if self.namespace is not None:
             self.namespace.close()
 
@@ -341,8 +342,9 @@ def open_for_job(isolation, ports, env=None):
             raise ValueError(
                 "isolation is 'require', but the workers cannot get a private "
                 f"network namespace: {failure}. Allow unprivileged user "
-                "namespaces, run as root, or pass isolation 'auto' to run with "
-                "the workers' ports open on every network interface"
+                "namespaces, run as root, or use isolation 'auto' "
+                "(--isolation=auto) to run with the workers' ports open on "
+                "every network interface"
             ) from None
         return Isolation(
             None, _open_ports_warning(f"no private network namespace ({failure})", ports)
