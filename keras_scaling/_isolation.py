@@ -35,7 +35,6 @@ it would: tests use it to see what happens on such a system.
 
 import ctypes
 import errno
-import fcntl
 import os
 import socket
 import struct
@@ -111,6 +110,8 @@ def _map_own_ids(uid, gid):
 
 
 def _bring_loopback_up():
+    import fcntl  # POSIX only: importing this module must work everywhere
+
     # A new network namespace has `lo` down, so even 127.0.0.1 is unreachable.
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
         request = _IFREQ_FLAGS.pack(b"lo", 0)

@@ -200,7 +200,7 @@ def test_all_workers_of_a_job_share_one_namespace_apart_from_the_host():
 
 
 @needs_namespaces
-def test_the_workers_keep_their_user_and_reach_only_loopback():
+def test_the_workers_keep_their_user_and_see_only_loopback():
     result, out, _ = run_launch(
         python(
             """
