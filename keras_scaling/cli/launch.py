@@ -3,6 +3,7 @@
 import argparse
 import sys
 
+from keras_scaling import _isolation
 from keras_scaling import launcher
 from keras_scaling.cli._arguments import positive_int
 
@@ -15,6 +16,11 @@ them. Every output line is prefixed with "[worker i]". When a worker fails,
 the others are stopped and the exit status is the failed worker's (128 + N
 when signal N killed it); Ctrl-C is forwarded to every worker. No worker
 process is left running when launch returns.
+
+TensorFlow's servers listen on every network interface and authenticate
+nobody, so on Linux all workers run in one private network namespace with
+only loopback (--isolation=auto, when the kernel allows it): nothing outside
+can reach them, and they reach no network but 127.0.0.1.
 """
 
 _EXAMPLE = """\
@@ -29,7 +35,7 @@ def add_parser(subparsers):
         "launch",
         help="run a training command as N local workers (TF_CONFIG set for each)",
         usage="%(prog)s --workers N [--cpu-devices K] [--port-base P] "
-        "[--grace-period SECONDS] -- COMMAND ...",
+        "[--grace-period SECONDS] [--isolation {auto,require,off}] -- COMMAND ...",
         description=_DESCRIPTION,
         epilog=_EXAMPLE,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -63,6 +69,15 @@ def add_parser(subparsers):
         metavar="SECONDS",
         help="time a worker has to stop after each signal before a stronger "
         "one (SIGINT, then SIGTERM, then SIGKILL); default 5",
+    )
+    parser.add_argument(
+        "--isolation",
+        choices=_isolation.MODES,
+        default="auto",
+        help="run the workers in a private network namespace with only "
+        "loopback: 'auto' (default) when the kernel allows it, else warn and "
+        "go on; 'require' refuses to start without it; 'off' leaves the "
+        "workers' ports open on every interface (to attach a debugger)",
     )
     parser.add_argument(
         "command",
@@ -105,6 +120,7 @@ def run(args):
             cpu_devices=args.cpu_devices,
             port_base=args.port_base,
             grace_period_s=args.grace_period,
+            isolation=args.isolation,
         )
     except (TypeError, ValueError) as error:
         print(f"keras-scaling launch: {error}", file=sys.stderr)
