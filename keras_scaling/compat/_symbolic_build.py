@@ -63,7 +63,10 @@ def make_replacement(original_build):
             or not _keras_trainer.is_multi_worker_collective(strategy)
         ):
             return original_build(self, iterator=iterator, data_batch=data_batch)
-        for _, _, distributed_iterator in iterator:
+        # Keras 3.12 and later yield (begin_step, end_step, iterator),
+        # earlier releases (step, iterator).
+        for item in iterator:
+            distributed_iterator = item[-1]
             data_batch = keras.tree.map_structure(
                 lambda value: (
                     strategy.experimental_local_results(value)[0]
