@@ -140,6 +140,35 @@ def test_directory_files_are_split_between_workers_before_decoding(files_dir):
     assert any("replaced by the seeded shuffle" in note for note in plans[0].notes)
 
 
+def _shares_of_unseeded_image_datasets(directory, num_workers):
+    """Each worker lists the files itself, in its own random order (no seed)."""
+    shares = []
+    for worker_index in range(num_workers):
+        images = keras.utils.image_dataset_from_directory(
+            directory, image_size=(4, 4), color_mode="grayscale", batch_size=4
+        )
+        dataset = data._distribute_for(images, _worker(num_workers, worker_index), last_batch="pad")
+        shares.append(_epoch_ids(dataset, "image_dataset_from_directory")[0])
+    return shares
+
+
+def test_workers_agree_on_the_split_of_files_listed_in_random_orders(files_dir):
+    shares = _shares_of_unseeded_image_datasets(os.path.join(files_dir, "images"), 2)
+    assert not set(shares[0]) & set(shares[1])
+    assert sorted(shares[0] + shares[1]) == list(range(sources.NUM_IMAGES))
+
+
+def test_fewer_files_than_workers_are_split_by_element_in_one_order(tmp_path):
+    for index in range(2):
+        folder = tmp_path / f"class_{index}"
+        folder.mkdir()
+        keras.utils.save_img(
+            str(folder / f"{index}.png"), np.full((4, 4, 1), index, "uint8"), scale=False
+        )
+    shares = _shares_of_unseeded_image_datasets(str(tmp_path), 3)
+    assert sorted(shares[0] + shares[1] + shares[2]) == [0, 1]
+
+
 def test_directory_dataset_is_shuffled_anew_each_epoch_with_the_seed(files_dir):
     source, _ = sources.make_source("image_dataset_from_directory", files_dir)
     dataset = data.distribute(source, global_batch_size=8, last_batch="pad", seed=3)

@@ -182,9 +182,12 @@ def _raw_elements(source, plan, file_assignment):
         )
         return samples, sum(source.item_sizes[index] for index in items)
     if isinstance(source, _sources.DirectorySource):
+        if plan.shard_mode == "element":
+            return _in_path_order(source), source.num_examples
         if plan.shard_mode != "file":
             return source.files, source.num_examples
-        return _select(source.files, file_assignment[plan.worker_index], source.num_files)
+        positions = source.positions_of(file_assignment[plan.worker_index])
+        return _select(source.files, positions, source.num_files)
     if plan.shard_mode == "file":
         indices = file_assignment[plan.worker_index]
         paths = [source.paths[index] for index in indices]
@@ -201,6 +204,25 @@ def _raw_elements(source, plan, file_assignment):
         deterministic=True,
     )
     return records, count
+
+
+def _in_path_order(source):
+    """A directory utility's few files (fewer than workers), sorted by path.
+
+    Element sharding keeps positions of one order that every worker must
+    share; a utility without a `seed` lists the files in a random order.
+    """
+    elements = list(source.files.as_numpy_iterator())
+    if not isinstance(elements[0], tuple):
+        return tf.data.Dataset.from_tensor_slices(
+            tf.constant(sorted(elements), source.files.element_spec.dtype)
+        )
+    elements.sort(key=lambda element: element[0])
+    columns = [
+        tf.constant(list(column), spec.dtype)
+        for column, spec in zip(zip(*elements), source.files.element_spec)
+    ]
+    return tf.data.Dataset.from_tensor_slices(tuple(columns))
 
 
 def _select(elements, positions, num_elements):

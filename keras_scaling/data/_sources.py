@@ -95,6 +95,16 @@ class DirectorySource:
     def default_shuffle(self):
         return self.shuffled
 
+    def positions_of(self, file_indices):
+        """The dataset positions of files numbered in sorted path order.
+
+        Without a `seed`, each process of a Keras directory utility lists
+        the files in its own random order, so files are numbered by path:
+        every worker then agrees which files are whose.
+        """
+        by_path = sorted(range(len(self.paths)), key=lambda index: self.paths[index])
+        return sorted(by_path[index] for index in file_indices)
+
 
 @dataclasses.dataclass
 class FileSource:
