@@ -3,8 +3,8 @@
 Keras' dataset utilities, a pipeline ending in `.batch()`, a `PyDataset` and
 a generator, on 2 replicas (this file's `logical_cpus(2)` tests) and as each
 of 2 workers would read them (`_distribute_for` with a worker's
-`StrategyInfo`); `tests/test_data_wrapping_multi_worker.py` runs them on 2
-real workers. Bad input is checked on one device.
+`StrategyInfo`); `tests/multi_worker/test_data_wrapping_multi_worker.py` runs them
+on 2 real workers. Bad input is checked on one device.
 """
 
 import logging
@@ -81,15 +81,6 @@ def test_every_sample_once_per_epoch_in_global_batches_on_two_replicas(
         )
 
 
-class _CountSteps(keras.callbacks.Callback):
-    def __init__(self):
-        super().__init__()
-        self.steps = 0
-
-    def on_train_batch_end(self, batch, logs=None):
-        self.steps += 1
-
-
 @pytest.mark.logical_cpus(2)
 @pytest.mark.parametrize("name", list(sources.SOURCES))
 def test_fit_trains_for_the_planned_steps_on_two_replicas(name, files_dir, strategy):
@@ -97,7 +88,7 @@ def test_fit_trains_for_the_planned_steps_on_two_replicas(name, files_dir, strat
     train = data.distribute(source, strategy=strategy, **kwargs)
     with strategy.scope():
         model = sources.make_model(name)
-    counter = _CountSteps()
+    counter = sources.CountSteps()
     history = model.fit(sources.for_fit(name, train), epochs=2, verbose=0, callbacks=[counter])
     assert counter.steps == 2 * data.plan_of(train).steps_per_epoch
     assert all(np.isfinite(history.history["loss"]))
@@ -124,20 +115,39 @@ def test_two_workers_split_every_epoch_exactly_with_equal_steps(name, files_dir)
     assert sorted(shares[0] | shares[1]) == list(range(num_samples))
 
 
-def test_directory_files_are_split_between_workers_before_decoding(files_dir):
+@pytest.mark.parametrize(
+    "name", ["image_dataset_from_directory", "text_dataset_from_directory"]
+)
+def test_directory_files_are_split_between_workers_before_decoding(name, files_dir):
     plans = [
         data.plan_of(
             data._distribute_for(
-                sources.make_source("image_dataset_from_directory", files_dir)[0],
-                _worker(2, worker_index),
+                sources.make_source(name, files_dir)[0], _worker(2, worker_index)
             )
         )
         for worker_index in range(2)
     ]
+    num_files = sources.SOURCES[name][0]
     assert [plan.shard_mode for plan in plans] == ["file", "file"]
-    assert [plan.worker_files for plan in plans] == [20, 20]
+    assert [plan.worker_files for plan in plans] == [num_files // 2] * 2
     assert any("before decoding" in note for note in plans[0].notes)
     assert any("replaced by the seeded shuffle" in note for note in plans[0].notes)
+
+
+def test_unrecognised_directory_dataset_is_read_whole_with_one_warning(files_dir, caplog):
+    from keras_scaling.data import _tf_internals
+
+    _tf_internals._warned.clear()
+    images, _ = sources.make_source("image_dataset_from_directory", files_dir)
+    relabelled = images.map(lambda x, y: (x, y + 1))
+    relabelled.file_paths = images.file_paths
+    with caplog.at_level(logging.WARNING, logger="keras_scaling"):
+        for worker_index in range(2):
+            dataset = data._distribute_for(relabelled, _worker(2, worker_index))
+    plan = data.plan_of(dataset)
+    assert plan.shard_mode == "element" and plan.num_examples == sources.NUM_IMAGES
+    warnings = [r for r in caplog.records if "cannot be split between workers" in r.message]
+    assert len(warnings) == 1 and tf.__version__ in warnings[0].message
 
 
 def _shares_of_unseeded_image_datasets(directory, num_workers):
@@ -199,6 +209,14 @@ def test_py_dataset_epoch_hooks_are_called_once_per_epoch_by_fit():
     assert py_dataset.epochs_ended == 3
 
 
+def test_py_dataset_pass_given_up_early_does_not_end_the_epoch():
+    py_dataset = sources.TaggedItems()
+    dataset = data.distribute(py_dataset, global_batch_size=8)
+    next(iter(dataset))  # as a model build peeks at a first batch
+    list(dataset)
+    assert (py_dataset.epochs_begun, py_dataset.epochs_ended) == (1, 1)
+
+
 def test_batch_size_given_overrides_the_datas_own_batch():
     batched = tf.data.Dataset.range(50).batch(4)
     plan = data.describe(batched, per_replica_batch_size=10)
@@ -226,9 +244,9 @@ def test_num_samples_saves_the_count_of_a_generator():
         sources.generate_samples,
         global_batch_size=4,
         output_signature=sources.GENERATOR_SIGNATURE,
-        num_samples=30,
+        num_samples=sources.NUM_GENERATED,
     )
-    assert (plan.num_examples, plan.steps_per_epoch) == (30, 7)
+    assert (plan.num_examples, plan.steps_per_epoch) == (40, 10)
 
 
 # --- bad input -------------------------------------------------------------
@@ -262,7 +280,7 @@ def test_py_dataset_whose_middle_item_disagrees_fails_when_read():
 
 def test_num_samples_that_contradicts_the_files_is_refused(files_dir):
     source, _ = sources.make_source("image_dataset_from_directory", files_dir)
-    with pytest.raises(ValueError, match="num_samples=41 contradicts the dataset's file_paths, which holds 40"):
+    with pytest.raises(ValueError, match="num_samples=41 contradicts the dataset's files, which holds 40"):
         data.distribute(source, num_samples=41)
 
 
@@ -277,9 +295,9 @@ def test_num_samples_that_contradicts_a_generator_fails_when_read():
         global_batch_size=4,
         last_batch="pad",
         output_signature=sources.GENERATOR_SIGNATURE,
-        num_samples=40,
+        num_samples=50,
     )
-    with pytest.raises(tf.errors.OpError, match="expected to contain 40 elements"):
+    with pytest.raises(tf.errors.OpError, match="expected to contain 50 elements"):
         list(dataset)
 
 
@@ -298,7 +316,7 @@ def test_padded_batches_of_a_fixed_shape_are_rebatched():
 
 def test_generator_object_is_refused_with_the_fix():
     with pytest.raises(TypeError, match="Pass the generator function itself"):
-        data.distribute(sources.generate_samples(), global_batch_size=4, num_samples=30)
+        data.distribute(sources.generate_samples(), global_batch_size=4, num_samples=40)
 
 
 def test_output_signature_without_a_generator_function_is_refused():

@@ -199,10 +199,15 @@ def sample_stream(source, item_indices, *, shuffle, seed):
     """The samples of the given items, one pass per iteration (epoch).
 
     Items are read in the given order, or, with `shuffle`, in a new order
-    each epoch drawn from `seed` and the epoch number.
+    each epoch drawn from `seed` and the epoch number. `on_epoch_begin` is
+    called when a pass starts and `on_epoch_end` when a pass has read every
+    item, so they come in pairs, once per epoch: a pass given up early (a
+    first batch peeked at to build the model) does not end the epoch, and
+    the next pass does not begin another.
     """
     item_indices = list(item_indices)
     epochs = itertools.count()
+    in_epoch = [False]
 
     def generate():
         epoch = next(epochs)
@@ -210,15 +215,19 @@ def sample_stream(source, item_indices, *, shuffle, seed):
         if shuffle:
             order = np.random.default_rng([seed, epoch]).permutation(item_indices).tolist()
         py_dataset = source.py_dataset
-        py_dataset.on_epoch_begin()
-        try:
-            for index, item in _read_items(py_dataset, order):
-                yield check_item(
-                    item, index, source.signature, source.item_sizes[index],
-                    source.first_item_text,
-                )
-        finally:
-            py_dataset.on_epoch_end()
+        if not in_epoch[0]:
+            in_epoch[0] = True
+            py_dataset.on_epoch_begin()
+        for index, item in _read_items(py_dataset, order):
+            yield check_item(
+                item,
+                index,
+                source.signature,
+                source.item_sizes[index],
+                source.first_item_text,
+            )
+        in_epoch[0] = False
+        py_dataset.on_epoch_end()
 
     batches = tf.data.Dataset.from_generator(generate, output_signature=source.signature)
     samples = batches.unbatch()

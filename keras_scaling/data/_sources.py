@@ -57,12 +57,13 @@ class DatasetSource:
 
 @dataclasses.dataclass
 class DirectorySource:
-    """A dataset of Keras' directory utilities, read file by file.
+    """A batched dataset of files (as Keras' directory utilities build), read
+    file by file.
 
     Args:
         files: the undecoded elements (path, or path and label), one per file.
         decoders: the utility's `.map()` functions that decode them, in order.
-        paths: the dataset's `file_paths`.
+        paths: the file paths, in the order of `files`.
         has_targets: whether samples carry labels.
         batch_size: the utility's batch size.
         shuffled: whether the utility shuffled the files itself.
@@ -76,7 +77,7 @@ class DirectorySource:
     batch_size: int
     shuffled: bool
     notes: tuple = ()
-    kind = "Keras directory dataset (file_paths)"
+    kind = "dataset of files (from_tensor_slices(paths), .map(), .batch())"
     unit = "files"
 
     @property
@@ -258,20 +259,20 @@ def _inspect_batched(dataset, batch, cardinality, num_samples):
             "shape (padded_batch(n, padded_shapes=...) with every size given)."
         )
     file_paths = getattr(dataset, "file_paths", None)
-    if _is_path_list(file_paths):
-        paths = tuple(os.fsdecode(path) for path in file_paths)
-        pipeline = _tf_internals.directory_pipeline(dataset, len(paths))
-        if pipeline is not None:
-            source = DirectorySource(
-                files=pipeline.files,
-                decoders=pipeline.decoders,
-                paths=paths,
-                has_targets=_has_targets(dataset.element_spec),
-                batch_size=pipeline.batch_size,
-                shuffled=pipeline.shuffled,
-                notes=(f"{len(paths)} samples from the dataset's file_paths",),
-            )
-            return _check_count(source, num_samples, found_from="the dataset's file_paths")
+    if not _is_path_list(file_paths):
+        file_paths = None
+    pipeline = _tf_internals.directory_pipeline(dataset, file_paths)
+    if pipeline is not None:
+        source = DirectorySource(
+            files=pipeline.files,
+            decoders=pipeline.decoders,
+            paths=pipeline.paths,
+            has_targets=_has_targets(dataset.element_spec),
+            batch_size=pipeline.batch_size,
+            shuffled=pipeline.shuffled,
+            notes=(f"{len(pipeline.paths)} samples, one per file",),
+        )
+        return _check_count(source, num_samples, found_from="the dataset's files")
     batch_size = batch.batch_size or _first_batch_size(dataset)
     samples, found_from = _batched_count(batch, cardinality, file_paths)
     samples_dataset = dataset.unbatch()
@@ -306,7 +307,7 @@ def _batched_count(batch, cardinality, file_paths):
         )
     if batch.samples is not None and batch.samples >= 0:
         return batch.samples, f"the {batch.samples} elements before {batch.transformation}"
-    if _is_path_list(file_paths):
+    if file_paths is not None:
         return len(file_paths), "the dataset's file_paths"
     return None, None
 

@@ -183,55 +183,72 @@ def _read_batch_node(dataset, transformation):
 
 @dataclasses.dataclass(frozen=True)
 class DirectoryPipeline:
-    """A dataset from one of Keras' directory utilities, taken apart.
+    """A batched dataset of files, taken apart before its decoding.
 
     `image_dataset_from_directory`, `text_dataset_from_directory` and
     `audio_dataset_from_directory` build `from_tensor_slices(file_paths)`
     (zipped with the labels), optionally `.shuffle()`, one or more `.map()`
-    that read and decode each file, then `.batch()` and `.prefetch()`.
+    that read and decode each file, then `.batch()` and `.prefetch()`; so
+    does many a hand-written pipeline over image files.
 
     Args:
         files: the dataset of undecoded elements (a path, or a path and its
-            label), one per file, in the order of `file_paths`.
+            label), one per file.
+        paths: the file paths, in the order of `files`.
         decoders: the Python functions of the `.map()` steps, in order.
-        shuffled: whether the utility shuffled the files itself.
-        batch_size: the utility's batch size.
+        shuffled: whether the pipeline shuffled the files itself.
+        batch_size: the pipeline's batch size.
     """
 
     files: tf.data.Dataset
+    paths: tuple
     decoders: tuple
     shuffled: bool
     batch_size: int
 
 
-def directory_pipeline(dataset, num_files):
-    """Takes apart a dataset of Keras' directory utilities, or returns None.
+def directory_pipeline(dataset, file_paths=None):
+    """Takes apart a batched dataset of files, or returns None.
 
-    None (with one warning) when the dataset is not of the known form, in
-    which case it is read as any batched dataset: every worker then decodes
-    every file.
+    The form is `from_tensor_slices(paths)` (or zipped with labels), an
+    optional `.shuffle()`, `.map()` steps, `.batch()` and `.prefetch()`.
+    Other datasets give None. A dataset with `file_paths` (set by Keras'
+    directory utilities) that is not of this form gives None and one
+    warning: it is then read as any batched dataset, and every worker
+    decodes every file.
     """
     try:
-        return _read_directory_pipeline(dataset, num_files)
+        found = _read_directory_pipeline(dataset)
+        if found is not None and file_paths is not None and len(found.paths) != len(file_paths):
+            raise ValueError(
+                f"{len(found.paths)} paths before decoding, {len(file_paths)} file_paths"
+            )
     except Exception as error:  # noqa: BLE001 - a probe never raises
+        found, problem = None, error
+    else:
+        problem = None if found is not None or file_paths is None else TypeError(
+            "the dataset has file_paths but not the form of a directory utility's"
+        )
+    if problem is not None:
         _unknown(
             "the files of a Keras directory dataset cannot be split between "
             "workers before decoding, so every worker decodes every file and "
             "keeps its share",
-            error,
+            problem,
         )
-        return None
+    return found
 
 
-def _read_directory_pipeline(dataset, num_files):
+def _read_directory_pipeline(dataset):
     node = dataset
     while type(node).__name__ == "_PrefetchDataset":
         node = node._input_dataset
     if type(node).__name__ != "_BatchDataset":
-        raise TypeError(f"expected a batch before the prefetch, found {type(node).__name__}")
+        return None
     batch_size = tf.get_static_value(node._batch_size)
-    if batch_size is None or tf.get_static_value(node._drop_remainder):
-        raise ValueError("the batch size is not a constant, or the batch drops its remainder")
+    drop_remainder = tf.get_static_value(node._drop_remainder)
+    if batch_size is None or drop_remainder is None or bool(drop_remainder):
+        return None
     node = node._input_dataset
     decoders = []
     while type(node).__name__ in _MAP_DATASETS:
@@ -240,20 +257,30 @@ def _read_directory_pipeline(dataset, num_files):
             raise TypeError("a map step without a Python function")
         decoders.append(decoder)
         node = node._input_dataset
-    if not decoders:
-        raise TypeError("no map step decodes the files")
     shuffled = type(node).__name__ == "_ShuffleDataset"
     if shuffled:
         node = node._input_dataset
-    if type(node).__name__ not in ("_ZipDataset", "_TensorSliceDataset"):
-        raise TypeError(f"the files come from {type(node).__name__}")
-    if int(node.cardinality()) != num_files:
-        raise ValueError(
-            f"{int(node.cardinality())} elements before decoding, {num_files} file_paths"
-        )
+    paths = _paths_of(node)
+    if not decoders or paths is None:
+        return None
     return DirectoryPipeline(
         files=node,
+        paths=paths,
         decoders=tuple(reversed(decoders)),
         shuffled=shuffled,
         batch_size=int(batch_size),
     )
+
+
+def _paths_of(node):
+    """The strings of `from_tensor_slices(paths)`, alone or first in a zip."""
+    if type(node).__name__ == "_ZipDataset":
+        node = node._datasets[0]
+        if not isinstance(node, tf.data.Dataset):
+            return None
+    if type(node).__name__ != "_TensorSliceDataset":
+        return None
+    tensors = node._tensors
+    if len(tensors) != 1 or tensors[0].dtype != tf.string or tensors[0].shape.rank != 1:
+        return None
+    return tuple(path.decode() for path in tensors[0].numpy())

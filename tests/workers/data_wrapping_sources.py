@@ -5,7 +5,7 @@ files written here, a pipeline ending in `.batch()`, a `PyDataset` with
 `workers=2`, a generator function), and every sample carries its id, so
 tests can check that each sample is read exactly once per epoch.
 `tests/test_data_wrapping.py` uses these on 2 replicas and
-`tests/workers/data_wrapping_worker.py` on 2 workers.
+`tests/multi_worker/mw_data_wrapping_worker.py` on 2 workers.
 """
 
 import os
@@ -15,14 +15,14 @@ import numpy as np
 import tensorflow as tf
 
 NUM_IMAGES = 40
-NUM_TEXTS = 30
+NUM_TEXTS = 40
 NUM_SERIES = 60
 SEQUENCE_LENGTH = 3
 NUM_BATCHED = 50
 NUM_PY_ITEMS = 9
 PY_ITEM_SIZE = 4
 PY_LAST_ITEM_SIZE = 2
-NUM_GENERATED = 30
+NUM_GENERATED = 40
 SOURCE_BATCH_SIZE = 4
 
 
@@ -140,6 +140,17 @@ def make_source(name, directory):
             "per_replica_batch_size": SOURCE_BATCH_SIZE,
         }
     raise KeyError(name)
+
+
+class CountSteps(keras.callbacks.Callback):
+    """Counts the training steps `fit` runs."""
+
+    def __init__(self):
+        super().__init__()
+        self.steps = 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.steps += 1
 
 
 def for_fit(name, dataset):
