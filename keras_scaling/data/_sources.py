@@ -256,7 +256,8 @@ def _inspect_batched(dataset, batch, cardinality, num_samples):
             "batch to batch and cannot be re-batched to the global batch without "
             "padding them again. Pass the dataset before "
             f"{batch.transformation} (distribute() batches it), or pad to a fixed "
-            "shape (padded_batch(n, padded_shapes=...) with every size given)."
+            "shape (padded_batch(n, padded_shapes=...) with every size given; "
+            "for audio_dataset_from_directory, output_sequence_length=...)."
         )
     file_paths = getattr(dataset, "file_paths", None)
     if not _is_path_list(file_paths):

@@ -251,11 +251,13 @@ def _read_directory_pipeline(dataset):
         return None
     node = node._input_dataset
     decoders = []
-    while type(node).__name__ in _MAP_DATASETS:
-        decoder = node._map_func._func
-        if not callable(decoder):
-            raise TypeError("a map step without a Python function")
-        decoders.append(decoder)
+    # audio_dataset_from_directory prefetches before its batch.
+    while type(node).__name__ in _MAP_DATASETS or type(node).__name__ == "_PrefetchDataset":
+        if type(node).__name__ in _MAP_DATASETS:
+            decoder = node._map_func._func
+            if not callable(decoder):
+                raise TypeError("a map step without a Python function")
+            decoders.append(decoder)
         node = node._input_dataset
     shuffled = type(node).__name__ == "_ShuffleDataset"
     if shuffled:
