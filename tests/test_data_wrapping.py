@@ -209,6 +209,13 @@ def test_py_dataset_epoch_hooks_are_called_once_per_epoch_by_fit():
     assert py_dataset.epochs_ended == 3
 
 
+def test_py_dataset_read_by_processes_gives_every_sample_once():
+    py_dataset = sources.TaggedItems(workers=2, use_multiprocessing=True)
+    dataset = data.distribute(py_dataset, global_batch_size=8, last_batch="pad")
+    ids, _ = _epoch_ids(dataset, "py_dataset")
+    assert sorted(ids) == list(range(sources.SOURCES["py_dataset"][0]))
+
+
 def test_py_dataset_pass_given_up_early_does_not_end_the_epoch():
     py_dataset = sources.TaggedItems()
     dataset = data.distribute(py_dataset, global_batch_size=8)
