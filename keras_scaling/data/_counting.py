@@ -65,6 +65,12 @@ def count_samples(dataset, *, batched, what="data"):
         lambda sizes: (tf.reduce_sum(sizes), tf.size(sizes, out_type=tf.int64))
     )
     total_target = elements_total if elements_total >= 0 else None
+    logger.info(
+        "Counting the samples of %s: its length is not known, so it is read once "
+        "(pass num_samples= to skip this); the expected time is logged after %.0f s.",
+        what,
+        ESTIMATE_AFTER_S,
+    )
     start = time.perf_counter()
     samples = elements = 0
     progress = None
