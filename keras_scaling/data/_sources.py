@@ -18,6 +18,7 @@ from keras_scaling.data import _plan
 from keras_scaling.data import _py_dataset
 from keras_scaling.data import _tf_internals
 
+
 @dataclasses.dataclass
 class ArraySource:
     """In-memory arrays in `fit`'s layout: `x`, `(x, y)` or `(x, y, sample_weight)`."""
@@ -235,17 +236,22 @@ def _inspect_dataset(dataset, num_samples, kind="tf.data.Dataset"):
         return _check_count(
             DatasetSource(dataset, cardinality, has_targets, kind=kind),
             num_samples,
-            found_from=f"the dataset's cardinality",
+            found_from="the dataset's cardinality",
         )
+    count, note = _declared_or_counted(dataset, num_samples, batched=False)
+    return DatasetSource(
+        dataset.apply(tf.data.experimental.assert_cardinality(count)),
+        count, has_targets, kind=kind, notes=(note,),
+    )
+
+
+def _declared_or_counted(dataset, num_samples, *, batched):
+    """`num_samples` if given (TensorFlow checks it as the data is read), else
+    the count of one pass; with the note for the plan."""
     if num_samples is not None:
-        # Declared, not known: TensorFlow checks it as the data is read.
-        declared = dataset.apply(tf.data.experimental.assert_cardinality(num_samples))
-        notes = (f"{num_samples} samples as declared by num_samples (checked as read)",)
-        return DatasetSource(declared, num_samples, has_targets, kind=kind, notes=notes)
-    count = _counting.count_samples(dataset, batched=False)
-    declared = dataset.apply(tf.data.experimental.assert_cardinality(count))
-    notes = (f"{count} samples counted by reading the data once (num_samples= skips it)",)
-    return DatasetSource(declared, count, has_targets, kind=kind, notes=notes)
+        return num_samples, f"{num_samples} samples as declared by num_samples (checked as read)"
+    count = _counting.count_samples(dataset, batched=batched)
+    return count, f"{count} samples counted by reading the data once (num_samples= skips it)"
 
 
 def _inspect_batched(dataset, batch, cardinality, num_samples):
@@ -286,15 +292,10 @@ def _inspect_batched(dataset, batch, cardinality, num_samples):
             notes=(f"{samples} samples from {found_from}",),
         )
         return _check_count(source, num_samples, found_from=found_from)
-    if num_samples is not None:
-        declared, note = num_samples, "as declared by num_samples (checked as read)"
-    else:
-        declared = _counting.count_samples(dataset, batched=True)
-        note = "counted by reading the data once (num_samples= skips it)"
+    count, note = _declared_or_counted(dataset, num_samples, batched=True)
     return DatasetSource(
-        samples_dataset.apply(tf.data.experimental.assert_cardinality(declared)),
-        declared, has_targets, batch_size=batch_size, kind=kind,
-        notes=(f"{declared} samples {note}",),
+        samples_dataset.apply(tf.data.experimental.assert_cardinality(count)),
+        count, has_targets, batch_size=batch_size, kind=kind, notes=(note,),
     )
 
 
