@@ -35,6 +35,11 @@ _TENSORFLOW_DISTRIBUTIONS = (
 _KERAS_DISTRIBUTIONS = ("keras", "keras-nightly")
 
 
+def keras_at_least(*release):
+    """Whether the installed Keras is `release` or newer: `keras_at_least(3, 10)`."""
+    return parse(keras_version()) >= release
+
+
 def parse(version):
     """The leading release numbers of a version string: `"3.16.0.dev1"` -> (3, 16, 0)."""
     numbers = re.match(r"\d+(\.\d+)*", version or "")

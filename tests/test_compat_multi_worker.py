@@ -22,6 +22,7 @@ import sys
 import numpy as np
 import pytest
 
+from keras_scaling import _versions
 from keras_scaling import launcher
 
 WORKER_SCRIPT = pathlib.Path(__file__).parent / "workers" / "compat_worker.py"
@@ -59,11 +60,26 @@ def workers(request, tmp_path_factory):
     )
     if outcome.exit_code != 0:
         pytest.fail(f"{outcome.message}; output: {output.getvalue()[-3000:]}")
+    (out_dir / "launch.log").write_text(output.getvalue())
     reports = [
         json.loads((out_dir / f"worker{index}.json").read_text())
         for index in range(NUM_WORKERS)
     ]
     return out_dir, reports, cpus_per_worker
+
+
+def metric_values_are_right(out_dir):
+    """Whether this Keras reports metrics right under MultiWorkerMirroredStrategy.
+
+    Keras 3.8 does not; keras_scaling then says so once on every worker.
+    """
+    if _versions.keras_at_least(3, 10):
+        return True
+    output = (out_dir / "launch.log").read_text()
+    for index in range(NUM_WORKERS):
+        assert f"[worker {index}] keras_scaling.compat: Keras {_versions.keras_version()} " \
+            "reports wrong loss and metric values" in output
+    return False
 
 
 def test_fit_evaluate_predict_work_on_two_workers(workers):
@@ -130,6 +146,8 @@ def test_fit_on_worker_shares_runs_the_planned_steps_every_epoch(workers):
         assert shares["fit_steps_per_epoch"] == [shares["planned_steps"]] * EPOCHS
         assert shares["fit_announced_steps"] == shares["planned_steps"]
         # Every sample once per epoch, over both workers; padding weighs 0.
+        if not metric_values_are_right(workers[0]):
+            continue
         history = shares["fit_history"]
         for prefix in ("", "val_"):
             assert history[f"{prefix}weighted_count"] == [NUM_IDS] * EPOCHS
@@ -137,7 +155,9 @@ def test_fit_on_worker_shares_runs_the_planned_steps_every_epoch(workers):
 
 
 def test_evaluate_on_padded_data_counts_every_sample_exactly_once(workers):
-    _, reports, _ = workers
+    out_dir, reports, _ = workers
+    if not metric_values_are_right(out_dir):
+        return
 
     for report in reports:
         evaluate = report["worker_shares"]["evaluate"]
@@ -147,7 +167,9 @@ def test_evaluate_on_padded_data_counts_every_sample_exactly_once(workers):
 
 
 def test_evaluate_counts_a_dataset_split_between_workers_by_hand(workers):
-    _, reports, _ = workers
+    out_dir, reports, _ = workers
+    if not metric_values_are_right(out_dir):
+        return
 
     for report in reports:
         batch = report["worker_shares"]["global_batch_size"]

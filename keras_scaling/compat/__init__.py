@@ -24,6 +24,8 @@ import os
 import threading
 
 from keras_scaling import _probes
+from keras_scaling import _versions
+from keras_scaling.compat import _keras_trainer
 from keras_scaling.compat import _multi_worker_epoch
 from keras_scaling.compat import _probe
 from keras_scaling.compat import _scalar_reduce
@@ -344,6 +346,7 @@ def enable_for(strategy, model=None):
         )
     if strategy.num_replicas_in_sync < 2:
         return status()
+    _warn_about_multi_worker_metrics(strategy)
     with _lock:
         if _env_disables():
             _log_env_notice_once()
@@ -353,6 +356,24 @@ def enable_for(strategy, model=None):
         if model is not None:
             _rebuild_functions_built_without_fix(model)
         return status()
+
+
+_MULTI_WORKER_METRICS_WARNING = (
+    "keras_scaling.compat: Keras %s reports wrong loss and metric values in fit "
+    "and evaluate under MultiWorkerMirroredStrategy (a sum over 50 samples "
+    "reads 1346); the training itself (steps, weights) is right. Keras 3.10 "
+    "and newer report them right: pip install --upgrade 'keras>=3.10'."
+)
+_multi_worker_metrics_warned = False
+
+
+def _warn_about_multi_worker_metrics(strategy):
+    global _multi_worker_metrics_warned
+    if _multi_worker_metrics_warned or _versions.keras_at_least(3, 10):
+        return
+    if _keras_trainer.is_multi_worker_collective(strategy):
+        _multi_worker_metrics_warned = True
+        logger.warning(_MULTI_WORKER_METRICS_WARNING, _probe.keras_version())
 
 
 def _rebuild_functions_built_without_fix(model):
