@@ -90,7 +90,8 @@ def write_throughput_json(log_dir, record):
 
     Args:
         log_dir: the run's log directory.
-        record: dict with exactly the keys of `FIELDS`.
+        record: dict with exactly the keys of `FIELDS`; the FLOPs keys
+            (added later to version 1) may be left out and are written null.
 
     Returns:
         The path written.
@@ -108,6 +109,7 @@ def write_throughput_json(log_dir, record):
     path = baseline.write_throughput_json(tempfile.mkdtemp(), record)
     ```
     """
+    record = {**dict.fromkeys(_LATER_FIELDS), **record}
     missing = [key for key in FIELDS if key not in record]
     extra = [key for key in record if key not in FIELDS]
     if missing or extra:
