@@ -191,7 +191,10 @@ def _sample_specs(model, sample):
         label_target = [
             tf.TensorSpec(spec.shape[:-1], "int32") for spec in outputs_flat
         ]
+        # Each guess costs a trace, so the likelier one goes first.
         targets = [float_target, label_target]
+        if _loss_takes_labels(model):
+            targets.reverse()
         if len(outputs_flat) == 1:
             targets = [target[0] for target in targets]
         candidates = [(x, y, None) for y in targets]
@@ -205,6 +208,22 @@ def _sample_specs(model, sample):
             for part in parts
         )]
     return [_with_static_batch(specs) for specs in candidates]
+
+
+def _loss_takes_labels(model):
+    """Whether the compiled loss takes integer labels (a sparse loss)."""
+    import tensorflow as tf
+
+    for loss in tf.nest.flatten(getattr(model, "loss", None)):
+        if loss is None:
+            continue
+        name = loss if isinstance(loss, str) else (
+            getattr(loss, "name", None) or getattr(loss, "__name__", None)
+            or type(loss).__name__
+        )
+        if "sparse" in str(name).lower():
+            return True
+    return False
 
 
 def _spec_of(value):
