@@ -669,9 +669,12 @@ class ThroughputLogger(keras.callbacks.Callback):
             resolved.update(flops_per_sample=self.flops_per_sample, flops_source="given")
         else:
             sample = _one_replica_spec(self._element_spec, self._setup["per_replica_batch_size"])
-            counted, reason = flops_lib.count_training_flops(
-                self.model, sample=_training_sample(sample)
-            )
+            try:
+                counted, reason = flops_lib.count_training_flops(
+                    self.model, sample=_training_sample(sample)
+                )
+            except Exception as error:  # counting must never stop training
+                counted, reason = None, f"{type(error).__name__}: {error}"
             if counted is None:
                 logger.warning("ThroughputLogger: no model FLOPs, so no tflops or mfu "
                                "tags: %s", reason)
@@ -682,12 +685,15 @@ class ThroughputLogger(keras.callbacks.Callback):
             return resolved
         policy = getattr(self.model, "dtype_policy", None)
         compute_dtype = str(getattr(policy, "compute_dtype", "float32"))
-        peak, reason = peak_lib.resolve(
-            self.peak_flops,
-            device_kind=self._setup["device_kind"],
-            device=self._info.local_devices[0],
-            compute_dtype=compute_dtype,
-        )
+        try:
+            peak, reason = peak_lib.resolve(
+                self.peak_flops,
+                device_kind=self._setup["device_kind"],
+                device=self._info.local_devices[0],
+                compute_dtype=compute_dtype,
+            )
+        except Exception as error:  # a failed lookup must never stop training
+            peak, reason = None, f"{type(error).__name__}: {error}"
         if peak is None:
             logger.warning("ThroughputLogger: no throughput/mfu: %s", reason)
             resolved["peak_source"] = f"unknown: {reason}"

@@ -141,6 +141,24 @@ def test_rnn_model_gets_no_flops_and_no_mfu_with_the_reason(mirrored, tmp_path, 
     assert caplog.text.count("no model FLOPs, so no tflops or mfu tags") == 1
 
 
+@pytest.mark.logical_cpus(2)
+def test_high_efficiency_with_low_mfu_advises_once_naming_the_batch(mirrored, tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="keras_scaling"):
+        # A baseline of 1 sample/sec makes efficiency high; a huge peak, MFU low.
+        with mirrored.scope():
+            model = keras.Sequential([keras.Input((NUM_FEATURES,)), keras.layers.Dense(1)])
+            model.compile(optimizer="sgd", loss="mse")
+        x = np.ones((512, NUM_FEATURES), "float32")
+        dataset = tf.data.Dataset.from_tensor_slices((x, x[:, :1])).batch(32, drop_remainder=True)
+        model.fit(dataset, epochs=2, verbose=0, callbacks=[keras_scaling.ThroughputLogger(
+            str(tmp_path), baseline=1.0, update_freq=2, warmup_steps=1,
+            flops_per_sample=FLOPS_PER_SAMPLE, peak_flops=1e18,
+        )])
+    advice = [r.getMessage() for r in caplog.records if "every replica is underused" in r.getMessage()]
+    assert len(advice) == 1
+    assert "A per-replica batch of 16" in advice[0]
+
+
 @pytest.mark.parametrize("kwargs, error, message", [
     ({"flops_per_sample": 0}, ValueError, "flops_per_sample must be a positive number"),
     ({"flops_per_sample": "count"}, ValueError, "got 'count'"),
