@@ -37,7 +37,7 @@ logger = logging.getLogger("keras_scaling")
 
 # The batch traced when neither the sample nor the model fixes one.
 _DEFAULT_BATCH_SIZE = 8
-# Ops that call functions the profiler does not look into.
+# Ops that run functions whose ops are not in the graph's own op list.
 _LOOP_OPS = frozenset({"While", "StatelessWhile"})
 _CALL_OPS = frozenset({
     "If", "StatelessIf", "Case", "StatelessCase", "PartitionedCall",
@@ -99,7 +99,8 @@ def training_flops_per_sample(model, *, sample=None):
     model = keras.Sequential([keras.Input((784,)), keras.layers.Dense(512),
                               keras.layers.Dense(10)])
     model.compile(optimizer="sgd", loss="mse")
-    flops.training_flops_per_sample(model)   # ~3.2e6: 2x forward, plus weight gradients
+    flops.training_flops_per_sample(model)   # ~1.64e6: forward, weight gradients,
+    # and the input gradient of the second layer
     ```
     """
     flops_per_sample, reason = count_training_flops(model, sample=sample)
@@ -150,6 +151,8 @@ def count_training_flops(model, *, sample=None):
             error = trace_error
             continue
         batch_size = _batch_size_of(specs)
+        if batch_size is None:
+            return None, "the sample has no batch dimension; pass sample=(x, y) with one batch"
         flops, reason = _count_graph(graph)
         if flops is None:
             return None, reason
@@ -166,7 +169,7 @@ def _batch_size_of(specs):
     for spec in tf.nest.flatten(specs):
         if spec is not None and spec.shape.rank:
             return int(spec.shape[0])
-    raise ValueError("the sample has no batch dimension")
+    return None
 
 
 def _sample_specs(model, sample):
