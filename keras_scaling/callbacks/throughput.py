@@ -37,6 +37,8 @@ _LOW_EFFICIENCY = 0.8
 _ADVICE_AFTER_INTERVALS = 3
 _INPUT_PROBE_BATCHES = 20
 _PYTHON_OPS = frozenset({"PyFunc", "PyFuncStateless", "EagerPyFunc", "GeneratorDataset"})
+# A device without a peak figure is named once per process, not once per fit.
+_PEAK_REASONS_LOGGED = set()
 
 
 class ThroughputLogger(keras.callbacks.Callback):
@@ -695,7 +697,9 @@ class ThroughputLogger(keras.callbacks.Callback):
         except Exception as error:  # a failed lookup must never stop training
             peak, reason = None, f"{type(error).__name__}: {error}"
         if peak is None:
-            logger.warning("ThroughputLogger: no throughput/mfu: %s", reason)
+            if reason not in _PEAK_REASONS_LOGGED:
+                _PEAK_REASONS_LOGGED.add(reason)
+                logger.warning("ThroughputLogger: no throughput/mfu: %s", reason)
             resolved["peak_source"] = f"unknown: {reason}"
             return resolved
         resolved.update(peak_flops_per_replica=peak.flops_per_sec, peak_source=peak.source)

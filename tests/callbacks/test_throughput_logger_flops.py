@@ -168,3 +168,23 @@ def test_high_efficiency_with_low_mfu_advises_once_naming_the_batch(mirrored, tm
 def test_bad_flops_arguments_are_refused_in_the_constructor(tmp_path, kwargs, error, message):
     with pytest.raises(error, match=message):
         keras_scaling.ThroughputLogger(str(tmp_path), **kwargs)
+
+
+def test_a_device_without_a_peak_is_named_once_per_process(tmp_path, caplog):
+    from keras_scaling.callbacks import throughput
+
+    throughput._PEAK_REASONS_LOGGED.clear()  # earlier tests of this process named it
+    model = keras.Sequential([keras.Input((NUM_FEATURES,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    x = np.ones((256, NUM_FEATURES), "float32")
+    dataset = tf.data.Dataset.from_tensor_slices((x, x[:, :1])).batch(32, drop_remainder=True)
+    with caplog.at_level(logging.WARNING, logger="keras_scaling"):
+        for run in ("a", "b"):
+            model.fit(dataset, verbose=0, callbacks=[
+                keras_scaling.ThroughputLogger(str(tmp_path / run), update_freq=2, warmup_steps=1)
+            ])
+    assert caplog.text.count("MFU needs peak_flops=") == 1
+    record = _record(str(tmp_path / "b"))
+    assert record["flops_source"] == "counted"
+    assert record["peak_source"].startswith("unknown: CPU has no peak FLOPs figure")
+    assert record["mfu"] is None
