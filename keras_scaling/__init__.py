@@ -40,9 +40,12 @@ _SUBMODULES = (
     "compat",
     "data",
     "devices",
+    "flops",
     "launcher",
+    "peak_flops",
     "replica_state",
     "throughput",
+    "utilization",
 )
 
 __all__ = sorted(_EXPORTS) + list(_SUBMODULES)
