@@ -1,6 +1,7 @@
 # `make demo` and `make test` are the whole set-up on a fresh machine:
 # each creates .venv when it is absent and installs the project into it.
 PYTHON ?= python3
+NIGHTLY ?= 3.16.0.dev2026102704
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
@@ -12,7 +13,7 @@ STAMP := $(VENV)/.installed
 TEST_DEVICE_COUNTS := 2 3 4
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: demo test clean
+.PHONY: demo test test-versions clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -36,5 +37,11 @@ test: $(STAMP)
 	if [ $$status -eq 0 ]; then echo "make test: every session passed"; \
 	else echo "make test: failed sessions:$$failed"; fi; exit $$status
 
+# The tests that touch Keras and TensorFlow internals, on every supported
+# Keras/TensorFlow pair (cached venvs under .venv-versions/).
+# NIGHTLY=latest tries the newest keras-nightly instead of the pinned build.
+test-versions:
+	NIGHTLY=$(NIGHTLY) PYTHON=$(PYTHON) bash .ci/test-versions
+
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) .venv-versions build *.egg-info

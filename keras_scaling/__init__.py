@@ -19,6 +19,10 @@ not initialise TensorFlow's devices: `use_logical_cpus` can still follow it.
 
 import importlib
 
+from keras_scaling import _versions
+
+_versions.check_supported()
+
 __version__ = "0.1.0"
 
 _EXPORTS = {
@@ -37,9 +41,12 @@ _SUBMODULES = (
     "compat",
     "data",
     "devices",
+    "flops",
     "launcher",
+    "peak_flops",
     "replica_state",
     "throughput",
+    "utilization",
 )
 
 __all__ = sorted(_EXPORTS) + list(_SUBMODULES)

@@ -21,15 +21,20 @@ speedup is measured against it. It comes from a number, from an earlier run's
 | `speedup`, `efficiency` | steady-state speedup and scaling efficiency, or null |
 | `steps_measured` | optimizer steps the steady-state figures are based on |
 | `startup_time_s` | seconds from the start of training to the end of the first execution |
+| `flops_per_sample`, `flops_source` | floating-point operations of one training sample (forward and backward) and where the figure comes from (`"counted"`, `"given"`, or why there is none) |
+| `peak_flops_per_replica`, `peak_source` | peak FLOPs/sec of one replica's device and where it comes from (a datasheet, `"given"`, a measured matmul), or null |
+| `mfu` | steady-state model FLOPs utilization: `flops_per_sample * samples_per_sec / (peak_flops_per_replica * num_replicas)`, or null |
+
+Files written before the FLOPs keys existed are read with those keys null.
 """
 
 import dataclasses
 import json
 import math
 import os
-import threading
 import time
 
+from keras_scaling import _threads
 from keras_scaling.throughput import ThroughputWindow
 
 __all__ = [
@@ -67,7 +72,15 @@ FIELDS = (
     "efficiency",
     "steps_measured",
     "startup_time_s",
+    "flops_per_sample",
+    "flops_source",
+    "peak_flops_per_replica",
+    "peak_source",
+    "mfu",
 )
+# Keys added to version 1 later: older files lack them, and read as null.
+_LATER_FIELDS = ("flops_per_sample", "flops_source", "peak_flops_per_replica",
+                 "peak_source", "mfu")
 
 
 def write_throughput_json(log_dir, record):
@@ -77,7 +90,8 @@ def write_throughput_json(log_dir, record):
 
     Args:
         log_dir: the run's log directory.
-        record: dict with exactly the keys of `FIELDS`.
+        record: dict with exactly the keys of `FIELDS`; the FLOPs keys
+            (added later to version 1) may be left out and are written null.
 
     Returns:
         The path written.
@@ -95,6 +109,7 @@ def write_throughput_json(log_dir, record):
     path = baseline.write_throughput_json(tempfile.mkdtemp(), record)
     ```
     """
+    record = {**dict.fromkeys(_LATER_FIELDS), **record}
     missing = [key for key in FIELDS if key not in record]
     extra = [key for key in record if key not in FIELDS]
     if missing or extra:
@@ -151,6 +166,8 @@ def read_throughput_json(path, parameter="path"):
             f"{parameter}={path!r} is not a version-{VERSION} {THROUGHPUT_JSON} "
             "written by ThroughputLogger"
         )
+    for key in _LATER_FIELDS:
+        record.setdefault(key, None)
     missing = [key for key in FIELDS if key not in record]
     if missing:
         raise ValueError(f"{parameter}={path!r} lacks the keys {missing}")
@@ -356,42 +373,32 @@ def measure_samples_per_sec(model, element_spec, device, *, duration_s=1.0,
             return tf.fill(spec.shape, "")
         return tf.zeros(spec.shape, spec.dtype)
 
-    result = {}
-
     def run():
-        try:
-            with tf.device(device):
-                try:
-                    copy = keras.models.clone_model(model)
-                    copy.compile_from_config(model.get_compile_config())
-                except Exception as error:
-                    raise ValueError(
-                        "baseline='measure' could not copy the model with "
-                        f"keras.models.clone_model ({type(error).__name__}: {error}); "
-                        "pass baseline=<samples/sec of one replica> or the "
-                        "log_dir of a one-replica run"
-                    ) from error
-                batch = tf.nest.map_structure(synthetic, element_spec)
-                dataset = tf.data.Dataset.from_tensors(batch).repeat()
-                timer = _baseline_timer(copy, duration_s, min_steps, clock)
-                copy.fit(
-                    dataset,
-                    epochs=1,
-                    steps_per_epoch=max_steps + copy.steps_per_execution,
-                    verbose=0,
-                    shuffle=False,
-                    callbacks=[timer],
-                )
-                result["samples_per_sec"] = timer.steps_per_sec() * batch_size
-        except BaseException as error:
-            result["error"] = error
+        with tf.device(device):
+            try:
+                copy = keras.models.clone_model(model)
+                copy.compile_from_config(model.get_compile_config())
+            except Exception as error:
+                raise ValueError(
+                    "baseline='measure' could not copy the model with "
+                    f"keras.models.clone_model ({type(error).__name__}: {error}); "
+                    "pass baseline=<samples/sec of one replica> or the "
+                    "log_dir of a one-replica run"
+                ) from error
+            batch = tf.nest.map_structure(synthetic, element_spec)
+            dataset = tf.data.Dataset.from_tensors(batch).repeat()
+            timer = _baseline_timer(copy, duration_s, min_steps, clock)
+            copy.fit(
+                dataset,
+                epochs=1,
+                steps_per_epoch=max_steps + copy.steps_per_execution,
+                verbose=0,
+                shuffle=False,
+                callbacks=[timer],
+            )
+            return timer.steps_per_sec() * batch_size
 
-    thread = threading.Thread(target=run, name="keras_scaling-baseline")
-    thread.start()
-    thread.join()
-    if "error" in result:
-        raise result["error"]
-    return result["samples_per_sec"]
+    return _threads.run_outside_strategy(run, "baseline")
 
 
 def _baseline_timer(copy, duration_s, min_steps, clock):

@@ -8,6 +8,8 @@ import os
 
 import tensorflow as tf
 
+from keras_scaling import _probes
+
 # `keras-scaling launch --cpu-devices K` sets it for every worker it starts.
 from keras_scaling.launcher import CPU_DEVICES_ENV as _CPU_DEVICES_ENV
 
@@ -20,6 +22,7 @@ __all__ = [
     "strategy_kind",
     "tf_config",
     "use_logical_cpus",
+    "warn_if_keras_distribution_set",
     "worker_index",
 ]
 
@@ -187,6 +190,7 @@ def auto_strategy():
         model.compile(optimizer="adam", loss="mse")
     ```
     """
+    warn_if_keras_distribution_set()
     _apply_cpu_devices_from_env()
     strategy, reason = _choose_strategy()
     logger.info("auto_strategy: %s (%s)", strategy_kind(strategy), reason)
@@ -195,6 +199,47 @@ def auto_strategy():
 
         compat.enable_for(strategy)
     return strategy
+
+
+_keras_distribution_warned = False
+
+
+def warn_if_keras_distribution_set():
+    """Warns once when a `keras.distribution` distribution is set.
+
+    On the TensorFlow backend, `keras.distribution.set_distribution(...)`
+    (such as `DataParallel`) trains silently on one device: that API is
+    built for JAX. Data parallelism on TensorFlow is a `tf.distribute`
+    strategy, such as `keras_scaling.auto_strategy()`.
+
+    Returns:
+        bool, whether a distribution is set.
+
+    Example:
+
+    ```python
+    from keras_scaling import devices
+    devices.warn_if_keras_distribution_set()   # False: none is set
+    ```
+    """
+    global _keras_distribution_warned
+    import keras
+
+    distribution = keras.distribution.distribution()
+    if distribution is None:
+        return False
+    if not _keras_distribution_warned and keras.backend.backend() == "tensorflow":
+        _keras_distribution_warned = True
+        logger.warning(
+            "keras_scaling: keras.distribution.set_distribution(%s) is set, but on "
+            "the TensorFlow backend the keras.distribution API does not spread "
+            "training over devices (it is built for JAX): the model trains on one "
+            "device. Use a tf.distribute strategy instead: build and compile the "
+            "model under keras_scaling.auto_strategy().scope(), and call "
+            "keras.distribution.set_distribution(None).",
+            type(distribution).__name__,
+        )
+    return True
 
 
 def _choose_strategy():
@@ -231,19 +276,21 @@ def _choose_strategy():
 
 def _multi_worker_strategy():
     """MultiWorkerMirroredStrategy with one replica per logical CPU when there is no GPU."""
-    from tensorflow.python.distribute import collective_all_reduce_strategy as collective
-
     cpu = tf.config.list_physical_devices("CPU")[0]
     cpu_count = len(tf.config.get_logical_device_configuration(cpu) or [None])
-    extended = collective.CollectiveAllReduceExtended
-    original = extended._initialize_local_devices
+    hook = None
+    if cpu_count > 1 and not tf.config.list_physical_devices("GPU"):
+        hook = _collective_local_devices_hook()
+    if hook is None:
+        return tf.distribute.MultiWorkerMirroredStrategy()
+    extended, original = hook
 
     # TensorFlow gives a worker without accelerators a single CPU replica,
     # whatever its logical CPUs; here the replicas follow the logical CPUs, as
     # MirroredStrategy's do on one machine.
     def _initialize_local_devices(self, cluster_resolver, worker_device):
         devices, kind = original(self, cluster_resolver, worker_device)
-        if kind == "CPU" and cpu_count > 1:
+        if kind == "CPU":
             devices = tuple(f"{worker_device}/device:CPU:{i}" for i in range(cpu_count))
         return devices, kind
 
@@ -252,6 +299,24 @@ def _multi_worker_strategy():
         return tf.distribute.MultiWorkerMirroredStrategy()
     finally:
         extended._initialize_local_devices = original
+
+
+@_probes.guarded(
+    "tf.collective_local_devices",
+    reaches="tensorflow.python.distribute.collective_all_reduce_strategy."
+    "CollectiveAllReduceExtended._initialize_local_devices",
+    lost="each worker without a GPU runs one replica, not one per logical CPU",
+    workaround="Run one logical CPU per worker (launch --cpu-devices 1), or use GPUs.",
+)
+def _collective_local_devices_hook():
+    """(the class that picks a worker's devices, its original method), or None."""
+    from tensorflow.python.distribute import collective_all_reduce_strategy as collective
+
+    extended = collective.CollectiveAllReduceExtended
+    original = extended.__dict__["_initialize_local_devices"]
+    if not callable(original):
+        raise TypeError("_initialize_local_devices is not a method")
+    return extended, original
 
 
 @dataclasses.dataclass(frozen=True)
@@ -408,7 +473,8 @@ def num_workers(strategy):
     ```
     """
     if _is_multi_worker(strategy):
-        return strategy.extended._num_workers
+        cluster = strategy.cluster_resolver.cluster_spec().as_dict()
+        return max(1, sum(len(cluster.get(job, ())) for job in ("chief", "worker")))
     if isinstance(strategy, tf.distribute.TPUStrategy):
         return strategy.extended.num_hosts
     return 1

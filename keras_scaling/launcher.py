@@ -18,6 +18,7 @@ import threading
 import time
 
 from keras_scaling._backup import EXIT_PREEMPTED
+from keras_scaling import _isolation
 
 __all__ = ["CPU_DEVICES_ENV", "LaunchResult", "free_ports", "launch", "worker_env"]
 
@@ -204,7 +205,7 @@ class LaunchResult:
 class _Worker:
     """One worker process, in its own session, with threads copying its output."""
 
-    def __init__(self, index, command, env, stdout, stderr, write_lock):
+    def __init__(self, index, command, env, stdout, stderr, write_lock, preexec_fn=None):
         self.index = index
         # A session of its own makes the worker the leader of a process group
         # that holds its children too, so signals reach all of them; and the
@@ -216,6 +217,7 @@ class _Worker:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             start_new_session=True,
+            preexec_fn=preexec_fn,  # joins the job's network namespace, if any
         )
         self.pgid = self.process.pid
         prefix = f"[worker {index}] "
@@ -327,6 +329,7 @@ def launch(
     stderr=None,
     env=None,
     max_restarts=0,
+    isolation="auto",
 ):
     """Runs `command` as `num_workers` local workers of one cluster, and waits.
 
@@ -365,6 +368,13 @@ def launch(
     The launcher handles SIGINT and SIGTERM only when called from the main
     thread (Python delivers signals there alone).
 
+    TensorFlow's servers listen on every network interface and authenticate
+    nobody. So on Linux, where the kernel allows it (as root, or with
+    unprivileged user namespaces), all workers of the job run in one private
+    network namespace whose only interface is loopback: they reach each
+    other on 127.0.0.1, nothing outside reaches them, and they reach no
+    other network. Files, devices, process ids and signals are unchanged.
+
     Args:
         command: list of str, the program and its arguments.
         num_workers: int, the number of workers, at least 1.
@@ -382,6 +392,12 @@ def launch(
             `os.environ` by default.
         max_restarts: int, how many times to restart the whole job after a
             worker fails or is preempted. Defaults to 0.
+        isolation: str, the workers' network. `"auto"` (default): a private
+            network namespace when the kernel allows one; otherwise one
+            warning on `stderr` naming the ports open on every interface.
+            `"require"`: refuse to start without one (ValueError).
+            `"off"`: no namespace (to reach the workers over the network, for
+            a debugger or profiler), with the same warning.
 
     Returns:
         A `LaunchResult`: `exit_code` is 0 when every worker succeeded, the
@@ -390,8 +406,9 @@ def launch(
         exited with 75); `message` says which worker failed and how.
 
     Raises:
-        TypeError, ValueError: an argument is invalid, or the command cannot
-            be started (no worker is left running then).
+        TypeError, ValueError: an argument is invalid, the command cannot
+            be started (no worker is left running then), or `isolation` is
+            `"require"` and no private network namespace can be created.
 
     Example:
 
@@ -412,7 +429,8 @@ def launch(
     restarts = 0
     while True:
         result = _launch_once(
-            command, num_workers, cpu_devices, port_base, grace_period_s, stdout, stderr, env
+            command, num_workers, cpu_devices, port_base, grace_period_s, stdout, stderr,
+            env, isolation,
         )
         result.restarts = restarts
         if result.exit_code == 0 or result.interrupted or restarts >= max_restarts:
@@ -427,7 +445,8 @@ def launch(
 
 
 def _launch_once(
-    command, num_workers, cpu_devices, port_base, grace_period_s, stdout, stderr, env
+    command, num_workers, cpu_devices, port_base, grace_period_s, stdout, stderr, env,
+    isolation,
 ):
     """Runs the workers once, as `launch` describes; returns a `LaunchResult`."""
     stdout = sys.stdout if stdout is None else stdout
@@ -438,6 +457,10 @@ def _launch_once(
     else:
         ports = list(range(port_base, port_base + num_workers))
         _check_ports_free(ports)
+    network = _isolation.open_for_job(isolation, ports, env)
+    if network.warning:
+        stderr.write(f"keras-scaling launch: warning: {network.warning}\n")
+        stderr.flush()
 
     write_lock = threading.Lock()
     workers = []
@@ -452,12 +475,16 @@ def _launch_once(
                         stdout,
                         stderr,
                         write_lock,
+                        network.preexec_fn,
                     )
                 )
-        except OSError as error:
+        except (OSError, subprocess.SubprocessError) as error:
+            # SubprocessError: joining the network namespace failed in the child.
             _stop(workers, [signal.SIGKILL], grace_period_s, signals)
+            network.close()
             raise ValueError(
-                f"command {command[0]!r} cannot be started: {error.strerror}"
+                f"command {command[0]!r} cannot be started: "
+                f"{getattr(error, 'strerror', None) or error}"
             ) from None
         try:
             result = _supervise(workers, grace_period_s, signals)
@@ -468,6 +495,7 @@ def _launch_once(
                 worker.process.wait()
                 for thread in worker.threads:
                     thread.join(timeout=grace_period_s)
+            network.close()
     return result
 
 

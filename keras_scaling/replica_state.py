@@ -24,6 +24,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_scaling import _fingerprint
+from keras_scaling import _keras_internals
 from keras_scaling import devices
 
 __all__ = [
@@ -137,9 +138,8 @@ def distributed_variable(variable):
     """
     if isinstance(variable, tf.Variable):
         return variable
-    inner = getattr(variable, "_value", None)
-    if isinstance(inner, tf.Variable):
-        return inner
+    if _keras_internals.is_keras_variable(variable):
+        return _keras_internals.tf_variable_of(variable)
     raise TypeError(
         f"variable must be a Keras or TensorFlow variable, got "
         f"{type(variable).__name__}"
@@ -173,7 +173,7 @@ def _unsynchronized_batch_norm_statistics(model):
     import keras
 
     found = {}
-    for layer in model._flatten_layers(include_self=True, recursive=True):
+    for layer in _keras_internals.all_layers(model):
         if isinstance(layer, keras.layers.BatchNormalization) and not getattr(
             layer, "synchronized", False
         ):
@@ -181,14 +181,6 @@ def _unsynchronized_batch_norm_statistics(model):
                 if variable is not None:
                     found[id(variable)] = layer.name
     return found
-
-
-def _seed_generator_states(model):
-    states = set()
-    for layer in model._flatten_layers(include_self=True, recursive=True):
-        for generator in getattr(layer, "_seed_generators", ()):
-            states.add(id(generator.state))
-    return states
 
 
 def tracked_variables(model, optimizer=None):
@@ -218,7 +210,7 @@ def tracked_variables(model, optimizer=None):
     ```
     """
     batch_norm = _unsynchronized_batch_norm_statistics(model)
-    seed_states = _seed_generator_states(model)
+    seed_states = _keras_internals.seed_generator_state_ids(model)
     found, seen = [], set()
 
     def add(keras_variable, role, reason=None):
@@ -251,12 +243,8 @@ def tracked_variables(model, optimizer=None):
         optimizers = [optimizer]
         while getattr(optimizers[-1], "inner_optimizer", None) is not None:
             optimizers.append(optimizers[-1].inner_optimizer)
-        counters = {id(getattr(o, "_iterations", None)) for o in optimizers}
-        accumulators = {
-            id(v)
-            for o in optimizers
-            for v in getattr(o, "_accumulated_gradients", None) or ()
-        }
+        counters = {id(o.iterations) for o in optimizers}
+        accumulators = _keras_internals.gradient_accumulator_ids(optimizers)
         for variable in optimizer.variables:
             if id(variable) in counters:
                 add(variable, OPTIMIZER_ITERATIONS)

@@ -30,6 +30,11 @@ def _record(**changes):
         "efficiency": None,
         "steps_measured": 90,
         "startup_time_s": 1.25,
+        "flops_per_sample": 3.2e6,
+        "flops_source": "counted",
+        "peak_flops_per_replica": None,
+        "peak_source": None,
+        "mfu": None,
     }
     record.update(changes)
     return record
@@ -48,6 +53,17 @@ def test_write_refuses_a_record_off_the_schema(tmp_path):
     del record["speedup"]
     with pytest.raises(ValueError, match=r"missing \['speedup'\], unexpected \['extra'\]"):
         baseline_lib.write_throughput_json(tmp_path, record)
+
+
+def test_files_written_before_the_flops_keys_read_them_as_null(tmp_path):
+    older = _record()
+    for key in ("flops_per_sample", "flops_source", "peak_flops_per_replica",
+                "peak_source", "mfu"):
+        del older[key]
+    (tmp_path / "throughput.json").write_text(json.dumps(older))
+    record = baseline_lib.read_throughput_json(tmp_path)
+    assert record["flops_per_sample"] is None and record["mfu"] is None
+    assert record["samples_per_sec"] == 1500.0
 
 
 def test_read_refuses_files_that_are_not_throughput_records(tmp_path):

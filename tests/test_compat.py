@@ -7,21 +7,22 @@ import subprocess
 import sys
 
 import pytest
-from keras.src.backend.tensorflow import trainer as tf_trainer
 
 from keras_scaling import compat
+from keras_scaling.compat import _keras_trainer
 
 FIX_NAMES = ("steps_per_execution", "symbolic_build", "scalar_reduce", "multi_worker_epoch")
 SUBPROCESS_TIMEOUT_S = 120
 
 
 def keras_originals():
-    trainer = tf_trainer.TensorFlowTrainer.__dict__
+    trainer = _keras_trainer.trainer_class().__dict__
+    module = _keras_trainer.trainer_module()
     return {
         "_make_function": trainer["_make_function"],
         "_maybe_symbolic_build": trainer["_maybe_symbolic_build"],
-        "reduce_per_replica": tf_trainer.reduce_per_replica,
-        "TFEpochIterator.__init__": tf_trainer.TFEpochIterator.__dict__["__init__"],
+        "reduce_per_replica": module.reduce_per_replica,
+        "TFEpochIterator.__init__": module.TFEpochIterator.__dict__["__init__"],
     }
 
 
@@ -183,19 +184,19 @@ def test_probing_creates_no_device_and_auto_strategy_enables_the_fixes():
 
 NO_COMPAT_CODE = """
 import json
-from keras.src.backend.tensorflow import trainer
 from keras_scaling import compat
+from keras_scaling.compat import _keras_trainer
 import keras_scaling
-before = (trainer.TensorFlowTrainer.__dict__["_make_function"],
-          trainer.TensorFlowTrainer.__dict__["_maybe_symbolic_build"],
-          trainer.reduce_per_replica,
-          trainer.TFEpochIterator.__dict__["__init__"])
+def functions():
+    trainer, module = _keras_trainer.trainer_class(), _keras_trainer.trainer_module()
+    return (trainer.__dict__["_make_function"],
+            trainer.__dict__["_maybe_symbolic_build"],
+            module.reduce_per_replica,
+            module.TFEpochIterator.__dict__["__init__"])
+before = functions()
 strategy = keras_scaling.auto_strategy()
 compat.enable_for(strategy)
-after = (trainer.TensorFlowTrainer.__dict__["_make_function"],
-         trainer.TensorFlowTrainer.__dict__["_maybe_symbolic_build"],
-         trainer.reduce_per_replica,
-         trainer.TFEpochIterator.__dict__["__init__"])
+after = functions()
 print(json.dumps({
     "replicas": strategy.num_replicas_in_sync,
     "untouched": all(a is b for a, b in zip(before, after)),

@@ -1,10 +1,9 @@
 """Each worker reads only its own share, once per epoch, in as many steps as the others."""
 
+import io
 import json
 import logging
 import os
-import socket
-import subprocess
 import sys
 import textwrap
 
@@ -13,6 +12,7 @@ import pytest
 import tensorflow as tf
 
 from keras_scaling import data
+from keras_scaling import launcher
 from keras_scaling.devices import StrategyInfo
 
 
@@ -183,44 +183,27 @@ _WORKER_SCRIPT = textwrap.dedent(
 )
 
 
-def _free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _run_two_workers(tmp_path):
-    """Runs the worker script in two processes; returns {last_batch: [result, ...]}."""
+    """Runs the worker script as 2 workers of `launch`; returns {last_batch: [result, ...]}."""
     script = tmp_path / "worker.py"
     script.write_text(_WORKER_SCRIPT)
-    addresses = [f"127.0.0.1:{_free_port()}" for _ in range(2)]
-    processes = []
-    try:
-        for index in range(2):
-            config = {"cluster": {"worker": addresses}, "task": {"type": "worker", "index": index}}
-            env = dict(os.environ, TF_CONFIG=json.dumps(config), TF_CPP_MIN_LOG_LEVEL="2")
-            processes.append(
-                subprocess.Popen(
-                    [sys.executable, str(script)],
-                    env=env,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    text=True,
-                )
-            )
-        outputs = [process.communicate(timeout=120) for process in processes]
-    finally:
-        for process in processes:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
+    output = io.StringIO()
+    outcome = launcher.launch(
+        [sys.executable, str(script)],
+        num_workers=2,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
+        stdout=output,
+        stderr=output,
+    )
+    assert outcome.exit_code == 0, f"{outcome.message}\n{output.getvalue()[-3000:]}"
     results = {}
-    for (stdout, stderr), process in zip(outputs, processes):
-        lines = [line for line in stdout.splitlines() if line.startswith("RESULT ")]
-        assert process.returncode == 0 and len(lines) == 3, stderr[-3000:]
-        for line in lines:
-            result = json.loads(line[len("RESULT "):])
+    for line in output.getvalue().splitlines():
+        _, _, payload = line.partition("] ")
+        if payload.startswith("RESULT "):
+            result = json.loads(payload[len("RESULT "):])
             results.setdefault(result["last_batch"], []).append(result)
+    assert sorted(results) == ["drop", "fit", "pad"], output.getvalue()[-3000:]
+    assert all(len(both) == 2 for both in results.values()), results
     return results
 
 
@@ -229,6 +212,7 @@ def two_worker_results(tmp_path_factory):
     return _run_two_workers(tmp_path_factory.mktemp("two_workers"))
 
 
+@pytest.mark.timeout(240)
 def test_two_real_workers_read_disjoint_shares_in_equal_steps(two_worker_results):
     for last_batch in ("pad", "drop"):
         results = two_worker_results[last_batch]
@@ -242,6 +226,7 @@ def test_two_real_workers_read_disjoint_shares_in_equal_steps(two_worker_results
             assert sorted(seen) == list(range(1001))
 
 
+@pytest.mark.timeout(240)
 def test_fit_on_two_real_workers_runs_the_planned_steps(two_worker_results):
     results = two_worker_results["fit"]
     assert [result["steps"] for result in results] == [results[0]["planned_steps"]] * 2

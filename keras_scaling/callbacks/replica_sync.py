@@ -182,7 +182,6 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
         self._checker_key = None
         self._last_checked_step = None
         self._said_single_replica = False
-        self._first_batch = None
         self._step_upper_bound = 0
         self._num_replicas = None
         self._step_counter = None
@@ -197,23 +196,25 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
         self._enable_compat()
 
     def on_train_begin(self, logs=None):
+        devices.warn_if_keras_distribution_set()
         self._enable_compat()
         self._check_and_act()
 
-    def on_train_batch_begin(self, batch, logs=None):
-        self._first_batch = batch
+    def _steps_per_execution(self):
+        return max(1, int(getattr(self.model, "steps_per_execution", 1) or 1))
 
     def on_train_batch_end(self, batch, logs=None):
         if self._single_replica():
             return
         last = self._last_checked_step
         if last is not None:
-            # One hook call covers `steps_per_execution` batches, each at most
-            # one optimizer step (fewer with gradient accumulation): the
-            # counter is read (tens of microseconds) only once this upper
-            # bound reaches the next multiple.
-            batches = batch - self._first_batch + 1 if self._first_batch is not None else 1
-            self._step_upper_bound += max(batches, 1)
+            # One hook call covers at most `steps_per_execution` batches,
+            # each at most one optimizer step (fewer with gradient
+            # accumulation): the counter is read (tens of microseconds) only
+            # once this upper bound reaches the next multiple. The batch
+            # index is no measure: Keras 3.10 and older pass the first batch
+            # of the execution, later releases the last.
+            self._step_upper_bound += self._steps_per_execution()
             if self._step_upper_bound // self.every_n_steps <= last // self.every_n_steps:
                 return
         step = self._current_step()
@@ -310,7 +311,7 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
         # A LossScaleOptimizer wraps the optimizer that counts the steps.
         while getattr(optimizer, "inner_optimizer", None) is not None:
             optimizer = optimizer.inner_optimizer
-        counter = replica_state.distributed_variable(optimizer._iterations)
+        counter = replica_state.distributed_variable(optimizer.iterations)
         if replica_state.is_distributed(counter):
             # Read at every batch: the local copy of replica 0 costs tens of
             # microseconds, the distributed variable several times as much.

@@ -9,9 +9,12 @@ import time
 import keras
 import tensorflow as tf
 
+from keras_scaling import _keras_internals
+from keras_scaling import _tf_data_internals
 from keras_scaling import _tensorboard
 from keras_scaling import baseline as baseline_lib
 from keras_scaling import devices
+from keras_scaling import utilization as utilization_lib
 from keras_scaling.throughput import ThroughputStats, ThroughputWindow, scaling
 
 logger = logging.getLogger("keras_scaling")
@@ -24,6 +27,9 @@ _SCALAR_TAGS = frozenset({
     "scaling/speedup",
     "scaling/efficiency",
     "scaling/ideal_speedup",
+    "throughput/tflops_per_sec",
+    "throughput/tflops_per_sec_per_replica",
+    "throughput/mfu",
 })
 DEFAULT_WARMUP_STEPS = 5
 # Steps shorter than this are dominated by the training loop's fixed cost per
@@ -33,6 +39,8 @@ _LOW_EFFICIENCY = 0.8
 _ADVICE_AFTER_INTERVALS = 3
 _INPUT_PROBE_BATCHES = 20
 _PYTHON_OPS = frozenset({"PyFunc", "PyFuncStateless", "EagerPyFunc", "GeneratorDataset"})
+# A device without a peak figure is named once per process, not once per fit.
+_PEAK_REASONS_LOGGED = set()
 
 
 class ThroughputLogger(keras.callbacks.Callback):
@@ -51,6 +59,9 @@ class ThroughputLogger(keras.callbacks.Callback):
     | `scaling/speedup` | `samples_per_sec / baseline` (the baseline: one replica, same per-replica batch) |
     | `scaling/ideal_speedup` | replicas (divided by the baseline's replicas, 1 unless a file says otherwise) |
     | `scaling/efficiency` | `speedup / ideal_speedup`; 1.0 is perfect scaling |
+    | `throughput/tflops_per_sec` | model TFLOP/s, all replicas: `flops_per_sample * samples_per_sec / 1e12` |
+    | `throughput/tflops_per_sec_per_replica` | `tflops_per_sec / replicas` |
+    | `throughput/mfu` | model FLOPs utilization: achieved FLOPs/sec / (peak FLOPs/sec of one replica x replicas) |
 
     plus a Custom Scalars chart of speedup against ideal, and a text summary
     of the set-up (strategy, workers, replicas, batch sizes, baseline).
@@ -103,6 +114,20 @@ class ThroughputLogger(keras.callbacks.Callback):
     trained model. `"auto"` is the run itself with one replica (speedup 1.0)
     and `"measure"` with several. None writes no `scaling/` tags.
 
+    Model FLOPs and MFU: `flops_per_sample="auto"` counts the operations of
+    one training sample once, before the first measured step, from the
+    traced graph of the model's loss and gradients
+    (`keras_scaling.flops.training_flops_per_sample`); models it cannot
+    count (RNN loops, ops without statistics) get no `tflops` or `mfu`
+    tags, with the reason logged once. `peak_flops="auto"` looks one
+    replica's device up in `keras_scaling.peak_flops.PEAK_FLOPS` (GPUs by
+    name, TPUs by accelerator type, for the dtype policy's compute dtype);
+    an unknown device logs once that MFU needs `peak_flops=`. `"measure"`
+    times a large matrix multiply on one device (for CPUs). A number is
+    taken as given; None turns either off. When efficiency is high but MFU
+    low, the advice says whether the input, the dtype or the per-replica
+    batch is the likelier cause.
+
     Args:
         log_dir: str or path, the run's log directory, as given to
             `keras.callbacks.TensorBoard`.
@@ -113,6 +138,11 @@ class ThroughputLogger(keras.callbacks.Callback):
             call that are not measured; default None means 5.
         global_batch_size: int, samples per optimizer step over all replicas;
             default None reads it from the data (see above).
+        flops_per_sample: `"auto"`, a positive number (floating-point
+            operations of one sample, forward and backward) or None; default
+            `"auto"`.
+        peak_flops: `"auto"`, `"measure"`, a positive number (peak FLOPs/sec
+            of one replica's device) or None; default `"auto"`.
 
     Example:
 
@@ -134,7 +164,8 @@ class ThroughputLogger(keras.callbacks.Callback):
     """
 
     def __init__(self, log_dir, *, baseline="auto", update_freq=10,
-                 warmup_steps=None, global_batch_size=None):
+                 warmup_steps=None, global_batch_size=None,
+                 flops_per_sample="auto", peak_flops="auto"):
         super().__init__()
         self.log_dir = _tensorboard.check_log_dir(log_dir)
         self.update_freq = _positive_int(update_freq, "update_freq")
@@ -149,6 +180,9 @@ class ThroughputLogger(keras.callbacks.Callback):
             global_batch_size = _positive_int(global_batch_size, "global_batch_size")
         self.global_batch_size = global_batch_size
         self._baseline = baseline_lib.resolve_baseline(baseline)
+        self.flops_per_sample = utilization_lib.check_flops_per_sample(flops_per_sample)
+        self.peak_flops = utilization_lib.check_peak_flops(peak_flops)
+        self._flops = None
         self._clock = time.perf_counter
         self._stats = ThroughputStats()
         self._window = ThroughputWindow()
@@ -166,6 +200,7 @@ class ThroughputLogger(keras.callbacks.Callback):
         _enable_compat(model)
 
     def on_train_begin(self, logs=None):
+        devices.warn_if_keras_distribution_set()
         self._finish_left_over_fits()
         strategy = self.model.distribute_strategy
         _enable_compat(self.model)
@@ -180,7 +215,7 @@ class ThroughputLogger(keras.callbacks.Callback):
         self._iterations_variable = None
         self._element_spec = None
         self._iterator = None
-        self._adapter_batch_size = _batch_size_of_running_fit()
+        self._adapter_batch_size = _keras_internals.batch_size_of_running_fit(sys._getframe(1))
         self._attach_guard()
         atexit.register(self._finish_at_exit)
 
@@ -193,9 +228,16 @@ class ThroughputLogger(keras.callbacks.Callback):
         self._window.close()
 
     def on_train_batch_end(self, batch, logs=None):
+        if self._finished:
+            return
         if not self._window.is_open:
             try:
                 self._open_window()
+            except _GlobalBatchSizeUnknown as error:
+                # Training goes on; only the figures that need it are lost.
+                logger.warning("%s ThroughputLogger measures nothing in this fit.", error)
+                self._finish()
+                return
             except BaseException:
                 self._finish()
                 raise
@@ -245,7 +287,7 @@ class ThroughputLogger(keras.callbacks.Callback):
                 self._set_up(iterations)
             self._write({"throughput/startup_time_s": startup_time_s}, iterations)
             warmup_steps = self.warmup_steps
-            self._tracing_count = _tracing_count(self._guard_original)
+            self._tracing_count = self._read_tracing_count()
             now_s = self._clock()
         self._window.restart(
             time_s=now_s,
@@ -255,11 +297,16 @@ class ThroughputLogger(keras.callbacks.Callback):
         )
         self._executions_since_sync = 0
 
+    def _read_tracing_count(self):
+        if self.model.run_eagerly or self._guard_original is None:
+            return 0  # nothing is traced
+        return _keras_internals.tracing_count(self._guard_original)
+
     def _measure(self):
         iterations = self._read_iterations()
         now_s = self._clock()
         self._executions_since_sync = 0
-        tracing_count = _tracing_count(self._guard_original)
+        tracing_count = self._read_tracing_count()
         if tracing_count != self._tracing_count:
             # The step function was traced again within this interval.
             self._tracing_count = tracing_count
@@ -287,6 +334,7 @@ class ThroughputLogger(keras.callbacks.Callback):
             scalars["scaling/speedup"] = figures.speedup
             scalars["scaling/efficiency"] = figures.efficiency
             scalars["scaling/ideal_speedup"] = figures.ideal_speedup
+        scalars.update(self._utilization_scalars(interval.samples_per_sec))
         self._write(scalars, interval.end_iterations)
         if len(self._stats) == _ADVICE_AFTER_INTERVALS:
             self._advise()
@@ -329,6 +377,7 @@ class ThroughputLogger(keras.callbacks.Callback):
             "dtype_policy": getattr(policy, "name", str(policy)),
         }
         self._resolve_baseline()
+        self._flops = self._resolve_flops()
         if info.is_chief:
             _tensorboard.write_custom_scalars_layout(self.log_dir, _layout())
             _tensorboard.write_text(
@@ -353,7 +402,7 @@ class ThroughputLogger(keras.callbacks.Callback):
             return per_replica * replicas
         if self._adapter_batch_size is not None:
             return self._adapter_batch_size
-        raise ValueError(
+        raise _GlobalBatchSizeUnknown(
             "ThroughputLogger cannot tell the global batch size: the training "
             f"data's batch dimension is not static (element_spec: "
             f"{self._element_spec}). Pass global_batch_size=<samples per step "
@@ -429,6 +478,7 @@ class ThroughputLogger(keras.callbacks.Callback):
             ("dtype policy", setup["dtype_policy"]),
             ("steps per execution", self._steps_per_execution),
             ("baseline", baseline_text),
+            *self._flops_rows(),
             ("warm-up", f"first execution of each fit + {self.warmup_steps} steps"),
         ]
         lines = ["| | |", "|---|---|"]
@@ -472,6 +522,7 @@ class ThroughputLogger(keras.callbacks.Callback):
         if baseline is not None:
             record["baseline_source"] = baseline.source
             record["baseline_samples_per_sec"] = baseline.samples_per_sec
+        record.update(self._flops_fields(steady))
         if steady is None:
             return record
         record.update(
@@ -575,7 +626,7 @@ class ThroughputLogger(keras.callbacks.Callback):
         if (
             len(self._stats) < _ADVICE_AFTER_INTERVALS
             or not self._info.is_chief
-            or self._advised >= {"short_steps", "low_efficiency"}
+            or self._advised >= {"short_steps", "low_efficiency", "underused"}
         ):
             return
         steady = self._stats.steady_state()
@@ -612,6 +663,130 @@ class ThroughputLogger(keras.callbacks.Callback):
                 "ideal %.2f). %s",
                 figures.efficiency, figures.speedup, figures.ideal_speedup, diagnosis,
             )
+        if "underused" not in self._advised and figures is not None:
+            advice = self._underuse_advice(steady.samples_per_sec, figures.efficiency)
+            if advice is not None:
+                self._advised.add("underused")
+                logger.warning("ThroughputLogger: %s", advice)
+
+    # Model FLOPs and MFU: counted and looked up once, in _set_up, by
+    # keras_scaling.flops and keras_scaling.peak_flops; the arithmetic is
+    # keras_scaling.utilization's.
+
+    def _resolve_flops(self):
+        from keras_scaling import flops as flops_lib
+        from keras_scaling import peak_flops as peak_lib
+
+        resolved = dict(flops_per_sample=None, flops_source=None,
+                        peak_flops_per_replica=None, peak_source=None,
+                        faster_dtypes=[])
+        if not self._info.is_chief:
+            return resolved
+        if self.flops_per_sample is None:
+            resolved["flops_source"] = "off (flops_per_sample=None)"
+        elif self.flops_per_sample != "auto":
+            resolved.update(flops_per_sample=self.flops_per_sample, flops_source="given")
+        else:
+            sample = _one_replica_spec(self._element_spec, self._setup["per_replica_batch_size"])
+            try:
+                counted, reason = flops_lib.count_training_flops(
+                    self.model, sample=_training_sample(sample)
+                )
+            except Exception as error:  # counting must never stop training
+                counted, reason = None, f"{type(error).__name__}: {error}"
+            if counted is None:
+                logger.warning("ThroughputLogger: no model FLOPs, so no tflops or mfu "
+                               "tags: %s", reason)
+                resolved["flops_source"] = f"not counted: {reason}"
+            else:
+                resolved.update(flops_per_sample=counted, flops_source="counted")
+        if self.peak_flops is None or resolved["flops_per_sample"] is None:
+            return resolved
+        policy = getattr(self.model, "dtype_policy", None)
+        compute_dtype = str(getattr(policy, "compute_dtype", "float32"))
+        try:
+            peak, reason = peak_lib.resolve(
+                self.peak_flops,
+                device_kind=self._setup["device_kind"],
+                device=self._info.local_devices[0],
+                compute_dtype=compute_dtype,
+            )
+        except Exception as error:  # a failed lookup must never stop training
+            peak, reason = None, f"{type(error).__name__}: {error}"
+        if peak is None:
+            if reason not in _PEAK_REASONS_LOGGED:
+                _PEAK_REASONS_LOGGED.add(reason)
+                logger.warning("ThroughputLogger: no throughput/mfu: %s", reason)
+            resolved["peak_source"] = f"unknown: {reason}"
+            return resolved
+        resolved.update(peak_flops_per_replica=peak.flops_per_sec, peak_source=peak.source)
+        resolved["faster_dtypes"] = peak_lib.faster_dtypes(peak)
+        return resolved
+
+    def _utilization(self, samples_per_sec):
+        flops = self._flops
+        if flops is None or flops["flops_per_sample"] is None:
+            return None
+        return utilization_lib.utilization(
+            flops["flops_per_sample"], samples_per_sec, self._setup["num_replicas"],
+            flops["peak_flops_per_replica"],
+        )
+
+    def _utilization_scalars(self, samples_per_sec):
+        figures = self._utilization(samples_per_sec)
+        if figures is None:
+            return {}
+        scalars = {
+            "throughput/tflops_per_sec": figures.tflops_per_sec,
+            "throughput/tflops_per_sec_per_replica": figures.tflops_per_sec_per_replica,
+        }
+        if figures.mfu is not None:
+            scalars["throughput/mfu"] = figures.mfu
+        return scalars
+
+    def _flops_fields(self, steady):
+        flops = self._flops or {}
+        fields = {key: flops.get(key) for key in (
+            "flops_per_sample", "flops_source", "peak_flops_per_replica", "peak_source")}
+        figures = self._utilization(steady.samples_per_sec) if steady else None
+        fields["mfu"] = figures.mfu if figures is not None else None
+        return fields
+
+    def _flops_rows(self):
+        flops = self._flops or {}
+        if flops.get("flops_per_sample") is not None:
+            flops_text = f"{flops['flops_per_sample'] / 1e6:.2f} M ({flops['flops_source']})"
+        else:
+            flops_text = flops.get("flops_source") or "none"
+        if flops.get("peak_flops_per_replica") is not None:
+            peak_text = (f"{flops['peak_flops_per_replica'] / 1e12:.2f} TFLOP/s per "
+                         f"replica ({flops['peak_source']})")
+        else:
+            peak_text = flops.get("peak_source") or "none (no mfu)"
+        return [("model FLOPs per sample", flops_text), ("peak FLOPs", peak_text)]
+
+    def _underuse_advice(self, samples_per_sec, efficiency):
+        figures = self._utilization(samples_per_sec)
+        if figures is None or figures.mfu is None:
+            return None
+        policy = getattr(self.model, "dtype_policy", None)
+        arguments = dict(
+            efficiency=efficiency,
+            mfu=figures.mfu,
+            per_replica_batch_size=self._setup["per_replica_batch_size"],
+            compute_dtype=str(getattr(policy, "compute_dtype", "float32")),
+            faster_dtypes=self._flops["faster_dtypes"],
+        )
+        if utilization_lib.underuse_advice(**arguments) is None:
+            return None
+        input_samples_per_sec, _ = _time_input_pipeline(self._iterator)
+        if input_samples_per_sec is not None:
+            input_samples_per_sec *= self._setup["num_workers"]
+        return utilization_lib.underuse_advice(
+            **arguments,
+            input_samples_per_sec=input_samples_per_sec,
+            samples_per_sec=samples_per_sec,
+        )
 
     def _efficiency_diagnosis(self, samples_per_sec):
         input_samples_per_sec, reason = _time_input_pipeline(self._iterator)
@@ -638,6 +813,10 @@ class ThroughputLogger(keras.callbacks.Callback):
         )
 
 
+class _GlobalBatchSizeUnknown(ValueError):
+    """The samples of a step cannot be counted, so throughput is unknown."""
+
+
 def _positive_int(value, parameter):
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{parameter} must be a positive int, got {value!r}")
@@ -657,14 +836,20 @@ def _one_replica_spec(element_spec, per_replica_batch_size):
 
     def one(spec):
         # A PerReplicaSpec holds one spec per local replica.
-        value_specs = getattr(spec, "_value_specs", None)
-        spec = value_specs[0] if value_specs else spec
+        spec = _tf_data_internals.first_replica_spec(spec)
         if isinstance(spec, tf.TensorSpec) and spec.shape.rank:
             shape = [per_replica_batch_size] + spec.shape.as_list()[1:]
             return tf.TensorSpec(shape, spec.dtype, spec.name)
         return spec
 
     return tf.nest.map_structure(one, element_spec)
+
+
+def _training_sample(spec):
+    """`(x, y, sample_weight)` of a one-replica spec, for counting FLOPs."""
+    if isinstance(spec, dict) or not isinstance(spec, (tuple, list)):
+        return spec
+    return tuple(spec)
 
 
 def _static_batch_size(element_spec):
@@ -682,28 +867,6 @@ def _static_batch_size(element_spec):
     return size
 
 
-def _batch_size_of_running_fit():
-    """The batch size Keras' data adapter knows for the running fit, or None.
-
-    Keras hands callbacks no handle on the data. Its adapter, which knows the
-    batch size of arrays even when the last batch is partial (so the batch
-    dimension is not static), is a local of `fit` (`epoch_iterator`), found
-    on the call stack; it is only read.
-    """
-    frame = sys._getframe(1)
-    try:
-        while frame is not None:
-            if frame.f_code.co_name == "fit":
-                adapter = getattr(frame.f_locals.get("epoch_iterator"), "data_adapter", None)
-                batch_size = getattr(adapter, "batch_size", None)
-                if isinstance(batch_size, int) and batch_size > 0:
-                    return batch_size
-            frame = frame.f_back
-        return None
-    finally:
-        del frame
-
-
 def _planned_global_batch_size(iterator):
     """The global batch of the `keras_scaling.data` plan behind an iterator, or None.
 
@@ -712,9 +875,7 @@ def _planned_global_batch_size(iterator):
     """
     from keras_scaling import data
 
-    worker_iterators = getattr(iterator, "_iterators", None)
-    source = worker_iterators[0] if worker_iterators else iterator
-    pending = [getattr(source, "_dataset", None)]
+    pending = [_tf_data_internals.dataset_of_iterator(iterator)]
     seen = set()
     while pending:
         dataset = pending.pop()
@@ -724,24 +885,10 @@ def _planned_global_batch_size(iterator):
         plan = data.plan_of(dataset)
         if plan is not None:
             return plan.global_batch_size
-        try:
-            pending.extend(dataset._inputs())
-        except Exception:  # pragma: no cover - a dataset type without inputs
-            continue
+        pending.extend(_tf_data_internals.dataset_inputs(dataset))
     return None
 
 
-def _tracing_count(function):
-    """How often the tf.functions behind a Keras train function were traced."""
-    total = 0
-    for cell in getattr(function, "__closure__", None) or ():
-        try:
-            counter = getattr(cell.cell_contents, "experimental_get_tracing_count", None)
-        except ValueError:
-            continue
-        if callable(counter):
-            total += counter()
-    return total
 
 
 def _layout():
@@ -763,6 +910,8 @@ def _layout():
                     chart("speedup vs ideal", "scaling/speedup", "scaling/ideal_speedup"),
                     chart("efficiency", "scaling/efficiency"),
                     chart("samples/sec", "throughput/samples_per_sec"),
+                    chart("model TFLOP/s", "throughput/tflops_per_sec"),
+                    chart("MFU", "throughput/mfu"),
                 ],
             )
         ]
@@ -771,17 +920,12 @@ def _layout():
 
 def _time_input_pipeline(iterator):
     """This worker's input samples/sec, read alone, or (None, why not)."""
-    worker_iterators = getattr(iterator, "_iterators", None)
-    source = worker_iterators[0] if worker_iterators else iterator
-    dataset = getattr(source, "_dataset", None)
-    if not isinstance(dataset, tf.data.Dataset):
+    dataset = _tf_data_internals.dataset_of_iterator(iterator)
+    if dataset is None:
         return None, "its dataset is out of reach"
-    try:
-        graph = tf.compat.v1.GraphDef.FromString(dataset._as_serialized_graph().numpy())
-    except Exception as error:  # pragma: no cover - depends on the pipeline
-        return None, f"its graph cannot be inspected: {error}"
-    ops = {node.op for node in graph.node}
-    ops |= {node.op for function in graph.library.function for node in function.node_def}
+    ops = _tf_data_internals.op_types(dataset)
+    if ops is None:
+        return None, "its graph cannot be inspected"
     if ops & _PYTHON_OPS:
         return None, "it runs Python code, which may not be safe to read twice"
     batches = iter(dataset)

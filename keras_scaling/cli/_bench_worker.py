@@ -37,6 +37,7 @@ def _parser():
     parser.add_argument("--steps-per-execution", type=int, default=1)
     parser.add_argument("--log-dir", required=True)
     parser.add_argument("--baseline", default="auto")
+    parser.add_argument("--peak-flops", default="auto")
     parser.add_argument("--intra-op-threads", type=int, default=0)
     parser.add_argument("--inter-op-threads", type=int, default=0)
     parser.add_argument("--seed", type=int, default=0)
@@ -109,6 +110,12 @@ def _baseline(text):
         return text
 
 
+def _peak_flops(text):
+    if text in ("auto", "measure"):
+        return text
+    return float(text)
+
+
 def run(args):
     """Trains one replica count; returns the process exit status."""
     import tensorflow as tf
@@ -141,6 +148,7 @@ def run(args):
         args.log_dir,
         baseline=_baseline(args.baseline),
         global_batch_size=global_batch_size,
+        peak_flops=_peak_flops(args.peak_flops),
     )
     model.fit(
         dataset,

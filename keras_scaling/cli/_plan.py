@@ -14,22 +14,35 @@ def parse_replica_counts(text):
 
     Example: `parse_replica_counts("4,1,2")` is `(1, 2, 4)`.
     """
-    counts = set()
+    return _parse_positive_list(text, "--replicas", "1,2,4")
+
+
+def parse_batch_sizes(text):
+    """Parses `--per-replica-batch`, such as `"16,32,64"`, into sorted distinct sizes.
+
+    Example: `parse_batch_sizes("64")` is `(64,)`; `parse_batch_sizes("64,16")`
+    is `(16, 64)`.
+    """
+    return _parse_positive_list(text, "--per-replica-batch", "16,32,64,128")
+
+
+def _parse_positive_list(text, option, example):
+    numbers = set()
     for part in text.split(","):
         part = part.strip()
         try:
-            count = int(part)
+            number = int(part)
         except ValueError:
             raise UsageError(
-                f"--replicas must be a comma-separated list of positive integers "
-                f"such as 1,2,4; got {text!r}"
+                f"{option} must be a comma-separated list of positive integers "
+                f"such as {example}; got {text!r}"
             ) from None
-        if count < 1:
+        if number < 1:
             raise UsageError(
-                f"--replicas must hold positive integers, got {count} in {text!r}"
+                f"{option} must hold positive integers, got {number} in {text!r}"
             )
-        counts.add(count)
-    return tuple(sorted(counts))
+        numbers.add(number)
+    return tuple(sorted(numbers))
 
 
 def default_replica_counts(num_devices):

@@ -2,7 +2,8 @@
 
 `ThroughputLogger` writes `log_dir/throughput.json` at the end of training.
 This module finds those files under a directory, and turns them into one row
-per run: replicas, global batch, samples/sec, speedup, efficiency, ideal.
+per run: replicas, global batch, samples/sec, speedup, efficiency, ideal,
+model TFLOP/s and MFU.
 
 Speedup is samples/sec divided by the baseline's samples/sec. The baseline
 is the 1-replica run among the runs when there is exactly one (so a bench
@@ -20,6 +21,7 @@ import re
 
 from keras_scaling import baseline
 from keras_scaling import throughput as throughput_math
+from keras_scaling import utilization
 
 THROUGHPUT_FILE = baseline.THROUGHPUT_JSON
 
@@ -52,6 +54,8 @@ class Row:
     speedup: float
     efficiency: float
     ideal_speedup: int
+    tflops_per_sec: float = None
+    mfu: float = None
 
     def to_json(self):
         return dataclasses.asdict(self)
@@ -150,6 +154,11 @@ def summarize(runs):
             speedup = efficiency = math.nan
             notes.append(f"{run.name} has no baseline, so no speedup")
         global_batch_size = int(record["global_batch_size"])
+        tflops_per_sec = None
+        if record.get("flops_per_sample"):
+            tflops_per_sec = utilization.utilization(
+                float(record["flops_per_sample"]), samples_per_sec, replicas
+            ).tflops_per_sec
         rows.append(
             Row(
                 run=run.name,
@@ -162,6 +171,8 @@ def summarize(runs):
                 speedup=speedup,
                 efficiency=efficiency,
                 ideal_speedup=replicas,
+                tflops_per_sec=tflops_per_sec,
+                mfu=record.get("mfu"),
             )
         )
     rows.sort(key=lambda row: (row.replicas, _natural_key(row.run)))
@@ -171,6 +182,30 @@ def summarize(runs):
         baseline_source=source,
         notes=tuple(notes),
     )
+
+
+def smallest_efficient_batch(rows, threshold=0.9):
+    """The smallest per-replica batch reaching `threshold` efficiency at the largest count.
+
+    Args:
+        rows: `Row`s of a sweep over per-replica batches and replica counts.
+        threshold: float, the efficiency to reach.
+
+    Returns:
+        `(per_replica_batch_size or None, largest replica count)`.
+
+    Example: rows at 2 replicas with efficiencies 70%, 88%, 93% at per-replica
+    batches 16, 32, 64 give `(64, 2)`.
+    """
+    largest = max(row.replicas for row in rows)
+    reaching = [
+        row.per_replica_batch_size
+        for row in rows
+        if row.replicas == largest
+        and not math.isnan(row.efficiency)
+        and row.efficiency >= threshold
+    ]
+    return (min(reaching) if reaching else None), largest
 
 
 def summary_to_json(summary, **setup):

@@ -9,20 +9,22 @@ _COLUMNS = (
     ("speedup", "{:.2f}x", "speedup"),
     ("efficiency", "{:.0%}", "efficiency"),
     ("ideal", "{:d}x", "ideal_speedup"),
+    ("TFLOP/s", "{:.3g}", "tflops_per_sec"),
+    ("MFU", "{:.1%}", "mfu"),
     ("run", "{}", "run"),
 )
 
 
 def format_table(rows):
-    """A Markdown table of `Row`s, numbers right-aligned, `-` for no speedup.
+    """A Markdown table of `Row`s, numbers right-aligned, `-` for no figure.
 
     Example:
 
     ```
-    | replicas | global batch | samples/sec | speedup | efficiency | ideal | run        |
-    |---------:|-------------:|------------:|--------:|-----------:|------:|:-----------|
-    |        1 |           64 |      1000.0 |   1.00x |       100% |    1x | replicas_1 |
-    |        2 |          128 |      1900.0 |   1.90x |        95% |    2x | replicas_2 |
+    | replicas | global batch | samples/sec | speedup | efficiency | ideal | TFLOP/s |   MFU | run        |
+    |---------:|-------------:|------------:|--------:|-----------:|------:|--------:|------:|:-----------|
+    |        1 |           64 |      1000.0 |   1.00x |       100% |    1x |  0.0032 | 12.0% | replicas_1 |
+    |        2 |          128 |      1900.0 |   1.90x |        95% |    2x |  0.0061 | 11.4% | replicas_2 |
     ```
     """
     cells = [[title for title, _, _ in _COLUMNS]]
@@ -46,6 +48,6 @@ def format_table(rows):
 
 
 def _cell(fmt, value):
-    if isinstance(value, float) and math.isnan(value):
+    if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
     return fmt.format(value)

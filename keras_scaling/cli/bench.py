@@ -17,14 +17,16 @@ from keras_scaling.cli import _plan
 from keras_scaling.cli import _scaling
 from keras_scaling.cli._arguments import positive_int
 from keras_scaling.cli._errors import UsageError
-from keras_scaling.cli._plot import scaling_plot_png
+from keras_scaling.cli._plot import efficiency_plot_png, scaling_plot_png
 from keras_scaling.cli._table import format_table
 
 _DEFAULT_PER_REPLICA_BATCH = 64
 _DEFAULT_STEPS = 100
 _LOG_TAIL_LINES = 25
 _RUN_DIR = "replicas_{}"
-_RUN_DIR_PATTERN = re.compile(r"replicas_\d+")
+_BATCH_DIR = "batch_{}"
+_RUN_DIR_PATTERN = re.compile(r"(replicas|batch)_\d+")
+_EFFICIENT = 0.9
 _WORKER_LOG = "bench_worker.log"
 
 _DESCRIPTION = """\
@@ -51,7 +53,17 @@ that returns a keras.Model with known input shapes. It is called inside
 the strategy scope. If the model is not compiled the bench compiles it with
 SGD and mean squared error (presets: sparse categorical cross-entropy).
 
-Writes LOGDIR/scaling.json, LOGDIR/scaling.png, and the plot and the table
+The table shows model TFLOP/s (the FLOPs of one training sample, counted
+once from the model's traced loss and gradients, times samples/sec) and MFU
+(TFLOP/s over the peak of the replicas' devices: a datasheet figure for
+known GPUs and TPUs, --peak-flops measure to time a matrix multiply on CPUs).
+
+--per-replica-batch 16,32,64,128 sweeps per-replica batches: a table per
+batch, LOGDIR/efficiency.png (efficiency against per-replica batch, a line
+per replica count), and the smallest per-replica batch that reaches 90%
+efficiency at the largest replica count. Runs go to LOGDIR/batch_B/replicas_N.
+
+Writes LOGDIR/scaling.json, LOGDIR/scaling.png, and the plots and the tables
 into TensorBoard (tensorboard --logdir LOGDIR, Images and Text tabs).
 """
 
@@ -59,6 +71,7 @@ _EXAMPLE = """\
 examples:
   keras-scaling bench --cpu-devices 2 --model mlp --steps 60
   keras-scaling bench --replicas 1,2,4,8 --model resnet50 --per-replica-batch 128
+  keras-scaling bench --cpu-devices 2 --per-replica-batch 16,32,64,128 --peak-flops measure
   keras-scaling bench --model my_project.models:build --global-batch 512
 """
 
@@ -94,9 +107,9 @@ def add_parser(subparsers):
     batch = parser.add_mutually_exclusive_group()
     batch.add_argument(
         "--per-replica-batch",
-        type=positive_int,
-        metavar="B",
-        help=f"weak scaling: each replica's batch (default {_DEFAULT_PER_REPLICA_BATCH})",
+        metavar="B[,B...]",
+        help=f"weak scaling: each replica's batch (default {_DEFAULT_PER_REPLICA_BATCH}); "
+        "several, such as 16,32,64,128, sweep per-replica batches",
     )
     batch.add_argument(
         "--global-batch",
@@ -131,6 +144,14 @@ def add_parser(subparsers):
         help="replace the results of an earlier bench in LOGDIR",
     )
     parser.add_argument(
+        "--peak-flops",
+        default="auto",
+        metavar="auto|measure|FLOPS",
+        help="peak FLOPs/sec of one replica's device for MFU: auto (a datasheet "
+        "table of GPUs and TPUs), measure (time a matrix multiply on one device), "
+        "or a number such as 312e12 (default auto)",
+    )
+    parser.add_argument(
         "--seed", type=int, default=0, help="seed of the synthetic data (default 0)"
     )
     parser.set_defaults(run=run)
@@ -149,7 +170,23 @@ class _Sweep:
 
     @property
     def replica_counts(self):
-        return [point.replicas for point in self.points]
+        return sorted({point.replicas for point in self.points})
+
+    @property
+    def batch_sweep(self):
+        """The per-replica batches swept, when there are several, else None."""
+        batches = sorted({point.per_replica_batch_size for point in self.points})
+        return batches if self.scaling == "weak" and len(batches) > 1 else None
+
+    def groups(self):
+        """`(run directory prefix, points)` per per-replica batch swept."""
+        if self.batch_sweep is None:
+            return [("", self.points)]
+        return [
+            (_BATCH_DIR.format(batch) + "/",
+             [point for point in self.points if point.per_replica_batch_size == batch])
+            for batch in self.batch_sweep
+        ]
 
 
 def run(args):
@@ -167,26 +204,41 @@ def run(args):
         print(sweep.cpu_threads.describe())
     print(f"Logs: {log_dir}", flush=True)
 
-    # The 1-replica count runs first; every later count's ThroughputLogger
-    # takes its throughput.json as the baseline, so the table's speedup and
-    # the logged one are the same figure.
-    baseline = "auto" if 1 in sweep.replica_counts else "measure"
-    runs = []
-    for index, point in enumerate(sweep.points, start=1):
-        run_or_status = _run_point(args, sweep, point, index, log_dir, baseline)
-        if isinstance(run_or_status, int):
-            return run_or_status
-        runs.append(run_or_status)
-        if point.replicas == 1:
-            baseline = run_or_status.path
+    summaries = []
+    index = 0
+    for prefix, points in sweep.groups():
+        # The 1-replica count runs first; every later count's ThroughputLogger
+        # takes its throughput.json as the baseline, so the table's speedup and
+        # the logged one are the same figure.
+        baseline = "auto" if any(point.replicas == 1 for point in points) else "measure"
+        runs = []
+        for point in points:
+            index += 1
+            run_or_status = _run_point(
+                args, sweep, point, index, log_dir, baseline, prefix
+            )
+            if isinstance(run_or_status, int):
+                return run_or_status
+            runs.append(run_or_status)
+            if point.replicas == 1:
+                baseline = run_or_status.path
+        summaries.append(_scaling.summarize(runs))
 
-    summary = _scaling.summarize(runs)
-    table = format_table(summary.rows)
-    print()
-    print(table)
-    print(f"\nSpeedup over {summary.baseline_source}.")
-    for note in summary.notes:
-        print(f"Note: {note}.")
+    tables = []
+    for summary in summaries:
+        table = format_table(summary.rows)
+        print()
+        if sweep.batch_sweep is not None:
+            print(f"Per-replica batch {summary.rows[0].per_replica_batch_size}:")
+        print(table)
+        print(f"\nSpeedup over {summary.baseline_source}.")
+        for note in summary.notes:
+            print(f"Note: {note}.")
+        tables.append(table)
+    table = "\n\n".join(tables)
+    summary = summaries[0] if len(summaries) == 1 else _combined(summaries)
+    if sweep.batch_sweep is not None:
+        print(f"\n{_efficient_batch_line(summary.rows)}")
     if sweep.cpu_threads is not None and sweep.cpu_threads.oversubscribed:
         cores = sweep.cpu_threads.cores
         print(
@@ -194,10 +246,10 @@ def run(args):
             "their figures are not meaningful."
         )
     _write_results(log_dir, summary, table, args, sweep)
-    print(
-        f"\nWrote {os.path.join(log_dir, 'scaling.json')} and "
-        f"{os.path.join(log_dir, 'scaling.png')}."
-    )
+    written = ["scaling.json", "scaling.png"]
+    if sweep.batch_sweep is not None:
+        written.append("efficiency.png")
+    print(f"\nWrote {', '.join(os.path.join(log_dir, name) for name in written)}.")
     print(f"Open TensorBoard: tensorboard --logdir {shlex.quote(log_dir)}")
     return 0
 
@@ -211,11 +263,17 @@ def _plan_sweep(args):
     else:
         replica_counts = _plan.parse_replica_counts(args.replicas)
         _plan.check_replica_counts(replica_counts, num_devices, device_kind)
+    _check_peak_flops(args)
     if args.global_batch is None:
-        points = _plan.plan_batches(
-            replica_counts,
-            per_replica_batch_size=args.per_replica_batch or _DEFAULT_PER_REPLICA_BATCH,
+        batches = (
+            _plan.parse_batch_sizes(args.per_replica_batch)
+            if args.per_replica_batch else (_DEFAULT_PER_REPLICA_BATCH,)
         )
+        points = [
+            point
+            for batch in batches
+            for point in _plan.plan_batches(replica_counts, per_replica_batch_size=batch)
+        ]
     else:
         points = _plan.plan_batches(replica_counts, global_batch_size=args.global_batch)
     cpu_threads = None
@@ -227,6 +285,47 @@ def _plan_sweep(args):
         num_devices=num_devices,
         scaling="strong" if args.global_batch else "weak",
         cpu_threads=cpu_threads,
+    )
+
+
+def _check_peak_flops(args):
+    """Checks `--peak-flops`; keeps its text for the worker."""
+    from keras_scaling import utilization
+
+    value = args.peak_flops
+    if value not in ("auto", "measure"):
+        try:
+            value = float(value)
+        except ValueError:
+            pass
+    try:
+        utilization.check_peak_flops(value, parameter="--peak-flops")
+    except (TypeError, ValueError) as error:
+        raise UsageError(str(error)) from None
+
+
+def _combined(summaries):
+    """One `Summary` of the rows of a sweep over per-replica batches."""
+    rows = tuple(row for summary in summaries for row in summary.rows)
+    return _scaling.Summary(
+        rows=rows,
+        baseline_samples_per_sec=None,
+        baseline_source="the 1-replica run of each per-replica batch",
+        notes=tuple(note for summary in summaries for note in summary.notes),
+    )
+
+
+def _efficient_batch_line(rows):
+    batch, largest = _scaling.smallest_efficient_batch(rows, _EFFICIENT)
+    if batch is None:
+        tried = max(row.per_replica_batch_size for row in rows)
+        return (
+            f"No per-replica batch up to {tried} reaches {_EFFICIENT:.0%} efficiency "
+            f"at {largest} replicas: try larger batches."
+        )
+    return (
+        f"Smallest per-replica batch reaching {_EFFICIENT:.0%} efficiency at "
+        f"{largest} replicas: {batch}."
     )
 
 
@@ -280,16 +379,18 @@ def _earlier_results(log_dir):
     earlier = {
         name
         for name in names
-        if _RUN_DIR_PATTERN.fullmatch(name) or name in ("scaling.json", "scaling.png")
+        if _RUN_DIR_PATTERN.fullmatch(name)
+        or name in ("scaling.json", "scaling.png", "efficiency.png")
     }
     if "scaling.json" in names and "train" in names:
         earlier.add("train")
     return sorted(earlier)
 
 
-def _run_point(args, sweep, point, index, log_dir, baseline):
+def _run_point(args, sweep, point, index, log_dir, baseline, prefix=""):
     """Trains one count in a child process; returns its `Run`, or an exit status."""
-    run_dir = os.path.join(log_dir, _RUN_DIR.format(point.replicas))
+    run_name = prefix + _RUN_DIR.format(point.replicas)
+    run_dir = os.path.join(log_dir, run_name)
     os.makedirs(run_dir, exist_ok=True)
     command = [
         sys.executable,
@@ -303,6 +404,7 @@ def _run_point(args, sweep, point, index, log_dir, baseline):
         f"--log-dir={run_dir}",
         f"--baseline={baseline}",
         f"--seed={args.seed}",
+        f"--peak-flops={args.peak_flops}",
     ]
     if sweep.cpu_threads is not None:
         command += [
@@ -345,7 +447,7 @@ def _run_point(args, sweep, point, index, log_dir, baseline):
     throughput_path = os.path.join(run_dir, _scaling.THROUGHPUT_FILE)
     if returncode == 0 and os.path.exists(throughput_path):
         try:
-            run = _scaling.read_run(throughput_path, _RUN_DIR.format(point.replicas))
+            run = _scaling.read_run(throughput_path, run_name)
         except ValueError as error:
             progress.abort()
             raise UsageError(
@@ -452,14 +554,27 @@ def _write_results(log_dir, summary, table, args, sweep):
         "steps_per_execution": args.steps_per_execution,
         "cpu_cores": threads.cores if threads else None,
         "cpu_threads_per_replica": threads.threads_per_replica if threads else None,
+        "peak_flops": args.peak_flops,
     }
+    if sweep.batch_sweep is not None:
+        batch, _ = _scaling.smallest_efficient_batch(summary.rows, _EFFICIENT)
+        setup["per_replica_batches"] = sweep.batch_sweep
+        setup["smallest_efficient_per_replica_batch"] = batch
     with open(os.path.join(log_dir, "scaling.json"), "w", encoding="utf-8") as file:
         json.dump(_scaling.summary_to_json(summary, **setup), file, indent=2)
         file.write("\n")
-    png = scaling_plot_png(summary.rows, title)
+    png = scaling_plot_png(summary.rows, title, by_batch=sweep.batch_sweep is not None)
     with open(os.path.join(log_dir, "scaling.png"), "wb") as file:
         file.write(png)
     text = f"{table}\n\nSpeedup over {summary.baseline_source}."
     _tensorboard.write_image(log_dir, 0, "scaling/speedup_vs_replicas", png)
+    if sweep.batch_sweep is not None:
+        efficiency_png = efficiency_plot_png(summary.rows, title, _EFFICIENT)
+        with open(os.path.join(log_dir, "efficiency.png"), "wb") as file:
+            file.write(efficiency_png)
+        _tensorboard.write_image(
+            log_dir, 0, "scaling/efficiency_vs_per_replica_batch", efficiency_png
+        )
+        text += f"\n\n{_efficient_batch_line(summary.rows)}"
     _tensorboard.write_text(log_dir, 0, "scaling/table", text)
     _tensorboard.flush(log_dir)

@@ -3,6 +3,7 @@
 import argparse
 import sys
 
+from keras_scaling import _isolation
 from keras_scaling import launcher
 from keras_scaling.cli._arguments import non_negative_int, positive_int
 
@@ -19,6 +20,11 @@ saves, then exits with status 75), SIGKILL follows after --grace-period.
 --max-restarts N starts the whole job again after a worker fails or is
 preempted, up to N times, and says why. No worker process is left running
 when launch returns.
+
+TensorFlow's servers listen on every network interface and authenticate
+nobody, so on Linux all workers run in one private network namespace with
+only loopback (--isolation=auto, when the kernel allows it): nothing outside
+can reach them, and they reach no network but 127.0.0.1.
 """
 
 _EXAMPLE = """\
@@ -33,7 +39,8 @@ def add_parser(subparsers):
         "launch",
         help="run a training command as N local workers (TF_CONFIG set for each)",
         usage="%(prog)s --workers N [--cpu-devices K] [--port-base P] "
-        "[--grace-period SECONDS] [--max-restarts N] -- COMMAND ...",
+        "[--grace-period SECONDS] [--max-restarts N] "
+        "[--isolation {auto,require,off}] -- COMMAND ...",
         description=_DESCRIPTION,
         epilog=_EXAMPLE,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -77,6 +84,15 @@ def add_parser(subparsers):
         "(exit status 75), up to N times; default 0",
     )
     parser.add_argument(
+        "--isolation",
+        choices=_isolation.MODES,
+        default="auto",
+        help="run the workers in a private network namespace with only "
+        "loopback: 'auto' (default) when the kernel allows it, else warn and "
+        "go on; 'require' refuses to start without it; 'off' leaves the "
+        "workers' ports open on every interface (to attach a debugger)",
+    )
+    parser.add_argument(
         "command",
         nargs=argparse.REMAINDER,
         metavar="-- COMMAND ...",
@@ -118,6 +134,7 @@ def run(args):
             port_base=args.port_base,
             grace_period_s=args.grace_period,
             max_restarts=args.max_restarts,
+            isolation=args.isolation,
         )
     except (TypeError, ValueError) as error:
         print(f"keras-scaling launch: {error}", file=sys.stderr)

@@ -14,7 +14,8 @@ _DESCRIPTION = """\
 Read every throughput.json under LOGDIR (recursively), as written by
 ThroughputLogger at the end of training: the runs of a `keras-scaling bench`
 or your own training runs. Print the scaling table (replicas, global batch,
-samples/sec, speedup, efficiency, ideal) and write the plot of speedup
+samples/sec, speedup, efficiency, ideal, model TFLOP/s and MFU when the
+runs recorded them) and write the plot of speedup
 against replicas.
 
 Speedup is relative to the 1-replica run when there is exactly one among

@@ -23,6 +23,9 @@ import logging
 import os
 import threading
 
+from keras_scaling import _probes
+from keras_scaling import _versions
+from keras_scaling.compat import _keras_trainer
 from keras_scaling.compat import _multi_worker_epoch
 from keras_scaling.compat import _probe
 from keras_scaling.compat import _scalar_reduce
@@ -51,8 +54,24 @@ _lock = threading.RLock()
 _active = {}
 # Fixes turned off by `disable()`: automatic enabling leaves them off.
 _disabled_by_user = set()
-_probes = {}
+_probe_results = {}
 _env_notice_logged = False
+
+
+def _guard_probe(fix):
+    return _probes.guarded(
+        f"compat.{fix.NAME}",
+        reaches=f"the Keras code behind {fix.ISSUE} (the {fix.NAME} fix)",
+        lost=f"the {fix.NAME} fix stays off ({fix.SUMMARY})",
+        workaround=(
+            "Check keras_scaling.compat.status(), and see 'Supported versions' "
+            "in keras_scaling's README."
+        ),
+        fallback=(False, "the installed Keras could not be read (see the warning)"),
+    )(fix.probe)
+
+
+_GUARDED_PROBES = {fix.NAME: _guard_probe(fix) for fix in _FIXES}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,9 +161,9 @@ def _env_disables():
 
 
 def _probe_fix(fix):
-    if fix.NAME not in _probes:
-        _probes[fix.NAME] = fix.probe()
-    return _probes[fix.NAME]
+    if fix.NAME not in _probe_results:
+        _probe_results[fix.NAME] = _GUARDED_PROBES[fix.NAME]()
+    return _probe_results[fix.NAME]
 
 
 def _fix_named(name):
@@ -173,9 +192,14 @@ def _apply(fixes):
         needed, _ = _probe_fix(fix)
         if not needed or fix.NAME in _active:
             continue
-        owner, attribute = fix.target()
-        original = owner.__dict__[attribute]
-        replacement = fix.make_replacement(original)
+        try:
+            owner, attribute = fix.target()
+            original = owner.__dict__[attribute]
+            replacement = fix.make_replacement(original)
+        except Exception as error:  # the probe read what this cannot find
+            _probes.failed(f"compat.{fix.NAME}", error)
+            _probe_results[fix.NAME] = (False, f"could not be applied: {error}")
+            continue
         setattr(owner, attribute, replacement)
         _active[fix.NAME] = (owner, attribute, original, replacement)
         applied.append(fix.NAME)
@@ -322,6 +346,7 @@ def enable_for(strategy, model=None):
         )
     if strategy.num_replicas_in_sync < 2:
         return status()
+    _warn_about_multi_worker_metrics(strategy)
     with _lock:
         if _env_disables():
             _log_env_notice_once()
@@ -331,6 +356,24 @@ def enable_for(strategy, model=None):
         if model is not None:
             _rebuild_functions_built_without_fix(model)
         return status()
+
+
+_MULTI_WORKER_METRICS_WARNING = (
+    "keras_scaling.compat: Keras %s reports wrong loss and metric values in fit "
+    "and evaluate under MultiWorkerMirroredStrategy (a sum over 50 samples "
+    "reads 1346); the training itself (steps, weights) is right. Keras 3.10 "
+    "and newer report them right: pip install --upgrade 'keras>=3.10'."
+)
+_multi_worker_metrics_warned = False
+
+
+def _warn_about_multi_worker_metrics(strategy):
+    global _multi_worker_metrics_warned
+    if _multi_worker_metrics_warned or _versions.keras_at_least(3, 10):
+        return
+    if _keras_trainer.is_multi_worker_collective(strategy):
+        _multi_worker_metrics_warned = True
+        logger.warning(_MULTI_WORKER_METRICS_WARNING, _probe.keras_version())
 
 
 def _rebuild_functions_built_without_fix(model):

@@ -22,11 +22,12 @@ of unknown or infinite length keeps `None`. Every other iterator, and
 everything else about these, is left as Keras makes it.
 """
 
+import functools
+
 import tensorflow as tf
-from keras.src.backend.tensorflow import trainer as tf_trainer
-from keras.src.trainers.data_adapters import tf_dataset_adapter
 
 from keras_scaling import devices
+from keras_scaling.compat import _keras_trainer
 from keras_scaling.compat import _probe
 
 NAME = "multi_worker_epoch"
@@ -40,14 +41,16 @@ SUMMARY = (
 
 def target():
     """The attribute this fix replaces: `(owner, name)`."""
-    return tf_trainer.TFEpochIterator, "__init__"
+    return _keras_trainer.module_function("TFEpochIterator"), "__init__"
 
 
 def probe():
     """Whether Keras counts one step per batch of each worker's dataset."""
-    adapter = tf_dataset_adapter.TFDatasetAdapter
-    iterator = getattr(tf_trainer, "TFEpochIterator", None)
-    if iterator is None or "__init__" not in iterator.__dict__:
+    adapter = _keras_trainer.dataset_adapter_class()
+    if _keras_trainer.trainer_module() is None or adapter is None:
+        return False, _probe.TRAINER_NOT_FOUND
+    iterator = _keras_trainer.module_function("TFEpochIterator")
+    if not isinstance(iterator, type) or "__init__" not in iterator.__dict__:
         return False, (
             "TFEpochIterator.__init__ is gone: the iterator this fix adjusts "
             "no longer exists"
@@ -103,18 +106,24 @@ def steps_per_batch(strategy, dataset):
     return workers
 
 
-class _WorkerShareAdapter(tf_dataset_adapter.TFDatasetAdapter):
-    """Keras' adapter of a worker's dataset, with the epoch in steps it lasts."""
+@functools.lru_cache(maxsize=None)
+def _worker_share_adapter_class(keras_adapter_class):
+    """A subclass of Keras' dataset adapter whose epoch lasts the steps it takes."""
 
-    def __init__(self, adapter, steps_per_batch):
-        # The same state as the adapter Keras made; only the count differs.
-        self.__dict__.update(vars(adapter))
-        self._steps_per_batch = steps_per_batch
+    class _WorkerShareAdapter(keras_adapter_class):
+        """Keras' adapter of a worker's dataset, with the epoch in steps it lasts."""
 
-    @property
-    def num_batches(self):
-        batches = super().num_batches
-        return None if batches is None else batches * self._steps_per_batch
+        def __init__(self, adapter, steps_per_batch):
+            # The same state as the adapter Keras made; only the count differs.
+            self.__dict__.update(vars(adapter))
+            self._steps_per_batch = steps_per_batch
+
+        @property
+        def num_batches(self):
+            batches = super().num_batches
+            return None if batches is None else batches * self._steps_per_batch
+
+    return _WorkerShareAdapter
 
 
 def make_replacement(original_init):
@@ -123,13 +132,16 @@ def make_replacement(original_init):
     def __init__(self, *args, **kwargs):
         original_init(self, *args, **kwargs)
         adapter = self.data_adapter
-        if type(adapter) is not tf_dataset_adapter.TFDatasetAdapter:
+        keras_adapter_class = _keras_trainer.dataset_adapter_class()
+        if type(adapter) is not keras_adapter_class:
             return
         factor = steps_per_batch(
             getattr(self, "_distribute_strategy", None), adapter.get_tf_dataset()
         )
         if factor > 1:
-            self.data_adapter = _WorkerShareAdapter(adapter, factor)
+            self.data_adapter = _worker_share_adapter_class(keras_adapter_class)(
+                adapter, factor
+            )
             self._num_batches = self.data_adapter.num_batches
 
     return __init__

@@ -7,9 +7,9 @@ scalars, which have no axis 0: "Invalid reduction dimension 0 for input with
 `axis=None` and leaves every other value to Keras.
 """
 
-from keras.src import tree
-from keras.src.backend.tensorflow import trainer as tf_trainer
+import keras
 
+from keras_scaling.compat import _keras_trainer
 from keras_scaling.compat import _probe
 
 NAME = "scalar_reduce"
@@ -22,15 +22,15 @@ SUMMARY = (
 
 def target():
     """The attribute this fix replaces: `(owner, name)`."""
-    return tf_trainer, "reduce_per_replica"
+    return _keras_trainer.trainer_module(), "reduce_per_replica"
 
 
 def probe():
     """Whether the installed Keras reduces scalars with `axis=0`."""
-    reduce_per_replica = getattr(tf_trainer, "reduce_per_replica", None)
-    if reduce_per_replica is None or not hasattr(
-        tf_trainer, "_collective_all_reduce_multi_worker"
-    ):
+    if _keras_trainer.trainer_module() is None:
+        return False, _probe.TRAINER_NOT_FOUND
+    reduce_per_replica = _keras_trainer.module_function("reduce_per_replica")
+    if reduce_per_replica is None:
         return False, (
             "keras' reduce_per_replica is gone: the reduction this fix "
             "replaces no longer exists"
@@ -60,7 +60,7 @@ def make_replacement(original_reduce_per_replica):
 
     def reduce_per_replica(values, strategy, reduction):
         if reduction not in ("auto", "mean") or not (
-            tf_trainer._collective_all_reduce_multi_worker(strategy)
+            _keras_trainer.is_multi_worker_collective(strategy)
         ):
             return original_reduce_per_replica(values, strategy, reduction)
 
@@ -69,6 +69,6 @@ def make_replacement(original_reduce_per_replica):
                 return strategy.reduce("MEAN", value, axis=None)
             return original_reduce_per_replica(value, strategy, reduction)
 
-        return tree.map_structure(reduce_one, values)
+        return keras.tree.map_structure(reduce_one, values)
 
     return reduce_per_replica

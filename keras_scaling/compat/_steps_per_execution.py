@@ -17,8 +17,8 @@ strategies, one replica, `run_eagerly` and `jit_compile` keep Keras' loop.
 """
 
 import tensorflow as tf
-from keras.src.backend.tensorflow import trainer as tf_trainer
 
+from keras_scaling.compat import _keras_trainer
 from keras_scaling.compat import _probe
 
 NAME = "steps_per_execution"
@@ -34,17 +34,17 @@ BUILT_BY_FIX = "_keras_scaling_compat"
 
 def target():
     """The attribute this fix replaces: `(owner, name)`."""
-    return tf_trainer.TensorFlowTrainer, "_make_function"
+    return _keras_trainer.trainer_class(), "_make_function"
 
 
 def probe():
     """Whether the installed Keras nests the per-step function in `tf.cond`."""
-    trainer = tf_trainer.TensorFlowTrainer
-    if not all(
-        name in trainer.__dict__ for name in ("_make_function", "_autoconvert_optionals")
-    ):
+    trainer = _keras_trainer.trainer_class()
+    if trainer is None:
+        return False, _probe.TRAINER_NOT_FOUND
+    if "_make_function" not in trainer.__dict__:
         return False, (
-            "TensorFlowTrainer no longer has _make_function: the fused loop "
+            f"{trainer.__name__} no longer has _make_function: the fused loop "
             "this fix replaces is gone"
         )
     source = _probe.source_of(trainer._make_function)
@@ -55,11 +55,11 @@ def probe():
     ) and _probe.contains(r"tf\.cond\(", source)
     if nested:
         return True, (
-            "TensorFlowTrainer._make_function calls the per-step tf.function "
+            f"{trainer.__name__}._make_function calls the per-step tf.function "
             "inside tf.cond in its steps_per_execution loop"
         )
     return False, (
-        "TensorFlowTrainer._make_function no longer calls a per-step "
+        f"{trainer.__name__}._make_function no longer calls a per-step "
         "tf.function inside tf.cond"
     )
 
@@ -107,11 +107,15 @@ def _fused_function(self, step_function, keras_function):
     def one_step_on_data(data):
         outputs = self.distribute_strategy.run(step_function, args=(data,))
         # Looked up at call time so that a fix of it applies here too.
-        return tf_trainer.reduce_per_replica(
+        return _keras_trainer.module_function("reduce_per_replica")(
             outputs, self.distribute_strategy, reduction="auto"
         )
 
-    one_step_on_data = self._autoconvert_optionals(one_step_on_data)
+    # Keras 3.12 and later turn optional inputs into None before the step;
+    # earlier releases have no optional inputs to convert.
+    autoconvert_optionals = getattr(self, "_autoconvert_optionals", None)
+    if autoconvert_optionals is not None:
+        one_step_on_data = autoconvert_optionals(one_step_on_data)
 
     @tf.autograph.experimental.do_not_convert
     def multi_step_on_iterator(iterator):

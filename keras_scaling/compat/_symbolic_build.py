@@ -8,10 +8,10 @@ unsupported type"). Building needs only shapes and dtypes, so the replacement
 builds from this worker's first replica's batch instead.
 """
 
+import keras
 import tensorflow as tf
-from keras.src import tree
-from keras.src.backend.tensorflow import trainer as tf_trainer
 
+from keras_scaling.compat import _keras_trainer
 from keras_scaling.compat import _probe
 
 NAME = "symbolic_build"
@@ -24,17 +24,18 @@ SUMMARY = (
 
 def target():
     """The attribute this fix replaces: `(owner, name)`."""
-    return tf_trainer.TensorFlowTrainer, "_maybe_symbolic_build"
+    return _keras_trainer.trainer_class(), "_maybe_symbolic_build"
 
 
 def probe():
     """Whether the installed Keras reduces the first batch across replicas."""
-    build = getattr(tf_trainer.TensorFlowTrainer, "_maybe_symbolic_build", None)
-    if build is None or not hasattr(
-        tf_trainer, "_collective_all_reduce_multi_worker"
-    ):
+    trainer = _keras_trainer.trainer_class()
+    if trainer is None:
+        return False, _probe.TRAINER_NOT_FOUND
+    build = trainer.__dict__.get("_maybe_symbolic_build")
+    if build is None:
         return False, (
-            "TensorFlowTrainer._maybe_symbolic_build is gone: the build step "
+            f"{trainer.__name__}._maybe_symbolic_build is gone: the build step "
             "this fix replaces no longer exists"
         )
     source = _probe.source_of(build)
@@ -42,11 +43,11 @@ def probe():
         return _probe.by_version("the reduced first batch")
     if _probe.contains(r"strategy\.reduce\(\s*[\"']MEAN[\"']", source):
         return True, (
-            "TensorFlowTrainer._maybe_symbolic_build averages the first batch "
+            f"{trainer.__name__}._maybe_symbolic_build averages the first batch "
             "with strategy.reduce, which MultiWorkerMirroredStrategy rejects"
         )
     return False, (
-        "TensorFlowTrainer._maybe_symbolic_build no longer reduces the first "
+        f"{trainer.__name__}._maybe_symbolic_build no longer reduces the first "
         "batch across replicas"
     )
 
@@ -59,11 +60,14 @@ def make_replacement(original_build):
         if (
             iterator is None
             or strategy is None
-            or not tf_trainer._collective_all_reduce_multi_worker(strategy)
+            or not _keras_trainer.is_multi_worker_collective(strategy)
         ):
             return original_build(self, iterator=iterator, data_batch=data_batch)
-        for _, _, distributed_iterator in iterator:
-            data_batch = tree.map_structure(
+        # Keras 3.12 and later yield (begin_step, end_step, iterator),
+        # earlier releases (step, iterator).
+        for item in iterator:
+            distributed_iterator = item[-1]
+            data_batch = keras.tree.map_structure(
                 lambda value: (
                     strategy.experimental_local_results(value)[0]
                     if isinstance(value, tf.distribute.DistributedValues)

@@ -1,7 +1,8 @@
 """Distributed input: shard per worker, batch globally, prefetch, static shapes.
 
-`distribute` turns arrays, an unbatched `tf.data.Dataset` or TFRecord files
-into a dataset that `model.fit`, `evaluate` and `predict` can use under any
+`distribute` turns arrays, a `tf.data.Dataset` (batched or not, including
+those of Keras' dataset utilities), a `keras.utils.PyDataset`, a generator
+function or TFRecord files into a dataset that `model.fit`, `evaluate` and `predict` can use under any
 `tf.distribute` strategy, with an explicit plan (`describe`, `plan_of`) of
 what each replica and worker reads.
 """
@@ -67,6 +68,8 @@ def distribute(
     shard="auto",
     cache=False,
     parse_fn=None,
+    num_samples=None,
+    output_signature=None,
 ):
     """Builds the input pipeline for data-parallel training under a strategy.
 
@@ -129,15 +132,38 @@ def distribute(
     than on one worker. `describe` shows the exact numbers. Every worker
     must call `distribute` with the same data and arguments.
 
+    Data that comes batched (a pipeline ending in `.batch(32)`, and every
+    dataset of Keras' `image_dataset_from_directory`,
+    `text_dataset_from_directory`, `audio_dataset_from_directory` and
+    `timeseries_dataset_from_array`) is unbatched and re-batched to the
+    global batch; with no batch size given, its own batch is taken as the
+    per-replica batch (the size it was tuned for on one device), and the plan
+    says so. The number of samples is found the cheapest exact way: the
+    dataset's cardinality, the elements before its `.batch()`, the
+    `file_paths` of Keras' directory utilities, record counts of TFRecord
+    files, `len()` of a `PyDataset` and its last item; failing those, one
+    counting pass over the data (its expected duration logged first, then a
+    progress bar), unless `num_samples` states it.
+
     Args:
         data: what to read:
             - NumPy arrays (or tensors) as `model.fit` takes them: `x`,
               `(x, y)` or `(x, y, sample_weight)`, where `x` and `y` may be
               arrays, lists or dicts of arrays;
-            - an unbatched `tf.data.Dataset` whose number of elements is known
-              (`dataset.cardinality()`; after `.filter()` or `.unbatch()`
-              declare it with `tf.data.experimental.assert_cardinality(n)`),
-              yielding `x`, `(x, y)` or `(x, y, sample_weight)`;
+            - a `tf.data.Dataset`, batched or not, yielding `x`, `(x, y)` or
+              `(x, y, sample_weight)`. A dataset of Keras' directory
+              utilities is split between workers by file, before decoding;
+              its own shuffle is replaced by the seeded one (`shuffle=None`
+              keeps its choice to shuffle or not). Other datasets are split
+              by element;
+            - a `keras.utils.PyDataset`: each item is a batch. Worker `w` of
+              `W` reads items `w, w + W, ...`, with the dataset's own
+              `workers`, `use_multiprocessing` and `max_queue_size`; every
+              item must have item 0's structure and sample shapes, and all
+              but the last its batch size. `on_epoch_begin` and
+              `on_epoch_end` are called around every epoch, as Keras does;
+            - a generator function yielding samples, with `output_signature`
+              (and best `num_samples`);
             - a list of TFRecord file paths, with `parse_fn`. The files are
               read once here to count their records (no parsing).
         strategy: a `tf.distribute.Strategy`; defaults to the current one
@@ -145,10 +171,13 @@ def distribute(
         per_replica_batch_size: int, samples per replica per step.
         global_batch_size: int, samples per step over all replicas; must be a
             multiple of the number of replicas. Give exactly one of the two
-            (or both, if they agree).
+            (or both, if they agree), or neither for batched data, whose
+            batch is then the per-replica batch.
         shuffle: bool. Defaults to `None`: shuffle arrays and files (as
-            `model.fit(shuffle=True)` does), keep a dataset's own order (as
-            `fit` does). Pass `shuffle=False` for `evaluate` and `predict`.
+            `model.fit(shuffle=True)` does), keep a dataset's and a
+            `PyDataset`'s own order (as `fit` does), shuffle the files of a
+            directory utility that shuffled them. Pass `shuffle=False` for
+            `evaluate` and `predict`.
         seed: int, the shuffle seed, the same on every worker. Defaults to
             `None`: a fixed seed (1234), so runs repeat the same orders; pass
             another seed for other orders.
@@ -163,6 +192,13 @@ def distribute(
         parse_fn: function from one element (a serialized record, for files)
             to the sample `x`, `(x, y)` or `(x, y, sample_weight)`; runs on
             this worker's share only, after sharding. Required for files.
+        num_samples: int, the samples in one pass over the data, for data
+            whose length is not known (a generator, a `.filter()`ed dataset):
+            it saves the counting pass. TensorFlow checks it as the data is
+            read; where the length is known, a different value is refused.
+        output_signature: the `tf.TensorSpec` structure of one sample, when
+            `data` is a generator function (as for
+            `tf.data.Dataset.from_generator`).
 
     Returns:
         A `tf.data.Dataset` of global batches, carrying its `InputPlan`
@@ -170,11 +206,14 @@ def distribute(
 
     Raises:
         TypeError: `strategy` is not a strategy, `parse_fn` is not callable,
-            or `data` is of an unsupported type.
+            `data` is of an unsupported type or a generator object, or
+            `output_signature` comes without a generator function.
         ValueError: batch sizes missing, not positive integers, inconsistent
-            or not divisible by the replicas; an already batched, infinite,
-            empty or unknown-length dataset; arrays of different lengths;
-            files without `parse_fn` or missing; an unknown `last_batch` or
+            or not divisible by the replicas; an infinite or empty dataset;
+            batches padded or grouped by shape, which cannot be re-batched;
+            a `num_samples` that contradicts the data; `PyDataset` items
+            that disagree with item 0; arrays of different lengths; files
+            without `parse_fn` or missing; an unknown `last_batch` or
             `shard`; too little data for one step under `"drop"`.
 
     Example:
@@ -195,6 +234,7 @@ def distribute(
     model.fit(train, epochs=2)
     ```
     """
+    devices.warn_if_keras_distribution_set()
     info, strategy = _describe_strategy(strategy)
     from keras_scaling import compat
 
@@ -211,6 +251,8 @@ def distribute(
         shard=shard,
         cache=cache,
         parse_fn=parse_fn,
+        num_samples=num_samples,
+        output_signature=output_signature,
     )
 
 
@@ -332,12 +374,9 @@ def _make_plan(
     shard="auto",
     cache=False,
     parse_fn=None,
+    num_samples=None,
+    output_signature=None,
 ):
-    per_replica, global_size = _plan.resolve_batch_sizes(
-        info.num_replicas,
-        per_replica_batch_size=per_replica_batch_size,
-        global_batch_size=global_batch_size,
-    )
     _plan.check_last_batch(
         last_batch,
         num_workers=info.num_workers,
@@ -354,13 +393,33 @@ def _make_plan(
         raise TypeError(
             f"cache must be False, True (in memory) or a file path, got {cache!r}."
         )
-    source = _sources.inspect_data(data, parse_fn)
+    _sources.check_num_samples(num_samples)
+    if per_replica_batch_size is not None or global_batch_size is not None:
+        # Wrong sizes are reported before any data is read or counted.
+        _plan.resolve_batch_sizes(
+            info.num_replicas,
+            per_replica_batch_size=per_replica_batch_size,
+            global_batch_size=global_batch_size,
+        )
+    source = _sources.inspect_data(
+        data, parse_fn, num_samples=num_samples, output_signature=output_signature
+    )
+    per_replica, global_size = _plan.resolve_batch_sizes(
+        info.num_replicas,
+        per_replica_batch_size=per_replica_batch_size,
+        global_batch_size=global_batch_size,
+        data_batch_size=source.batch_size,
+    )
+    unit = getattr(source, "unit", "files")
     shard_mode, shard_reason, shard_warning = _plan.choose_shard_mode(
-        shard, info.num_workers, source.num_files
+        shard, info.num_workers, source.num_files, unit=unit
     )
     file_assignment = None
-    if shard_mode == "file":
+    if shard_mode == "item":
+        file_assignment = _plan.assign_items(source.num_files, info.num_workers)
+    elif shard_mode == "file":
         file_assignment = _plan.assign_files(source.file_sizes, info.num_workers)
+    if file_assignment is not None:
         worker_sizes = [
             sum(source.file_sizes[index] for index in files)
             for files in file_assignment
@@ -372,7 +431,10 @@ def _make_plan(
         ]
     schedule = _plan.schedule_epoch(worker_sizes, global_size, last_batch)
     if shuffle is None:
-        shuffle = not isinstance(source, _sources.DatasetSource)
+        shuffle = source.default_shuffle
+    notes = _source_notes(
+        source, shuffle, per_replica_batch_size, global_batch_size, per_replica
+    )
     warnings = tuple(
         message
         for message in (
@@ -404,5 +466,36 @@ def _make_plan(
         device_kind=info.device_kind,
         strategy=info.kind,
         warnings=warnings,
+        source_kind=source.kind,
+        notes=notes,
+        file_unit=unit,
     )
     return plan, source, schedule, file_assignment
+
+
+def _source_notes(source, shuffle, per_replica_given, global_given, per_replica):
+    """What the plan says about the data: batch, count and shuffle decisions."""
+    notes = list(source.notes)
+    if source.batch_size is not None:
+        if per_replica_given is None and global_given is None:
+            notes.append(
+                f"per_replica_batch_size={per_replica} taken from the data's own "
+                "batch (the size it was tuned for on one device); pass "
+                "per_replica_batch_size= to change it"
+            )
+        notes.append(
+            f"the data's batches of {source.batch_size} are unbatched and "
+            "re-batched to the global batch"
+        )
+    if isinstance(source, _sources.DirectorySource):
+        if source.shuffled and shuffle:
+            notes.append(
+                "the utility's own shuffle is replaced by the seeded shuffle of "
+                "the files that every worker agrees on"
+            )
+        elif source.shuffled:
+            notes.append("the utility's own shuffle is turned off (shuffle=False)")
+        elif shuffle:
+            notes.append("the files are shuffled with the seeded shuffle (shuffle=True)")
+        notes.append("files are split between workers before decoding")
+    return tuple(notes)

@@ -2,6 +2,7 @@
 
 import tensorflow as tf
 
+from keras_scaling.data import _py_dataset
 from keras_scaling.data import _sources
 
 # Datasets and records are shuffled through a buffer of at most this many
@@ -81,10 +82,19 @@ def _batched_array_rows(source, plan, schedule):
     return positions.map(gather, num_parallel_calls=tf.data.AUTOTUNE)
 
 
-def _keep_or_pad(stream, schedule, plan, padding):
-    """Cuts the stream to this worker's real samples, then appends padding."""
+def _keep_or_pad(stream, schedule, plan, padding, read_to_end=False):
+    """Cuts the stream to this worker's real samples, then appends padding.
+
+    With `read_to_end`, the samples dropped are still read (and skipped), so
+    that the source reaches its end every epoch: a `PyDataset` calls
+    `on_epoch_end` there.
+    """
     if plan.last_batch == "drop":
-        return stream.take(schedule.examples_per_worker[plan.worker_index])
+        kept = schedule.examples_per_worker[plan.worker_index]
+        if not read_to_end:
+            return stream.take(kept)
+        numbered = stream.enumerate().filter(lambda position, _: position < kept)
+        return numbered.map(lambda _, element: element)
     if plan.last_batch == "pad":
         count = schedule.padding_per_worker[plan.worker_index]
         if count:
@@ -118,14 +128,30 @@ def _batched_elements(source, plan, schedule, file_assignment, parse_fn, cache):
     padded = plan.last_batch == "pad"
     if padded:
         stream = stream.map(lambda *element: (_unpack(element), 1.0))
-        padding = raw.take(1).map(load).map(lambda *element: (_unpack(element), 0.0))
+        padding = _first_sample(source, raw, load).map(
+            lambda *element: (_unpack(element), 0.0)
+        )
     else:
         padding = None
-    stream = _keep_or_pad(stream, schedule, plan, padding)
+    stream = _keep_or_pad(
+        stream,
+        schedule,
+        plan,
+        padding,
+        read_to_end=isinstance(source, _py_dataset.PyDatasetSource),
+    )
     stream = stream.batch(plan.global_batch_size, drop_remainder=_drop_remainder(plan))
     if padded:
         stream = stream.map(_with_padding_weights)
     return stream
+
+
+def _first_sample(source, raw, load):
+    """One sample to copy as padding, read without starting another pass."""
+    if isinstance(source, _py_dataset.PyDatasetSource):
+        # Reading the stream would start a pass, and with it on_epoch_begin.
+        return tf.data.Dataset.from_tensors(source.first_sample)
+    return raw.take(1).map(load)
 
 
 def _unpack(element):
@@ -145,6 +171,23 @@ def _raw_elements(source, plan, file_assignment):
         return rows, source.num_examples
     if isinstance(source, _sources.DatasetSource):
         return source.dataset, source.num_examples
+    if isinstance(source, _py_dataset.PyDatasetSource):
+        items = (
+            file_assignment[plan.worker_index]
+            if plan.shard_mode == "item"
+            else range(source.num_files)
+        )
+        samples = _py_dataset.sample_stream(
+            source, items, shuffle=plan.shuffle, seed=plan.seed
+        )
+        return samples, sum(source.item_sizes[index] for index in items)
+    if isinstance(source, _sources.DirectorySource):
+        if plan.shard_mode == "element":
+            return _in_path_order(source), source.num_examples
+        if plan.shard_mode != "file":
+            return source.files, source.num_examples
+        positions = source.positions_of(file_assignment[plan.worker_index])
+        return _select(source.files, positions, source.num_files)
     if plan.shard_mode == "file":
         indices = file_assignment[plan.worker_index]
         paths = [source.paths[index] for index in indices]
@@ -163,10 +206,50 @@ def _raw_elements(source, plan, file_assignment):
     return records, count
 
 
+def _in_path_order(source):
+    """A directory utility's few files (fewer than workers), sorted by path.
+
+    Element sharding keeps positions of one order that every worker must
+    share; a utility without a `seed` lists the files in a random order.
+    """
+    elements = list(source.files.as_numpy_iterator())
+    if not isinstance(elements[0], tuple):
+        return tf.data.Dataset.from_tensor_slices(
+            tf.constant(sorted(elements), source.files.element_spec.dtype)
+        )
+    elements.sort(key=lambda element: element[0])
+    columns = [
+        tf.constant(list(column), spec.dtype)
+        for column, spec in zip(zip(*elements), source.files.element_spec)
+    ]
+    return tf.data.Dataset.from_tensor_slices(tuple(columns))
+
+
+def _select(elements, positions, num_elements):
+    """The elements at `positions` (in their order), before any decoding."""
+    keep = tf.scatter_nd(
+        tf.constant([[position] for position in positions], tf.int64),
+        tf.ones([len(positions)], tf.bool),
+        [num_elements],
+    )
+    chosen = elements.enumerate().filter(lambda position, _: keep[position])
+    chosen = chosen.map(lambda _, element: element)
+    return chosen.apply(tf.data.experimental.assert_cardinality(len(positions))), len(positions)
+
+
 def _loader(source, parse_fn):
-    if parse_fn is None:
-        return lambda *element: _unpack(element)
-    return lambda *element: parse_fn(_unpack(element))
+    """The function from one raw element to a sample: the source's own
+    decoders (a directory utility's file loading), then `parse_fn`."""
+    decoders = getattr(source, "decoders", ())
+
+    def load(*element):
+        for decoder in decoders:
+            element = decoder(*element)
+            element = element if isinstance(element, tuple) else (element,)
+        sample = _unpack(element)
+        return sample if parse_fn is None else parse_fn(sample)
+
+    return load
 
 
 def _with_padding_weights(element, weights):

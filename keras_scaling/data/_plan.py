@@ -18,27 +18,31 @@ SHARD_MODES = ("auto", "file", "element")
 MIN_ACCELERATOR_PER_REPLICA_BATCH_SIZE = 32
 
 
-def _check_batch_size(name, value):
+def check_positive_integer(name, value, fix=None):
+    """Returns `value` as an int, or raises a ValueError naming `name`."""
     if (
         isinstance(value, bool)
         or not isinstance(value, numbers.Integral)
         or value < 1
     ):
-        raise ValueError(
-            f"{name} must be a positive integer, got {value!r}. "
-            f"Pass for example {name}=32."
-        )
+        fix = fix or f"Pass for example {name}=32."
+        raise ValueError(f"{name} must be a positive integer, got {value!r}. {fix}")
     return int(value)
 
 
 def resolve_batch_sizes(
-    num_replicas, per_replica_batch_size=None, global_batch_size=None
+    num_replicas,
+    per_replica_batch_size=None,
+    global_batch_size=None,
+    data_batch_size=None,
 ):
     """Derives the per-replica and the global batch size from one of them.
 
     The global batch is what one training step consumes across all replicas:
     `global_batch_size = per_replica_batch_size * num_replicas`. Pass exactly
-    one of the two sizes (or both, when they agree).
+    one of the two sizes (or both, when they agree). When neither is given,
+    data that came batched lends its own batch size as the per-replica batch:
+    the size its pipeline was tuned for on one device.
 
     For example, with 3 replicas, `per_replica_batch_size=32` gives
     `(32, 96)`, and `global_batch_size=96` gives the same; a
@@ -49,27 +53,30 @@ def resolve_batch_sizes(
         num_replicas: int, replicas in sync across all workers.
         per_replica_batch_size: int or None, samples per replica per step.
         global_batch_size: int or None, samples per step across all replicas.
+        data_batch_size: int or None, the batch size the data came in.
 
     Returns:
         `(per_replica_batch_size, global_batch_size)`.
 
     Raises:
-        ValueError: neither size is given, a size is not a positive integer,
+        ValueError: no size is given (nor the data's), a size is not a positive integer,
             the global batch is not divisible by the replicas, or the two
             sizes disagree.
     """
     if per_replica_batch_size is None and global_batch_size is None:
+        if data_batch_size is not None:
+            return data_batch_size, data_batch_size * num_replicas
         raise ValueError(
             "Pass per_replica_batch_size (samples per replica, e.g. 32) or "
             "global_batch_size (samples per step across all "
             f"{num_replicas} replicas); got neither."
         )
     if per_replica_batch_size is not None:
-        per_replica_batch_size = _check_batch_size(
+        per_replica_batch_size = check_positive_integer(
             "per_replica_batch_size", per_replica_batch_size
         )
     if global_batch_size is not None:
-        global_batch_size = _check_batch_size("global_batch_size", global_batch_size)
+        global_batch_size = check_positive_integer("global_batch_size", global_batch_size)
         if global_batch_size % num_replicas:
             lower = global_batch_size // num_replicas * num_replicas
             options = f"{lower} or " if lower else ""
@@ -130,7 +137,7 @@ def check_shard(shard):
     return shard
 
 
-def choose_shard_mode(shard, num_workers, num_files=None):
+def choose_shard_mode(shard, num_workers, num_files=None, unit="files"):
     """Decides how the data is split between workers, and says why.
 
     - One worker: nothing to split (`"none"`).
@@ -140,6 +147,9 @@ def choose_shard_mode(shard, num_workers, num_files=None):
       `num_workers`-th one (`"element"`), before parsing, so each worker
       parses only its own share.
 
+    - Items of a `keras.utils.PyDataset` (`unit="items"`) are split like
+      files (`"item"`): each worker reads only its own items.
+
     For example, 8 files on 3 workers give `"file"` (workers read 3, 3 and 2
     files); 2 files on 3 workers give `"element"`, and a warning, because
     every worker then reads all records.
@@ -147,8 +157,9 @@ def choose_shard_mode(shard, num_workers, num_files=None):
     Args:
         shard: `"auto"`, `"file"` or `"element"`.
         num_workers: int, the number of workers.
-        num_files: int or None, the number of input files (None for
+        num_files: int or None, the number of input files or items (None for
             in-memory data and datasets).
+        unit: `"files"` or `"items"`, what `num_files` counts.
 
     Returns:
         `(shard_mode, shard_reason, warning)`, where `warning` is a message
@@ -161,24 +172,26 @@ def choose_shard_mode(shard, num_workers, num_files=None):
     check_shard(shard)
     if shard == "file" and num_files is None:
         raise ValueError(
-            "shard='file' needs a list of TFRecord files as data; arrays and "
+            "shard='file' needs a list of TFRecord files, a dataset of Keras' "
+            "directory utilities or a PyDataset as data; arrays and other "
             "datasets are split by element. Use shard='auto'."
         )
     if num_workers == 1:
         return "none", "one worker: nothing to shard", None
+    mode = "file" if unit == "files" else "item"
     if num_files is not None and num_files >= num_workers and shard != "element":
         return (
-            "file",
-            f"{num_files} files >= {num_workers} workers: each worker reads only "
-            "its own files",
+            mode,
+            f"{num_files} {unit} >= {num_workers} workers: each worker reads only "
+            f"its own {unit}",
             None,
         )
     if shard == "file":
         raise ValueError(
-            f"shard='file' needs at least one file per worker, but there are "
-            f"{num_files} files for {num_workers} workers. Split the data into "
-            f"at least {num_workers} files, or use shard='auto' to split by "
-            "element."
+            f"shard='file' needs at least one of the data's {unit} per worker, "
+            f"but there are {num_files} {unit} for {num_workers} workers. Split "
+            f"the data into at least {num_workers} {unit}, or use shard='auto' "
+            "to split by element."
         )
     if num_files is None:
         return (
@@ -194,16 +207,17 @@ def choose_shard_mode(shard, num_workers, num_files=None):
             f"keeps one in {num_workers} before parsing",
             None,
         )
+    singular = unit[:-1]
     warning = (
-        f"Only {num_files} file(s) for {num_workers} workers: falling back to "
-        "element sharding, so every worker reads all records (and parses only "
-        f"its own). Split the data into at least {num_workers} files to let "
+        f"Only {num_files} {singular}(s) for {num_workers} workers: falling back "
+        "to element sharding, so every worker reads all samples (and parses only "
+        f"its own). Split the data into at least {num_workers} {unit} to let "
         "each worker read only its own."
     )
     return (
         "element",
-        f"{num_files} files < {num_workers} workers: every worker reads all "
-        f"records and keeps one in {num_workers} before parsing",
+        f"{num_files} {unit} < {num_workers} workers: every worker reads all "
+        f"samples and keeps one in {num_workers} before parsing",
         warning,
     )
 
@@ -246,6 +260,19 @@ def assign_files(file_sizes, num_workers):
         assignment[worker].append(file_index)
         loads[worker] += file_sizes[file_index]
     return [sorted(files) for files in assignment]
+
+
+def assign_items(num_items, num_workers):
+    """Splits the items of a `PyDataset` between workers by index.
+
+    Worker `w` of `W` reads items `w, w + W, w + 2W, ...`, so every item is
+    read once per epoch, by one worker. For example, 7 items on 3 workers
+    give `[[0, 3, 6], [1, 4], [2, 5]]`.
+
+    Returns:
+        A list, per worker, of item indices.
+    """
+    return [list(range(worker, num_items, num_workers)) for worker in range(num_workers)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -394,18 +421,25 @@ class InputPlan:
             size of the dataset `distribute` returns.
         steps_per_epoch: steps in one epoch, the same on every worker.
         last_batch: `"drop"`, `"pad"` or `"partial"`.
-        shard_mode: `"none"`, `"file"` or `"element"`.
+        shard_mode: `"none"`, `"file"`, `"item"` (a `PyDataset`'s items) or
+            `"element"`.
         shard_reason: why that shard mode was chosen.
         samples_dropped_per_epoch: samples left out per epoch (`"drop"`).
         samples_padded_per_epoch: zero-weight rows added per epoch (`"pad"`).
         worker_examples: real samples this worker yields per epoch.
         shuffle: whether the order is shuffled every epoch.
         seed: the shuffle seed, the same on every worker.
-        num_files: input files, or None for arrays and datasets.
-        worker_files: files this worker reads, or None.
+        num_files: input files (or `PyDataset` items), or None for arrays
+            and datasets.
+        worker_files: files (or items) this worker reads, or None.
         device_kind: `"CPU"`, `"GPU"` or `"TPU"`.
         strategy: the strategy's class name.
         warnings: messages worth a user's attention (also logged).
+        source_kind: what the data is, in words (`"arrays"`, `"batched
+            tf.data.Dataset (.batch(), batch 32)"`, ...).
+        notes: how the batch size, the count and the shuffle were decided
+            for this data.
+        file_unit: `"files"`, or `"items"` for a `PyDataset`.
 
     Example:
 
@@ -438,6 +472,9 @@ class InputPlan:
     device_kind: str = "CPU"
     strategy: str = ""
     warnings: tuple = ()
+    source_kind: str = "arrays"
+    notes: tuple = ()
+    file_unit: str = "files"
 
     @property
     def per_worker_batch_size(self):
@@ -455,8 +492,13 @@ class InputPlan:
             f"  batch:            {self.per_replica_batch_size} per replica x "
             f"{self.num_replicas} replica{'' if self.num_replicas == 1 else 's'} = "
             f"{self.global_batch_size} global",
+            f"  data:             {self.source_kind}",
             f"  samples:          {self.num_examples}"
-            + (f" in {self.num_files} files" if self.num_files is not None else ""),
+            + (
+                f" in {self.num_files} {self.file_unit}"
+                if self.num_files is not None
+                else ""
+            ),
             f"  shard:            {self.shard_mode} ({self.shard_reason})",
             f"  steps per epoch:  {self.steps_per_epoch}",
             f"  last batch:       {self.last_batch}: "
@@ -467,11 +509,14 @@ class InputPlan:
         ]
         if self.num_workers > 1:
             files = (
-                f" from {self.worker_files} files" if self.worker_files is not None else ""
+                f" from {self.worker_files} {self.file_unit}"
+                if self.worker_files is not None
+                else ""
             )
             lines.append(
                 f"  this worker:      {self.worker_examples} samples{files}, "
                 f"{self.per_worker_batch_size} per step"
             )
+        lines.extend(f"  note: {message}" for message in self.notes)
         lines.extend(f"  warning: {message}" for message in self.warnings)
         return "\n".join(lines)

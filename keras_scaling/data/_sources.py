@@ -1,25 +1,22 @@
-"""Recognises what `distribute` was given and checks it: arrays, a dataset or files."""
+"""Recognises what `distribute` was given and checks it.
+
+Arrays, a dataset (batched or not, of known or counted length), a dataset of
+Keras' directory utilities, a `keras.utils.PyDataset`, a generator function,
+or TFRecord files.
+"""
 
 import dataclasses
+import inspect
 import os
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-# Transformations that leave elements batched; the walk up a dataset's inputs
-# stops at the first of these (batched) or at an `unbatch` (not batched).
-_BATCHING_DATASETS = {
-    "_BatchDataset": ".batch()",
-    "_ParallelBatchDataset": ".batch(num_parallel_calls=...)",
-    "_PaddedBatchDataset": ".padded_batch()",
-    "_RebatchDataset": ".rebatch()",
-    "_MapAndBatchDataset": "map_and_batch",
-    "_DenseToRaggedDataset": ".ragged_batch()",
-    "_DenseToSparseBatchDataset": "dense_to_sparse_batch",
-    "_GroupByWindowDataset": ".group_by_window() / bucket_by_sequence_length",
-}
-_UNBATCHING_DATASETS = {"_UnbatchDataset"}
+from keras_scaling.data import _counting
+from keras_scaling.data import _plan
+from keras_scaling.data import _py_dataset
+from keras_scaling.data import _tf_internals
 
 
 @dataclasses.dataclass
@@ -30,16 +27,85 @@ class ArraySource:
     num_examples: int
     has_targets: bool
     num_files = None
+    batch_size = None
+    kind = "arrays"
+    notes = ()
+    default_shuffle = True
 
 
 @dataclasses.dataclass
 class DatasetSource:
-    """An unbatched `tf.data.Dataset` of known, finite cardinality."""
+    """A `tf.data.Dataset` of samples (unbatched here if it came batched).
+
+    Args:
+        dataset: the dataset of samples.
+        num_examples: its number of samples.
+        has_targets: whether samples are `(x, y)` or `(x, y, sample_weight)`.
+        batch_size: the batch it came in, or None if it came unbatched.
+        kind: what the user passed, in words, for the plan.
+        notes: how the batch and the count were found, for the plan.
+    """
 
     dataset: tf.data.Dataset
     num_examples: int
     has_targets: bool
+    batch_size: int = None
+    kind: str = "tf.data.Dataset"
+    notes: tuple = ()
     num_files = None
+    default_shuffle = False
+
+
+@dataclasses.dataclass
+class DirectorySource:
+    """A batched dataset of files (as Keras' directory utilities build), read
+    file by file.
+
+    Args:
+        files: the undecoded elements (path, or path and label), one per file.
+        decoders: the utility's `.map()` functions that decode them, in order.
+        paths: the file paths, in the order of `files`.
+        has_targets: whether samples carry labels.
+        batch_size: the utility's batch size.
+        shuffled: whether the utility shuffled the files itself.
+        notes: for the plan.
+    """
+
+    files: tf.data.Dataset
+    decoders: tuple
+    paths: tuple
+    has_targets: bool
+    batch_size: int
+    shuffled: bool
+    notes: tuple = ()
+    kind = "dataset of files (from_tensor_slices(paths), .map(), .batch())"
+    unit = "files"
+
+    @property
+    def num_examples(self):
+        return len(self.paths)
+
+    @property
+    def num_files(self):
+        return len(self.paths)
+
+    @property
+    def file_sizes(self):
+        return (1,) * len(self.paths)
+
+    @property
+    def default_shuffle(self):
+        return self.shuffled
+
+    def positions_of(self, file_indices):
+        """The dataset positions of files numbered in sorted path order.
+
+        Without a `seed`, each process of a Keras directory utility lists
+        the files in its own random order, so files are numbered by path:
+        every worker then agrees which files are whose.
+        """
+        by_path = sorted(range(len(self.paths)), key=lambda index: self.paths[index])
+        return sorted(by_path[index] for index in file_indices)
 
 
 @dataclasses.dataclass
@@ -49,6 +115,11 @@ class FileSource:
     paths: tuple
     file_sizes: tuple
     num_examples: int
+    batch_size = None
+    kind = "TFRecord files"
+    notes = ()
+    unit = "files"
+    default_shuffle = True
 
     @property
     def num_files(self):
@@ -69,29 +140,67 @@ def _is_file_list(data):
     )
 
 
-def inspect_data(data, parse_fn=None):
+def check_num_samples(num_samples):
+    """Validates `num_samples` (None or a positive integer); returns it."""
+    if num_samples is None:
+        return None
+    return _plan.check_positive_integer(
+        "num_samples",
+        num_samples,
+        "Pass the samples in one pass over the data, or None to find them.",
+    )
+
+
+def inspect_data(data, parse_fn=None, *, num_samples=None, output_signature=None):
     """Classifies and validates `data`; returns an `ArraySource`,
-    `DatasetSource` or `FileSource`."""
+    `DatasetSource`, `DirectorySource`, `PyDatasetSource` or `FileSource`."""
     if parse_fn is not None and not callable(parse_fn):
         raise TypeError(
             f"parse_fn must be a function taking one element (a serialized "
             f"record for files), got {type(parse_fn).__name__}."
         )
-    if isinstance(data, tf.data.Dataset):
-        return _inspect_dataset(data)
-    if _is_file_list(data):
-        return _inspect_files(data, parse_fn)
-    return _inspect_arrays(data)
-
-
-def _inspect_dataset(dataset):
-    batching = batching_transformation(dataset)
-    if batching is not None:
-        raise ValueError(
-            f"data is already batched (it was built with {batching}). "
-            "distribute() batches the data itself, to the global batch size: "
-            "pass the dataset before batching, or add .unbatch()."
+    num_samples = check_num_samples(num_samples)
+    if inspect.isgenerator(data):
+        raise TypeError(
+            "data is a generator object, which can be read only once; every "
+            "epoch needs a new pass. Pass the generator function itself, with "
+            "output_signature= and num_samples=."
         )
+    if output_signature is not None:
+        if not callable(data) or isinstance(data, tf.data.Dataset):
+            raise TypeError(
+                "output_signature is for a generator function (data=make_samples, "
+                "where make_samples() yields samples), but data is a "
+                f"{type(data).__name__}."
+            )
+        data = tf.data.Dataset.from_generator(data, output_signature=output_signature)
+        return _inspect_dataset(data, num_samples, kind="generator function")
+    if inspect.isgeneratorfunction(data):
+        raise TypeError(
+            "data is a generator function: pass output_signature= (the "
+            "tf.TensorSpec of one sample, as for tf.data.Dataset.from_generator) "
+            "and num_samples=."
+        )
+    if _py_dataset.is_py_dataset(data):
+        return _py_dataset.inspect_py_dataset(data, num_samples)
+    if isinstance(data, tf.data.Dataset):
+        return _inspect_dataset(data, num_samples)
+    if _is_file_list(data):
+        return _check_count(_inspect_files(data, parse_fn), num_samples)
+    return _check_count(_inspect_arrays(data), num_samples)
+
+
+def _check_count(source, num_samples, found_from="the data"):
+    if num_samples is not None and num_samples != source.num_examples:
+        raise ValueError(
+            f"num_samples={num_samples} contradicts {found_from}, which holds "
+            f"{source.num_examples} samples. Leave num_samples out when the data "
+            "knows its length."
+        )
+    return source
+
+
+def _check_finite(dataset):
     if any(
         isinstance(spec, tf.data.DatasetSpec)
         for spec in tf.nest.flatten(dataset.element_spec)
@@ -108,38 +217,123 @@ def _inspect_dataset(dataset):
             "and worker the same steps. Pass the dataset before .repeat(); "
             "Keras starts a new pass every epoch."
         )
-    if cardinality == tf.data.UNKNOWN_CARDINALITY:
-        raise ValueError(
-            "data has an unknown number of samples (for example after "
-            ".filter() or .unbatch()), which distribute() needs to give every "
-            "replica and worker the same number of steps. If you know it, declare "
-            "it: dataset.apply(tf.data.experimental.assert_cardinality(n)); "
-            "otherwise count it once (dataset.reduce(0, lambda n, _: n + 1)) "
-            "and declare that."
-        )
     if cardinality == 0:
         raise ValueError("data is an empty dataset: there is nothing to train on.")
-    element = dataset.element_spec
-    has_targets = isinstance(element, tuple) and len(element) >= 2
-    return DatasetSource(dataset, cardinality, has_targets)
+    return cardinality
 
 
-def batching_transformation(dataset):
-    """Names the batching transformation that produced `dataset`, or None.
+def _has_targets(element_spec):
+    return isinstance(element_spec, tuple) and len(element_spec) >= 2
 
-    The element shape cannot tell a batch from a sample (an image is rank 3
-    either way), so this walks the dataset's inputs instead.
-    """
-    name = type(dataset).__name__
-    if name in _UNBATCHING_DATASETS:
-        return None
-    if name in _BATCHING_DATASETS:
-        return _BATCHING_DATASETS[name]
-    for parent in dataset._inputs():
-        found = batching_transformation(parent)
-        if found is not None:
-            return found
-    return None
+
+def _inspect_dataset(dataset, num_samples, kind="tf.data.Dataset"):
+    cardinality = _check_finite(dataset)
+    batch = _tf_internals.batch_node(dataset)
+    if batch is not None:
+        return _inspect_batched(dataset, batch, cardinality, num_samples)
+    has_targets = _has_targets(dataset.element_spec)
+    if cardinality >= 0:
+        return _check_count(
+            DatasetSource(dataset, cardinality, has_targets, kind=kind),
+            num_samples,
+            found_from="the dataset's cardinality",
+        )
+    count, note = _declared_or_counted(dataset, num_samples, batched=False)
+    return DatasetSource(
+        dataset.apply(tf.data.experimental.assert_cardinality(count)),
+        count, has_targets, kind=kind, notes=(note,),
+    )
+
+
+def _declared_or_counted(dataset, num_samples, *, batched):
+    """`num_samples` if given (TensorFlow checks it as the data is read), else
+    the count of one pass; with the note for the plan."""
+    if num_samples is not None:
+        return num_samples, f"{num_samples} samples as declared by num_samples (checked as read)"
+    count = _counting.count_samples(dataset, batched=batched)
+    return count, f"{count} samples counted by reading the data once (num_samples= skips it)"
+
+
+def _inspect_batched(dataset, batch, cardinality, num_samples):
+    if batch.reshapes_samples and not _sample_shapes_fixed(dataset.element_spec):
+        raise ValueError(
+            f"data is batched with {batch.transformation}, which pads or groups "
+            "samples by their own batch, so its samples differ in shape from "
+            "batch to batch and cannot be re-batched to the global batch without "
+            "padding them again. Pass the dataset before "
+            f"{batch.transformation} (distribute() batches it), or pad to a fixed "
+            "shape (padded_batch(n, padded_shapes=...) with every size given; "
+            "for audio_dataset_from_directory, output_sequence_length=...)."
+        )
+    file_paths = getattr(dataset, "file_paths", None)
+    if not _is_path_list(file_paths):
+        file_paths = None
+    pipeline = _tf_internals.directory_pipeline(dataset, file_paths)
+    if pipeline is not None:
+        source = DirectorySource(
+            files=pipeline.files,
+            decoders=pipeline.decoders,
+            paths=pipeline.paths,
+            has_targets=_has_targets(dataset.element_spec),
+            batch_size=pipeline.batch_size,
+            shuffled=pipeline.shuffled,
+            notes=(f"{len(pipeline.paths)} samples, one per file",),
+        )
+        return _check_count(source, num_samples, found_from="the dataset's files")
+    batch_size = batch.batch_size or _first_batch_size(dataset)
+    samples, found_from = _batched_count(batch, cardinality, file_paths)
+    samples_dataset = dataset.unbatch()
+    has_targets = _has_targets(samples_dataset.element_spec)
+    kind = f"batched tf.data.Dataset ({batch.transformation}, batch {batch_size})"
+    if samples is not None:
+        source = DatasetSource(
+            samples_dataset.apply(tf.data.experimental.assert_cardinality(samples)),
+            samples, has_targets, batch_size=batch_size, kind=kind,
+            notes=(f"{samples} samples from {found_from}",),
+        )
+        return _check_count(source, num_samples, found_from=found_from)
+    count, note = _declared_or_counted(dataset, num_samples, batched=True)
+    return DatasetSource(
+        samples_dataset.apply(tf.data.experimental.assert_cardinality(count)),
+        count, has_targets, batch_size=batch_size, kind=kind, notes=(note,),
+    )
+
+
+def _batched_count(batch, cardinality, file_paths):
+    """The samples of a batched dataset, when known without reading it."""
+    if not batch.one_batch_per_element or cardinality < 0:
+        return None, None
+    if batch.drop_remainder and batch.batch_size:
+        return cardinality * batch.batch_size, (
+            f"{cardinality} full batches of {batch.batch_size}"
+        )
+    if batch.samples is not None and batch.samples >= 0:
+        return batch.samples, f"the {batch.samples} elements before {batch.transformation}"
+    if file_paths is not None:
+        return len(file_paths), "the dataset's file_paths"
+    return None, None
+
+
+def _sample_shapes_fixed(element_spec):
+    return all(
+        isinstance(spec, tf.TensorSpec) and spec.shape[1:].is_fully_defined()
+        for spec in tf.nest.flatten(element_spec)
+    )
+
+
+def _is_path_list(value):
+    return (
+        isinstance(value, (list, tuple))
+        and len(value) > 0
+        and all(_is_path(item) for item in value)
+    )
+
+
+def _first_batch_size(dataset):
+    """The first dimension of the first element: the data's batch size."""
+    for element in dataset.take(1):
+        return int(_counting.samples_in(element, batched=True))
+    raise ValueError("data is an empty dataset: there is nothing to train on.")
 
 
 def _inspect_files(data, parse_fn):

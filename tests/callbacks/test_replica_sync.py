@@ -180,7 +180,7 @@ def test_a_changed_element_on_one_replica_is_named(strategy, target, cause):
         "kernel": model.layers[0].kernel,
         "bias": model.layers[1].bias,
         "optimizer slot": model.optimizer._momentums[0],
-        "iteration counter": model.optimizer._iterations,
+        "iteration counter": model.optimizer.iterations,
     }[target]
     copy = strategy.experimental_local_results(variable.value)[1]
     value = np.array(copy.numpy())

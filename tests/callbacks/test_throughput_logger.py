@@ -382,11 +382,18 @@ def test_measure_baseline_leaves_training_as_it_would_be(mirrored, tmp_path):
 
 
 @pytest.mark.logical_cpus(2)
-def test_dynamic_batch_size_needs_global_batch_size(mirrored, tmp_path):
+def test_dynamic_batch_size_needs_global_batch_size(mirrored, tmp_path, caplog):
     model = _model(mirrored)
     dataset = _dataset(96, 32, drop_remainder=False)
-    with pytest.raises(ValueError, match="Pass global_batch_size="):
-        model.fit(dataset, verbose=0, callbacks=[keras_scaling.ThroughputLogger(tmp_path)])
+    unknown_dir = tmp_path / "unknown"
+    history = model.fit(
+        dataset, epochs=2, verbose=0,
+        callbacks=[keras_scaling.ThroughputLogger(unknown_dir, baseline=100.0)],
+    )
+    assert len(history.history["loss"]) == 2  # training goes on
+    warnings = [r.getMessage() for r in caplog.records if "Pass global_batch_size=" in r.getMessage()]
+    assert len(warnings) == 1 and "measures nothing in this fit" in warnings[0]
+    assert not (unknown_dir / "throughput.json").exists()
     logger = keras_scaling.ThroughputLogger(
         tmp_path, baseline=100.0, global_batch_size=32, update_freq=1, warmup_steps=0
     )

@@ -139,7 +139,10 @@ def test_a_model_without_known_input_shapes_is_refused():
         (["--model", "no_such_module_here:build"], "cannot import module"),
         (["--model", "json:no_such_function"], "has no attribute 'no_such_function'"),
         (["--cpu-devices", "2", "--replicas", "1,4"], "asks for 4 replicas but there are 2"),
-        (["--per-replica-batch", "0"], "--per-replica-batch: must be a positive integer"),
+        (["--per-replica-batch", "0"], "--per-replica-batch must hold positive integers, got 0"),
+        (["--per-replica-batch", "16,x"], "--per-replica-batch must be a comma-separated list"),
+        (["--peak-flops", "fast"], "--peak-flops must be a positive number (FLOPs/sec of one replica), 'auto', 'measure' or None, got 'fast'"),
+        (["--peak-flops=-1e12"], "--peak-flops must be a positive number"),
         (["--global-batch", "-8"], "--global-batch: must be a positive integer"),
         (["--steps", "0"], "--steps: must be a positive integer"),
         (["--cpu-devices", "2", "--global-batch", "33"], "does not divide by 2 replicas"),
@@ -241,12 +244,13 @@ def test_sweep_prints_the_table_with_a_row_per_replica_count(sweep):
     lines = _table_lines(result.stdout)
 
     assert _cells(lines[0]) == [
-        "replicas", "global batch", "samples/sec", "speedup", "efficiency", "ideal", "run"
+        "replicas", "global batch", "samples/sec", "speedup", "efficiency", "ideal",
+        "TFLOP/s", "MFU", "run",
     ]
     assert [_cells(line)[0] for line in lines[2:]] == ["1", "2"]
     assert [_cells(line)[1] for line in lines[2:]] == ["32", "64"]
     assert _cells(lines[2])[3:6] == ["1.00x", "100%", "1x"]
-    assert _cells(lines[3])[5:] == ["2x", "replicas_2"]
+    assert (_cells(lines[3])[5], _cells(lines[3])[-1]) == ("2x", "replicas_2")
     assert "CPU thread pools: each replica has 1 intra-op thread" in result.stdout
     assert f"tensorboard --logdir {log_dir}" in result.stdout
 
@@ -268,6 +272,25 @@ def test_speedup_is_samples_per_sec_over_the_one_replica_run_of_the_sweep(sweep)
     # ThroughputLogger in the 2-replica run used the same baseline.
     assert two["baseline_samples_per_sec"] == pytest.approx(one, rel=1e-12)
     assert two["speedup"] == pytest.approx(rows[1]["speedup"], rel=1e-9)
+
+
+def test_tflops_column_is_the_counted_flops_times_samples_per_sec(sweep):
+    from keras_scaling import flops
+    from keras_scaling.cli import _models
+
+    log_dir, result = sweep
+    model = _models.build_model("mlp")
+    _models.compile_for_bench(model, "mlp", 1)
+    counted = flops.training_flops_per_sample(model)
+    rows = _read_json(log_dir / "scaling.json")["rows"]
+    two = _read_json(log_dir / "replicas_2" / "throughput.json")
+    assert two["flops_source"] == "counted"
+    assert two["flops_per_sample"] == pytest.approx(counted, rel=0.01)
+    for line, row in zip(_table_lines(result.stdout)[2:], rows):
+        assert row["tflops_per_sec"] == pytest.approx(
+            two["flops_per_sample"] * row["samples_per_sec"] / 1e12, rel=1e-9
+        )
+        assert _cells(line)[6:8] == [f"{row['tflops_per_sec']:.3g}", "-"]  # no CPU peak
 
 
 def test_printed_figures_match_scaling_json(sweep):
@@ -328,6 +351,82 @@ def test_report_on_the_sweep_reproduces_its_table(sweep):
     assert report.returncode == 0, report.stderr
     assert _table_lines(report.stdout) == _table_lines(result.stdout)
     assert (log_dir / "report.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_batch_list_is_parsed_sorted_and_deduplicated():
+    assert _plan.parse_batch_sizes("64,16,64") == (16, 64)
+
+
+def _row(replicas, batch, efficiency):
+    from keras_scaling.cli import _scaling
+
+    return _scaling.Row(
+        run="r", replicas=replicas, per_replica_batch_size=batch,
+        global_batch_size=batch * replicas, samples_per_sec=1.0,
+        speedup=efficiency * replicas, efficiency=efficiency, ideal_speedup=replicas,
+    )
+
+
+def test_smallest_efficient_batch_is_read_at_the_largest_replica_count():
+    from keras_scaling.cli import _scaling
+
+    rows = [_row(1, 16, 1.0), _row(2, 16, 0.95), _row(4, 16, 0.7),
+            _row(2, 32, 0.97), _row(4, 32, 0.91), _row(4, 64, 0.96)]
+    assert _scaling.smallest_efficient_batch(rows) == (32, 4)
+    assert _scaling.smallest_efficient_batch(rows[:3]) == (None, 4)
+
+
+@pytest.fixture(scope="module")
+def batch_sweep(tmp_path_factory):
+    log_dir = tmp_path_factory.mktemp("batch_sweep") / "logs"
+    result = _bench(
+        "--cpu-devices", "2", "--replicas", "2", "--model", "mlp",
+        "--per-replica-batch", "8,32", "--steps", "30", "--peak-flops", "measure",
+        "--logdir", log_dir,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return log_dir, result
+
+
+def test_batch_sweep_prints_a_table_per_batch_and_the_efficient_batch_line(batch_sweep):
+    from keras_scaling.cli import _scaling
+
+    log_dir, result = batch_sweep
+    assert "Per-replica batch 8:" in result.stdout
+    assert "Per-replica batch 32:" in result.stdout
+    scaling = _read_json(log_dir / "scaling.json")
+    assert scaling["per_replica_batches"] == [8, 32]
+    rows = [_scaling.Row(**row) for row in scaling["rows"]]
+    assert [row.run for row in rows] == ["batch_8/replicas_2", "batch_32/replicas_2"]
+    batch, _ = _scaling.smallest_efficient_batch(rows)
+    assert scaling["smallest_efficient_per_replica_batch"] == batch
+    if batch is None:
+        assert "No per-replica batch up to 32 reaches 90% efficiency at 2 replicas" in result.stdout
+    else:
+        assert f"reaching 90% efficiency at 2 replicas: {batch}." in result.stdout
+
+
+def test_batch_sweep_with_measured_peak_has_mfu(batch_sweep):
+    log_dir, result = batch_sweep
+    for batch in (8, 32):
+        record = _read_json(log_dir / f"batch_{batch}" / "replicas_2" / "throughput.json")
+        assert record["peak_source"].startswith("measured: 2048x2048 float32 matmul")
+        assert record["mfu"] == pytest.approx(
+            record["flops_per_sample"] * record["samples_per_sec"]
+            / (record["peak_flops_per_replica"] * 2)
+        )
+    mfu_cells = [_cells(line)[7] for line in _table_lines(result.stdout) if "replicas_2" in line]
+    assert len(mfu_cells) == 2 and all(cell.endswith("%") for cell in mfu_cells)
+
+
+def test_batch_sweep_writes_the_efficiency_plot_also_to_tensorboard(batch_sweep):
+    from tensorboard.backend.event_processing import event_accumulator
+
+    log_dir, _ = batch_sweep
+    assert (log_dir / "efficiency.png").read_bytes().startswith(b"\x89PNG")
+    accumulator = event_accumulator.EventAccumulator(str(log_dir / "train"))
+    accumulator.Reload()
+    assert "scaling/efficiency_vs_per_replica_batch" in accumulator.Tags()["tensors"]
 
 
 def test_overwrite_removes_only_what_an_earlier_bench_wrote(tmp_path):

@@ -17,7 +17,8 @@ from keras_scaling.cli._table import format_table
 
 
 def _write_run(directory, replicas, samples_per_sec, per_replica_batch_size=32,
-               baseline_samples_per_sec=None, speedup=None, efficiency=None):
+               baseline_samples_per_sec=None, speedup=None, efficiency=None,
+               flops_per_sample=None, mfu=None):
     os.makedirs(directory, exist_ok=True)
     record = {
         "version": 1,
@@ -37,6 +38,11 @@ def _write_run(directory, replicas, samples_per_sec, per_replica_batch_size=32,
         "efficiency": efficiency,
         "steps_measured": 40,
         "startup_time_s": 1.5,
+        "flops_per_sample": flops_per_sample,
+        "flops_source": "counted" if flops_per_sample else None,
+        "peak_flops_per_replica": None,
+        "peak_source": None,
+        "mfu": mfu,
     }
     with open(os.path.join(directory, "throughput.json"), "w") as file:
         json.dump(record, file)
@@ -105,12 +111,25 @@ def test_table_prints_every_column_and_a_dash_for_no_speedup(tmp_path):
 
     assert [cell.strip() for cell in lines[0].strip("|").split("|")] == [
         "replicas", "global batch", "samples/sec", "speedup", "efficiency",
-        "ideal", "run",
+        "ideal", "TFLOP/s", "MFU", "run",
     ]
     assert [cell.strip() for cell in lines[3].strip("|").split("|")] == [
-        "2", "64", "1900.0", "1.90x", "95%", "2x", "replicas_2",
+        "2", "64", "1900.0", "1.90x", "95%", "2x", "-", "-", "replicas_2",
     ]
     assert [cell.strip() for cell in lines[4].strip("|").split("|")][3:5] == ["-", "-"]
+
+
+def test_report_shows_tflops_and_mfu_from_throughput_json(tmp_path):
+    _write_run(tmp_path / "replicas_1", 1, 1000.0, flops_per_sample=4e9, mfu=0.125)
+    _write_run(tmp_path / "replicas_2", 2, 1900.0, flops_per_sample=4e9)
+
+    result = _report(tmp_path, "--output", tmp_path / "plot.png")
+
+    lines = [line for line in result.stdout.splitlines() if line.startswith("|")]
+    cells = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines]
+    assert cells[0][6:8] == ["TFLOP/s", "MFU"]
+    assert cells[2][6:8] == ["4", "12.5%"]   # 4e9 FLOPs x 1000 samples/sec
+    assert cells[3][6:8] == ["7.6", "-"]
 
 
 def test_report_prints_the_table_and_writes_the_plot(sweep):

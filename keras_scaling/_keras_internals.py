@@ -1,0 +1,174 @@
+"""Private Keras names outside the trainer: layers, optimizers, variables, `fit`.
+
+Keras has no public way to list every nested layer, to tell seed-generator
+states and gradient accumulators from other variables, or to hand a
+callback the batch size of `fit`'s data. Each such reach is here, guarded:
+when a release moves the name, the guard logs one warning and the caller
+gets a fallback built from public names, or "unknown".
+"""
+
+import keras
+import tensorflow as tf
+
+from keras_scaling import _probes
+
+
+def _public_layers(model):
+    """Every layer reachable through the public `layers` lists, model included."""
+    found, pending, seen = [], [model], set()
+    while pending:
+        layer = pending.pop()
+        if id(layer) in seen:
+            continue
+        seen.add(id(layer))
+        found.append(layer)
+        pending.extend(getattr(layer, "layers", None) or ())
+    return found
+
+
+@_probes.guarded(
+    "keras.layer.flatten_layers",
+    reaches="keras.Layer._flatten_layers",
+    lost=(
+        "layers nested inside custom layers are not seen: their "
+        "BatchNormalization statistics are compared as if mirrored"
+    ),
+    workaround=(
+        "Use BatchNormalization(synchronized=True), or ReplicaSyncCheck("
+        "per_replica_state='ignore')."
+    ),
+    fallback=_public_layers,
+)
+def all_layers(model):
+    """Every layer of `model`, nested ones included, the model itself first."""
+    return list(model._flatten_layers(include_self=True, recursive=True))
+
+
+def _seed_states_by_path(model):
+    return {
+        id(variable)
+        for variable in model.variables
+        if variable.path.split("/")[-1] == "seed_generator_state"
+    }
+
+
+@_probes.guarded(
+    "keras.layer.seed_generators",
+    reaches="keras.Layer._seed_generators",
+    lost="seed-generator states are recognised by their variable name only",
+    workaround="Nothing to do unless you name variables 'seed_generator_state'.",
+    fallback=_seed_states_by_path,
+)
+def seed_generator_state_ids(model):
+    """The ids of the state variables of the model's seed generators."""
+    states = set()
+    layers = all_layers(model)
+    if layers and not hasattr(layers[0], "_seed_generators"):
+        raise AttributeError("keras.Layer has no attribute '_seed_generators'")
+    for layer in layers:
+        for generator in layer._seed_generators:
+            states.add(id(generator.state))
+    return states
+
+
+def _accumulators_by_path(optimizers):
+    return {
+        id(variable)
+        for optimizer in optimizers
+        for variable in optimizer.variables
+        if variable.path.endswith("_gradient_accumulator")
+    }
+
+
+@_probes.guarded(
+    "keras.optimizer.accumulated_gradients",
+    reaches="keras.Optimizer._accumulated_gradients",
+    lost="gradient accumulators are recognised by their variable name only",
+    workaround="Nothing to do unless you rename optimizer variables.",
+    fallback=_accumulators_by_path,
+)
+def gradient_accumulator_ids(optimizers):
+    """The ids of the gradient accumulators of `optimizers` (and their inner ones)."""
+    found = set()
+    for optimizer in optimizers:
+        if getattr(optimizer, "gradient_accumulation_steps", None):
+            found.update(id(v) for v in optimizer._accumulated_gradients or ())
+    return found
+
+
+def tf_variable_of(variable):
+    """The `tf.Variable` that a Keras variable wraps (its public `value`).
+
+    Read outside an autocast scope, as callbacks are, `value` is the variable
+    itself, not a cast copy.
+    """
+    value = variable.value
+    if not isinstance(value, tf.Variable):
+        raise TypeError(
+            f"variable must be a Keras or TensorFlow variable, got "
+            f"{type(variable).__name__}"
+        )
+    return value
+
+
+def is_keras_variable(value):
+    """Whether `value` is a Keras variable (not a raw `tf.Variable`)."""
+    return isinstance(value, keras.Variable)
+
+
+@_probes.guarded(
+    "keras.fit.epoch_iterator",
+    reaches="the `epoch_iterator` local of keras.Model.fit (read from the call stack)",
+    lost="the global batch of array inputs with a partial last batch is not found",
+    workaround="Pass ThroughputLogger(global_batch_size=...).",
+)
+def batch_size_of_running_fit(frame):
+    """The batch size Keras' data adapter knows for the running fit, or None.
+
+    Keras hands callbacks no handle on the data. Its adapter, which knows the
+    batch size of arrays even when the last batch is partial (so the batch
+    dimension is not static), is a local of `fit` (`epoch_iterator`), found
+    on the call stack above `frame`; it is only read.
+    """
+    try:
+        while frame is not None:
+            if frame.f_code.co_name == "fit" and frame.f_globals.get(
+                "__name__", ""
+            ).startswith("keras."):
+                adapter = frame.f_locals["epoch_iterator"].data_adapter
+                batch_size = adapter.batch_size
+                if isinstance(batch_size, int) and batch_size > 0:
+                    return batch_size
+                return None
+            frame = frame.f_back
+        return None
+    finally:
+        del frame
+
+
+@_probes.guarded(
+    "keras.train_function.tracing_count",
+    reaches="the tf.functions in the closure of Keras' train function",
+    lost="steps that retrace the train function are not left out of the timing",
+    workaround="Give the data static shapes (keras_scaling.data.distribute does).",
+)
+def tracing_count(function):
+    """How often the tf.functions behind a compiled Keras train function were traced.
+
+    Raises when none is found: Keras then builds its train function another
+    way, and the guard turns retrace detection off.
+    """
+    if isinstance(function, tf.types.experimental.GenericFunction):
+        return function.experimental_get_tracing_count()
+    counters = []
+    for cell in function.__closure__ or ():
+        try:
+            contents = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        counter = getattr(contents, "experimental_get_tracing_count", None)
+        if callable(counter):
+            counters.append(counter)
+    if not counters:
+        raise AttributeError("no tf.function found in the train function's closure")
+    return sum(counter() for counter in counters)

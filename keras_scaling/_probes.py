@@ -1,0 +1,119 @@
+"""Guarded reaches into private Keras and TensorFlow names.
+
+Keras and TensorFlow move their internals between releases. Every function
+that reads a private name is wrapped by `guarded`: when the name is gone or
+has another shape (any exception while reaching it), the function returns a
+fallback instead of raising, and one warning says which Keras and TensorFlow
+versions are installed, what keras_scaling loses there and what the user can
+do instead. A figure that cannot be computed is left out, never guessed: the
+fallbacks are "unknown" values (`None`, nothing found) that the callers
+already handle.
+
+Each probe has a name, listed by `registered()`, so that tests can hide the
+name it reaches for and check the warning.
+"""
+
+import functools
+import logging
+import os
+import threading
+
+logger = logging.getLogger("keras_scaling")
+
+# Names of probes to fail as if their internals were gone, comma-separated:
+# tests use it for internals that TensorFlow itself needs, which cannot be
+# hidden without breaking TensorFlow.
+FAIL_PROBES_ENV = "KERAS_SCALING_FAIL_PROBES"
+
+_lock = threading.Lock()
+_registry = {}
+_warned = set()
+
+
+class Probe:
+    """What one guarded reach needs and what is lost without it."""
+
+    def __init__(self, name, reaches, lost, workaround):
+        self.name = name
+        self.reaches = reaches
+        self.lost = lost
+        self.workaround = workaround
+
+    def warn(self, error):
+        """Logs, once per process, that this probe failed."""
+        with _lock:
+            if self.name in _warned:
+                return
+            _warned.add(self.name)
+        logger.warning(
+            "keras_scaling: %s is not usable with %s (%s: %s). Lost: %s. %s",
+            self.reaches,
+            versions_text(),
+            type(error).__name__,
+            error,
+            self.lost,
+            self.workaround,
+        )
+
+
+def versions_text():
+    """"Keras X, TensorFlow Y" for messages, read without failing."""
+    from keras_scaling import _versions
+
+    return f"Keras {_versions.keras_version()}, TensorFlow {_versions.tf_version()}"
+
+
+def guarded(name, *, reaches, lost, workaround, fallback=None):
+    """Wraps a function that reads private names; it never raises from them.
+
+    Args:
+        name: the probe's name, such as `"keras.model.flatten_layers"`.
+        reaches: the private name(s) it reads, for the warning.
+        lost: what keras_scaling cannot do when the probe fails.
+        workaround: what the user can do instead.
+        fallback: the value returned when the probe fails, or a callable
+            called with the same arguments to compute it.
+    """
+    probe = Probe(name, reaches, lost, workaround)
+    with _lock:
+        _registry[name] = probe
+
+    def decorate(function):
+        @functools.wraps(function)
+        def wrapper(*args, **kwargs):
+            try:
+                if name in _failing_for_tests():
+                    raise AttributeError(f"{reaches} made unreachable by {FAIL_PROBES_ENV}")
+                return function(*args, **kwargs)
+            except Exception as error:  # any shape change of an internal
+                probe.warn(error)
+                if callable(fallback):
+                    return fallback(*args, **kwargs)
+                return fallback
+
+        wrapper.probe = probe
+        return wrapper
+
+    return decorate
+
+
+def _failing_for_tests():
+    value = os.environ.get(FAIL_PROBES_ENV)
+    return () if not value else {part.strip() for part in value.split(",")}
+
+
+def failed(name, error):
+    """Reports a failure of the probe `name` found outside a guarded function."""
+    _registry[name].warn(error)
+
+
+def registered():
+    """The names of every probe defined so far, sorted."""
+    with _lock:
+        return sorted(_registry)
+
+
+def forget_warnings():
+    """Lets every probe warn again (for tests that check the warning)."""
+    with _lock:
+        _warned.clear()

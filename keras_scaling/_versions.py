@@ -1,0 +1,142 @@
+"""The installed Keras and TensorFlow, and the range keras_scaling supports.
+
+Versions are read from the installed files, without importing Keras or
+TensorFlow, so that `import keras_scaling` stays cheap and can refuse an
+unsupported pair at once instead of failing later inside `fit`.
+"""
+
+import functools
+import importlib.metadata
+import importlib.util
+import os
+import re
+
+# The oldest releases the version matrix tests (`make test-versions`).
+MIN_KERAS = (3, 8)
+MIN_TENSORFLOW = (2, 18)
+TESTED_PAIRS = (
+    ("2.18.1", "3.8.0"),
+    ("2.19.1", "3.10.0"),
+    ("2.20.0", "3.12.4"),
+    ("2.21.0", "3.15.1"),
+    ("2.21.0", "3.16.0.dev2026102704"),
+)
+# Distributions that install the `tensorflow` package.
+_TENSORFLOW_DISTRIBUTIONS = (
+    "tensorflow",
+    "tensorflow-cpu",
+    "tf-nightly",
+    "tf-nightly-cpu",
+    "tensorflow-gpu",
+    "tensorflow-intel",
+    "tensorflow-macos",
+    "tensorflow-aarch64",
+)
+_KERAS_DISTRIBUTIONS = ("keras", "keras-nightly")
+
+
+def keras_at_least(*release):
+    """Whether the installed Keras is `release` or newer: `keras_at_least(3, 10)`."""
+    return parse(keras_version()) >= release
+
+
+def parse(version):
+    """The leading release numbers of a version string: `"3.16.0.dev1"` -> (3, 16, 0)."""
+    numbers = re.match(r"\d+(\.\d+)*", version or "")
+    if numbers is None:
+        return ()
+    return tuple(int(part) for part in numbers.group(0).split("."))
+
+
+def _package_dir(package):
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return list(spec.submodule_search_locations)[0]
+
+
+@functools.lru_cache(maxsize=None)
+def keras_version():
+    """The version of the `keras` package that `import keras` loads, or None.
+
+    Read from `keras/src/version.py`, which both `keras` and `keras-nightly`
+    install, so the answer is right when both distributions are installed.
+    """
+    directory = _package_dir("keras")
+    if directory is None:
+        return None
+    try:
+        with open(os.path.join(directory, "src", "version.py"), encoding="utf-8") as file:
+            found = re.search(r"__version__\s*=\s*[\"']([^\"']+)[\"']", file.read())
+        if found:
+            return found.group(1)
+    except OSError:
+        pass
+    return _distribution_version(_KERAS_DISTRIBUTIONS)
+
+
+@functools.lru_cache(maxsize=None)
+def tf_version():
+    """The version of the installed TensorFlow, or None when it is not installed."""
+    if _package_dir("tensorflow") is None:
+        return None
+    return _distribution_version(_TENSORFLOW_DISTRIBUTIONS) or "unknown"
+
+
+def _distribution_version(names):
+    for name in names:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def _floor_text(floor):
+    return ".".join(map(str, floor))
+
+
+def unsupported_reason(keras, tensorflow):
+    """Why a Keras/TensorFlow pair cannot run keras_scaling, or None.
+
+    Args:
+        keras: the Keras version string, or None when Keras is missing.
+        tensorflow: the TensorFlow version string, or None when missing.
+
+    Returns:
+        A sentence naming the installed and the supported versions, or None
+        when the pair is supported.
+    """
+    supported = (
+        f"keras_scaling supports Keras {_floor_text(MIN_KERAS)} or newer (Keras 3) "
+        f"with TensorFlow {_floor_text(MIN_TENSORFLOW)} or newer"
+    )
+    if tensorflow is None:
+        return (
+            f"TensorFlow is not installed. {supported}: install one, for example "
+            "`pip install tensorflow` (or tensorflow-cpu)."
+        )
+    if keras is None:
+        return f"Keras is not installed. {supported}: `pip install 'keras>=3.8'`."
+    keras_release, tf_release = parse(keras), parse(tensorflow)
+    if keras_release[:1] != (3,) or keras_release[:2] < MIN_KERAS:
+        return (
+            f"Keras {keras} is installed. {supported}: "
+            "`pip install --upgrade 'keras>=3.8,<4'`."
+        )
+    if tf_release and tf_release[:2] < MIN_TENSORFLOW:
+        return (
+            f"TensorFlow {tensorflow} is installed. {supported}: "
+            "`pip install --upgrade 'tensorflow>=2.18'`."
+        )
+    return None
+
+
+def check_supported():
+    """Raises `ImportError` when the installed Keras or TensorFlow is unsupported."""
+    reason = unsupported_reason(keras_version(), tf_version())
+    if reason is not None:
+        raise ImportError(reason)

@@ -1,0 +1,279 @@
+"""Reads a `keras.utils.PyDataset` as a stream of samples for one worker.
+
+Each item of a `PyDataset` is a batch. Items are split between workers by
+index, read with the dataset's own `workers`, `use_multiprocessing` and
+`max_queue_size` (as Keras reads them in `fit`), checked against the first
+item, and unbatched so that `distribute` can re-batch them to the global
+batch. `on_epoch_begin` and `on_epoch_end` are called around every pass, as
+Keras calls them.
+"""
+
+import collections
+import concurrent.futures
+import dataclasses
+import itertools
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+
+@dataclasses.dataclass
+class PyDatasetSource:
+    """A `keras.utils.PyDataset`, whose items are batches.
+
+    Args:
+        py_dataset: the `PyDataset`.
+        item_sizes: samples in each item (all the first item's batch size
+            except, possibly, the last).
+        signature: the `tf.TensorSpec` structure of one item, with an unknown
+            batch dimension.
+        first_sample: the first sample of item 0 (NumPy), used as padding.
+        first_item_text: item 0's structure and shapes, for messages.
+        has_targets: whether items are `(x, y)` or `(x, y, sample_weight)`.
+    """
+
+    py_dataset: object
+    item_sizes: tuple
+    signature: object
+    first_sample: object
+    first_item_text: str
+    has_targets: bool
+    kind = "keras.utils.PyDataset"
+    unit = "items"
+    default_shuffle = False
+
+    @property
+    def batch_size(self):
+        return self.item_sizes[0]
+
+    @property
+    def num_examples(self):
+        return sum(self.item_sizes)
+
+    @property
+    def num_files(self):
+        return len(self.item_sizes)
+
+    @property
+    def file_sizes(self):
+        return self.item_sizes
+
+    @property
+    def notes(self):
+        count = len(self.item_sizes)
+        return (
+            f"{self.num_examples} samples from len() = {count} items of "
+            f"{self.batch_size}, the last with {self.item_sizes[-1]}",
+        )
+
+
+def is_py_dataset(data):
+    return isinstance(data, keras.utils.PyDataset)
+
+
+def _as_fit_layout(item):
+    """An item as a tuple `(x,)`, `(x, y)` or `(x, y, sample_weight)`."""
+    if isinstance(item, tuple):
+        items = list(item)
+        while items and items[-1] is None:
+            items.pop()
+        return tuple(items)
+    return (item,)
+
+
+def _describe(item):
+    names = ("x", "y", "sample_weight")
+    parts = []
+    for name, part in zip(names, item):
+        shapes = tf.nest.map_structure(lambda leaf: tuple(np.shape(leaf)), part)
+        parts.append(f"{name}: {shapes}")
+    return "(" + ", ".join(parts) + ")"
+
+
+def _signature(item, index):
+    def spec(leaf):
+        tensor = tf.convert_to_tensor(leaf)
+        if tensor.shape.rank == 0:
+            raise ValueError(
+                f"PyDataset item {index} holds a scalar ({_describe(item)}): each "
+                "item must be a batch, whose arrays have a first dimension that "
+                "counts its samples."
+            )
+        return tf.TensorSpec([None] + tensor.shape.as_list()[1:], tensor.dtype)
+
+    return tf.nest.map_structure(spec, item)
+
+
+def _batch_size_of(item):
+    return int(np.shape(tf.nest.flatten(item)[0])[0])
+
+
+def check_item(item, index, signature, expected_size, first_item_text):
+    """Returns `item` in fit layout if it matches the signature, else raises.
+
+    Raises:
+        ValueError: its structure, or a shape other than the batch
+            dimension, differs from item 0's, or it has not
+            `expected_size` samples.
+    """
+    item = _as_fit_layout(item)
+    mismatch = None
+    try:
+        tf.nest.assert_same_structure(signature, item)
+    except (ValueError, TypeError) as error:
+        mismatch = f"its structure differs ({error})"
+    if mismatch is None:
+        for spec, leaf in zip(tf.nest.flatten(signature), tf.nest.flatten(item)):
+            shape = tuple(np.shape(leaf))
+            if not shape or not spec.shape[1:].is_compatible_with(shape[1:]):
+                mismatch = f"a sample shape differs ({shape[1:]} against {tuple(spec.shape[1:])})"
+                break
+            if shape[0] != expected_size:
+                mismatch = (
+                    f"it has {shape[0]} samples where {expected_size} are expected "
+                    "(every item but the last must be a full batch of item 0's size)"
+                )
+                break
+    if mismatch is not None:
+        raise ValueError(
+            f"PyDataset item {index} does not match item 0: {mismatch}. Item 0 is "
+            f"{first_item_text} and item {index} is {_describe(item)}. Every item "
+            "must have item 0's structure and sample shapes, and every item but "
+            "the last its number of samples."
+        )
+    return item
+
+
+def inspect_py_dataset(py_dataset, num_samples=None):
+    """Reads items 0 and `len - 1` to describe a `PyDataset`; returns a source.
+
+    The number of samples is `(len - 1) * batch + last`, where `batch` is item
+    0's size and `last` the last item's real size: two items are read, no more.
+    """
+    try:
+        num_items = py_dataset.num_batches
+    except NotImplementedError:
+        num_items = None
+    if num_items is None:
+        raise ValueError(
+            "data is a PyDataset without a length (num_batches is None: an "
+            "infinite PyDataset). distribute() needs the number of items to "
+            "split them between workers and give every worker the same steps: "
+            "implement __len__ (or num_batches)."
+        )
+    num_items = int(num_items)
+    if num_items == 0:
+        raise ValueError("data is an empty PyDataset: there is nothing to train on.")
+    first = _as_fit_layout(py_dataset[0])
+    signature = _signature(first, 0)
+    batch_size = _batch_size_of(first)
+    first_text = _describe(first)
+    check_item(first, 0, signature, batch_size, first_text)
+    last_size = batch_size
+    if num_items > 1:
+        last = _as_fit_layout(py_dataset[num_items - 1])
+        last_size = _batch_size_of(last) if tf.nest.flatten(last) else 0
+        check_item(last, num_items - 1, signature, last_size, first_text)
+    item_sizes = (batch_size,) * (num_items - 1) + (last_size,)
+    total = sum(item_sizes)
+    if num_samples is not None and num_samples != total:
+        raise ValueError(
+            f"num_samples={num_samples} contradicts the PyDataset: {num_items} "
+            f"items of {batch_size} samples, the last with {last_size}, hold "
+            f"{total}. Leave num_samples out; it is counted from len() and the "
+            "last item."
+        )
+    first_sample = tf.nest.map_structure(lambda leaf: np.asarray(leaf)[0], first)
+    return PyDatasetSource(
+        py_dataset=py_dataset,
+        item_sizes=item_sizes,
+        signature=signature,
+        first_sample=first_sample[0] if len(first_sample) == 1 else first_sample,
+        first_item_text=first_text,
+        has_targets=len(first) >= 2,
+    )
+
+
+def sample_stream(source, item_indices, *, shuffle, seed):
+    """The samples of the given items, one pass per iteration (epoch).
+
+    Items are read in the given order, or, with `shuffle`, in a new order
+    each epoch drawn from `seed` and the epoch number. `on_epoch_begin` is
+    called when a pass starts and `on_epoch_end` when a pass has read every
+    item, so they come in pairs, once per epoch: a pass given up early (a
+    first batch peeked at to build the model) does not end the epoch, and
+    the next pass does not begin another.
+    """
+    item_indices = list(item_indices)
+    epochs = itertools.count()
+    in_epoch = [False]
+
+    def generate():
+        epoch = next(epochs)
+        order = item_indices
+        if shuffle:
+            order = np.random.default_rng([seed, epoch]).permutation(item_indices).tolist()
+        py_dataset = source.py_dataset
+        if not in_epoch[0]:
+            in_epoch[0] = True
+            py_dataset.on_epoch_begin()
+        for index, item in _read_items(py_dataset, order):
+            yield check_item(
+                item,
+                index,
+                source.signature,
+                source.item_sizes[index],
+                source.first_item_text,
+            )
+        in_epoch[0] = False
+        py_dataset.on_epoch_end()
+
+    batches = tf.data.Dataset.from_generator(generate, output_signature=source.signature)
+    samples = batches.unbatch()
+    return samples.map(lambda *element: element[0] if len(element) == 1 else element)
+
+
+_shared_py_dataset = None
+
+
+def _share(py_dataset):
+    global _shared_py_dataset
+    _shared_py_dataset = py_dataset
+
+
+def _shared_item(index):
+    return _shared_py_dataset[index]
+
+
+def _read_items(py_dataset, order):
+    """Yields `(index, item)` in `order`, read ahead by the dataset's workers."""
+    workers = max(int(getattr(py_dataset, "workers", 1) or 1), 1)
+    use_multiprocessing = bool(getattr(py_dataset, "use_multiprocessing", False))
+    queue_size = max(int(getattr(py_dataset, "max_queue_size", 10) or 10), 1)
+    if workers == 1 and not use_multiprocessing:
+        for index in order:
+            yield index, py_dataset[index]
+        return
+    if use_multiprocessing:
+        pool = concurrent.futures.ProcessPoolExecutor(
+            workers, initializer=_share, initargs=(py_dataset,)
+        )
+        read = _shared_item
+    else:
+        pool = concurrent.futures.ThreadPoolExecutor(workers)
+        read = py_dataset.__getitem__
+    pending = collections.deque()
+    remaining = iter(order)
+    try:
+        for index in itertools.islice(remaining, queue_size):
+            pending.append((index, pool.submit(read, index)))
+        while pending:
+            index, future = pending.popleft()
+            item = future.result()
+            following = next(remaining, None)
+            if following is not None:
+                pending.append((following, pool.submit(read, following)))
+            yield index, item
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)

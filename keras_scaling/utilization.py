@@ -1,0 +1,231 @@
+"""How busy the devices are: model TFLOP/s and MFU from throughput, plain arithmetic.
+
+Numbers in, numbers out (no Keras), like `keras_scaling.throughput`:
+
+    flops_per_sec            = flops_per_sample * samples_per_sec
+    tflops_per_sec           = flops_per_sec / 1e12                 (all replicas)
+    tflops_per_sec_per_replica = tflops_per_sec / num_replicas
+    mfu                      = flops_per_sec / (peak_flops_per_replica * num_replicas)
+
+MFU (model FLOPs utilization) counts the model's own arithmetic (forward and
+backward of each sample), not recomputation or the optimizer update, so it
+compares set-ups fairly: 0.4 means the devices do useful model arithmetic at
+40% of their peak.
+"""
+
+import dataclasses
+import math
+
+__all__ = [
+    "Utilization",
+    "check_flops_per_sample",
+    "check_peak_flops",
+    "underuse_advice",
+    "utilization",
+]
+
+# Efficiency at or above this is "scales well"; MFU below LOW_MFU is "underused".
+HIGH_EFFICIENCY = 0.8
+LOW_MFU = 0.2
+
+
+@dataclasses.dataclass(frozen=True)
+class Utilization:
+    """Achieved model FLOPs, and their share of the peak.
+
+    Args:
+        tflops_per_sec: float, model TFLOP/s of all replicas together.
+        tflops_per_sec_per_replica: float, `tflops_per_sec / num_replicas`.
+        mfu: float, achieved FLOPs/sec over the peak of all replicas, or None
+            without a peak.
+
+    Example:
+
+    ```python
+    figures = utilization(3.2e6, 10_000.0, num_replicas=2, peak_flops_per_replica=1e11)
+    figures.tflops_per_sec, figures.mfu   # (0.032, 0.16)
+    ```
+    """
+
+    tflops_per_sec: float
+    tflops_per_sec_per_replica: float
+    mfu: float = None
+
+
+def utilization(flops_per_sample, samples_per_sec, num_replicas,
+                peak_flops_per_replica=None):
+    """Model TFLOP/s and MFU of a throughput figure.
+
+    Args:
+        flops_per_sample: float, floating-point operations of one training
+            sample, forward and backward.
+        samples_per_sec: float, samples trained per second, all replicas.
+        num_replicas: int, replicas in sync.
+        peak_flops_per_replica: float, peak FLOPs/sec of one replica's
+            device, or None (then `mfu` is None).
+
+    Returns:
+        A `Utilization`.
+
+    Raises:
+        ValueError: a figure that is not a positive finite number.
+
+    Example:
+
+    ```python
+    # 3.2 MFLOPs per sample at 10,000 samples/s on 2 devices of 100 GFLOP/s each
+    utilization(3.2e6, 10_000.0, 2, 1e11).mfu   # 0.16
+    ```
+    """
+    for name, value in (
+        ("flops_per_sample", flops_per_sample),
+        ("samples_per_sec", samples_per_sec),
+    ):
+        _check_positive(value, name)
+    if isinstance(num_replicas, bool) or not isinstance(num_replicas, int) or num_replicas < 1:
+        raise ValueError(f"num_replicas must be a positive int, got {num_replicas!r}")
+    flops_per_sec = flops_per_sample * samples_per_sec
+    mfu = None
+    if peak_flops_per_replica is not None:
+        _check_positive(peak_flops_per_replica, "peak_flops_per_replica")
+        mfu = flops_per_sec / (peak_flops_per_replica * num_replicas)
+    return Utilization(
+        tflops_per_sec=flops_per_sec / 1e12,
+        tflops_per_sec_per_replica=flops_per_sec / 1e12 / num_replicas,
+        mfu=mfu,
+    )
+
+
+def check_flops_per_sample(value, parameter="flops_per_sample"):
+    """Checks a `flops_per_sample` argument: `"auto"`, None or a positive number.
+
+    Args:
+        value: the argument.
+        parameter: the argument name for error messages.
+
+    Returns:
+        The value, a number as float.
+
+    Raises:
+        TypeError, ValueError: anything else, saying what is allowed.
+
+    Example:
+
+    ```python
+    check_flops_per_sample(3.2e6)   # 3200000.0
+    check_flops_per_sample("auto")  # 'auto'
+    ```
+    """
+    return _check_choice(value, parameter, ("auto",), "floating-point operations of one sample")
+
+
+def check_peak_flops(value, parameter="peak_flops"):
+    """Checks a `peak_flops` argument: `"auto"`, `"measure"`, None or a positive number.
+
+    Args:
+        value: the argument.
+        parameter: the argument name for error messages.
+
+    Returns:
+        The value, a number as float.
+
+    Raises:
+        TypeError, ValueError: anything else, saying what is allowed.
+
+    Example:
+
+    ```python
+    check_peak_flops(312e12)      # 312000000000000.0
+    check_peak_flops("measure")   # 'measure'
+    ```
+    """
+    return _check_choice(value, parameter, ("auto", "measure"), "FLOPs/sec of one replica")
+
+
+def underuse_advice(*, efficiency, mfu, per_replica_batch_size, compute_dtype,
+                    faster_dtypes=(), input_samples_per_sec=None, samples_per_sec=None):
+    """What keeps devices underused when training scales well, or None.
+
+    Efficiency at or above 0.8 with MFU below 0.2 means every replica is
+    equally underused. The figures point to, in this order: an input
+    pipeline that yields barely more than training takes; float32 on a
+    device with faster dtypes; a small per-replica batch.
+
+    Args:
+        efficiency: float, scaling efficiency, or None.
+        mfu: float, or None.
+        per_replica_batch_size: int.
+        compute_dtype: str, the dtype policy's compute dtype.
+        faster_dtypes: `(dtype, times faster)` pairs the device offers.
+        input_samples_per_sec: float, the input pipeline alone, or None.
+        samples_per_sec: float, training's throughput, or None.
+
+    Returns:
+        str, one piece of advice, or None when MFU is not low or scaling is poor.
+
+    Example:
+
+    ```python
+    underuse_advice(efficiency=0.95, mfu=0.05, per_replica_batch_size=16,
+                    compute_dtype="float32")
+    # 'MFU is 5% although scaling efficiency is 95%: ... per-replica batch of 16 ...'
+    ```
+    """
+    if efficiency is None or mfu is None or efficiency < HIGH_EFFICIENCY or mfu >= LOW_MFU:
+        return None
+    opening = (
+        f"MFU is {mfu:.0%} although scaling efficiency is {efficiency:.0%}: every "
+        "replica is underused alike."
+    )
+    if (
+        input_samples_per_sec is not None
+        and samples_per_sec is not None
+        and input_samples_per_sec < 1.2 * samples_per_sec
+    ):
+        return (
+            f"{opening} The input pipeline alone yields {input_samples_per_sec:.0f} "
+            f"samples/sec, barely more than training takes ({samples_per_sec:.0f}): "
+            "the devices wait for input (more parallel reads and maps, prefetch, cache)."
+        )
+    if compute_dtype == "float32" and faster_dtypes:
+        dtype, times = faster_dtypes[0]
+        policy = "mixed_bfloat16" if dtype == "bfloat16" else "mixed_float16"
+        return (
+            f"{opening} The device peaks {times:.0f}x higher in {dtype} than in "
+            f"float32: keras.mixed_precision.set_global_policy({policy!r})."
+        )
+    return (
+        f"{opening} A per-replica batch of {per_replica_batch_size} gives each "
+        "device little work per step: try a larger per-replica batch "
+        f"(keras-scaling bench --per-replica-batch {per_replica_batch_size},"
+        f"{per_replica_batch_size * 2},{per_replica_batch_size * 4} finds the smallest "
+        "that keeps devices busy)."
+    )
+
+
+def _check_positive(value, name):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a positive number, got {value!r}")
+    if not (value > 0 and math.isfinite(value)):
+        raise ValueError(f"{name} must be a positive finite number, got {value}")
+
+
+def _check_choice(value, parameter, choices, unit):
+    allowed = ", ".join(repr(choice) for choice in choices)
+    if value is None or (isinstance(value, str) and value in choices):
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise TypeError(
+            f"{parameter} must be a positive number ({unit}), {allowed} or None, "
+            f"got {type(value).__name__}: {value!r}"
+        )
+    if isinstance(value, str):
+        raise ValueError(
+            f"{parameter} must be a positive number ({unit}), {allowed} or None, "
+            f"got {value!r}"
+        )
+    if not (value > 0 and math.isfinite(value)):
+        raise ValueError(
+            f"{parameter} must be a positive number ({unit}), {allowed} or None, got {value}"
+        )
+    return float(value)

@@ -1,0 +1,95 @@
+"""Every reach into a private Keras or TensorFlow name has a test of its failure.
+
+Each probe is made to fail as if a release had moved the name it reads (with
+`KERAS_SCALING_FAIL_PROBES`, since most of these names are used by Keras and
+TensorFlow themselves and cannot be hidden without breaking them). A real
+`fit` then still trains, one warning names the Keras version, what is lost
+and the workaround, and no figure is guessed. The single-machine pieces are
+tested in `test_probes_mirrored.py`; the multi-worker device hook here,
+since `TF_CONFIG` must be set before TensorFlow starts.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+from keras_scaling import _probes
+from keras_scaling import _versions
+from keras_scaling import launcher
+
+_WORKER = os.path.join(os.path.dirname(__file__), "workers", "probe_scenario.py")
+_TIMEOUT_S = 180
+
+# Every probe, and the test module that makes it fail.
+PROBES_TESTED_IN = {
+    "keras.fit.epoch_iterator": "test_probes_mirrored",
+    "keras.train_function.tracing_count": "test_probes_mirrored",
+    "tf.distribute.iterator_dataset": "test_probes_mirrored",
+    "tf.data.dataset_inputs": "test_probes_mirrored",
+    "tf.distribute.per_replica_spec": "test_probes_mirrored",
+    "tf.data.serialized_graph": "test_probes_mirrored",
+    "keras.layer.flatten_layers": "test_probes_mirrored",
+    "keras.layer.seed_generators": "test_probes_mirrored",
+    "keras.optimizer.accumulated_gradients": "test_probes_mirrored",
+    "keras.trainer_module": "test_probes_mirrored",
+    "keras.trainer_class": "test_probes_mirrored",
+    "keras.tf_dataset_adapter": "test_probes_mirrored",
+    "compat.steps_per_execution": "test_probes_mirrored",
+    "compat.symbolic_build": "test_probes_mirrored",
+    "compat.scalar_reduce": "test_probes_mirrored",
+    "compat.multi_worker_epoch": "test_probes_mirrored",
+    "tf.collective_local_devices": "test_probes",
+}
+
+
+def registered_probes():
+    """Every probe of the package: importing every module registers them."""
+    import keras_scaling.callbacks.replica_sync  # noqa: F401
+    import keras_scaling.callbacks.throughput  # noqa: F401
+    import keras_scaling.compat  # noqa: F401
+    import keras_scaling.data  # noqa: F401
+    import keras_scaling.devices  # noqa: F401
+    import keras_scaling.replica_state  # noqa: F401
+
+    return dict(_probes._registry)
+
+
+def test_every_probe_has_a_failure_test():
+    assert set(registered_probes()) == set(PROBES_TESTED_IN)
+
+
+def run_one_worker(out_dir, failing=()):
+    (port,) = launcher.free_ports(1)
+    env = {
+        key: value for key, value in os.environ.items()
+        if key not in (_probes.FAIL_PROBES_ENV, "KERAS_SCALING_NO_COMPAT")
+    }
+    env.update(
+        TF_CPP_MIN_LOG_LEVEL="2",
+        TF_CONFIG=json.dumps({
+            "cluster": {"worker": [f"127.0.0.1:{port}"]},
+            "task": {"type": "worker", "index": 0},
+        }),
+    )
+    if failing:
+        env[_probes.FAIL_PROBES_ENV] = ",".join(failing)
+    result = subprocess.run(
+        [sys.executable, _WORKER, str(out_dir)],
+        env=env, capture_output=True, text=True, timeout=_TIMEOUT_S,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_multi_worker_without_the_device_hook_trains_on_one_replica(tmp_path):
+    probe = registered_probes()["tf.collective_local_devices"]
+
+    degraded = run_one_worker(tmp_path / "degraded", failing=[probe.name])
+    healthy = run_one_worker(tmp_path / "healthy")
+
+    assert healthy == {"trained": True, "replicas": 2, "warnings": []}
+    assert degraded["trained"] and degraded["replicas"] == 1
+    (warning,) = degraded["warnings"]
+    assert f"Keras {_versions.keras_version()}" in warning
+    assert probe.reaches in warning and probe.lost in warning and probe.workaround in warning
