@@ -1,0 +1,147 @@
+"""Workers, replicas and devices of a strategy: the one place that counts them.
+
+Plain functions of a `tf.distribute.Strategy`, importing nothing else of
+keras_scaling, so every module (including `compat`) can use them without an
+import cycle. `keras_scaling.devices` re-exports the public ones.
+"""
+
+import tensorflow as tf
+
+
+def _local_devices(strategy):
+    try:
+        return tuple(strategy.extended.worker_devices)
+    except RuntimeError:
+        # The default strategy has no device list: it runs where TensorFlow
+        # places ops, the first GPU if there is one.
+        gpus = tf.config.list_logical_devices("GPU")
+        cpus = tf.config.list_logical_devices("CPU")
+        return ((gpus or cpus)[0].name,)
+
+
+def _device_kind(device_names):
+    for kind in ("TPU", "GPU"):
+        if any(f"{kind}:" in name.upper() for name in device_names):
+            return kind
+    return "CPU"
+
+
+def _is_multi_worker(strategy):
+    return isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+
+
+def num_workers(strategy):
+    """The number of workers (machines or processes) the strategy spans.
+
+    1 for every strategy but `MultiWorkerMirroredStrategy` (the workers of
+    its cluster) and `TPUStrategy` (the TPU hosts).
+
+    Args:
+        strategy: a `tf.distribute.Strategy`.
+
+    Returns:
+        int, at least 1.
+
+    Example:
+
+    ```python
+    import tensorflow as tf
+    from keras_scaling import devices
+    devices.num_workers(tf.distribute.get_strategy())   # 1
+    ```
+    """
+    if _is_multi_worker(strategy):
+        cluster = strategy.cluster_resolver.cluster_spec().as_dict()
+        return max(1, sum(len(cluster.get(job, ())) for job in ("chief", "worker")))
+    if isinstance(strategy, tf.distribute.TPUStrategy):
+        return strategy.extended.num_hosts
+    return 1
+
+
+def worker_index(strategy):
+    """This worker's index among `num_workers(strategy)`: 0 on a single worker.
+
+    With a `chief` task in `TF_CONFIG` the chief is worker 0 and the
+    `worker` tasks follow it.
+
+    Args:
+        strategy: a `tf.distribute.Strategy`.
+
+    Returns:
+        int, from 0 to `num_workers(strategy) - 1`.
+
+    Example:
+
+    ```python
+    import tensorflow as tf
+    from keras_scaling import devices
+    devices.worker_index(tf.distribute.get_strategy())   # 0
+    ```
+    """
+    if not _is_multi_worker(strategy):
+        return 0
+    resolver = strategy.cluster_resolver
+    has_chief = bool(resolver.cluster_spec().as_dict().get("chief"))
+    if resolver.task_type == "chief":
+        return 0
+    return resolver.task_id + (1 if has_chief else 0)
+
+
+def is_chief(strategy):
+    """Whether this worker is the one that writes logs, files and checkpoints.
+
+    Always true on a single worker; under `MultiWorkerMirroredStrategy`, true
+    on the chief only (worker 0 when `TF_CONFIG` has no `chief` task).
+
+    Args:
+        strategy: a `tf.distribute.Strategy`.
+
+    Returns:
+        bool.
+
+    Example:
+
+    ```python
+    import tensorflow as tf
+    from keras_scaling import devices
+    if devices.is_chief(tf.distribute.get_strategy()):
+        print("this worker writes the logs")
+    ```
+    """
+    if not _is_multi_worker(strategy):
+        return True
+    return bool(strategy.extended.should_checkpoint)
+
+
+def num_replicas(strategy):
+    """All replicas of the strategy, across every worker."""
+    return int(strategy.num_replicas_in_sync)
+
+
+def replicas_per_worker(strategy):
+    """The replicas of one worker: `num_replicas(strategy) // num_workers(strategy)`."""
+    return num_replicas(strategy) // num_workers(strategy)
+
+
+def replica_device_names(strategy):
+    """A device name for every replica, in the order of `all_gather`.
+
+    This worker's replicas are named by their devices; another worker's
+    replicas by the same local devices under that worker's task index, or
+    `"worker W replica R"` when the local names carry no task.
+    """
+    local = list(_local_devices(strategy))
+    this_worker = worker_index(strategy)
+    names = []
+    for worker in range(num_workers(strategy)):
+        for position, name in enumerate(local):
+            if worker == this_worker:
+                names.append(name)
+            elif "/task:" in name:
+                before, _, after = name.partition("/task:")
+                rest = after.split("/", 1)
+                suffix = "/" + rest[1] if len(rest) > 1 else ""
+                names.append(f"{before}/task:{worker}{suffix}")
+            else:
+                names.append(f"worker {worker} replica {position}")
+    return names

@@ -1,0 +1,90 @@
+"""Argument checks shared by every public entry point.
+
+One wording and one behaviour everywhere: a value of the wrong type (a
+string, a float, a bool where an integer is due) raises `TypeError`, a value
+of the right type out of range raises `ValueError`, and both name the
+parameter, what was received and, where one is known, the fix. NumPy integers
+and floats are accepted wherever Python ones are.
+"""
+
+import math
+import numbers
+
+
+def _suffix(fix):
+    return f". {fix}" if fix else ""
+
+
+def _is_integer(value):
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_real(value):
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def integer_at_least(value, parameter, minimum, *, fix=None):
+    """Returns `value` as an `int`, checked to be an integer >= `minimum`.
+
+    Example: `integer_at_least(np.int64(3), "num_workers", 1)` is `3`.
+    """
+    if not _is_integer(value):
+        raise TypeError(
+            f"{parameter} must be an integer >= {minimum}, got "
+            f"{type(value).__name__} {value!r}{_suffix(fix)}"
+        )
+    if value < minimum:
+        raise ValueError(
+            f"{parameter} must be an integer >= {minimum}, got {value!r}{_suffix(fix)}"
+        )
+    return int(value)
+
+
+def positive_int(value, parameter, *, fix=None):
+    """Returns `value` as an `int`, checked to be an integer >= 1."""
+    return integer_at_least(value, parameter, 1, fix=fix)
+
+
+def non_negative_int(value, parameter, *, fix=None):
+    """Returns `value` as an `int`, checked to be an integer >= 0."""
+    return integer_at_least(value, parameter, 0, fix=fix)
+
+
+def optional_positive_int(value, parameter, *, fix=None):
+    """`None`, or `value` checked by `positive_int`."""
+    return None if value is None else positive_int(value, parameter, fix=fix)
+
+
+def positive_number(value, parameter, *, unit=None, fix=None):
+    """Returns `value` as a `float`, checked to be finite and > 0."""
+    what = f"a positive number of {unit}" if unit else "a positive number"
+    if not _is_real(value):
+        raise TypeError(
+            f"{parameter} must be {what}, got {type(value).__name__} "
+            f"{value!r}{_suffix(fix)}"
+        )
+    if not (value > 0 and math.isfinite(value)):
+        raise ValueError(f"{parameter} must be {what}, got {value!r}{_suffix(fix)}")
+    return float(value)
+
+
+def non_negative_number(value, parameter, *, unit=None, fix=None):
+    """Returns `value` as a `float`, checked to be finite and >= 0."""
+    what = f"a number of {unit} >= 0" if unit else "a number >= 0"
+    if not _is_real(value):
+        raise TypeError(
+            f"{parameter} must be {what}, got {type(value).__name__} "
+            f"{value!r}{_suffix(fix)}"
+        )
+    if not (value >= 0 and math.isfinite(value)):
+        raise ValueError(f"{parameter} must be {what}, got {value!r}{_suffix(fix)}")
+    return float(value)
+
+
+def one_of(value, parameter, choices, *, fix=None):
+    """Returns `value`, checked to be one of `choices` (strings or None)."""
+    if value in choices and (value is None or isinstance(value, str)):
+        return value
+    allowed = ", ".join(repr(choice) for choice in choices)
+    error = ValueError if isinstance(value, str) else TypeError
+    raise error(f"{parameter} must be one of {allowed}, got {value!r}{_suffix(fix)}")
