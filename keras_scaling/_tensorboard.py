@@ -41,6 +41,51 @@ def last_step_written(log_dir, tags):
     return last_step
 
 
+def read_scalars(run_dir):
+    """Every scalar point in the event files of one run directory.
+
+    The one reader of event files, for the code and for the tests: it uses
+    TensorBoard's own event loader, keeps every point (nothing purged, so a
+    step written twice shows up twice), and reads both TF2 tensor summaries
+    and TF1 `simple_value` ones.
+
+    Args:
+        run_dir: str, a directory holding `events.out.tfevents.*` files (for
+            example `log_dir/train`).
+
+    Returns:
+        dict from tag to a list of `(step, value)`: each file's points in
+        the order written, the files in name order.
+    """
+    import glob
+
+    from tensorboard.backend.event_processing import event_file_loader
+    from tensorboard.util import tensor_util
+
+    points = {}
+    for path in sorted(glob.glob(os.path.join(os.fspath(run_dir), "events.out.tfevents.*"))):
+        for event in event_file_loader.EventFileLoader(path).Load():
+            if not event.HasField("summary"):
+                continue
+            for value in event.summary.value:
+                kind = value.WhichOneof("value")
+                if kind == "simple_value":
+                    number = float(value.simple_value)
+                elif kind == "tensor" and value.tensor.dtype in _NUMBER_DTYPES:
+                    array = tensor_util.make_ndarray(value.tensor)
+                    if array.size != 1:
+                        continue
+                    number = float(array.reshape(()))
+                else:
+                    continue
+                points.setdefault(value.tag, []).append((int(event.step), number))
+    return points
+
+
+# DT_FLOAT, DT_DOUBLE, DT_INT32, DT_INT64: the dtypes of scalar summaries.
+_NUMBER_DTYPES = (1, 2, 3, 9)
+
+
 def train_dir(log_dir):
     """`log_dir/train`, where `keras.callbacks.TensorBoard(log_dir)` writes."""
     return os.path.join(os.fspath(log_dir), "train")
