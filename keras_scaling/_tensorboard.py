@@ -86,6 +86,11 @@ def read_scalars(run_dir):
 _NUMBER_DTYPES = (1, 2, 3, 9)
 
 
+def run_dir(log_dir):
+    """The run directory under `log_dir` that holds keras_scaling's own summaries."""
+    return train_dir(log_dir)
+
+
 def train_dir(log_dir):
     """`log_dir/train`, where `keras.callbacks.TensorBoard(log_dir)` writes."""
     return os.path.join(os.fspath(log_dir), "train")
