@@ -136,3 +136,42 @@ def test_count_leaves_weights_and_optimizer_untouched():
 def test_a_model_that_is_not_a_keras_model_is_refused():
     with pytest.raises(TypeError, match="model must be a keras.Model, got str"):
         flops.training_flops_per_sample("mlp")
+
+
+def _small_mlp():
+    return _compiled(keras.Sequential([
+        keras.Input((32,)),
+        keras.layers.Dense(16, activation="relu"),
+        keras.layers.Dense(4),
+    ]))
+
+
+def test_tracing_through_tf_function_when_the_graph_builder_is_gone_gives_the_same_count(
+    monkeypatch, caplog
+):
+    from keras_scaling import _probes
+
+    expected = flops.training_flops_per_sample(_small_mlp())
+    _probes.forget_warnings()
+    monkeypatch.setenv(_probes.FAIL_PROBES_ENV, "tf.func_graph_from_py_func")
+    with caplog.at_level(logging.WARNING, logger="keras_scaling"):
+        counted = flops.training_flops_per_sample(_small_mlp())
+        flops.training_flops_per_sample(_small_mlp())
+    assert counted == expected
+    assert counted == pytest.approx(_dense_count([32, 16, 4]), rel=0.03)
+    warnings = [r.getMessage() for r in caplog.records if "func_graph_from_py_func" in r.getMessage()]
+    assert len(warnings) == 1 and "Keras" in warnings[0] and "TensorFlow" in warnings[0]
+
+
+def test_without_tensorflows_flop_statistics_nothing_is_counted_and_the_reason_is_named(
+    monkeypatch, caplog
+):
+    from keras_scaling import _probes
+
+    _probes.forget_warnings()
+    monkeypatch.setenv(_probes.FAIL_PROBES_ENV, "tf.ops.flops_statistics")
+    with caplog.at_level(logging.WARNING, logger="keras_scaling"):
+        counted, reason = flops.count_training_flops(_small_mlp())
+    assert counted is None
+    assert "flops_per_sample=" in reason
+    assert any("get_stats_for_node_def" in r.getMessage() for r in caplog.records)
