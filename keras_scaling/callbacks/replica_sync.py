@@ -19,6 +19,8 @@ from keras_scaling import compat
 from keras_scaling import devices
 from keras_scaling import replica_state
 
+__all__ = ["ReplicaDivergenceError", "ReplicaSyncCheck"]
+
 logger = logging.getLogger("keras_scaling")
 
 ON_DIVERGENCE_MODES = ("raise", "warn", "resync")
@@ -183,6 +185,7 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
         self.last_report = None
         self._checker = None
         self._checker_key = None
+        self._checker_optimizer = None
         self._last_checked_step = None
         self._step_upper_bound = 0
         self._num_replicas = None
@@ -221,13 +224,13 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
         step = self._current_step()
         self._step_upper_bound = step
         if last is None or step // self.every_n_steps > last // self.every_n_steps:
-            self._check_and_act()
+            self._check_and_act(find_variables=False)
 
     def on_train_end(self, logs=None):
         if self._single_replica():
             return
         if self._current_step() != self._last_checked_step:
-            self._check_and_act()
+            self._check_and_act(find_variables=False)
         if self.log_dir is not None:
             _tensorboard.flush(self.log_dir)
 
@@ -248,6 +251,11 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
         Raises:
             ValueError: the callback has no model yet.
         """
+        return self._compare(find_variables=True)
+
+    # Internals.
+
+    def _compare(self, find_variables):
         if self.model is None:
             raise ValueError(
                 "ReplicaSyncCheck.check() needs a model: pass the callback to "
@@ -263,12 +271,10 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
                 num_variables=0,
             )
         else:
-            report = self._get_checker(strategy).check(step)
+            report = self._get_checker(strategy, find_variables).check(step)
         self._last_checked_step = self._step_upper_bound = step
         self.last_report = report
         return report
-
-    # Internals.
 
     def _strategy(self):
         strategy = getattr(self.model, "distribute_strategy", None)
@@ -306,10 +312,15 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
         step = int(counter.numpy())
         return step // accumulation_steps if accumulation_steps else step
 
-    def _get_checker(self, strategy):
+    def _get_checker(self, strategy, find_variables):
         optimizer = self._optimizer() if self.include_optimizer else None
+        if not find_variables and self._checker is not None and optimizer is self._checker_optimizer:
+            # Inside `fit` the variables are those found at its start:
+            # listing them again walks every layer at every check.
+            return self._checker
         variables = replica_state.tracked_variables(self.model, optimizer)
         key = tuple(id(v.variable) for v in variables)
+        self._checker_optimizer = optimizer
         if key != self._checker_key:
             self._checker = replica_state.ReplicaStateChecker(
                 strategy,
@@ -330,10 +341,10 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
                 )
         return self._checker
 
-    def _check_and_act(self):
+    def _check_and_act(self, find_variables=True):
         if self._single_replica():
             return
-        report = self.check()
+        report = self._compare(find_variables)
         self._write_scalars(report)
         self._warn_about_per_replica_state(report)
         if report.float_drift:
