@@ -1,4 +1,4 @@
-"""Cost of `ReplicaSyncCheck`: one check against a naive host comparison, and what it adds to `fit`.
+"""Cost of `ReplicaSyncCheck`: one check against a naive way, and what it adds to `fit`.
 
 Runs on a MirroredStrategy over 2 logical CPUs and prints, side by side:
 
@@ -167,7 +167,9 @@ def fit_overhead(strategy, steps, batch_size, rounds):
 
     # Alternate the order so that load changes on the machine hit every arm alike.
     for round_index in range(rounds):
-        order = ("without", "with", "after") if round_index % 2 == 0 else ("with", "after", "without")
+        order = ("without", "with", "after")
+        if round_index % 2:
+            order = ("with", "after", "without")
         for arm in order:
             run(arm)
     medians = {arm: statistics.median(times) for arm, times in arms.items()}

@@ -218,13 +218,16 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
             # once this upper bound reaches the next multiple. The batch
             # index is no measure: Keras 3.10 and older pass the first batch
             # of the execution, later releases the last.
-            self._step_upper_bound += max(1, int(getattr(self.model, "steps_per_execution", 1) or 1))
+            self._step_upper_bound += self._steps_per_execution()
             if self._step_upper_bound // self.every_n_steps <= last // self.every_n_steps:
                 return
         step = self._current_step()
         self._step_upper_bound = step
         if last is None or step // self.every_n_steps > last // self.every_n_steps:
             self._check_and_act(find_variables=False)
+
+    def _steps_per_execution(self):
+        return max(1, int(getattr(self.model, "steps_per_execution", 1) or 1))
 
     def on_train_end(self, logs=None):
         if self._single_replica():
@@ -314,7 +317,8 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
 
     def _get_checker(self, strategy, find_variables):
         optimizer = self._optimizer() if self.include_optimizer else None
-        if not find_variables and self._checker is not None and optimizer is self._checker_optimizer:
+        same_optimizer = optimizer is self._checker_optimizer
+        if not find_variables and self._checker is not None and same_optimizer:
             # Inside `fit` the variables are those found at its start:
             # listing them again walks every layer at every check.
             return self._checker
