@@ -1,14 +1,22 @@
 """The replica state core: fingerprints, copy comparison, causes, checker.
 
-The fingerprint and comparison tests run in the one-device session; the
-checker tests run on a real MirroredStrategy over 2 logical CPUs.
+The comparison of copies is pure NumPy and is tested with made-up arrays and
+no strategy; the fingerprint tests run in the one-device session; the
+variable discovery and checker tests run on a real MirroredStrategy over 2
+logical CPUs, with the default all-reduce and with `ReductionToOneDevice`.
 """
+
+import dataclasses
+import subprocess
+import sys
+import types
 
 import ml_dtypes
 import numpy as np
 import pytest
 import tensorflow as tf
 
+from keras_scaling import _copy_comparison
 from keras_scaling import _fingerprint
 from keras_scaling import replica_state
 
@@ -84,7 +92,7 @@ def test_compare_copies_measures_the_differences_from_replica_0():
     second[1, 1] = 10.0
     third = reference.copy()
     third[0, 0] = 0.5
-    difference = replica_state.compare_copies([reference, reference.copy(), second, third])
+    difference = _copy_comparison.compare_copies([reference, reference.copy(), second, third])
     assert difference.differing_replicas == (2, 3)
     assert difference.num_differing_elements == 2
     assert difference.num_elements == 4
@@ -95,7 +103,7 @@ def test_compare_copies_measures_the_differences_from_replica_0():
 
 def test_compare_copies_of_equal_copies_finds_nothing():
     reference = np.arange(6, dtype=np.int64).reshape(2, 3)
-    difference = replica_state.compare_copies([reference, reference.copy()])
+    difference = _copy_comparison.compare_copies([reference, reference.copy()])
     assert difference.differing_replicas == ()
     assert difference.num_differing_elements == 0
     assert difference.max_abs_diff == 0.0
@@ -105,14 +113,14 @@ def test_compare_copies_sees_one_ulp():
     reference = np.float32([1.0, 3.0])
     changed = reference.copy()
     changed[1] = np.nextafter(changed[1], np.float32(4.0))
-    difference = replica_state.compare_copies([reference, changed])
+    difference = _copy_comparison.compare_copies([reference, changed])
     assert difference.differing_replicas == (1,)
     assert difference.num_differing_elements == 1
     assert difference.max_abs_diff == pytest.approx(2.0**-22)
 
 
 def test_compare_copies_is_bitwise_so_negative_zero_differs():
-    difference = replica_state.compare_copies([np.float32([0.0]), np.float32([-0.0])])
+    difference = _copy_comparison.compare_copies([np.float32([0.0]), np.float32([-0.0])])
     assert difference.differing_replicas == (1,)
     assert difference.max_abs_diff == 0.0
 
@@ -120,7 +128,7 @@ def test_compare_copies_is_bitwise_so_negative_zero_differs():
 def test_compare_copies_counts_nan_and_inf_per_replica():
     reference = np.float32([1.0, 2.0, 3.0])
     broken = np.float32([np.nan, np.inf, 3.0])
-    difference = replica_state.compare_copies([reference, broken])
+    difference = _copy_comparison.compare_copies([reference, broken])
     assert difference.nan_counts == (0, 1)
     assert difference.inf_counts == (0, 1)
     assert difference.max_abs_diff == np.inf
@@ -130,22 +138,63 @@ def test_compare_copies_counts_nan_and_inf_per_replica():
 def test_compare_copies_within_tolerance_only_when_every_difference_is():
     reference = np.float32([1.0, 100.0])
     close = np.float32([1.0 + 1e-6, 100.0 + 1e-4])
-    assert replica_state.compare_copies([reference, close], atol=1e-5, rtol=1e-5).within_tolerance
-    assert not replica_state.compare_copies([reference, close], atol=1e-5).within_tolerance
-    assert not replica_state.compare_copies([reference, close]).within_tolerance
+    assert _copy_comparison.compare_copies([reference, close], atol=1e-5, rtol=1e-5).within_tolerance
+    assert not _copy_comparison.compare_copies([reference, close], atol=1e-5).within_tolerance
+    assert not _copy_comparison.compare_copies([reference, close]).within_tolerance
+
+
+def test_comparison_of_copies_imports_neither_keras_nor_tensorflow():
+    code = (
+        "import sys, keras_scaling._copy_comparison; "
+        "print(sorted({'keras', 'tensorflow'} & set(sys.modules)))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert result.stdout.strip() == "[]"
+
+
+def test_differing_columns_are_the_variables_whose_fingerprints_differ_on_any_replica():
+    table = np.int64([[7, 1, 5, 9], [7, 2, 5, 9], [7, 1, 5, -9]])
+    assert _copy_comparison.differing_columns(table) == [1, 3]
+    assert _copy_comparison.differing_columns(np.zeros([2, 0], np.int64)) == []
+
+
+@pytest.mark.parametrize(
+    "is_per_replica_state, mode, within_tolerance, expected",
+    [
+        (True, "warn", False, _copy_comparison.PER_REPLICA_STATE),
+        (True, "average", True, _copy_comparison.PER_REPLICA_STATE),
+        (True, "error", False, _copy_comparison.DIVERGENCE),
+        (True, "error", True, _copy_comparison.FLOAT_DRIFT),
+        (False, "warn", True, _copy_comparison.FLOAT_DRIFT),
+        (False, "warn", False, _copy_comparison.DIVERGENCE),
+    ],
+)
+def test_tier_of_a_difference(is_per_replica_state, mode, within_tolerance, expected):
+    difference = _difference(within_tolerance=within_tolerance)
+    assert _copy_comparison.tier_of(is_per_replica_state, mode, difference) == expected
+
+
+def test_mean_copy_keeps_the_dtype_and_rounds_integers():
+    floats = _copy_comparison.mean_copy([np.float16([1.0, 60000.0]), np.float16([2.0, 60000.0])])
+    assert floats.dtype == np.float16 and floats.tolist() == [1.5, 60000.0]
+    integers = _copy_comparison.mean_copy([np.int64([1, 4]), np.int64([2, 4]), np.int64([2, 5])])
+    assert integers.dtype == np.int64 and integers.tolist() == [2, 4]
 
 
 # --- likely causes ------------------------------------------------------------
 
 
-def _variable(role, aggregation=tf.VariableAggregation.NONE, reason=None):
-    return replica_state.TrackedVariable(
-        "model/layer/w", tf.Variable([0.0, 0.0], aggregation=aggregation), role, reason
+def _variable(role, aggregation="NONE", reason=None):
+    # What `likely_cause` reads of a `TrackedVariable`, without TensorFlow.
+    return types.SimpleNamespace(
+        path="model/layer/w", role=role, aggregation=aggregation, per_replica_reason=reason
     )
 
 
 def _difference(nan_counts=(0, 0), within_tolerance=False):
-    return replica_state.CopyDifference(
+    return _copy_comparison.CopyDifference(
         differing_replicas=(1,),
         num_differing_elements=1,
         num_elements=2,
@@ -160,48 +209,48 @@ def _difference(nan_counts=(0, 0), within_tolerance=False):
 @pytest.mark.parametrize(
     "role, aggregation, expected",
     [
-        (replica_state.TRAINABLE, tf.VariableAggregation.NONE, "gradients were not combined"),
-        (replica_state.NON_TRAINABLE, tf.VariableAggregation.NONE, "aggregation 'none' assigned in replica context"),
-        (replica_state.NON_TRAINABLE, tf.VariableAggregation.MEAN, "aggregation 'mean'"),
-        (replica_state.OPTIMIZER_ITERATIONS, tf.VariableAggregation.ONLY_FIRST_REPLICA, "optimizer steps were applied on some replicas"),
-        (replica_state.OPTIMIZER_VARIABLE, tf.VariableAggregation.NONE, "optimizer state was updated with per-replica"),
-        (replica_state.SEED_GENERATOR, tf.VariableAggregation.NONE, "seed generator advanced"),
+        (_copy_comparison.TRAINABLE, "NONE", "gradients were not combined"),
+        (_copy_comparison.NON_TRAINABLE, "NONE", "aggregation 'none' assigned in replica context"),
+        (_copy_comparison.NON_TRAINABLE, "MEAN", "aggregation 'mean'"),
+        (_copy_comparison.OPTIMIZER_ITERATIONS, "ONLY_FIRST_REPLICA", "optimizer steps were applied on some replicas"),
+        (_copy_comparison.OPTIMIZER_VARIABLE, "NONE", "optimizer state was updated with per-replica"),
+        (_copy_comparison.SEED_GENERATOR, "NONE", "seed generator advanced"),
     ],
 )
 def test_likely_cause_follows_the_role_and_aggregation(role, aggregation, expected):
-    assert expected in replica_state.likely_cause(_variable(role, aggregation), _difference())
+    assert expected in _copy_comparison.likely_cause(_variable(role, aggregation), _difference())
 
 
 def test_likely_cause_of_nan_on_one_replica_names_that_replica():
-    cause = replica_state.likely_cause(
-        _variable(replica_state.TRAINABLE), _difference(nan_counts=(0, 3))
+    cause = _copy_comparison.likely_cause(
+        _variable(_copy_comparison.TRAINABLE), _difference(nan_counts=(0, 3))
     )
     assert cause.startswith("NaN/Inf on replica(s) 1 only")
 
 
 def test_likely_cause_within_tolerance_is_float_drift():
-    cause = replica_state.likely_cause(
-        _variable(replica_state.TRAINABLE), _difference(within_tolerance=True)
+    cause = _copy_comparison.likely_cause(
+        _variable(_copy_comparison.TRAINABLE), _difference(within_tolerance=True)
     )
     assert cause.startswith("float drift")
 
 
 def test_report_str_names_step_variable_replica_device_and_cause():
-    variable = _variable(replica_state.TRAINABLE)
-    report = replica_state.ReplicaSyncReport(
+    variable = _variable(_copy_comparison.TRAINABLE)
+    report = _copy_comparison.ReplicaSyncReport(
         step=42,
         num_replicas=2,
         num_workers=1,
         num_variables=7,
         variables=(
-            replica_state.VariableReport(
+            _copy_comparison.VariableReport(
                 path=variable.path,
                 shape=(2,),
                 dtype="float32",
                 aggregation="NONE",
                 synchronization="ON_WRITE",
                 role=variable.role,
-                tier=replica_state.DIVERGENCE,
+                tier=_copy_comparison.DIVERGENCE,
                 difference=_difference(nan_counts=(0, 1)),
                 devices=("/device:CPU:1",),
                 likely_cause="the cause",
@@ -217,18 +266,46 @@ def test_report_str_names_step_variable_replica_device_and_cause():
     assert not report.ok and report.max_abs_diff == 1.0
 
 
+def _report(tier, max_abs_diff):
+    difference = dataclasses.replace(_difference(), max_abs_diff=max_abs_diff)
+    return _copy_comparison.VariableReport(
+        path=f"model/{tier}", shape=(2,), dtype="float32", aggregation="NONE",
+        synchronization="ON_WRITE", role=_copy_comparison.TRAINABLE, tier=tier,
+        difference=difference, devices=("/device:CPU:1",), likely_cause="the cause",
+    )
+
+
+def test_report_sorts_variables_by_tier_and_per_replica_state_is_not_divergence():
+    drift = _report(_copy_comparison.FLOAT_DRIFT, 1e-7)
+    state = _report(_copy_comparison.PER_REPLICA_STATE, 5.0)
+    report = _copy_comparison.ReplicaSyncReport(
+        step=3, num_replicas=2, num_workers=1, num_variables=4, variables=(state, drift)
+    )
+    assert report.ok and report.divergences == ()
+    assert report.float_drift == (drift,) and report.per_replica_state == (state,)
+    # Per-replica state legitimately differs: it is left out of the maximum.
+    assert report.max_abs_diff == 1e-7
+    diverged = _report(_copy_comparison.DIVERGENCE, 0.5)
+    report = dataclasses.replace(report, variables=(state, drift, diverged))
+    assert not report.ok and report.divergences == (diverged,)
+    assert report.max_abs_diff == 0.5
+
+
 # --- the checker on a real MirroredStrategy -----------------------------------
 
 
-@pytest.fixture(scope="module")
-def strategy():
+@pytest.fixture(scope="module", params=["default all-reduce", "ReductionToOneDevice"])
+def strategy(request):
     # Collective ops of two MirroredStrategy objects in one process number
     # their instances alike and clash ("Shape mismatch in the collective
-    # instance 100"): reducing to one device keeps these tests independent
-    # of the strategies other test modules create in the same session.
-    return tf.distribute.MirroredStrategy(
-        ["/cpu:0", "/cpu:1"], cross_device_ops=tf.distribute.ReductionToOneDevice()
-    )
+    # instance 100"): this process holds one strategy with the default
+    # (collective) all-reduce, and one that reduces to one device and so
+    # runs no collective op.
+    if request.param == "ReductionToOneDevice":
+        return tf.distribute.MirroredStrategy(
+            ["/cpu:0", "/cpu:1"], cross_device_ops=tf.distribute.ReductionToOneDevice()
+        )
+    return tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
 
 
 def _model(strategy, synchronized):
@@ -356,3 +433,40 @@ def test_checker_average_replaces_per_replica_state_by_its_mean(strategy):
 def test_checker_rejects_unknown_per_replica_state_mode(strategy):
     with pytest.raises(ValueError, match="per_replica_state must be one of .* got 'sometimes'"):
         replica_state.ReplicaStateChecker(strategy, [], per_replica_state="sometimes")
+
+
+@pytest.mark.logical_cpus(2)
+def test_checker_reports_the_device_of_each_differing_replica(strategy):
+    model = _model(strategy, synchronized=True)
+    bias = model.layers[0].bias
+    strategy.experimental_local_results(bias.value)[1].assign([1.0, 2.0, 3.0])
+    checker = replica_state.ReplicaStateChecker(strategy, replica_state.tracked_variables(model))
+    (diverged,) = checker.check(step=7).divergences
+    assert diverged.path == bias.path
+    assert diverged.devices == (strategy.extended.worker_devices[1],)
+    assert diverged.devices[0].endswith("/device:CPU:1")
+
+
+@pytest.mark.logical_cpus(2)
+def test_checker_resync_copies_replica_0_to_every_replica(strategy):
+    model = _model(strategy, synchronized=True)
+    kernel = model.layers[0].kernel
+    copies = strategy.experimental_local_results(kernel.value)
+    replica_0 = copies[0].numpy()
+    copies[1].assign(replica_0 + 1.0)
+    checker = replica_state.ReplicaStateChecker(strategy, replica_state.tracked_variables(model))
+    repaired = checker.resync(checker.check(step=0))
+    (diverged,) = repaired.divergences
+    assert diverged.path == kernel.path and diverged.repair == "resynced from replica 0"
+    for copy in copies:
+        np.testing.assert_array_equal(copy.numpy(), replica_0)
+    assert checker.check(step=0).variables == ()
+
+
+@pytest.mark.logical_cpus(2)
+def test_checker_traces_its_fingerprint_function_once(strategy):
+    model = _model(strategy, synchronized=True)
+    checker = replica_state.ReplicaStateChecker(strategy, replica_state.tracked_variables(model))
+    for step in range(3):
+        checker.check(step=step)
+    assert checker._fingerprint_function.experimental_get_tracing_count() == 1

@@ -1,17 +1,25 @@
-"""`ReplicaSyncCheck`: proves the mirrored copies of every weight stay equal."""
+"""`ReplicaSyncCheck`: proves the mirrored copies of every weight stay equal.
+
+A thin adapter from Keras' training hooks onto `keras_scaling.replica_state`:
+it decides when to compare (from the optimizer's step counter), asks a
+`ReplicaStateChecker` for a report, and acts on it (raise, warn, resync,
+TensorBoard scalars).
+"""
 
 import logging
-import math
-import numbers
 
 import keras
-import numpy as np
 import tensorflow as tf
 
 from keras_scaling import _tensorboard
+from keras_scaling import _topology
+from keras_scaling import _tracked_variables
+from keras_scaling import _validation
 from keras_scaling import compat
 from keras_scaling import devices
 from keras_scaling import replica_state
+
+__all__ = ["ReplicaDivergenceError", "ReplicaSyncCheck"]
 
 logger = logging.getLogger("keras_scaling")
 
@@ -36,10 +44,22 @@ class ReplicaDivergenceError(RuntimeError):
     Example:
 
     ```python
+    import keras
+    import numpy as np
+    import keras_scaling
+
+    keras_scaling.use_logical_cpus(2)
+    strategy = keras_scaling.auto_strategy()
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        model.compile(optimizer="sgd", loss="mse")
+    bias_copies = strategy.experimental_local_results(model.layers[0].bias.value)
+    bias_copies[-1].assign([0.5])   # as if the last replica had its own update
+    x = np.ones((32, 4), "float32")
     try:
-        model.fit(x, y, callbacks=[keras_scaling.ReplicaSyncCheck()])
+        model.fit(x, x[:, :1], callbacks=[keras_scaling.ReplicaSyncCheck()], verbose=0)
     except keras_scaling.ReplicaDivergenceError as error:
-        print([v.path for v in error.report.divergences])
+        print([v.path for v in error.report.divergences])   # ['sequential/dense/bias']
     ```
     """
 
@@ -90,8 +110,8 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
     the callback says so once and does nothing.
 
     With `log_dir`, it writes the scalars `replica_sync/max_abs_diff` and
-    `replica_sync/diverged_variables` to `log_dir/train` (where
-    `keras.callbacks.TensorBoard` writes), from the chief worker only.
+    `replica_sync/diverged_variables` beside the loss that
+    `keras.callbacks.TensorBoard(log_dir)` writes, from the chief worker only.
 
     Args:
         every_n_steps: int, default 100. Compare every this many optimizer
@@ -119,14 +139,21 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
     Example:
 
     ```python
-    import keras, keras_scaling
+    import tempfile
+
+    import keras
+    import numpy as np
+    import keras_scaling
+
     keras_scaling.use_logical_cpus(2)
     strategy = keras_scaling.auto_strategy()
     with strategy.scope():
         model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
         model.compile(optimizer="adam", loss="mse")
-    check = keras_scaling.ReplicaSyncCheck(every_n_steps=50, log_dir="logs")
-    model.fit(x, y, epochs=2, callbacks=[check])
+    x = np.random.default_rng(0).normal(size=(256, 8)).astype("float32")
+    y = x.sum(axis=1, keepdims=True)
+    check = keras_scaling.ReplicaSyncCheck(every_n_steps=4, log_dir=tempfile.mkdtemp())
+    model.fit(x, y, batch_size=32, epochs=2, callbacks=[check], verbose=0)
     print(check.check())   # compare now, and read the report
     ```
     """
@@ -143,48 +170,28 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
         log_dir=None,
     ):
         super().__init__()
-        if isinstance(every_n_steps, bool) or not isinstance(every_n_steps, numbers.Integral):
-            raise TypeError(
-                f"every_n_steps must be an integer number of optimizer steps, "
-                f"got {every_n_steps!r}"
-            )
-        if every_n_steps < 1:
-            raise ValueError(
-                f"every_n_steps must be at least 1 optimizer step, got {every_n_steps}"
-            )
-        if on_divergence not in ON_DIVERGENCE_MODES:
-            raise ValueError(
-                f"on_divergence must be one of {ON_DIVERGENCE_MODES}, got "
-                f"{on_divergence!r}"
-            )
-        if per_replica_state not in replica_state.PER_REPLICA_STATE_MODES:
-            raise ValueError(
-                "per_replica_state must be one of "
-                f"{replica_state.PER_REPLICA_STATE_MODES}, got {per_replica_state!r}"
-            )
-        for name, value in (("atol", atol), ("rtol", rtol)):
-            if isinstance(value, bool) or not isinstance(value, numbers.Real):
-                raise TypeError(f"{name} must be a non-negative number, got {value!r}")
-            if not math.isfinite(value) or value < 0:
-                raise ValueError(
-                    f"{name} must be a finite number >= 0 (0 means bitwise "
-                    f"equality), got {value!r}"
-                )
-        self.every_n_steps = int(every_n_steps)
+        self.every_n_steps = _validation.positive_int(every_n_steps, "every_n_steps")
         self.include_optimizer = bool(include_optimizer)
-        self.on_divergence = on_divergence
-        self.per_replica_state = per_replica_state
-        self.atol, self.rtol = float(atol), float(rtol)
+        self.on_divergence = _validation.one_of(
+            on_divergence, "on_divergence", ON_DIVERGENCE_MODES
+        )
+        self.per_replica_state = _validation.one_of(
+            per_replica_state, "per_replica_state", replica_state.PER_REPLICA_STATE_MODES
+        )
+        bitwise = "0 means bitwise equality"
+        self.atol = _validation.non_negative_number(atol, "atol", fix=bitwise)
+        self.rtol = _validation.non_negative_number(rtol, "rtol", fix=bitwise)
         self.log_dir = None if log_dir is None else _tensorboard.check_log_dir(log_dir)
         self.last_report = None
-        self._last_written_step = None
         self._checker = None
         self._checker_key = None
+        self._checker_optimizer = None
         self._last_checked_step = None
-        self._said_single_replica = False
         self._step_upper_bound = 0
         self._num_replicas = None
         self._step_counter = None
+        self._last_written_step = None
+        self._said_single_replica = False
         self._warned_per_replica_state = False
 
     # Hooks.
@@ -193,15 +200,12 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
         super().set_model(model)
         self._num_replicas = None
         self._step_counter = None
-        self._enable_compat()
+        compat.enable_for(self._strategy())
 
     def on_train_begin(self, logs=None):
         devices.warn_if_keras_distribution_set()
-        self._enable_compat()
+        compat.enable_for(self._strategy())
         self._check_and_act()
-
-    def _steps_per_execution(self):
-        return max(1, int(getattr(self.model, "steps_per_execution", 1) or 1))
 
     def on_train_batch_end(self, batch, logs=None):
         if self._single_replica():
@@ -220,14 +224,16 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
         step = self._current_step()
         self._step_upper_bound = step
         if last is None or step // self.every_n_steps > last // self.every_n_steps:
-            self._check_and_act()
+            self._check_and_act(find_variables=False)
+
+    def _steps_per_execution(self):
+        return max(1, int(getattr(self.model, "steps_per_execution", 1) or 1))
 
     def on_train_end(self, logs=None):
         if self._single_replica():
             return
-        step = self._current_step()
-        if step != self._last_checked_step:
-            self._check_and_act()
+        if self._current_step() != self._last_checked_step:
+            self._check_and_act(find_variables=False)
         if self.log_dir is not None:
             _tensorboard.flush(self.log_dir)
 
@@ -244,7 +250,15 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
         Returns:
             A `keras_scaling.replica_state.ReplicaSyncReport`; `report.ok` is
             true when no variable diverged.
+
+        Raises:
+            ValueError: the callback has no model yet.
         """
+        return self._compare(find_variables=True)
+
+    # Internals.
+
+    def _compare(self, find_variables):
         if self.model is None:
             raise ValueError(
                 "ReplicaSyncCheck.check() needs a model: pass the callback to "
@@ -255,31 +269,25 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
         if self._single_replica():
             report = replica_state.ReplicaSyncReport(
                 step=step,
-                num_replicas=strategy.num_replicas_in_sync,
-                num_workers=devices.num_workers(strategy),
+                num_replicas=_topology.num_replicas(strategy),
+                num_workers=_topology.num_workers(strategy),
                 num_variables=0,
             )
         else:
-            report = self._get_checker(strategy).check(step)
+            report = self._get_checker(strategy, find_variables).check(step)
         self._last_checked_step = self._step_upper_bound = step
         self.last_report = report
         return report
-
-    # Internals.
 
     def _strategy(self):
         strategy = getattr(self.model, "distribute_strategy", None)
         return strategy or tf.distribute.get_strategy()
 
-    def _enable_compat(self):
-        if self.model is not None:
-            compat.enable_for(self._strategy())
-
     def _single_replica(self):
         if self.model is None:
             return False
         if self._num_replicas is None:
-            self._num_replicas = self._strategy().num_replicas_in_sync
+            self._num_replicas = _topology.num_replicas(self._strategy())
         if self._num_replicas > 1:
             return False
         if not self._said_single_replica:
@@ -301,27 +309,22 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
         if optimizer is None:
             return 0
         if self._step_counter is None or self._step_counter[0] is not optimizer:
-            self._step_counter = (optimizer, *self._find_step_counter(optimizer))
+            counter = _tracked_variables.step_counter(optimizer, self._strategy())
+            self._step_counter = (optimizer, *counter)
         _, counter, accumulation_steps = self._step_counter
         step = int(counter.numpy())
         return step // accumulation_steps if accumulation_steps else step
 
-    def _find_step_counter(self, optimizer):
-        """(a variable to read the step from, gradient accumulation steps)."""
-        # A LossScaleOptimizer wraps the optimizer that counts the steps.
-        while getattr(optimizer, "inner_optimizer", None) is not None:
-            optimizer = optimizer.inner_optimizer
-        counter = replica_state.distributed_variable(optimizer.iterations)
-        if replica_state.is_distributed(counter):
-            # Read at every batch: the local copy of replica 0 costs tens of
-            # microseconds, the distributed variable several times as much.
-            counter = self._strategy().experimental_local_results(counter)[0]
-        return counter, getattr(optimizer, "gradient_accumulation_steps", None)
-
-    def _get_checker(self, strategy):
+    def _get_checker(self, strategy, find_variables):
         optimizer = self._optimizer() if self.include_optimizer else None
+        same_optimizer = optimizer is self._checker_optimizer
+        if not find_variables and self._checker is not None and same_optimizer:
+            # Inside `fit` the variables are those found at its start:
+            # listing them again walks every layer at every check.
+            return self._checker
         variables = replica_state.tracked_variables(self.model, optimizer)
         key = tuple(id(v.variable) for v in variables)
+        self._checker_optimizer = optimizer
         if key != self._checker_key:
             self._checker = replica_state.ReplicaStateChecker(
                 strategy,
@@ -331,53 +334,23 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
                 per_replica_state=self.per_replica_state,
             )
             self._checker_key = key
-            self._warn_about_single_copies(optimizer)
+            single = _tracked_variables.single_copy_paths(self.model, optimizer)
+            if single:
+                logger.warning(
+                    "ReplicaSyncCheck: %d variable(s) have a single copy, not one "
+                    "per replica, and are not compared (created outside "
+                    "strategy.scope()?): %s",
+                    len(single),
+                    ", ".join(single[:10]) + (", ..." if len(single) > 10 else ""),
+                )
         return self._checker
 
-    def _warn_about_single_copies(self, optimizer):
-        candidates = list(self.model.variables)
-        if optimizer is not None:
-            candidates += list(optimizer.variables)
-        single = [
-            v.path
-            for v in candidates
-            if not replica_state.is_distributed(replica_state.distributed_variable(v))
-        ]
-        if single:
-            logger.warning(
-                "ReplicaSyncCheck: %d variable(s) have a single copy, not one per "
-                "replica, and are not compared (created outside "
-                "strategy.scope()?): %s",
-                len(single),
-                ", ".join(single[:10]) + (", ..." if len(single) > 10 else ""),
-            )
-
-    def _check_and_act(self):
+    def _check_and_act(self, find_variables=True):
         if self._single_replica():
             return
-        report = self.check()
+        report = self._compare(find_variables)
         self._write_scalars(report)
-        if report.per_replica_state and not self._warned_per_replica_state:
-            if self.per_replica_state in ("warn", "average"):
-                self._warned_per_replica_state = True
-                spreads = ", ".join(
-                    f"{v.path} (max abs diff {v.difference.max_abs_diff:.3g})"
-                    for v in report.per_replica_state
-                )
-                action = (
-                    "averaged across replicas at every check"
-                    if self.per_replica_state == "average"
-                    else "not divergence; per_replica_state='average' makes "
-                    "the copies equal"
-                )
-                logger.warning(
-                    "ReplicaSyncCheck at step %d: per-replica state differs "
-                    "between replicas (%s): %s. Cause: %s.",
-                    report.step,
-                    action,
-                    spreads,
-                    report.per_replica_state[0].likely_cause,
-                )
+        self._warn_about_per_replica_state(report)
         if report.float_drift:
             logger.warning(
                 "ReplicaSyncCheck at step %d: float drift within atol=%g, "
@@ -392,8 +365,7 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
         if self.on_divergence == "raise":
             raise ReplicaDivergenceError(report)
         if self.on_divergence == "resync":
-            report = self._checker.resync(report)
-            self.last_report = report
+            report = self.last_report = self._checker.resync(report)
             logger.warning(
                 "ReplicaSyncCheck: copies diverged; resynced %d variable(s) "
                 "from replica 0 and continuing.\n%s",
@@ -403,8 +375,32 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
         else:
             logger.warning("ReplicaSyncCheck: copies diverged.\n%s", report)
 
+    def _warn_about_per_replica_state(self, report):
+        if not report.per_replica_state or self._warned_per_replica_state:
+            return
+        if self.per_replica_state not in ("warn", "average"):
+            return
+        self._warned_per_replica_state = True
+        spreads = ", ".join(
+            f"{v.path} (max abs diff {v.difference.max_abs_diff:.3g})"
+            for v in report.per_replica_state
+        )
+        action = (
+            "averaged across replicas at every check"
+            if self.per_replica_state == "average"
+            else "not divergence; per_replica_state='average' makes the copies equal"
+        )
+        logger.warning(
+            "ReplicaSyncCheck at step %d: per-replica state differs between "
+            "replicas (%s): %s. Cause: %s.",
+            report.step,
+            action,
+            spreads,
+            report.per_replica_state[0].likely_cause,
+        )
+
     def _write_scalars(self, report):
-        if self.log_dir is None or not devices.is_chief(self._strategy()):
+        if self.log_dir is None or not _topology.is_chief(self._strategy()):
             return
         if self._last_written_step is None:
             # A resumed run (BackupAndRestore) checks again at the step where

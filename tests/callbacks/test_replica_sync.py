@@ -19,6 +19,7 @@ import pytest
 import tensorflow as tf
 
 import keras_scaling
+from keras_scaling import _tensorboard
 from keras_scaling import replica_state
 from keras_scaling.callbacks.replica_sync import ReplicaDivergenceError
 from keras_scaling.callbacks.replica_sync import ReplicaSyncCheck
@@ -28,15 +29,18 @@ pytestmark = pytest.mark.logical_cpus(2)
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-@pytest.fixture(scope="module")
-def strategy():
+@pytest.fixture(scope="module", params=["default all-reduce", "ReductionToOneDevice"])
+def strategy(request):
     # Collective ops of two MirroredStrategy objects in one process number
     # their instances alike and clash ("Shape mismatch in the collective
-    # instance 100"): reducing to one device keeps these tests independent
-    # of the strategies other test modules create in the same session.
-    return tf.distribute.MirroredStrategy(
-        ["/cpu:0", "/cpu:1"], cross_device_ops=tf.distribute.ReductionToOneDevice()
-    )
+    # instance 100"): this process holds one strategy with the default
+    # (collective) all-reduce, and one that reduces to one device and so
+    # runs no collective op.
+    if request.param == "ReductionToOneDevice":
+        return tf.distribute.MirroredStrategy(
+            ["/cpu:0", "/cpu:1"], cross_device_ops=tf.distribute.ReductionToOneDevice()
+        )
+    return tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
 
 
 def _regression_data(num_samples=32, seed=0):
@@ -59,18 +63,7 @@ def _copies(strategy, variable):
 
 
 def _scalars(log_dir, tag):
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    accumulator = EventAccumulator(
-        os.path.join(log_dir, "train"), size_guidance={"tensors": 0, "scalars": 0}
-    )
-    accumulator.Reload()
-    if tag in accumulator.Tags()["scalars"]:
-        return [(e.step, e.value) for e in accumulator.Scalars(tag)]
-    return [
-        (e.step, float(tf.make_ndarray(e.tensor_proto)))
-        for e in accumulator.Tensors(tag)
-    ]
+    return _tensorboard.read_scalars(_tensorboard.run_dir(log_dir)).get(tag, [])
 
 
 class AssignOnReplica1(keras.callbacks.Callback):
@@ -147,6 +140,23 @@ def test_steps_per_execution_checks_when_iterations_cross_a_multiple(strategy, t
     steps = [step for step, _ in _scalars(str(tmp_path), "replica_sync/diverged_variables")]
     # The second fit's start check (step 8) repeats the first's end: written once.
     assert steps == [0, 4, 8, 12, 16]
+
+
+def test_later_fits_reuse_the_traced_check_and_the_train_function(strategy):
+    model = _mlp(strategy, optimizer="adam")
+    x, y = _regression_data(32)
+    check = ReplicaSyncCheck(every_n_steps=2)
+    model.fit(x, y, batch_size=8, callbacks=[check], verbose=0)
+    train_function = model.train_function
+    fingerprint_function = check._checker._fingerprint_function
+    model.fit(x, y, batch_size=8, callbacks=[check], verbose=0)
+    model.fit(x, y, batch_size=8, verbose=0)
+    # Nothing is traced or rebuilt anew: a later fit, with the callback or
+    # without it, runs the functions the first one built.
+    assert model.train_function is train_function
+    assert check._checker._fingerprint_function is fingerprint_function
+    assert fingerprint_function.experimental_get_tracing_count() == 1
+    assert check.last_report.step == 8 and check.last_report.ok
 
 
 # --- injected divergences are caught and named --------------------------------
@@ -358,18 +368,28 @@ def test_differences_within_tolerance_are_float_drift_not_divergence(strategy, c
 @pytest.mark.parametrize(
     "kwargs, error, message",
     [
-        ({"every_n_steps": 0}, ValueError, "every_n_steps must be at least 1 optimizer step, got 0"),
-        ({"every_n_steps": 2.5}, TypeError, "every_n_steps must be an integer"),
-        ({"on_divergence": "panic"}, ValueError, "on_divergence must be one of .* got 'panic'"),
-        ({"per_replica_state": "sum"}, ValueError, "per_replica_state must be one of .* got 'sum'"),
-        ({"atol": -1e-3}, ValueError, "atol must be a finite number >= 0"),
-        ({"rtol": float("nan")}, ValueError, "rtol must be a finite number >= 0"),
-        ({"rtol": "0.1"}, TypeError, "rtol must be a non-negative number"),
+        ({"every_n_steps": 0}, ValueError, "every_n_steps must be an integer >= 1, got 0$"),
+        ({"every_n_steps": 2.5}, TypeError, "every_n_steps must be an integer >= 1, got float 2.5$"),
+        ({"every_n_steps": True}, TypeError, "every_n_steps must be an integer >= 1, got bool True$"),
+        ({"on_divergence": "panic"}, ValueError, "on_divergence must be one of 'raise', 'warn', 'resync', got 'panic'$"),
+        ({"on_divergence": None}, TypeError, "on_divergence must be one of .*, got None$"),
+        ({"per_replica_state": "sum"}, ValueError, "per_replica_state must be one of 'warn', 'ignore', 'error', 'average', got 'sum'$"),
+        ({"atol": -1e-3}, ValueError, r"atol must be a number >= 0, got -0.001. 0 means bitwise equality$"),
+        ({"rtol": float("nan")}, ValueError, r"rtol must be a number >= 0, got nan. 0 means bitwise equality$"),
+        ({"rtol": "0.1"}, TypeError, r"rtol must be a number >= 0, got str '0.1'. 0 means bitwise equality$"),
+        ({"log_dir": 3}, TypeError, "log_dir must be a path .*, got int"),
     ],
 )
 def test_bad_arguments_raise_clear_errors(kwargs, error, message):
     with pytest.raises(error, match=message):
         ReplicaSyncCheck(**kwargs)
+
+
+@pytest.mark.logical_cpus(1)
+def test_numpy_numbers_are_accepted_as_arguments():
+    check = ReplicaSyncCheck(np.int64(5), atol=np.float32(0.5), rtol=np.int32(0))
+    assert (check.every_n_steps, check.atol, check.rtol) == (5, 0.5, 0.0)
+    assert type(check.every_n_steps) is int
 
 
 @pytest.mark.logical_cpus(1)

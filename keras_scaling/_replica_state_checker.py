@@ -1,0 +1,249 @@
+"""`ReplicaStateChecker`: reads every replica's copies on the devices and compares them.
+
+The TensorFlow side of the replica check: one compiled function in which
+every replica fingerprints its own copies (`keras_scaling._fingerprint`),
+gathered across workers when there are several; the copies of only the
+variables whose fingerprints differ are then fetched and handed to the pure
+comparison (`keras_scaling._copy_comparison`). It can also write one value
+to every replica's copy (resync, averaging). `keras_scaling.replica_state`
+re-exports it.
+"""
+
+import dataclasses
+
+import numpy as np
+import tensorflow as tf
+
+from keras_scaling import _copy_comparison
+from keras_scaling import _fingerprint
+from keras_scaling import _topology
+from keras_scaling import _validation
+
+
+class ReplicaStateChecker:
+    """Compares every replica's copy of a list of distributed variables.
+
+    `check()` runs one compiled function in which every replica fingerprints
+    its own copy of every variable (see `keras_scaling._fingerprint`). On one
+    worker the replicas' rows are read locally; across workers they are
+    gathered with the replica context's `all_gather`, so every worker gets
+    the same table and reaches the same verdict. Only the variables whose
+    fingerprints differ are gathered in full to measure the differences.
+    Under several workers, `check()`, `resync()` and per-replica-state
+    averaging are collective: every worker must call them at the same
+    point, as a callback triggered by the optimizer step does.
+
+    The compiled function is traced once per checker, at its first
+    `check()`, and reused; a `fit` that follows pays nothing for it.
+
+    Args:
+        strategy: the `tf.distribute.Strategy` the variables belong to.
+        variables: a list of `TrackedVariable`.
+        atol: float, absolute tolerance of the "float drift" tier, default 0.
+        rtol: float, relative tolerance of the "float drift" tier, default 0.
+        per_replica_state: `"warn"`, `"ignore"`, `"error"` or `"average"`:
+            how per-replica state is reported ("error": as divergence;
+            "ignore": not compared at all; "average": the copies are replaced
+            by their mean across replicas after the comparison).
+
+    Example:
+
+    ```python
+    import keras
+    import keras_scaling
+    from keras_scaling import replica_state
+
+    keras_scaling.use_logical_cpus(2)
+    strategy = keras_scaling.auto_strategy()
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        model.compile(optimizer="adam", loss="mse")
+        model.optimizer.build(model.trainable_variables)
+    checker = replica_state.ReplicaStateChecker(
+        strategy, replica_state.tracked_variables(model, model.optimizer))
+    report = checker.check(step=0)
+    print(report)   # ... 0 diverged, 0 with float drift, 0 per-replica state differ
+    ```
+    """
+
+    def __init__(self, strategy, variables, atol=0.0, rtol=0.0, per_replica_state="warn"):
+        self.per_replica_state = _validation.one_of(
+            per_replica_state, "per_replica_state", _copy_comparison.PER_REPLICA_STATE_MODES
+        )
+        self.atol = _validation.non_negative_number(atol, "atol")
+        self.rtol = _validation.non_negative_number(rtol, "rtol")
+        self.strategy = strategy
+        if per_replica_state == "ignore":
+            variables = [v for v in variables if not v.is_per_replica_state]
+        self.variables = list(variables)
+        self.num_replicas = _topology.num_replicas(strategy)
+        self.num_workers = _topology.num_workers(strategy)
+        self.replica_devices = _topology.replica_device_names(strategy)
+        self._fingerprint_function = None
+        self._gather_functions = {}
+
+    def _build_fingerprint_function(self):
+        tf_variables = [v.variable for v in self.variables]
+        strategy, across_workers = self.strategy, self.num_workers > 1
+
+        def replica_fn():
+            # In replica context, reading a distributed variable reads this
+            # replica's own copy.
+            table = _fingerprint.fingerprint_table(
+                [tf.identity(variable) for variable in tf_variables]
+            )
+            if not across_workers:
+                return table
+            context = tf.distribute.get_replica_context()
+            return context.all_gather(table[tf.newaxis], axis=0)
+
+        @tf.function(autograph=False)
+        def fingerprint_all():
+            return strategy.run(replica_fn)
+
+        return fingerprint_all
+
+    def fingerprints(self):
+        """The int64 table `[num_replicas, num_variables]` of fingerprints.
+
+        Returns:
+            A NumPy array; row `r` holds replica `r`'s fingerprints.
+        """
+        if not self.variables:
+            return np.zeros([self.num_replicas, 0], np.int64)
+        if self._fingerprint_function is None:
+            self._fingerprint_function = self._build_fingerprint_function()
+        local = self.strategy.experimental_local_results(self._fingerprint_function())
+        if self.num_workers > 1:
+            return local[0].numpy()
+        # On one worker every replica's row is local: no collective needed.
+        # (Collectives of two MirroredStrategy objects in one process share
+        # instance keys and can clash.)
+        return np.stack([row.numpy() for row in local])
+
+    def gather(self, indices):
+        """Every replica's copy of `self.variables[i]` for `i` in `indices`.
+
+        Args:
+            indices: a sequence of indices into `self.variables`.
+
+        Returns:
+            A list (one entry per index) of lists of NumPy arrays (one per
+            replica, across all workers, replica 0 first).
+        """
+        indices = tuple(indices)
+        if not indices:
+            return []
+        if self.num_workers == 1:
+            return [
+                [
+                    np.asarray(copy.numpy())
+                    for copy in self.strategy.experimental_local_results(
+                        self.variables[i].variable
+                    )
+                ]
+                for i in indices
+            ]
+        if indices not in self._gather_functions:
+            self._gather_functions[indices] = self._build_gather_function(indices)
+        gathered = self._gather_functions[indices]()
+        local = [
+            self.strategy.experimental_local_results(values)[0].numpy()
+            for values in gathered
+        ]
+        return [list(values) for values in local]
+
+    def _build_gather_function(self, indices):
+        tf_variables = [self.variables[i].variable for i in indices]
+        strategy = self.strategy
+
+        def replica_fn():
+            context = tf.distribute.get_replica_context()
+            return [
+                context.all_gather(tf.identity(variable)[tf.newaxis], axis=0)
+                for variable in tf_variables
+            ]
+
+        @tf.function(autograph=False)
+        def gather_all():
+            return strategy.run(replica_fn)
+
+        return gather_all
+
+    def check(self, step):
+        """Compares the copies now and returns a `ReplicaSyncReport`.
+
+        With `per_replica_state="average"`, per-replica state that differs is
+        replaced by its mean across replicas, and its report says so.
+
+        Args:
+            step: int, the optimizer step to put in the report.
+
+        Returns:
+            A `ReplicaSyncReport`.
+        """
+        suspects = _copy_comparison.differing_columns(self.fingerprints())
+        reports = []
+        for index, copies in zip(suspects, self.gather(suspects)):
+            variable = self.variables[index]
+            difference = _copy_comparison.compare_copies(copies, self.atol, self.rtol)
+            if not difference.differing_replicas:
+                # Fingerprints are deterministic (an integer sum): the copies
+                # were assigned between the fingerprints and the gather.
+                continue
+            tier = _copy_comparison.tier_of(
+                variable.is_per_replica_state, self.per_replica_state, difference
+            )
+            repair = None
+            if tier == _copy_comparison.PER_REPLICA_STATE and self.per_replica_state == "average":
+                self._assign_everywhere(variable, _copy_comparison.mean_copy(copies))
+                repair = "averaged across replicas"
+            reports.append(
+                _copy_comparison.VariableReport(
+                    path=variable.path,
+                    shape=variable.shape,
+                    dtype=variable.dtype,
+                    aggregation=variable.aggregation,
+                    synchronization=variable.synchronization,
+                    role=variable.role,
+                    tier=tier,
+                    difference=difference,
+                    devices=tuple(
+                        self.replica_devices[r] for r in difference.differing_replicas
+                    ),
+                    likely_cause=_copy_comparison.likely_cause(variable, difference),
+                    repair=repair,
+                )
+            )
+        return _copy_comparison.ReplicaSyncReport(
+            step=int(step),
+            num_replicas=self.num_replicas,
+            num_workers=self.num_workers,
+            num_variables=len(self.variables),
+            variables=tuple(reports),
+        )
+
+    def resync(self, report):
+        """Copies replica 0's value to every replica for the diverged variables.
+
+        Args:
+            report: a `ReplicaSyncReport` from this checker's `check()`.
+
+        Returns:
+            A new report whose diverged variables say they were resynced.
+        """
+        by_path = {v.path: i for i, v in enumerate(self.variables)}
+        indices = [by_path[v.path] for v in report.divergences]
+        for index, copies in zip(indices, self.gather(indices)):
+            self._assign_everywhere(self.variables[index], copies[0])
+        repaired = tuple(
+            dataclasses.replace(v, repair="resynced from replica 0")
+            if v.tier == _copy_comparison.DIVERGENCE
+            else v
+            for v in report.variables
+        )
+        return dataclasses.replace(report, variables=repaired)
+
+    def _assign_everywhere(self, variable, value):
+        for component in self.strategy.experimental_local_results(variable.variable):
+            component.assign(value)

@@ -1,0 +1,301 @@
+"""Which distributed variables a Keras model and optimizer hold, and what they are.
+
+The Keras side of the replica check: it finds the `tf.Variable` under each
+Keras variable, keeps those with one copy per replica, gives each its role
+(trainable, optimizer slot, seed generator state ...) and recognises
+per-replica state, whose copies may legitimately differ. It compares
+nothing and runs nothing on the devices. `keras_scaling.replica_state`
+re-exports its public names.
+"""
+
+import dataclasses
+
+import tensorflow as tf
+
+from keras_scaling import _keras_internals
+from keras_scaling._copy_comparison import (
+    GRADIENT_ACCUMULATOR,
+    NON_TRAINABLE,
+    OPTIMIZER_ITERATIONS,
+    OPTIMIZER_VARIABLE,
+    SEED_GENERATOR,
+    TRAINABLE,
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrackedVariable:
+    """One distributed variable to compare across replicas.
+
+    Args:
+        path: the Keras variable path, such as `"sequential/dense/kernel"`.
+        variable: the distributed `tf.Variable` (for example a
+            `MirroredVariable`) that holds one copy per replica.
+        role: what the variable is: trainable, non-trainable, seed generator
+            state, optimizer iteration counter, optimizer variable or
+            gradient accumulator.
+        per_replica_reason: why its copies may legitimately differ between
+            replicas, or None when they must be equal.
+
+    Example:
+
+    ```python
+    import keras
+    import keras_scaling
+    from keras_scaling import replica_state
+
+    keras_scaling.use_logical_cpus(2)
+    with keras_scaling.auto_strategy().scope():
+        model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    kernel = replica_state.tracked_variables(model)[0]
+    print(kernel.path, kernel.aggregation, kernel.is_per_replica_state)
+    # sequential/dense/kernel NONE False
+    ```
+    """
+
+    path: str
+    variable: tf.Variable
+    role: str
+    per_replica_reason: str = None
+
+    @property
+    def shape(self):
+        return tuple(self.variable.shape)
+
+    @property
+    def dtype(self):
+        return self.variable.dtype.name
+
+    @property
+    def aggregation(self):
+        return _enum_name(self.variable.aggregation)
+
+    @property
+    def synchronization(self):
+        return _enum_name(self.variable.synchronization)
+
+    @property
+    def is_per_replica_state(self):
+        return self.per_replica_reason is not None
+
+
+def _enum_name(value):
+    return getattr(value, "name", str(value))
+
+
+def distributed_variable(variable):
+    """The `tf.Variable` under a Keras variable (or the variable itself).
+
+    Keras 3 variables wrap a `tf.Variable`; under a strategy's scope that is
+    a distributed variable with one component per replica.
+
+    Args:
+        variable: a `keras.Variable` or a `tf.Variable`.
+
+    Returns:
+        The `tf.Variable`.
+
+    Raises:
+        TypeError: `variable` is neither.
+
+    Example:
+
+    ```python
+    import keras
+    import keras_scaling
+    from keras_scaling import replica_state
+
+    keras_scaling.use_logical_cpus(2)
+    strategy = keras_scaling.auto_strategy()
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    tf_kernel = replica_state.distributed_variable(model.layers[0].kernel)
+    print(len(strategy.experimental_local_results(tf_kernel)))   # 2: one per replica
+    ```
+    """
+    if isinstance(variable, tf.Variable):
+        return variable
+    if _keras_internals.is_keras_variable(variable):
+        return _keras_internals.tf_variable_of(variable)
+    raise TypeError(
+        f"variable must be a Keras or TensorFlow variable, got "
+        f"{type(variable).__name__}"
+    )
+
+
+def is_distributed(tf_variable):
+    """Whether a `tf.Variable` holds one copy per replica.
+
+    A variable created under a strategy's scope is a
+    `tf.distribute.DistributedValues` (for example a `MirroredVariable`); one
+    created outside it has a single copy and is not.
+
+    Args:
+        tf_variable: a `tf.Variable`, such as `distributed_variable(v)` for a
+            Keras variable `v`.
+
+    Returns:
+        bool.
+
+    Example:
+
+    ```python
+    import keras
+    import keras_scaling
+    from keras_scaling import replica_state
+
+    keras_scaling.use_logical_cpus(2)
+    with keras_scaling.auto_strategy().scope():
+        model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    kernel = replica_state.distributed_variable(model.layers[0].kernel)
+    print(replica_state.is_distributed(kernel))   # True: created in the scope
+    ```
+    """
+    return isinstance(tf_variable, tf.distribute.DistributedValues)
+
+
+def _unsynchronized_batch_norm_statistics(model):
+    import keras
+
+    found = {}
+    for layer in _keras_internals.all_layers(model):
+        if isinstance(layer, keras.layers.BatchNormalization) and not getattr(
+            layer, "synchronized", False
+        ):
+            for variable in (layer.moving_mean, layer.moving_variance):
+                if variable is not None:
+                    found[id(variable)] = layer.name
+    return found
+
+
+def inner_optimizers(optimizer):
+    """The optimizer and those it wraps, outermost first.
+
+    A `LossScaleOptimizer` wraps the optimizer that counts the steps.
+    """
+    optimizers = [optimizer]
+    while getattr(optimizers[-1], "inner_optimizer", None) is not None:
+        optimizers.append(optimizers[-1].inner_optimizer)
+    return optimizers
+
+
+def tracked_variables(model, optimizer=None):
+    """Lists the distributed variables of a model and, optionally, its optimizer.
+
+    Variables with a single copy (created outside the strategy's scope) are
+    left out: there is nothing to compare. Each variable is listed once.
+
+    Per-replica state is recognised explicitly: variables with
+    `synchronization=ON_READ`, the `moving_mean` and `moving_variance` of
+    `keras.layers.BatchNormalization(synchronized=False)` (updated from each
+    replica's own batch), and the optimizer's gradient accumulators.
+
+    Args:
+        model: a built `keras.Model`.
+        optimizer: a built Keras optimizer, or None to leave optimizer
+            variables out.
+
+    Returns:
+        A list of `TrackedVariable`, model variables first.
+
+    Example:
+
+    ```python
+    import keras
+    import keras_scaling
+    from keras_scaling import replica_state
+
+    keras_scaling.use_logical_cpus(2)
+    with keras_scaling.auto_strategy().scope():
+        model = keras.Sequential([
+            keras.Input((4,)),
+            keras.layers.Dense(3),
+            keras.layers.BatchNormalization(),
+        ])
+        model.compile(optimizer="adam", loss="mse")
+        model.optimizer.build(model.trainable_variables)
+    for variable in replica_state.tracked_variables(model, model.optimizer):
+        print(variable.path, variable.role, variable.per_replica_reason)
+    ```
+    """
+    batch_norm = _unsynchronized_batch_norm_statistics(model)
+    seed_states = _keras_internals.seed_generator_state_ids(model)
+    found, seen = [], set()
+
+    def add(keras_variable, role, reason=None):
+        tf_variable = distributed_variable(keras_variable)
+        if id(tf_variable) in seen or not is_distributed(tf_variable):
+            return
+        seen.add(id(tf_variable))
+        if reason is None and tf_variable.synchronization == tf.VariableSynchronization.ON_READ:
+            reason = (
+                "synchronization ON_READ: each replica keeps its own value and "
+                "reads combine them"
+            )
+        path = getattr(keras_variable, "path", None) or tf_variable.name
+        found.append(TrackedVariable(path, tf_variable, role, reason))
+
+    for variable in model.variables:
+        if id(variable) in batch_norm:
+            reason = (
+                f"BatchNormalization {batch_norm[id(variable)]!r} moving "
+                "statistics are updated from each replica's own batch "
+                "(synchronized=False)"
+            )
+            add(variable, NON_TRAINABLE, reason)
+        elif id(variable) in seed_states:
+            add(variable, SEED_GENERATOR)
+        else:
+            add(variable, TRAINABLE if variable.trainable else NON_TRAINABLE)
+    if optimizer is not None:
+        optimizers = inner_optimizers(optimizer)
+        counters = {id(o.iterations) for o in optimizers}
+        accumulators = _keras_internals.gradient_accumulator_ids(optimizers)
+        for variable in optimizer.variables:
+            if id(variable) in counters:
+                add(variable, OPTIMIZER_ITERATIONS)
+            elif id(variable) in accumulators:
+                add(
+                    variable,
+                    GRADIENT_ACCUMULATOR,
+                    "gradient accumulator: holds each replica's own gradients "
+                    "between optimizer steps",
+                )
+            else:
+                add(variable, OPTIMIZER_VARIABLE)
+    return found
+
+
+def single_copy_paths(model, optimizer=None):
+    """The paths of the model's (and optimizer's) variables with one copy only.
+
+    They were created outside the strategy's scope, so there is nothing to
+    compare; the check says so.
+    """
+    candidates = list(model.variables)
+    if optimizer is not None:
+        candidates += list(optimizer.variables)
+    return [v.path for v in candidates if not is_distributed(distributed_variable(v))]
+
+
+def step_counter(optimizer, strategy):
+    """What to read the optimizer step from, cheaply, at every batch.
+
+    Args:
+        optimizer: a built Keras optimizer (a `LossScaleOptimizer` is looked
+            through to the optimizer that counts the steps).
+        strategy: the `tf.distribute.Strategy` the optimizer belongs to.
+
+    Returns:
+        `(counter, accumulation_steps)`: a `tf.Variable` whose value is the
+        number of batches applied, and the optimizer's gradient accumulation
+        steps (None without accumulation), so that the optimizer step is
+        `counter // accumulation_steps`.
+    """
+    counting = inner_optimizers(optimizer)[-1]
+    counter = distributed_variable(counting.iterations)
+    if is_distributed(counter):
+        # Read at every batch: the local copy of replica 0 costs tens of
+        # microseconds, the distributed variable several times as much.
+        counter = strategy.experimental_local_results(counter)[0]
+    return counter, getattr(counting, "gradient_accumulation_steps", None)
