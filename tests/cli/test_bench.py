@@ -316,6 +316,53 @@ def test_sweep_writes_a_png_plot(sweep):
     assert image[..., :3].std() > 0.05  # not a blank canvas
 
 
+def _drawn_scaling_figure():
+    from keras_scaling.cli import _plot
+
+    # Perfect scaling up to 8 replicas: the last label sits at the top right.
+    rows = [_row(replicas, 32, 1.0) for replicas in (1, 2, 4, 8)]
+    figure = _plot.scaling_figure(rows, "mlp, weak scaling on 8 logical CPU(s)")
+    figure.canvas.draw()
+    return figure
+
+
+def test_efficiency_labels_stay_inside_the_axes():
+    figure = _drawn_scaling_figure()
+    (axes,) = figure.axes
+    labels = [text for text in axes.texts if text.get_text().endswith("%")]
+
+    assert [text.get_text() for text in labels] == ["100%"] * 4
+    for text in labels:
+        box = text.get_window_extent()
+        assert axes.bbox.x0 <= box.x0 and box.x1 <= axes.bbox.x1, text.get_text()
+        assert axes.bbox.y0 <= box.y0 and box.y1 <= axes.bbox.y1, text.get_text()
+
+
+def test_no_text_of_the_plot_is_clipped_by_the_image():
+    figure = _drawn_scaling_figure()
+    (axes,) = figure.axes
+    texts = [axes.title, axes.xaxis.label, axes.yaxis.label, *axes.texts,
+             *axes.get_xticklabels(), *axes.get_yticklabels(),
+             *axes.get_legend().get_texts()]
+
+    for text in texts:
+        if not text.get_visible() or not text.get_text():
+            continue
+        box = text.get_window_extent()
+        assert figure.bbox.x0 <= box.x0 and box.x1 <= figure.bbox.x1, text.get_text()
+        assert figure.bbox.y0 <= box.y0 and box.y1 <= figure.bbox.y1, text.get_text()
+
+
+def test_plot_text_stays_readable_in_a_card_half_the_image_width():
+    figure = _drawn_scaling_figure()
+    (axes,) = figure.axes
+    texts = [axes.title, axes.xaxis.label, *axes.texts, *axes.get_xticklabels()]
+
+    # TensorBoard's image card shows the 640-pixel image about 300 pixels wide.
+    smallest_px = min(text.get_size() * figure.dpi / 72 for text in texts)
+    assert smallest_px / 2 >= 8
+
+
 def test_plot_and_table_are_in_the_summary_run_of_tensorboard(sweep):
     from keras_scaling import _tensorboard
 
