@@ -326,6 +326,11 @@ def _drawn_scaling_figure():
     return figure
 
 
+def _inside(text, bounds):
+    box = text.get_window_extent()
+    return bounds.x0 <= box.x0 and box.x1 <= bounds.x1 and bounds.y0 <= box.y0 and box.y1 <= bounds.y1
+
+
 def test_efficiency_labels_stay_inside_the_axes():
     figure = _drawn_scaling_figure()
     (axes,) = figure.axes
@@ -333,9 +338,7 @@ def test_efficiency_labels_stay_inside_the_axes():
 
     assert [text.get_text() for text in labels] == ["100%"] * 4
     for text in labels:
-        box = text.get_window_extent()
-        assert axes.bbox.x0 <= box.x0 and box.x1 <= axes.bbox.x1, text.get_text()
-        assert axes.bbox.y0 <= box.y0 and box.y1 <= axes.bbox.y1, text.get_text()
+        assert _inside(text, axes.bbox), text.get_text()
 
 
 def test_no_text_of_the_plot_is_clipped_by_the_image():
@@ -346,11 +349,8 @@ def test_no_text_of_the_plot_is_clipped_by_the_image():
              *axes.get_legend().get_texts()]
 
     for text in texts:
-        if not text.get_visible() or not text.get_text():
-            continue
-        box = text.get_window_extent()
-        assert figure.bbox.x0 <= box.x0 and box.x1 <= figure.bbox.x1, text.get_text()
-        assert figure.bbox.y0 <= box.y0 and box.y1 <= figure.bbox.y1, text.get_text()
+        if text.get_visible() and text.get_text():
+            assert _inside(text, figure.bbox), text.get_text()
 
 
 def test_plot_text_stays_readable_in_a_card_half_the_image_width():
