@@ -215,13 +215,9 @@ class _TensorBoard:
         )
 
     def stop(self):
-        if self._process.poll() is None:
-            self._process.terminate()
-            try:
-                self._process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait()
+        from keras_scaling.cli.bench import _stop
+
+        _stop(self._process)
         self._output.close()
 
 

@@ -18,6 +18,7 @@ import urllib.request
 import pytest
 
 from keras_scaling import launcher
+from keras_scaling.cli.bench import _stop
 
 pytestmark = pytest.mark.timeout(420)
 
@@ -45,16 +46,6 @@ def _start(command, log_path):
         stdin=subprocess.DEVNULL,
         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
     )
-
-
-def _stop(process):
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 def _wait(process, log_path, what):
@@ -161,6 +152,9 @@ class _Screenshots:
         except Exception as error:
             self._page.screenshot(path=path, full_page=True)
             pytest.fail(f"{name}: {error}\nscreenshot: {path}", pytrace=False)
+        # Charts draw once their data has arrived.
+        self._page.wait_for_load_state("networkidle")
+        self._page.wait_for_timeout(1000)
         self._page.screenshot(path=path, full_page=True)
         return path
 
@@ -171,9 +165,9 @@ def test_time_series_lists_keras_scaling_tags_beside_epoch_loss(page, tensorboar
     tags = ("epoch_loss", *_KERAS_SCALING_TAGS)
 
     def cards_are_listed():
-        page.locator("input[placeholder='Filter tags (regex)']").fill(
-            "^(" + "|".join(tags) + ")$"
-        )
+        tag_filter = page.locator("input[placeholder='Filter tags (regex)']")
+        tag_filter.fill("^(" + "|".join(tags) + ")$")
+        tag_filter.press("Escape")  # closes the list of suggestions over the cards
         for tag in tags:
             page.locator(f"card-view tb-truncated-path[title='{tag}']").first.wait_for(
                 timeout=_UI_TIMEOUT_MS
