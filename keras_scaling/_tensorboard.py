@@ -20,6 +20,14 @@ import threading
 import time
 
 import tensorflow as tf
+from tensorboard.compat.proto import (
+    event_pb2,
+    summary_pb2,
+    tensor_pb2,
+    tensor_shape_pb2,
+    types_pb2,
+)
+from tensorboard.plugins.scalar import metadata as scalar_metadata
 
 # The run directory, under a log directory, that holds keras_scaling's summaries.
 RUN = "scaling"
@@ -159,14 +167,13 @@ def write_scalars(log_dir, step, scalars, run=RUN):
         scalars: dict from tag to a number.
         run: str, the run directory under `log_dir`; default `"scaling"`.
     """
-    from tensorboard.compat.proto import summary_pb2, tensor_pb2, types_pb2
-    from tensorboard.plugins.scalar import metadata
-
     values = [
         (tag, tensor_pb2.TensorProto(dtype=types_pb2.DT_FLOAT, float_val=[float(value)]))
         for tag, value in scalars.items()
     ]
-    _event_file(log_dir, run).write_values(step, values, metadata.create_summary_metadata)
+    _event_file(log_dir, run).write_values(
+        step, values, scalar_metadata.create_summary_metadata
+    )
 
 
 # Callers on the training path know it by this name; it is the same writer.
@@ -263,8 +270,6 @@ class _EventFile:
     _FLUSH_EVERY_S = 5.0
 
     def __init__(self, directory):
-        from tensorboard.compat.proto import event_pb2
-
         os.makedirs(directory, exist_ok=True)
         name = "events.out.tfevents.%010d.%s.%s.%s" % (
             time.time(), socket.gethostname(), os.getpid(), next(_event_file_ids)
@@ -282,8 +287,6 @@ class _EventFile:
         `create_metadata(display_name=, description=)` gives a tag's plugin
         metadata, which TensorBoard needs on the tag's first event only.
         """
-        from tensorboard.compat.proto import event_pb2, summary_pb2
-
         with self._lock:
             values = []
             for tag, tensor in tensors:
@@ -325,8 +328,6 @@ def _event_file(log_dir, run):
 
 
 def _string_tensor(strings, shape):
-    from tensorboard.compat.proto import tensor_pb2, tensor_shape_pb2, types_pb2
-
     return tensor_pb2.TensorProto(
         dtype=types_pb2.DT_STRING,
         tensor_shape=tensor_shape_pb2.TensorShapeProto(
