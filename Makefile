@@ -13,7 +13,7 @@ STAMP := $(VENV)/.installed
 TEST_DEVICE_COUNTS := 2 3 4
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: demo test test-versions clean
+.PHONY: demo test test-versions test-browser clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -42,6 +42,18 @@ test: $(STAMP)
 # NIGHTLY=latest tries the newest keras-nightly instead of the pinned build.
 test-versions:
 	NIGHTLY=$(NIGHTLY) PYTHON=$(PYTHON) bash .ci/test-versions
+
+# TensorBoard in a real browser: Debian's chromium, driven by Playwright,
+# over the logs of a short run and a short bench sweep (not part of `make test`).
+BROWSER_STAMP := $(VENV)/.browser-installed
+
+$(BROWSER_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e '.[test,browser]'
+	touch $(BROWSER_STAMP)
+
+test-browser: $(BROWSER_STAMP)
+	bash .ci/install-chromium
+	$(PY) -m pytest tests/browser $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .venv-versions build *.egg-info

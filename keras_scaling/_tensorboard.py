@@ -1,105 +1,132 @@
-"""The one place that writes TensorBoard summaries for keras_scaling.
+"""The one place that writes (and reads back) TensorBoard summaries for keras_scaling.
 
-Summaries go to `log_dir/train`, the directory `keras.callbacks.TensorBoard`
-writes to, so keras_scaling's scalars sit beside the loss.
+Summaries go to a run directory of their own, `log_dir/scaling`, beside the
+`log_dir/train` and `log_dir/validation` that `keras.callbacks.TensorBoard`
+writes: TensorBoard expects one writer per run directory, and its Python
+loader (`--load_fast=false`), watching a run live, moves on to the newest
+event file of a directory and never reads the others again. So every
+summary of a run directory (scalars, text, images, the Custom Scalars layout)
+goes into ONE event file per process, built in Python and written without
+TensorFlow summary ops.
 """
 
+import collections
+import glob
 import itertools
 import os
 import socket
+import struct
 import threading
 import time
 
 import tensorflow as tf
+from tensorboard.compat.proto import (
+    event_pb2,
+    summary_pb2,
+    tensor_pb2,
+    tensor_shape_pb2,
+    types_pb2,
+)
+from tensorboard.plugins.scalar import metadata as scalar_metadata
 
-_writers = {}
+# The run directory, under a log directory, that holds keras_scaling's summaries.
+RUN = "scaling"
+
+# Shown by TensorBoard beside each chart (summary metadata), written with the
+# first event of each tag in an event file.
+TAG_DESCRIPTIONS = {
+    "throughput/samples_per_sec": (
+        "Training samples per second, all replicas together, measured between "
+        "two reads of the optimizer's step counter (warm-up left out)."
+    ),
+    "throughput/steps_per_sec": "Optimizer steps per second.",
+    "throughput/samples_per_sec_per_replica": (
+        "throughput/samples_per_sec divided by the number of replicas."
+    ),
+    "throughput/startup_time_s": (
+        "Seconds from the start of fit to the end of its first execution "
+        "(tracing and compilation included)."
+    ),
+    "throughput/tflops_per_sec": (
+        "Model TFLOP/s, all replicas: FLOPs of one training sample times "
+        "samples/sec, over 1e12."
+    ),
+    "throughput/tflops_per_sec_per_replica": (
+        "throughput/tflops_per_sec divided by the number of replicas."
+    ),
+    "throughput/mfu": (
+        "Model FLOPs utilization: achieved FLOPs/sec over the peak FLOPs/sec of "
+        "all replicas' devices. 1.0 would be every device busy with the model's "
+        "arithmetic all the time."
+    ),
+    "scaling/speedup": (
+        "samples/sec over the baseline's samples/sec (one replica, same "
+        "per-replica batch). Compare with scaling/ideal_speedup."
+    ),
+    "scaling/ideal_speedup": (
+        "The speedup of perfect scaling: replicas divided by the baseline's "
+        "replicas."
+    ),
+    "scaling/efficiency": (
+        "scaling/speedup over scaling/ideal_speedup: 1.0 is perfect scaling, "
+        "0.5 means half of the added replicas' work is lost."
+    ),
+    "replica_sync/max_abs_diff": (
+        "Largest absolute difference between a variable's copy on any replica "
+        "and replica 0's. 0 means every replica holds the same values (in "
+        "sync); above 0, the replicas' copies have diverged (see the log for "
+        "the variables and the likely cause)."
+    ),
+    "replica_sync/diverged_variables": (
+        "Number of variables whose copies differ between replicas. 0 means "
+        "every replica holds the same values (in sync); above 0, that many "
+        "variables have diverged (see the log for which, and why)."
+    ),
+    "throughput/setup": (
+        "The run's set-up: strategy, workers, replicas, batch sizes, baseline."
+    ),
+    "scaling/table": "keras-scaling bench: the sweep's table of speedup and efficiency.",
+    "scaling/speedup_vs_replicas": (
+        "keras-scaling bench: measured speedup against replicas, with the ideal."
+    ),
+    "scaling/efficiency_vs_per_replica_batch": (
+        "keras-scaling bench: scaling efficiency against per-replica batch."
+    ),
+}
+
 _lock = threading.Lock()
+_event_files = {}
+_event_file_ids = itertools.count()
 
 
-def last_step_written(log_dir, tags):
-    """The largest step at which any of `tags` was written in `log_dir/train`, or -1.
-
-    A resumed run continues the step axis of the run it resumes; this says
-    where that run stopped, so no point is written twice.
-
-    Args:
-        log_dir: str, the log directory.
-        tags: a set of scalar tags.
-    """
-    import glob
-
-    from tensorboard.backend.event_processing import event_file_loader
-
-    last_step = -1
-    pattern = os.path.join(train_dir(log_dir), "events.out.tfevents.*")
-    for path in glob.glob(pattern):
-        for event in event_file_loader.EventFileLoader(path).Load():
-            if event.step <= last_step or not event.HasField("summary"):
-                continue
-            if any(value.tag in tags for value in event.summary.value):
-                last_step = event.step
-    return last_step
-
-
-def read_scalars(run_dir):
-    """Every scalar point in the event files of one run directory.
-
-    The one reader of event files, for the code and for the tests: it uses
-    TensorBoard's own event loader, keeps every point (nothing purged, so a
-    step written twice shows up twice), and reads both TF2 tensor summaries
-    and TF1 `simple_value` ones.
+def run_dir(log_dir, run=RUN):
+    """The run directory under `log_dir` that holds keras_scaling's summaries.
 
     Args:
-        run_dir: str, a directory holding `events.out.tfevents.*` files (for
-            example `log_dir/train`).
+        log_dir: str or path, a log directory (as given to
+            `keras.callbacks.TensorBoard`).
+        run: str, the run's name under `log_dir`; default `"scaling"`.
 
     Returns:
-        dict from tag to a list of `(step, value)`: each file's points in
-        the order written, the files in name order.
+        str, `log_dir/run` (for example `log_dir/scaling`).
     """
-    import glob
-
-    from tensorboard.backend.event_processing import event_file_loader
-    from tensorboard.util import tensor_util
-
-    points = {}
-    for path in sorted(glob.glob(os.path.join(os.fspath(run_dir), "events.out.tfevents.*"))):
-        for event in event_file_loader.EventFileLoader(path).Load():
-            if not event.HasField("summary"):
-                continue
-            for value in event.summary.value:
-                kind = value.WhichOneof("value")
-                if kind == "simple_value":
-                    number = float(value.simple_value)
-                elif kind == "tensor" and value.tensor.dtype in _NUMBER_DTYPES:
-                    array = tensor_util.make_ndarray(value.tensor)
-                    if array.size != 1:
-                        continue
-                    number = float(array.reshape(()))
-                else:
-                    continue
-                points.setdefault(value.tag, []).append((int(event.step), number))
-    return points
+    return os.path.join(os.fspath(log_dir), run)
 
 
-# DT_FLOAT, DT_DOUBLE, DT_INT32, DT_INT64: the dtypes of scalar summaries.
-_NUMBER_DTYPES = (1, 2, 3, 9)
+def check_log_dir(log_dir, parameter="log_dir", run=RUN):
+    """Creates `log_dir/run` and raises a clear error when it cannot be written.
 
+    Args:
+        log_dir: str or path.
+        parameter: str, the name the error messages give `log_dir`.
+        run: str, the run directory to create under `log_dir`.
 
-def run_dir(log_dir):
-    """The run directory under `log_dir` that holds keras_scaling's own summaries."""
-    return train_dir(log_dir)
+    Returns:
+        str, the absolute `log_dir`.
 
-
-def train_dir(log_dir):
-    """`log_dir/train`, where `keras.callbacks.TensorBoard(log_dir)` writes."""
-    return os.path.join(os.fspath(log_dir), "train")
-
-
-def check_log_dir(log_dir, parameter="log_dir"):
-    """Creates `log_dir/train` and raises a clear error when it cannot be written.
-
-    Returns the absolute `log_dir`.
+    Raises:
+        TypeError: `log_dir` is not a path.
+        ValueError: the directory cannot be created or written.
     """
     if not isinstance(log_dir, (str, os.PathLike)):
         raise TypeError(
@@ -107,7 +134,7 @@ def check_log_dir(log_dir, parameter="log_dir"):
             f"{type(log_dir).__name__}"
         )
     log_dir = os.path.abspath(os.fspath(log_dir))
-    path = train_dir(log_dir)
+    path = run_dir(log_dir, run)
     try:
         os.makedirs(path, exist_ok=True)
     except OSError as error:
@@ -123,140 +150,315 @@ def check_log_dir(log_dir, parameter="log_dir"):
     return log_dir
 
 
-def writer(log_dir):
-    """The summary writer of `log_dir/train`, one per directory and process."""
-    path = os.path.abspath(train_dir(log_dir))
-    with _lock:
-        if path not in _writers:
-            with tf.init_scope():
-                _writers[path] = tf.summary.create_file_writer(path)
-        return _writers[path]
+# Writing.
 
 
-def write_scalars(log_dir, step, scalars):
-    """Writes `{tag: float}` at `step` (an int) to `log_dir/train`."""
-    with tf.init_scope(), writer(log_dir).as_default():
-        for tag, value in scalars.items():
-            tf.summary.scalar(tag, float(value), step=int(step))
+def write_scalars(log_dir, step, scalars, run=RUN):
+    """Writes `{tag: number}` at `step` to `log_dir/scaling`, in one event.
 
+    The event is built in Python and written in this thread (about twenty
+    microseconds, where a `tf.summary.scalar` op costs about a millisecond),
+    as the scalar plugin's float tensors. A tag's first event in the file
+    carries its description from `TAG_DESCRIPTIONS`.
 
-def write_scalars_fast(log_dir, step, scalars):
-    """Writes `{tag: float}` at `step` to `log_dir/train`, without TensorFlow ops.
-
-    Same events as `write_scalars` (scalar-plugin tensors), for figures written
-    while training: the event is built in Python and written in this thread,
-    which costs about twenty microseconds where a `tf.summary.scalar` op costs
-    about a millisecond. The events go to an event file of their own in
-    `log_dir/train`, flushed every few seconds and by `flush(log_dir)`.
+    Args:
+        log_dir: str or path, the log directory.
+        step: int, the step of every value.
+        scalars: dict from tag to a number.
+        run: str, the run directory under `log_dir`; default `"scaling"`.
     """
-    from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, types_pb2
-
-    event_file = _event_file(log_dir)
-    values = []
-    for tag, value in scalars.items():
-        summary_value = summary_pb2.Summary.Value(
-            tag=tag,
-            tensor=tensor_pb2.TensorProto(dtype=types_pb2.DT_FLOAT, float_val=[float(value)]),
-        )
-        if tag not in event_file.tags_seen:
-            # TensorBoard needs the plugin metadata on a tag's first event only.
-            summary_value.metadata.CopyFrom(_scalar_metadata())
-            event_file.tags_seen.add(tag)
-        values.append(summary_value)
-    event_file.write(
-        event_pb2.Event(
-            wall_time=time.time(), step=int(step), summary=summary_pb2.Summary(value=values)
-        )
+    values = [
+        (tag, tensor_pb2.TensorProto(dtype=types_pb2.DT_FLOAT, float_val=[float(value)]))
+        for tag, value in scalars.items()
+    ]
+    _event_file(log_dir, run).write_values(
+        step, values, scalar_metadata.create_summary_metadata
     )
 
 
+# Callers on the training path know it by this name; it is the same writer.
+write_scalars_fast = write_scalars
+
+
+def write_text(log_dir, step, tag, markdown, run=RUN):
+    """Writes a Markdown text summary to `log_dir/scaling` and flushes it.
+
+    Args:
+        log_dir: str or path, the log directory.
+        step: int.
+        tag: str.
+        markdown: str, shown rendered in TensorBoard's Text dashboard.
+        run: str, the run directory under `log_dir`; default `"scaling"`.
+    """
+    from tensorboard.plugins.text import metadata
+
+    tensor = _string_tensor([markdown.encode("utf-8")], shape=[])
+    event_file = _event_file(log_dir, run)
+    event_file.write_values(step, [(tag, tensor)], metadata.create_summary_metadata)
+    event_file.flush()
+
+
+def write_image(log_dir, step, tag, png_bytes, run=RUN):
+    """Writes one PNG image (encoded bytes) to `log_dir/scaling` and flushes it.
+
+    Args:
+        log_dir: str or path, the log directory.
+        step: int.
+        tag: str.
+        png_bytes: bytes, a PNG file's content.
+        run: str, the run directory under `log_dir`; default `"scaling"`.
+
+    Raises:
+        ValueError: `png_bytes` is not a PNG image.
+    """
+    from tensorboard.plugins.image import metadata
+
+    width, height = _png_size(png_bytes)
+    # The image plugin's tensor: width, height, then the encoded images.
+    tensor = _string_tensor(
+        [str(width).encode(), str(height).encode(), bytes(png_bytes)], shape=[3]
+    )
+    event_file = _event_file(log_dir, run)
+    event_file.write_values(step, [(tag, tensor)], metadata.create_summary_metadata)
+    event_file.flush()
+
+
+def write_custom_scalars_layout(log_dir, layout, run=RUN):
+    """Writes a Custom Scalars dashboard layout (a `layout_pb2.Layout`) and flushes it.
+
+    Args:
+        log_dir: str or path, the log directory.
+        layout: `tensorboard.plugins.custom_scalar.layout_pb2.Layout`.
+        run: str, the run directory under `log_dir`; default `"scaling"`.
+    """
+    from tensorboard.plugins.custom_scalar import metadata
+
+    tensor = _string_tensor([layout.SerializeToString()], shape=[])
+    event_file = _event_file(log_dir, run)
+    event_file.write_values(
+        0,
+        [(metadata.CONFIG_SUMMARY_TAG, tensor)],
+        lambda display_name, description: metadata.create_summary_metadata(),
+    )
+    event_file.flush()
+
+
+def flush(log_dir, run=RUN):
+    """Flushes the event file of `log_dir/scaling`, if this process opened one.
+
+    Args:
+        log_dir: str or path, the log directory.
+        run: str, the run directory under `log_dir`; default `"scaling"`.
+    """
+    with _lock:
+        event_file = _event_files.get(os.path.abspath(run_dir(log_dir, run)))
+    if event_file is not None:
+        event_file.flush()
+
+
 class _EventFile:
-    """An event file written directly, without a thread of its own.
+    """One event file, written directly, without a thread of its own.
 
     Event files are TFRecord files, and `tf.io.TFRecordWriter` frames and
     checksums each record in C++. TensorBoard's `EventFileWriter` instead
     hands each event to a writer thread that computes checksums in Python,
-    competing for the GIL with training. It is flushed at least every
-    `_FLUSH_EVERY_S` seconds, so a process that is killed loses at most the
-    last seconds of figures.
+    competing for the GIL with training. It is flushed on a write at least
+    `_FLUSH_EVERY_S` seconds after the last flush, so a process that is
+    killed loses at most the last seconds of figures.
     """
 
     _FLUSH_EVERY_S = 5.0
 
     def __init__(self, directory):
-        from tensorboard.compat.proto import event_pb2
-
         os.makedirs(directory, exist_ok=True)
         name = "events.out.tfevents.%010d.%s.%s.%s" % (
             time.time(), socket.gethostname(), os.getpid(), next(_event_file_ids)
         )
         self._records = tf.io.TFRecordWriter(os.path.join(directory, name))
-        self.tags_seen = set()
+        self._lock = threading.Lock()
+        self._tags_seen = set()
         self._flushed_at = time.monotonic()
-        self.write(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2"))
+        self._write(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2"))
         self.flush()
 
-    def write(self, event):
+    def write_values(self, step, tensors, create_metadata):
+        """Writes `[(tag, TensorProto)]` as one event at `step`.
+
+        `create_metadata(display_name=, description=)` gives a tag's plugin
+        metadata, which TensorBoard needs on the tag's first event only.
+        """
+        with self._lock:
+            values = []
+            for tag, tensor in tensors:
+                value = summary_pb2.Summary.Value(tag=tag, tensor=tensor)
+                if tag not in self._tags_seen:
+                    value.metadata.CopyFrom(
+                        create_metadata(
+                            display_name=None, description=TAG_DESCRIPTIONS.get(tag)
+                        )
+                    )
+                    self._tags_seen.add(tag)
+                values.append(value)
+            self._write(
+                event_pb2.Event(
+                    wall_time=time.time(),
+                    step=int(step),
+                    summary=summary_pb2.Summary(value=values),
+                )
+            )
+
+    def _write(self, event):
         self._records.write(event.SerializeToString())
         if time.monotonic() - self._flushed_at > self._FLUSH_EVERY_S:
-            self.flush()
+            self._records.flush()
+            self._flushed_at = time.monotonic()
 
     def flush(self):
         self._records.flush()
         self._flushed_at = time.monotonic()
 
 
-_event_files = {}
-_event_file_ids = itertools.count()
-
-
-def _event_file(log_dir):
-    """The `_EventFile` of `log_dir/train`, one per directory and process."""
-    path = os.path.abspath(train_dir(log_dir))
+def _event_file(log_dir, run):
+    """The `_EventFile` of `log_dir/run`, one per directory and process."""
+    path = os.path.abspath(run_dir(log_dir, run))
     with _lock:
         if path not in _event_files:
             _event_files[path] = _EventFile(path)
         return _event_files[path]
 
 
-def _scalar_metadata():
-    from tensorboard.plugins.scalar import metadata
-
-    return metadata.create_summary_metadata(display_name=None, description=None)
-
-
-def write_text(log_dir, step, tag, markdown):
-    """Writes a Markdown text summary to `log_dir/train`."""
-    with tf.init_scope(), writer(log_dir).as_default():
-        tf.summary.text(tag, markdown, step=int(step))
+def _string_tensor(strings, shape):
+    return tensor_pb2.TensorProto(
+        dtype=types_pb2.DT_STRING,
+        tensor_shape=tensor_shape_pb2.TensorShapeProto(
+            dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=size) for size in shape]
+        ),
+        string_val=strings,
+    )
 
 
-def write_image(log_dir, step, tag, png_bytes):
-    """Writes one PNG image (encoded bytes) to `log_dir/train`."""
-    with tf.init_scope(), writer(log_dir).as_default():
-        image = tf.image.decode_png(png_bytes, channels=4)
-        tf.summary.image(tag, image[tf.newaxis], step=int(step))
+def _png_size(png_bytes):
+    """`(width, height)` from a PNG's IHDR chunk."""
+    if not isinstance(png_bytes, (bytes, bytearray)) or png_bytes[:8] != b"\x89PNG\r\n\x1a\n":
+        raise ValueError(
+            f"png_bytes must be the bytes of a PNG file, got "
+            f"{type(png_bytes).__name__} starting {bytes(png_bytes[:8])!r}"
+        )
+    return struct.unpack(">II", png_bytes[16:24])
 
 
-def write_custom_scalars_layout(log_dir, layout):
-    """Writes a Custom Scalars dashboard layout (a `layout_pb2.Layout`)."""
-    from tensorboard.plugins.custom_scalar import summary as custom_scalar_summary
-
-    with tf.init_scope():
-        with writer(log_dir).as_default():
-            tf.summary.experimental.write_raw_pb(
-                custom_scalar_summary.pb(layout).SerializeToString(), step=0
-            )
+# Reading back.
 
 
-def flush(log_dir):
-    """Flushes the writer of `log_dir/train`, if one was opened."""
-    path = os.path.abspath(train_dir(log_dir))
-    with _lock:
-        summary_writer = _writers.get(path)
-        event_file = _event_files.get(path)
-    if summary_writer is not None:
-        with tf.init_scope():
-            summary_writer.flush()
-    if event_file is not None:
-        event_file.flush()
+def read_summaries(run_dir):
+    """Every summary point in the event files of one run directory.
+
+    The one reader of event files, for the code and for the tests: it uses
+    TensorBoard's own event loader and keeps every point (nothing purged, so
+    a step written twice shows up twice).
+
+    Args:
+        run_dir: str or path, a directory holding `events.out.tfevents.*`
+            files (for example `log_dir/scaling` or Keras' `log_dir/train`).
+
+    Returns:
+        dict from tag to a list of `Point`s: each file's points in the order
+        written, the files in name order.
+    """
+    from tensorboard.backend.event_processing import event_file_loader
+
+    points = {}
+    metadata_of = {}
+    for path in sorted(glob.glob(os.path.join(os.fspath(run_dir), "events.out.tfevents.*"))):
+        for event in event_file_loader.EventFileLoader(path).Load():
+            if not event.HasField("summary"):
+                continue
+            for value in event.summary.value:
+                if value.HasField("metadata"):
+                    metadata_of[value.tag] = value.metadata
+                metadata = metadata_of.get(value.tag)
+                plugin = metadata.plugin_data.plugin_name if metadata else ""
+                description = metadata.summary_description if metadata else ""
+                content = _value_content(value, plugin)
+                if content is None:
+                    continue
+                points.setdefault(value.tag, []).append(
+                    Point(int(event.step), content, plugin or "scalars", description)
+                )
+    return points
+
+
+class Point(collections.namedtuple("Point", "step value plugin description")):
+    """One summary point.
+
+    `value` is a float for scalars, a str for text, the PNG bytes for an
+    image and the serialized layout (bytes) for a Custom Scalars layout;
+    `plugin` is the TensorBoard plugin that shows it, `description` the
+    tag's description ("" when none).
+    """
+
+    __slots__ = ()
+
+
+def _value_content(value, plugin):
+    from tensorboard.util import tensor_util
+
+    kind = value.WhichOneof("value")
+    if kind == "simple_value":
+        return float(value.simple_value)
+    if kind != "tensor":
+        return None
+    if value.tensor.dtype in _NUMBER_DTYPES:
+        array = tensor_util.make_ndarray(value.tensor)
+        return float(array.reshape(())) if array.size == 1 else None
+    strings = list(value.tensor.string_val)
+    if plugin == "images" and len(strings) >= 3:
+        return strings[2]
+    if plugin == "text" and len(strings) == 1:
+        return strings[0].decode("utf-8")
+    if plugin == "custom_scalars" and len(strings) == 1:
+        return strings[0]
+    return None
+
+
+# DT_FLOAT, DT_DOUBLE, DT_INT32, DT_INT64: the dtypes of scalar summaries.
+_NUMBER_DTYPES = (1, 2, 3, 9)
+
+
+def read_scalars(run_dir):
+    """Every scalar point in the event files of one run directory.
+
+    Reads both TF2 tensor summaries and TF1 `simple_value` ones (see
+    `read_summaries`).
+
+    Args:
+        run_dir: str or path, a directory holding `events.out.tfevents.*`
+            files (for example `log_dir/scaling`).
+
+    Returns:
+        dict from tag to a list of `(step, value)`: each file's points in
+        the order written, the files in name order.
+    """
+    return {
+        tag: [(point.step, point.value) for point in points]
+        for tag, points in read_summaries(run_dir).items()
+        if isinstance(points[0].value, float)
+    }
+
+
+def last_step_written(log_dir, tags, run=RUN):
+    """The largest step at which any of `tags` was written in `log_dir/scaling`, or -1.
+
+    A resumed run continues the step axis of the run it resumes; this says
+    where that run stopped, so no point is written twice.
+
+    Args:
+        log_dir: str or path, the log directory.
+        tags: a set of scalar tags.
+        run: str, the run directory under `log_dir`; default `"scaling"`.
+
+    Returns:
+        int.
+    """
+    points = read_scalars(run_dir(log_dir, run))
+    return max((step for tag in tags for step, _ in points.get(tag, ())), default=-1)

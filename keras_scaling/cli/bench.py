@@ -28,6 +28,8 @@ _BATCH_DIR = "batch_{}"
 _RUN_DIR_PATTERN = re.compile(r"(replicas|batch)_\d+")
 _EFFICIENT = 0.9
 _WORKER_LOG = "bench_worker.log"
+# The run, under LOGDIR, that holds the sweep's table and plots.
+SUMMARY_RUN = "summary"
 
 _DESCRIPTION = """\
 Train a model on synthetic data at several replica counts and print the
@@ -64,7 +66,9 @@ per replica count), and the smallest per-replica batch that reaches 90%
 efficiency at the largest replica count. Runs go to LOGDIR/batch_B/replicas_N.
 
 Writes LOGDIR/scaling.json, LOGDIR/scaling.png, and the plots and the tables
-into TensorBoard (tensorboard --logdir LOGDIR, Images and Text tabs).
+into TensorBoard (tensorboard --logdir LOGDIR): the run "summary" holds them
+(Images and Text tabs), and each count's figures are in the run
+"replicas_N/scaling" (Time Series and Custom Scalars tabs).
 """
 
 _EXAMPLE = """\
@@ -362,7 +366,7 @@ def _prepare_log_dir(log_dir, overwrite):
     from keras_scaling import _tensorboard
 
     try:
-        return _tensorboard.check_log_dir(log_dir, parameter="--logdir")
+        return _tensorboard.check_log_dir(log_dir, parameter="--logdir", run=SUMMARY_RUN)
     except (TypeError, ValueError) as error:
         raise UsageError(str(error)) from None
 
@@ -370,8 +374,9 @@ def _prepare_log_dir(log_dir, overwrite):
 def _earlier_results(log_dir):
     """The files and directories an earlier bench left in `log_dir`.
 
-    `train` counts only beside a `scaling.json`: without one it may hold a
-    user's own TensorBoard logs.
+    `summary` (and `train`, where earlier versions wrote the summary) counts
+    only beside a `scaling.json`: without one it may hold a user's own
+    TensorBoard logs.
     """
     if not os.path.isdir(log_dir):
         return []
@@ -382,8 +387,8 @@ def _earlier_results(log_dir):
         if _RUN_DIR_PATTERN.fullmatch(name)
         or name in ("scaling.json", "scaling.png", "efficiency.png")
     }
-    if "scaling.json" in names and "train" in names:
-        earlier.add("train")
+    if "scaling.json" in names:
+        earlier.update(names & {SUMMARY_RUN, "train"})
     return sorted(earlier)
 
 
@@ -567,14 +572,16 @@ def _write_results(log_dir, summary, table, args, sweep):
     with open(os.path.join(log_dir, "scaling.png"), "wb") as file:
         file.write(png)
     text = f"{table}\n\nSpeedup over {summary.baseline_source}."
-    _tensorboard.write_image(log_dir, 0, "scaling/speedup_vs_replicas", png)
+    _tensorboard.write_image(
+        log_dir, 0, "scaling/speedup_vs_replicas", png, run=SUMMARY_RUN
+    )
     if sweep.batch_sweep is not None:
         efficiency_png = efficiency_plot_png(summary.rows, title, _EFFICIENT)
         with open(os.path.join(log_dir, "efficiency.png"), "wb") as file:
             file.write(efficiency_png)
         _tensorboard.write_image(
-            log_dir, 0, "scaling/efficiency_vs_per_replica_batch", efficiency_png
+            log_dir, 0, "scaling/efficiency_vs_per_replica_batch", efficiency_png,
+            run=SUMMARY_RUN,
         )
         text += f"\n\n{_efficient_batch_line(summary.rows)}"
-    _tensorboard.write_text(log_dir, 0, "scaling/table", text)
-    _tensorboard.flush(log_dir)
+    _tensorboard.write_text(log_dir, 0, "scaling/table", text, run=SUMMARY_RUN)

@@ -8,9 +8,9 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import keras_scaling
+from keras_scaling import _tensorboard
 from keras_scaling import flops
 
 NUM_FEATURES = 8
@@ -42,18 +42,11 @@ def _fit(strategy, log_dir, layers, **logger_kwargs):
 
 
 def _events(log_dir):
-    accumulator = EventAccumulator(
-        os.path.join(log_dir, "train"), size_guidance={"tensors": 0}
-    )
-    accumulator.Reload()
-    tags = [
-        tag for tag in accumulator.Tags()["tensors"]
-        if tag.startswith(("throughput/", "scaling/")) and tag != "throughput/setup"
-    ]
+    scalars = _tensorboard.read_scalars(_tensorboard.run_dir(log_dir))
     return {
-        tag: {event.step: float(tf.make_ndarray(event.tensor_proto))
-              for event in accumulator.Tensors(tag)}
-        for tag in tags
+        tag: dict(points)
+        for tag, points in scalars.items()
+        if tag.startswith(("throughput/", "scaling/"))
     }
 
 
@@ -101,10 +94,9 @@ def test_given_numbers_are_used_as_given_in_throughput_json(given_run):
 
 @pytest.mark.logical_cpus(2)
 def test_setup_text_shows_flops_and_peak(given_run):
-    accumulator = EventAccumulator(os.path.join(given_run, "train"))
-    accumulator.Reload()
-    (event,) = accumulator.Tensors("throughput/setup")
-    text = tf.make_ndarray(event.tensor_proto).item().decode()
+    summaries = _tensorboard.read_summaries(_tensorboard.run_dir(given_run))
+    (point,) = summaries["throughput/setup"]
+    text = point.value
     assert "| model FLOPs per sample | 5.00 M (given) |" in text
     assert "| peak FLOPs | 0.20 TFLOP/s per replica (given) |" in text
 

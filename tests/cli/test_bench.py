@@ -316,28 +316,94 @@ def test_sweep_writes_a_png_plot(sweep):
     assert image[..., :3].std() > 0.05  # not a blank canvas
 
 
-def test_plot_and_table_are_in_tensorboard(sweep):
-    import tensorflow as tf
-    from tensorboard.backend.event_processing import event_accumulator
+def _drawn_scaling_figure():
+    from keras_scaling.cli import _plot
+
+    # Perfect scaling up to 8 replicas: the last label sits at the top right.
+    rows = [_row(replicas, 32, 1.0) for replicas in (1, 2, 4, 8)]
+    figure = _plot.scaling_figure(rows, "mlp, weak scaling on 8 logical CPU(s)")
+    figure.canvas.draw()
+    return figure
+
+
+def _inside(text, bounds):
+    box = text.get_window_extent()
+    return bounds.x0 <= box.x0 and box.x1 <= bounds.x1 and bounds.y0 <= box.y0 and box.y1 <= bounds.y1
+
+
+def test_efficiency_labels_stay_inside_the_axes():
+    figure = _drawn_scaling_figure()
+    (axes,) = figure.axes
+    labels = [text for text in axes.texts if text.get_text().endswith("%")]
+
+    assert [text.get_text() for text in labels] == ["100%"] * 4
+    for text in labels:
+        assert _inside(text, axes.bbox), text.get_text()
+
+
+def test_no_text_of_the_plot_is_clipped_by_the_image():
+    figure = _drawn_scaling_figure()
+    (axes,) = figure.axes
+    texts = [axes.title, axes.xaxis.label, axes.yaxis.label, *axes.texts,
+             *axes.get_xticklabels(), *axes.get_yticklabels(),
+             *axes.get_legend().get_texts()]
+
+    for text in texts:
+        if text.get_visible() and text.get_text():
+            assert _inside(text, figure.bbox), text.get_text()
+
+
+def test_plot_text_stays_readable_in_a_card_half_the_image_width():
+    figure = _drawn_scaling_figure()
+    (axes,) = figure.axes
+    texts = [axes.title, axes.xaxis.label, *axes.texts, *axes.get_xticklabels()]
+
+    # TensorBoard's image card shows the 640-pixel image about 300 pixels wide.
+    smallest_px = min(text.get_size() * figure.dpi / 72 for text in texts)
+    assert smallest_px / 2 >= 8
+
+
+def test_plot_and_table_are_in_the_summary_run_of_tensorboard(sweep):
+    from keras_scaling import _tensorboard
 
     log_dir, result = sweep
-    accumulator = event_accumulator.EventAccumulator(
-        str(log_dir / "train"), size_guidance={event_accumulator.TENSORS: 0}
-    )
-    accumulator.Reload()
+    summaries = _tensorboard.read_summaries(log_dir / "summary")
 
-    plugins = {
-        tag: accumulator.SummaryMetadata(tag).plugin_data.plugin_name
-        for tag in accumulator.Tags()["tensors"]
-    }
+    plugins = {tag: points[0].plugin for tag, points in summaries.items()}
     assert plugins == {"scaling/speedup_vs_replicas": "images", "scaling/table": "text"}
-    text = tf.make_ndarray(accumulator.Tensors("scaling/table")[0].tensor_proto)
-    assert "\n".join(_table_lines(result.stdout)) in text.item().decode()
-    image = tf.make_ndarray(accumulator.Tensors("scaling/speedup_vs_replicas")[0].tensor_proto)
-    assert image[0:2].tolist() == [b"640", b"480"]
-    logged = tf.image.decode_png(image[2], channels=4).numpy()
-    written = tf.image.decode_png((log_dir / "scaling.png").read_bytes(), channels=4)
-    assert (logged == written.numpy()).all()
+    (table,) = summaries["scaling/table"]
+    assert "\n".join(_table_lines(result.stdout)) in table.value
+    (image,) = summaries["scaling/speedup_vs_replicas"]
+    assert image.value == (log_dir / "scaling.png").read_bytes()
+
+
+def test_bench_runs_are_named_for_what_they_hold(sweep):
+    log_dir, _ = sweep
+    runs = sorted(
+        os.path.relpath(directory, log_dir)
+        for directory, _, files in os.walk(log_dir)
+        if any(name.startswith("events.out.tfevents.") for name in files)
+    )
+
+    assert runs == ["replicas_1/scaling", "replicas_2/scaling", "summary"]
+    assert not (log_dir / "train").exists()
+
+
+def test_each_run_writes_one_event_file_per_run_directory(sweep):
+    log_dir, _ = sweep
+    for run in ("replicas_1/scaling", "replicas_2/scaling", "summary"):
+        files = os.listdir(log_dir / run)
+        assert len(files) == 1, f"{run}: {files}"
+
+
+def test_each_replica_count_logs_its_throughput_in_its_own_run(sweep):
+    from keras_scaling import _tensorboard
+
+    log_dir, _ = sweep
+    for run in ("replicas_1", "replicas_2"):
+        scalars = _tensorboard.read_scalars(_tensorboard.run_dir(log_dir / run))
+        assert scalars["throughput/samples_per_sec"], run
+        assert "scaling/speedup" in scalars, run
 
 
 def test_report_on_the_sweep_reproduces_its_table(sweep):
@@ -420,13 +486,13 @@ def test_batch_sweep_with_measured_peak_has_mfu(batch_sweep):
 
 
 def test_batch_sweep_writes_the_efficiency_plot_also_to_tensorboard(batch_sweep):
-    from tensorboard.backend.event_processing import event_accumulator
+    from keras_scaling import _tensorboard
 
     log_dir, _ = batch_sweep
-    assert (log_dir / "efficiency.png").read_bytes().startswith(b"\x89PNG")
-    accumulator = event_accumulator.EventAccumulator(str(log_dir / "train"))
-    accumulator.Reload()
-    assert "scaling/efficiency_vs_per_replica_batch" in accumulator.Tags()["tensors"]
+    png = (log_dir / "efficiency.png").read_bytes()
+    summaries = _tensorboard.read_summaries(log_dir / "summary")
+    (image,) = summaries["scaling/efficiency_vs_per_replica_batch"]
+    assert image.value == png
 
 
 def test_overwrite_removes_only_what_an_earlier_bench_wrote(tmp_path):
@@ -435,22 +501,24 @@ def test_overwrite_removes_only_what_an_earlier_bench_wrote(tmp_path):
     (tmp_path / "replicas_1").mkdir()
     (tmp_path / "replicas_1" / "throughput.json").write_text("{}")
     (tmp_path / "scaling.json").write_text("{}")
-    (tmp_path / "train").mkdir()
-    (tmp_path / "train" / "old_events").write_text("")
+    for run in ("summary", "train"):  # train: the summary run of earlier versions
+        (tmp_path / run).mkdir()
+        (tmp_path / run / "old_events").write_text("")
     (tmp_path / "notes.txt").write_text("mine")
 
     bench._prepare_log_dir(tmp_path, overwrite=True)
 
-    assert sorted(os.listdir(tmp_path)) == ["notes.txt", "train"]
-    assert os.listdir(tmp_path / "train") == []
+    assert sorted(os.listdir(tmp_path)) == ["notes.txt", "summary"]
+    assert os.listdir(tmp_path / "summary") == []
 
 
-def test_a_train_directory_without_a_bench_is_not_an_earlier_bench(tmp_path):
+@pytest.mark.parametrize("run", ["summary", "train"])
+def test_a_run_directory_without_a_bench_is_not_an_earlier_bench(tmp_path, run):
     from keras_scaling.cli import bench
 
-    (tmp_path / "train").mkdir()
-    (tmp_path / "train" / "events").write_text("")
+    (tmp_path / run).mkdir()
+    (tmp_path / run / "events").write_text("")
 
     bench._prepare_log_dir(tmp_path, overwrite=False)
 
-    assert os.listdir(tmp_path / "train") == ["events"]
+    assert os.listdir(tmp_path / run) == ["events"]
