@@ -6,7 +6,8 @@ from keras_scaling.throughput import (
     Interval,
     ThroughputStats,
     ThroughputWindow,
-    scaling,
+    auto_update_freq,
+    speedup,
     weighted_percentile,
 )
 
@@ -154,15 +155,15 @@ def test_steady_state_percentiles_spread_with_step_times():
     assert steady.samples_per_sec == pytest.approx(16 / 0.05)
 
 
-def test_scaling_divides_by_baseline_and_by_ideal():
-    figures = scaling(1800.0, 1000.0, num_replicas=2)
+def test_speedup_divides_by_baseline_and_by_ideal():
+    figures = speedup(1800.0, 1000.0, num_replicas=2)
     assert figures.speedup == pytest.approx(1.8)
     assert figures.ideal_speedup == 2.0
     assert figures.efficiency == pytest.approx(0.9)
 
 
-def test_scaling_over_a_multi_replica_baseline_compares_replica_ratios():
-    figures = scaling(3400.0, 1000.0, num_replicas=8, baseline_num_replicas=2)
+def test_speedup_over_a_multi_replica_baseline_compares_replica_ratios():
+    figures = speedup(3400.0, 1000.0, num_replicas=8, baseline_num_replicas=2)
     assert figures.speedup == pytest.approx(3.4)
     assert figures.ideal_speedup == 4.0
     assert figures.efficiency == pytest.approx(0.85)
@@ -174,9 +175,38 @@ def test_scaling_over_a_multi_replica_baseline_compares_replica_ratios():
         ((0.0, 1000.0, 2), "samples_per_sec must be a positive"),
         ((100.0, -1.0, 2), "baseline_samples_per_sec must be a positive"),
         ((100.0, float("nan"), 2), "baseline_samples_per_sec must be a positive"),
-        ((100.0, 100.0, 0), "num_replicas must be at least 1"),
+        ((100.0, 100.0, 0), "num_replicas must be an integer >= 1"),
     ],
 )
-def test_scaling_refuses_nonsense(args, message):
+def test_speedup_refuses_nonsense(args, message):
     with pytest.raises(ValueError, match=message):
-        scaling(*args)
+        speedup(*args)
+
+
+def test_speedup_accepts_numpy_numbers():
+    import numpy as np
+
+    figures = speedup(np.float32(1800.0), np.float64(1000.0), num_replicas=np.int64(2))
+    assert (figures.speedup, figures.ideal_speedup) == (pytest.approx(1.8), 2.0)
+
+
+@pytest.mark.parametrize(
+    "step_time_s, read_cost_s, expected",
+    [
+        (0.010, 0.0002, 10),    # long steps: the floor
+        (0.0005, 0.0002, 100),  # 0.2 ms reads over 0.5 ms steps need 80 steps: 100
+        (0.001, 0.0002, 50),    # 40 steps needed: 50
+        (0.0001, 0.0002, 500),  # 400 steps needed: 500
+        (0.001, 0.0, 10),
+    ],
+)
+def test_auto_update_freq_keeps_reads_under_half_a_percent_on_round_steps(
+        step_time_s, read_cost_s, expected):
+    steps = auto_update_freq(step_time_s, read_cost_s)
+    assert steps == expected
+    assert read_cost_s / (steps * step_time_s) <= 0.005
+
+
+def test_auto_update_freq_refuses_a_step_of_no_time():
+    with pytest.raises(ValueError, match="step_time_s must be a positive number"):
+        auto_update_freq(0.0, 0.001)
