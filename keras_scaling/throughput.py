@@ -40,6 +40,7 @@ class Interval:
     Example:
 
     ```python
+    from keras_scaling.throughput import Interval
     interval = Interval(end_iterations=20, steps=10, samples=320, duration_s=0.5)
     interval.samples_per_sec   # 640.0
     interval.step_time_s       # 0.05
@@ -82,6 +83,7 @@ class ThroughputWindow:
     Example:
 
     ```python
+    from keras_scaling.throughput import ThroughputWindow
     window = ThroughputWindow()
     window.restart(time_s=10.0, iterations=4, samples=128)
     interval = window.update(time_s=10.5, iterations=14, samples=448)
@@ -184,6 +186,7 @@ def weighted_percentile(values, weights, q):
     Example:
 
     ```python
+    from keras_scaling.throughput import weighted_percentile
     # step times of 3 intervals of 10, 10 and 80 steps
     weighted_percentile([0.5, 0.3, 0.2], [10, 10, 80], 50)   # 0.2
     ```
@@ -230,6 +233,7 @@ class SteadyState:
     Example:
 
     ```python
+    from keras_scaling.throughput import Interval, ThroughputStats
     stats = ThroughputStats()
     stats.add(Interval(end_iterations=10, steps=10, samples=320, duration_s=0.5))
     stats.add(Interval(end_iterations=20, steps=10, samples=320, duration_s=2.0))
@@ -254,6 +258,7 @@ class ThroughputStats:
     Example:
 
     ```python
+    from keras_scaling.throughput import Interval, ThroughputStats
     stats = ThroughputStats()
     stats.add(Interval(end_iterations=20, steps=10, samples=320, duration_s=0.5))
     stats.steady_state().samples_per_sec   # 640.0

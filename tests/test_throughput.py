@@ -210,3 +210,41 @@ def test_auto_update_freq_keeps_reads_under_half_a_percent_on_round_steps(
 def test_auto_update_freq_refuses_a_step_of_no_time():
     with pytest.raises(ValueError, match="step_time_s must be a positive number"):
         auto_update_freq(0.0, 0.001)
+
+
+def _examples(module_name):
+    """The ```python blocks of every docstring of a module, with where they are."""
+    import ast
+    import importlib.util
+    import re
+
+    source = importlib.util.find_spec(module_name).origin
+    with open(source, encoding="utf-8") as file:
+        tree = ast.parse(file.read())
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef)):
+            for block in re.findall(r"```python\n(.*?)```", ast.get_docstring(node) or "", re.S):
+                yield pytest.param(block, id=f"{module_name}.{getattr(node, 'name', '')}")
+
+
+_EXAMPLE_MODULES = (
+    "keras_scaling.throughput",
+    "keras_scaling.baseline",
+    "keras_scaling._run_record",
+    "keras_scaling.callbacks.throughput",
+)
+
+
+@pytest.mark.parametrize(
+    "code", [example for module in _EXAMPLE_MODULES for example in _examples(module)]
+)
+def test_docstring_example_runs_as_written_in_a_fresh_process(code, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
+        timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
