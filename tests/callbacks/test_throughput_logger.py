@@ -497,6 +497,19 @@ def test_one_replica_auto_is_its_own_baseline_and_advises_once(tmp_path, caplog)
     ]
 
 
+def test_traces_of_the_train_step_are_counted_without_reaching_into_keras(tmp_path):
+    from keras_scaling.callbacks import throughput as throughput_callback
+
+    model = _model()
+    logger = keras_scaling.ThroughputLogger(tmp_path, baseline=None, update_freq=2)
+    model.fit(_dataset(256, 16), epochs=2, verbose=0, callbacks=[logger])
+    traced_once = throughput_callback._traces(model)
+    # Another batch shape: Keras traces its train function again.
+    model.fit(_dataset(256, 32), epochs=1, verbose=0, callbacks=[logger])
+    assert traced_once >= 1
+    assert throughput_callback._traces(model) > traced_once
+
+
 def test_baseline_none_writes_no_scaling_tags(tmp_path):
     model = _model()
     logger = keras_scaling.ThroughputLogger(tmp_path, baseline=None, update_freq=2)
