@@ -12,6 +12,7 @@ speedup of those records.
 """
 
 import dataclasses
+import logging
 import numbers
 import os
 import time
@@ -29,11 +30,14 @@ from keras_scaling._run_record import (
 )
 from keras_scaling.throughput import ThroughputWindow
 
+logger = logging.getLogger("keras_scaling")
+
 __all__ = [
     "Baseline",
     "FIELDS",
     "THROUGHPUT_JSON",
     "VERSION",
+    "for_run",
     "measure_samples_per_sec",
     "read_throughput_json",
     "resolve_baseline",
@@ -136,6 +140,86 @@ def resolve_baseline(baseline, parameter="baseline"):
         f"{parameter} must be a positive number, a path, 'measure', 'auto' or "
         f"None, got {type(baseline).__name__}: {baseline!r}"
     )
+
+
+def for_run(baseline, setup, *, model, one_replica_spec, device, measures=True,
+            shared_cores=False):
+    """The baseline of a run once its set-up is known, and what its speedup means.
+
+    A file's set-up is compared with the run's (a warning names each
+    difference); `"auto"` with one replica becomes the run itself; `"auto"`
+    with several and `"measure"` time a copy of `model` alone on `device`
+    (where `measures`, the chief; elsewhere the figure stays unknown).
+
+    Args:
+        baseline: a `Baseline` from `resolve_baseline`, or None.
+        setup: dict with `num_replicas`, `per_replica_batch_size`,
+            `dtype_policy` and `device_kind`.
+        model: the compiled Keras model being trained.
+        one_replica_spec: one replica's batch spec, static shapes.
+        device: str, the device to time the copy on.
+        measures: bool, whether this process times the copy.
+        shared_cores: bool, whether the replicas are logical CPUs that share
+            the cores the copy has to itself.
+
+    Returns:
+        `(Baseline or None, note or None)`: the note says what the speedup
+        means when it cannot be compared like with like (logged once here).
+
+    Raises:
+        ValueError: `"measure"` could not time the copy.
+
+    Example:
+
+    ```python
+    from keras_scaling import baseline
+    resolved, note = baseline.for_run(
+        baseline.resolve_baseline("auto"),
+        {"num_replicas": 1, "per_replica_batch_size": 32,
+         "dtype_policy": "float32", "device_kind": "CPU"},
+        model=None, one_replica_spec=None, device="/device:CPU:0",
+    )
+    resolved.mode   # 'self': one replica is its own baseline
+    ```
+    """
+    from keras_scaling import _throughput_advice
+
+    if baseline is None:
+        return None, None
+    if baseline.mode == "file":
+        differences = setup_differences(
+            baseline.record,
+            per_replica_batch_size=setup["per_replica_batch_size"],
+            dtype_policy=setup["dtype_policy"],
+            device_kind=setup["device_kind"],
+        )
+        if baseline.num_replicas != 1:
+            differences.append(f"the baseline ran on {baseline.num_replicas} replicas, not 1")
+        if differences:
+            logger.warning(
+                "ThroughputLogger: the baseline %s was measured with another "
+                "set-up, so speedup compares unlike runs: %s",
+                baseline.source, "; ".join(differences),
+            )
+        return baseline, None
+    if baseline.mode == "auto" and setup["num_replicas"] == 1:
+        return Baseline(mode="self", source="this run (one replica is its own baseline)"), None
+    if baseline.mode not in ("auto", "measure") or not measures:
+        return baseline, None
+    try:
+        samples_per_sec = measure_samples_per_sec(model, one_replica_spec, device)
+    except ValueError as error:
+        if baseline.mode == "measure":
+            raise
+        logger.warning("ThroughputLogger: no baseline, so no scaling/ tags: %s", error)
+        return None, None
+    note = None
+    if shared_cores:
+        note = _throughput_advice.shared_cores_baseline(setup["num_replicas"])
+        logger.warning("ThroughputLogger: %s", note)
+    return baseline.with_value(
+        samples_per_sec, f"measured: a copy of the model alone on {device}"
+    ), note
 
 
 def setup_differences(record, *, per_replica_batch_size, dtype_policy, device_kind):

@@ -306,7 +306,7 @@ class ThroughputLogger(keras.callbacks.Callback):
     def _open_window_or_finish(self):
         try:
             self._open_window()
-        except _GlobalBatchSizeUnknown as error:
+        except _iterator_plan.GlobalBatchSizeUnknown as error:
             # Training goes on; only the figures that need it are lost.
             logger.warning("%s ThroughputLogger measures nothing in this fit.", error)
             self._finish()
@@ -422,13 +422,9 @@ class ThroughputLogger(keras.callbacks.Callback):
 
     def _set_up(self, iterations):
         info = self._info
-        global_batch_size = self._resolve_global_batch_size()
-        if global_batch_size % info.num_replicas:
-            raise ValueError(
-                f"global_batch_size={global_batch_size} is not divisible by the "
-                f"{info.num_replicas} replicas; pass the samples of one optimizer "
-                "step over all replicas"
-            )
+        global_batch_size = _iterator_plan.global_batch_size(
+            self.global_batch_size, self._iterator, self._element_spec, info.num_replicas
+        )
         policy = getattr(self.model, "dtype_policy", None)
         self._setup = {
             "strategy": info.kind,
@@ -439,7 +435,16 @@ class ThroughputLogger(keras.callbacks.Callback):
             "global_batch_size": global_batch_size,
             "dtype_policy": getattr(policy, "name", str(policy)),
         }
-        self._resolve_baseline()
+        self._baseline, self._baseline_note = baseline_lib.for_run(
+            self._baseline, self._setup,
+            model=self.model,
+            one_replica_spec=_throughput_flops.one_replica_spec(
+                self._element_spec, self._setup["per_replica_batch_size"]),
+            device=info.local_devices[0],
+            measures=info.is_chief,
+            shared_cores=(info.device_kind == "CPU" and info.replicas_per_worker > 1
+                          and os.environ.get(_THREADPOOL_ENV) != "1"),
+        )
         if info.is_chief:
             self._flops = _throughput_flops.resolve(
                 self.model, flops_per_sample=self.flops_per_sample,
@@ -456,85 +461,6 @@ class ThroughputLogger(keras.callbacks.Callback):
                     self.log_dir, iterations, dashboard.SETUP_TAG,
                     dashboard.setup_markdown(self._setup_rows()),
                 )
-
-    def _resolve_global_batch_size(self):
-        per_replica = _static_batch_size(self._element_spec)
-        replicas = self._info.num_replicas
-        if self.global_batch_size is not None:
-            if per_replica is not None and per_replica * replicas != self.global_batch_size:
-                logger.warning(
-                    "ThroughputLogger: global_batch_size=%d, but the data's batches "
-                    "hold %d samples per replica x %d replicas = %d",
-                    self.global_batch_size, per_replica, replicas, per_replica * replicas,
-                )
-            return self.global_batch_size
-        planned = _iterator_plan.planned_global_batch_size(self._iterator)
-        if planned is not None:
-            return planned
-        if per_replica is not None:
-            return per_replica * replicas
-        raise _GlobalBatchSizeUnknown(
-            "ThroughputLogger cannot tell the global batch size: the training "
-            "data's batch dimension is not static (arrays or a dataset whose last "
-            f"batch is partial; element_spec: {self._element_spec}). Pass "
-            "ThroughputLogger(global_batch_size=<samples per step over all "
-            "replicas>), or batch with drop_remainder=True (as "
-            "keras_scaling.data.distribute does)."
-        )
-
-    def _resolve_baseline(self):
-        baseline = self._baseline
-        if baseline is None:
-            return
-        setup = self._setup
-        if baseline.mode == "file":
-            differences = baseline_lib.setup_differences(
-                baseline.record,
-                per_replica_batch_size=setup["per_replica_batch_size"],
-                dtype_policy=setup["dtype_policy"],
-                device_kind=setup["device_kind"],
-            )
-            if baseline.num_replicas != 1:
-                differences.append(
-                    f"the baseline ran on {baseline.num_replicas} replicas, not 1"
-                )
-            if differences:
-                logger.warning(
-                    "ThroughputLogger: the baseline %s was measured with another "
-                    "set-up, so speedup compares unlike runs: %s",
-                    baseline.source, "; ".join(differences),
-                )
-            return
-        if baseline.mode == "auto" and setup["num_replicas"] == 1:
-            self._baseline = baseline_lib.Baseline(
-                mode="self", source="this run (one replica is its own baseline)"
-            )
-            return
-        if baseline.mode not in ("auto", "measure") or not self._info.is_chief:
-            return
-        device = self._info.local_devices[0]
-        try:
-            samples_per_sec = baseline_lib.measure_samples_per_sec(
-                self.model,
-                _throughput_flops.one_replica_spec(
-                    self._element_spec, setup["per_replica_batch_size"]),
-                device,
-            )
-        except ValueError as error:
-            if baseline.mode == "measure":
-                raise
-            logger.warning(
-                "ThroughputLogger: no baseline, so no scaling/ tags: %s", error
-            )
-            self._baseline = None
-            return
-        self._baseline = baseline.with_value(
-            samples_per_sec, f"measured: a copy of the model alone on {device}"
-        )
-        if (setup["device_kind"] == "CPU" and self._info.replicas_per_worker > 1
-                and os.environ.get(_THREADPOOL_ENV) != "1"):
-            self._baseline_note = advice_lib.shared_cores_baseline(setup["num_replicas"])
-            logger.warning("ThroughputLogger: %s", self._baseline_note)
 
     def _setup_rows(self):
         setup = self._setup
@@ -748,10 +674,6 @@ class ThroughputLogger(keras.callbacks.Callback):
         )
 
 
-class _GlobalBatchSizeUnknown(ValueError):
-    """The samples of a step cannot be counted, so throughput is unknown."""
-
-
 def _enable_compat(model):
     from keras_scaling import compat
 
@@ -786,18 +708,3 @@ def _traces(model):
     if model.run_eagerly:
         return 0  # nothing is traced: train_step runs at every step
     return _trace_counts.get(model, 0)
-
-
-def _static_batch_size(element_spec):
-    """One replica's static batch size from an input spec, or None."""
-    if element_spec is None:
-        return None
-    sizes = set()
-    for spec in tf.nest.flatten(element_spec, expand_composites=True):
-        shape = getattr(spec, "shape", None)
-        if shape is not None and shape.rank:
-            sizes.add(shape[0])
-    if len(sizes) != 1:
-        return None
-    (size,) = sizes
-    return size
