@@ -7,6 +7,7 @@ throughput into the `tflops`/`mfu` tags, record keys and set-up rows.
 """
 
 import logging
+import weakref
 
 import tensorflow as tf
 
@@ -17,6 +18,9 @@ logger = logging.getLogger("keras_scaling")
 
 # A device without a peak figure is named once per process, not once per fit.
 _PEAK_REASONS_LOGGED = set()
+# Counting traces the model's training graph (a fixed cost of a few hundred
+# ms); a model trained again on batches of the same spec is not counted again.
+_COUNTED = weakref.WeakKeyDictionary()
 
 
 class ModelFlops:
@@ -110,13 +114,17 @@ def resolve(model, *, flops_per_sample, peak_flops, element_spec, setup, device)
     elif flops_per_sample != "auto":
         resolved.flops_per_sample, resolved.flops_source = flops_per_sample, "given"
     else:
-        sample = one_replica_spec(element_spec, setup["per_replica_batch_size"])
-        try:
-            counted, reason = flops_lib.count_training_flops(
-                model, sample=_training_sample(sample)
-            )
-        except Exception as error:  # counting must never stop training
-            counted, reason = None, f"{type(error).__name__}: {error}"
+        sample = _training_sample(
+            one_replica_spec(element_spec, setup["per_replica_batch_size"]))
+        key = repr(sample)
+        if key in _COUNTED.get(model, {}):
+            counted, reason = _COUNTED[model][key]
+        else:
+            try:
+                counted, reason = flops_lib.count_training_flops(model, sample=sample)
+            except Exception as error:  # counting must never stop training
+                counted, reason = None, f"{type(error).__name__}: {error}"
+            _COUNTED.setdefault(model, {})[key] = (counted, reason)
         if counted is None:
             logger.warning("ThroughputLogger: no model FLOPs, so no tflops or mfu "
                            "tags: %s", reason)
