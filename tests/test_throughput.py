@@ -248,3 +248,67 @@ def test_docstring_example_runs_as_written_in_a_fresh_process(code, tmp_path):
         timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
     )
     assert result.returncode == 0, result.stderr[-3000:]
+
+
+# --- the logger's pure helpers: dashboard text, advice, background saving -------
+
+
+def test_a_baseline_inside_the_log_dir_is_named_relative_to_it(tmp_path):
+    from keras_scaling import _throughput_dashboard as dashboard
+
+    inside = tmp_path / "runs" / "one" / "throughput.json"
+    assert dashboard.path_for_display(inside, tmp_path / "runs") == "one/throughput.json"
+    outside = tmp_path / "elsewhere" / "throughput.json"
+    assert dashboard.path_for_display(outside, tmp_path / "runs") == str(outside)
+
+
+def test_setup_table_has_a_header_and_no_empty_rows():
+    from keras_scaling import _throughput_dashboard as dashboard
+
+    text = dashboard.setup_markdown([("replicas", 2), ("note", None), ("empty", "")])
+    assert text.splitlines() == ["| setting | value |", "|---|---|", "| replicas | 2 |"]
+
+
+def test_short_step_advice_only_below_five_ms_and_one_step_per_call():
+    from keras_scaling import _throughput_advice as advice
+
+    assert "steps_per_execution=20" in advice.short_steps(0.001, 1)
+    assert advice.short_steps(0.001, 4) is None
+    assert advice.short_steps(0.006, 1) is None
+
+
+def test_low_efficiency_advice_names_the_likelier_cause():
+    from keras_scaling import _throughput_advice as advice
+
+    low = speedup(1000.0, 1000.0, num_replicas=2)   # efficiency 0.5
+    slow_input = advice.low_efficiency(low, 1000.0, 1100.0, None, host_cpu_replicas=False)
+    assert "the input is the likelier cause" in slow_input
+    fast_input = advice.low_efficiency(low, 1000.0, 5000.0, None, host_cpu_replicas=True)
+    assert "combining the updates" in fast_input and "share its cores" in fast_input
+    assert advice.low_efficiency(speedup(1900.0, 1000.0, 2), 1900.0, None, "x",
+                                 host_cpu_replicas=False) is None
+
+
+def test_background_save_saves_after_news_only():
+    import threading
+    import time
+
+    from keras_scaling import _background_save
+
+    saved = threading.Event()
+    calls = []
+
+    def save():
+        calls.append(1)
+        saved.set()
+
+    saver = _background_save.BackgroundSave(save, period_s=0.05)
+    try:
+        time.sleep(0.3)
+        assert calls == []   # nothing new, nothing saved
+        saver.news()
+        assert saved.wait(5)
+        time.sleep(0.3)
+        assert calls == [1]  # once per news
+    finally:
+        saver.stop()

@@ -256,7 +256,6 @@ class ThroughputLogger(keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch, logs=None):
         self._window.close()
-        self._epoch = epoch
         self._epoch_stats = ThroughputStats()
 
     def on_test_begin(self, logs=None):
@@ -644,7 +643,7 @@ class ThroughputLogger(keras.callbacks.Callback):
         logger.warning("ThroughputLogger: %s", text)
         with self._lock:
             _tensorboard.write_text(
-                self.log_dir, self._last_written_step or 0, dashboard.ADVICE_TAG, text)
+                self.log_dir, max(0, self._last_written_step or 0), dashboard.ADVICE_TAG, text)
 
     def _input_samples_per_sec(self):
         """The input pipeline's samples/sec over all workers, or (None, why not)."""
