@@ -1,8 +1,8 @@
-"""Private Keras names outside the trainer: layers, optimizers, variables, `fit`.
+"""Private Keras names outside the trainer: layers, optimizers, variables.
 
-Keras has no public way to list every nested layer, to tell seed-generator
-states and gradient accumulators from other variables, or to hand a
-callback the batch size of `fit`'s data. Each such reach is here, guarded:
+Keras has no public way to list every nested layer, or to tell
+seed-generator states and gradient accumulators from other variables. Each
+such reach is here, guarded:
 when a release moves the name, the guard logs one warning and the caller
 gets a fallback built from public names, or "unknown".
 """
@@ -114,61 +114,3 @@ def tf_variable_of(variable):
 def is_keras_variable(value):
     """Whether `value` is a Keras variable (not a raw `tf.Variable`)."""
     return isinstance(value, keras.Variable)
-
-
-@_probes.guarded(
-    "keras.fit.epoch_iterator",
-    reaches="the `epoch_iterator` local of keras.Model.fit (read from the call stack)",
-    lost="the global batch of array inputs with a partial last batch is not found",
-    workaround="Pass ThroughputLogger(global_batch_size=...).",
-)
-def batch_size_of_running_fit(frame):
-    """The batch size Keras' data adapter knows for the running fit, or None.
-
-    Keras hands callbacks no handle on the data. Its adapter, which knows the
-    batch size of arrays even when the last batch is partial (so the batch
-    dimension is not static), is a local of `fit` (`epoch_iterator`), found
-    on the call stack above `frame`; it is only read.
-    """
-    try:
-        while frame is not None:
-            if frame.f_code.co_name == "fit" and frame.f_globals.get(
-                "__name__", ""
-            ).startswith("keras."):
-                adapter = frame.f_locals["epoch_iterator"].data_adapter
-                batch_size = adapter.batch_size
-                if isinstance(batch_size, int) and batch_size > 0:
-                    return batch_size
-                return None
-            frame = frame.f_back
-        return None
-    finally:
-        del frame
-
-
-@_probes.guarded(
-    "keras.train_function.tracing_count",
-    reaches="the tf.functions in the closure of Keras' train function",
-    lost="steps that retrace the train function are not left out of the timing",
-    workaround="Give the data static shapes (keras_scaling.data.distribute does).",
-)
-def tracing_count(function):
-    """How often the tf.functions behind a compiled Keras train function were traced.
-
-    Raises when none is found: Keras then builds its train function another
-    way, and the guard turns retrace detection off.
-    """
-    if isinstance(function, tf.types.experimental.GenericFunction):
-        return function.experimental_get_tracing_count()
-    counters = []
-    for cell in function.__closure__ or ():
-        try:
-            contents = cell.cell_contents
-        except ValueError:  # an empty cell
-            continue
-        counter = getattr(contents, "experimental_get_tracing_count", None)
-        if callable(counter):
-            counters.append(counter)
-    if not counters:
-        raise AttributeError("no tf.function found in the train function's closure")
-    return sum(counter() for counter in counters)

@@ -1,177 +1,50 @@
-"""Throughput baselines and `throughput.json`: the one place that reads and writes it.
+"""Throughput baselines, and the public names of the run record `throughput.json`.
 
 A baseline is the throughput of one replica with the same per-replica batch;
 speedup is measured against it. It comes from a number, from an earlier run's
 `throughput.json`, or from timing a copy of the model on one device.
 
-`log_dir/throughput.json` (written by `ThroughputLogger`, read by
-`keras-scaling report` and `bench`) holds, with `"version": 1`:
-
-| key | meaning |
-|---|---|
-| `samples_per_sec` | steady-state median throughput, all replicas (null when no step was measured) |
-| `steps_per_sec` | steady-state median optimizer steps per second |
-| `step_time_s` | `{"p10", "p50", "p90"}` step time percentiles in seconds |
-| `num_replicas`, `num_workers` | replicas in sync, workers |
-| `per_replica_batch_size`, `global_batch_size` | batch sizes |
-| `device_kind` | `"CPU"`, `"GPU"` or `"TPU"` |
-| `dtype_policy` | the model's dtype policy, such as `"float32"` |
-| `strategy` | the strategy's class name |
-| `baseline_samples_per_sec`, `baseline_source` | the baseline and where it came from, or null |
-| `speedup`, `efficiency` | steady-state speedup and scaling efficiency, or null |
-| `steps_measured` | optimizer steps the steady-state figures are based on |
-| `startup_time_s` | seconds from the start of training to the end of the first execution |
-| `flops_per_sample`, `flops_source` | floating-point operations of one training sample (forward and backward) and where the figure comes from (`"counted"`, `"given"`, or why there is none) |
-| `peak_flops_per_replica`, `peak_source` | peak FLOPs/sec of one replica's device and where it comes from (a datasheet, `"given"`, a measured matmul), or null |
-| `mfu` | steady-state model FLOPs utilization: `flops_per_sample * samples_per_sec / (peak_flops_per_replica * num_replicas)`, or null |
-
-Files written before the FLOPs keys existed are read with those keys null.
+`log_dir/throughput.json` is written by `ThroughputLogger` and read by
+baselines, `keras-scaling report` and `bench`; its keys are listed in
+`FIELDS` and explained in the README. `read_throughput_json`,
+`write_throughput_json` and `speedup_of` are the one reader, writer and
+speedup of those records.
 """
 
 import dataclasses
-import json
-import math
+import logging
+import numbers
 import os
 import time
 
 from keras_scaling import _threads
+from keras_scaling import _validation
+from keras_scaling._run_record import (
+    FIELDS,
+    THROUGHPUT_JSON,
+    VERSION,
+    measured_samples_per_sec,
+    read_throughput_json,
+    speedup_of,
+    write_throughput_json,
+)
 from keras_scaling.throughput import ThroughputWindow
+
+logger = logging.getLogger("keras_scaling")
 
 __all__ = [
     "Baseline",
     "FIELDS",
     "THROUGHPUT_JSON",
     "VERSION",
+    "for_run",
     "measure_samples_per_sec",
     "read_throughput_json",
     "resolve_baseline",
     "setup_differences",
+    "speedup_of",
     "write_throughput_json",
 ]
-
-# The file name in a run's log_dir.
-THROUGHPUT_JSON = "throughput.json"
-# The format version, the record's "version" key.
-VERSION = 1
-# Every key of a record, in the order written.
-FIELDS = (
-    "version",
-    "samples_per_sec",
-    "steps_per_sec",
-    "step_time_s",
-    "num_replicas",
-    "num_workers",
-    "per_replica_batch_size",
-    "global_batch_size",
-    "device_kind",
-    "dtype_policy",
-    "strategy",
-    "baseline_samples_per_sec",
-    "baseline_source",
-    "speedup",
-    "efficiency",
-    "steps_measured",
-    "startup_time_s",
-    "flops_per_sample",
-    "flops_source",
-    "peak_flops_per_replica",
-    "peak_source",
-    "mfu",
-)
-# Keys added to version 1 later: older files lack them, and read as null.
-_LATER_FIELDS = ("flops_per_sample", "flops_source", "peak_flops_per_replica",
-                 "peak_source", "mfu")
-
-
-def write_throughput_json(log_dir, record):
-    """Writes `record` to `log_dir/throughput.json`, atomically.
-
-    Readers never see a half-written file: it is written beside and renamed.
-
-    Args:
-        log_dir: the run's log directory.
-        record: dict with exactly the keys of `FIELDS`; the FLOPs keys
-            (added later to version 1) may be left out and are written null.
-
-    Returns:
-        The path written.
-
-    Raises:
-        ValueError: `record` lacks a key of `FIELDS` or has another key.
-
-    Example:
-
-    ```python
-    import tempfile
-    from keras_scaling import baseline
-    record = dict.fromkeys(baseline.FIELDS)
-    record.update(version=baseline.VERSION, samples_per_sec=1500.0, num_replicas=1)
-    path = baseline.write_throughput_json(tempfile.mkdtemp(), record)
-    ```
-    """
-    record = {**dict.fromkeys(_LATER_FIELDS), **record}
-    missing = [key for key in FIELDS if key not in record]
-    extra = [key for key in record if key not in FIELDS]
-    if missing or extra:
-        raise ValueError(
-            f"throughput record does not match version {VERSION}: missing "
-            f"{missing}, unexpected {extra}"
-        )
-    path = os.path.join(os.fspath(log_dir), THROUGHPUT_JSON)
-    temporary = f"{path}.tmp{os.getpid()}"
-    with open(temporary, "w", encoding="utf-8") as file:
-        json.dump(record, file, indent=2, sort_keys=False)
-        file.write("\n")
-    os.replace(temporary, path)
-    return path
-
-
-def read_throughput_json(path, parameter="path"):
-    """Reads an earlier run's `throughput.json`.
-
-    Args:
-        path: the file, or the run's `log_dir` that holds it.
-        parameter: the argument name to use in error messages.
-
-    Returns:
-        The record, a dict with the keys of `FIELDS`.
-
-    Raises:
-        ValueError: the file is missing, not JSON, or not a version-1
-            throughput record.
-
-    Example:
-
-    ```python
-    from keras_scaling import baseline
-    record = baseline.read_throughput_json("runs/one_gpu")   # or .../throughput.json
-    record["samples_per_sec"], record["num_replicas"]
-    ```
-    """
-    path = os.fspath(path)
-    if os.path.isdir(path):
-        path = os.path.join(path, THROUGHPUT_JSON)
-    if not os.path.isfile(path):
-        raise ValueError(
-            f"{parameter}={path!r} does not exist; pass an earlier run's log_dir "
-            f"(holding {THROUGHPUT_JSON}) or the path of its {THROUGHPUT_JSON}"
-        )
-    try:
-        with open(path, encoding="utf-8") as file:
-            record = json.load(file)
-    except (OSError, json.JSONDecodeError) as error:
-        raise ValueError(f"{parameter}={path!r} cannot be read as JSON: {error}") from None
-    if not isinstance(record, dict) or record.get("version") != VERSION:
-        raise ValueError(
-            f"{parameter}={path!r} is not a version-{VERSION} {THROUGHPUT_JSON} "
-            "written by ThroughputLogger"
-        )
-    for key in _LATER_FIELDS:
-        record.setdefault(key, None)
-    missing = [key for key in FIELDS if key not in record]
-    if missing:
-        raise ValueError(f"{parameter}={path!r} lacks the keys {missing}")
-    return record
 
 
 @dataclasses.dataclass(frozen=True)
@@ -231,21 +104,21 @@ def resolve_baseline(baseline, parameter="baseline"):
     Example:
 
     ```python
+    from keras_scaling.baseline import resolve_baseline
     resolve_baseline(1500.0).samples_per_sec   # 1500.0
-    resolve_baseline("runs/one_gpu").source    # 'runs/one_gpu/throughput.json'
+    resolve_baseline("measure").mode           # 'measure'
+    # An earlier run's log_dir: its source is the absolute path of its
+    # throughput.json, such as '/home/me/runs/one_gpu/throughput.json'.
     ```
     """
     if baseline is None:
         return None
     if isinstance(baseline, bool):
         raise TypeError(f"{parameter} must not be a bool, got {baseline!r}")
-    if isinstance(baseline, (int, float)):
-        if not (baseline > 0 and math.isfinite(baseline)):
-            raise ValueError(
-                f"{parameter} must be a positive number of samples/sec of one "
-                f"replica, got {baseline}"
-            )
-        return Baseline(mode="number", samples_per_sec=float(baseline), source="given")
+    if isinstance(baseline, numbers.Real):
+        samples_per_sec = _validation.positive_number(
+            baseline, parameter, unit="samples/sec of one replica")
+        return Baseline(mode="number", samples_per_sec=samples_per_sec, source="given")
     if isinstance(baseline, str) and baseline in ("measure", "auto"):
         return Baseline(mode=baseline)
     if isinstance(baseline, (str, os.PathLike)):
@@ -253,15 +126,12 @@ def resolve_baseline(baseline, parameter="baseline"):
         if os.path.isdir(path):
             path = os.path.join(path, THROUGHPUT_JSON)
         record = read_throughput_json(path, parameter=parameter)
-        samples_per_sec = record["samples_per_sec"]
-        if not (isinstance(samples_per_sec, (int, float)) and samples_per_sec > 0):
-            raise ValueError(
-                f"{parameter}={path!r} holds no measured samples_per_sec "
-                f"(got {samples_per_sec!r}); train that run for more steps"
-            )
+        samples_per_sec = measured_samples_per_sec(
+            record, f"{parameter}={path!r}", "train that run for more steps"
+        )
         return Baseline(
             mode="file",
-            samples_per_sec=float(samples_per_sec),
+            samples_per_sec=samples_per_sec,
             source=path,
             num_replicas=int(record["num_replicas"]),
             record=record,
@@ -270,6 +140,86 @@ def resolve_baseline(baseline, parameter="baseline"):
         f"{parameter} must be a positive number, a path, 'measure', 'auto' or "
         f"None, got {type(baseline).__name__}: {baseline!r}"
     )
+
+
+def for_run(baseline, setup, *, model, one_replica_spec, device, measures=True,
+            shared_cores=False):
+    """The baseline of a run once its set-up is known, and what its speedup means.
+
+    A file's set-up is compared with the run's (a warning names each
+    difference); `"auto"` with one replica becomes the run itself; `"auto"`
+    with several and `"measure"` time a copy of `model` alone on `device`
+    (where `measures`, the chief; elsewhere the figure stays unknown).
+
+    Args:
+        baseline: a `Baseline` from `resolve_baseline`, or None.
+        setup: dict with `num_replicas`, `per_replica_batch_size`,
+            `dtype_policy` and `device_kind`.
+        model: the compiled Keras model being trained.
+        one_replica_spec: one replica's batch spec, static shapes.
+        device: str, the device to time the copy on.
+        measures: bool, whether this process times the copy.
+        shared_cores: bool, whether the replicas are logical CPUs that share
+            the cores the copy has to itself.
+
+    Returns:
+        `(Baseline or None, note or None)`: the note says what the speedup
+        means when it cannot be compared like with like (logged once here).
+
+    Raises:
+        ValueError: `"measure"` could not time the copy.
+
+    Example:
+
+    ```python
+    from keras_scaling import baseline
+    resolved, note = baseline.for_run(
+        baseline.resolve_baseline("auto"),
+        {"num_replicas": 1, "per_replica_batch_size": 32,
+         "dtype_policy": "float32", "device_kind": "CPU"},
+        model=None, one_replica_spec=None, device="/device:CPU:0",
+    )
+    resolved.mode   # 'self': one replica is its own baseline
+    ```
+    """
+    from keras_scaling import _throughput_advice
+
+    if baseline is None:
+        return None, None
+    if baseline.mode == "file":
+        differences = setup_differences(
+            baseline.record,
+            per_replica_batch_size=setup["per_replica_batch_size"],
+            dtype_policy=setup["dtype_policy"],
+            device_kind=setup["device_kind"],
+        )
+        if baseline.num_replicas != 1:
+            differences.append(f"the baseline ran on {baseline.num_replicas} replicas, not 1")
+        if differences:
+            logger.warning(
+                "ThroughputLogger: the baseline %s was measured with another "
+                "set-up, so speedup compares unlike runs: %s",
+                baseline.source, "; ".join(differences),
+            )
+        return baseline, None
+    if baseline.mode == "auto" and setup["num_replicas"] == 1:
+        return Baseline(mode="self", source="this run (one replica is its own baseline)"), None
+    if baseline.mode not in ("auto", "measure") or not measures:
+        return baseline, None
+    try:
+        samples_per_sec = measure_samples_per_sec(model, one_replica_spec, device)
+    except ValueError as error:
+        if baseline.mode == "measure":
+            raise
+        logger.warning("ThroughputLogger: no baseline, so no scaling/ tags: %s", error)
+        return None, None
+    note = None
+    if shared_cores:
+        note = _throughput_advice.shared_cores_baseline(setup["num_replicas"])
+        logger.warning("ThroughputLogger: %s", note)
+    return baseline.with_value(
+        samples_per_sec, f"measured: a copy of the model alone on {device}"
+    ), note
 
 
 def setup_differences(record, *, per_replica_batch_size, dtype_policy, device_kind):
@@ -290,6 +240,7 @@ def setup_differences(record, *, per_replica_batch_size, dtype_policy, device_ki
     Example:
 
     ```python
+    from keras_scaling.baseline import setup_differences
     setup_differences({"per_replica_batch_size": 32, "dtype_policy": "float32",
                        "device_kind": "GPU"}, per_replica_batch_size=64,
                       dtype_policy="float32", device_kind="GPU")

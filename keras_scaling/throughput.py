@@ -1,4 +1,4 @@
-"""Throughput arithmetic: measuring windows, steady-state statistics, speedup.
+"""Throughput arithmetic: measuring windows, steady-state statistics, speedup, read spacing.
 
 Numbers in, numbers out: nothing here knows about Keras, so every figure
 `ThroughputLogger` writes can be checked with made-up numbers and a fake clock.
@@ -11,15 +11,17 @@ after validation and checkpoints, a retrace).
 """
 
 import dataclasses
-import math
+
+from keras_scaling import _validation
 
 __all__ = [
     "Interval",
-    "Scaling",
+    "Speedup",
     "SteadyState",
     "ThroughputStats",
     "ThroughputWindow",
-    "scaling",
+    "auto_update_freq",
+    "speedup",
     "weighted_percentile",
 ]
 
@@ -38,6 +40,7 @@ class Interval:
     Example:
 
     ```python
+    from keras_scaling.throughput import Interval
     interval = Interval(end_iterations=20, steps=10, samples=320, duration_s=0.5)
     interval.samples_per_sec   # 640.0
     interval.step_time_s       # 0.05
@@ -80,6 +83,7 @@ class ThroughputWindow:
     Example:
 
     ```python
+    from keras_scaling.throughput import ThroughputWindow
     window = ThroughputWindow()
     window.restart(time_s=10.0, iterations=4, samples=128)
     interval = window.update(time_s=10.5, iterations=14, samples=448)
@@ -182,6 +186,7 @@ def weighted_percentile(values, weights, q):
     Example:
 
     ```python
+    from keras_scaling.throughput import weighted_percentile
     # step times of 3 intervals of 10, 10 and 80 steps
     weighted_percentile([0.5, 0.3, 0.2], [10, 10, 80], 50)   # 0.2
     ```
@@ -228,6 +233,7 @@ class SteadyState:
     Example:
 
     ```python
+    from keras_scaling.throughput import Interval, ThroughputStats
     stats = ThroughputStats()
     stats.add(Interval(end_iterations=10, steps=10, samples=320, duration_s=0.5))
     stats.add(Interval(end_iterations=20, steps=10, samples=320, duration_s=2.0))
@@ -252,6 +258,7 @@ class ThroughputStats:
     Example:
 
     ```python
+    from keras_scaling.throughput import Interval, ThroughputStats
     stats = ThroughputStats()
     stats.add(Interval(end_iterations=20, steps=10, samples=320, duration_s=0.5))
     stats.steady_state().samples_per_sec   # 640.0
@@ -290,7 +297,7 @@ class ThroughputStats:
 
 
 @dataclasses.dataclass(frozen=True)
-class Scaling:
+class Speedup:
     """Speedup over a baseline, against the ideal.
 
     Args:
@@ -302,7 +309,8 @@ class Scaling:
     Example:
 
     ```python
-    result = scaling(1800.0, 1000.0, num_replicas=2)
+    from keras_scaling.throughput import speedup
+    result = speedup(1800.0, 1000.0, num_replicas=2)
     f"{result.speedup:.1f}x of {result.ideal_speedup:.0f}x, {result.efficiency:.0%}"
     # '1.8x of 2x, 90%'
     ```
@@ -313,9 +321,13 @@ class Scaling:
     efficiency: float
 
 
-def scaling(samples_per_sec, baseline_samples_per_sec, num_replicas,
+def speedup(samples_per_sec, baseline_samples_per_sec, num_replicas,
             baseline_num_replicas=1):
-    """Speedup and scaling efficiency of a run over its baseline.
+    """Speedup, ideal speedup and scaling efficiency of a run over its baseline.
+
+    The one place this arithmetic is done: `ThroughputLogger` (through it for
+    each interval, and through `keras_scaling.baseline.speedup_of` for its
+    record), `keras-scaling report` and `keras-scaling bench` all use it.
 
     Args:
         samples_per_sec: float, the run's throughput, all replicas together.
@@ -325,30 +337,68 @@ def scaling(samples_per_sec, baseline_samples_per_sec, num_replicas,
         baseline_num_replicas: int, the baseline's replicas, default 1.
 
     Returns:
-        A `Scaling`.
+        A `Speedup`.
+
+    Raises:
+        ValueError: a throughput that is not positive and finite, or fewer
+            than 1 replica.
 
     Example:
 
     ```python
+    from keras_scaling.throughput import speedup
     # 2 replicas reach 1800 samples/s; one replica alone reached 1000.
-    scaling(1800.0, 1000.0, num_replicas=2)
-    # Scaling(speedup=1.8, ideal_speedup=2.0, efficiency=0.9)
+    speedup(1800.0, 1000.0, num_replicas=2)
+    # Speedup(speedup=1.8, ideal_speedup=2.0, efficiency=0.9)
     ```
     """
-    for name, value in (
-        ("samples_per_sec", samples_per_sec),
-        ("baseline_samples_per_sec", baseline_samples_per_sec),
-    ):
-        if not (value > 0 and math.isfinite(value)):
-            raise ValueError(f"{name} must be a positive finite number, got {value}")
-    for name, value in (
-        ("num_replicas", num_replicas),
-        ("baseline_num_replicas", baseline_num_replicas),
-    ):
-        if value < 1:
-            raise ValueError(f"{name} must be at least 1, got {value}")
-    speedup = samples_per_sec / baseline_samples_per_sec
+    samples_per_sec = _validation.positive_number(
+        samples_per_sec, "samples_per_sec", unit="samples/sec")
+    baseline_samples_per_sec = _validation.positive_number(
+        baseline_samples_per_sec, "baseline_samples_per_sec", unit="samples/sec")
+    num_replicas = _validation.positive_int(num_replicas, "num_replicas")
+    baseline_num_replicas = _validation.positive_int(
+        baseline_num_replicas, "baseline_num_replicas")
+    ratio = samples_per_sec / baseline_samples_per_sec
     ideal_speedup = num_replicas / baseline_num_replicas
-    return Scaling(
-        speedup=speedup, ideal_speedup=ideal_speedup, efficiency=speedup / ideal_speedup
-    )
+    return Speedup(speedup=ratio, ideal_speedup=ideal_speedup, efficiency=ratio / ideal_speedup)
+
+
+def auto_update_freq(step_time_s, read_cost_s, *, max_share=0.005, floor_steps=10):
+    """Steps between counter reads so that reading costs at most `max_share` of training.
+
+    Each read of the step counter waits for the devices and costs
+    `read_cost_s`; spread over `n` steps of `step_time_s` it costs
+    `read_cost_s / (n * step_time_s)`. The answer is rounded up to 1, 2 or 5
+    times a power of ten, so the points fall on round steps.
+
+    Args:
+        step_time_s: float, seconds per optimizer step.
+        read_cost_s: float, seconds one measurement costs the training loop.
+        max_share: float, the largest share of step time measuring may take.
+        floor_steps: int, the fewest steps between reads.
+
+    Returns:
+        int, steps between reads.
+
+    Example:
+
+    ```python
+    from keras_scaling.throughput import auto_update_freq
+    auto_update_freq(0.0005, 0.0002)   # 0.2 ms per read over 0.5 ms steps: 100
+    auto_update_freq(0.010, 0.0002)    # long steps: the floor, 10
+    ```
+    """
+    step_time_s = _validation.positive_number(step_time_s, "step_time_s", unit="seconds")
+    read_cost_s = _validation.non_negative_number(read_cost_s, "read_cost_s", unit="seconds")
+    floor_steps = _validation.positive_int(floor_steps, "floor_steps")
+    needed = read_cost_s / (max_share * step_time_s)
+    steps = floor_steps
+    magnitude = 1
+    while steps < needed:
+        for factor in (1, 2, 5):
+            candidate = factor * magnitude
+            if candidate >= floor_steps and candidate >= needed:
+                return candidate
+        magnitude *= 10
+    return steps

@@ -26,10 +26,13 @@ def _record(**changes):
         "strategy": "_DefaultDistributionStrategy",
         "baseline_samples_per_sec": None,
         "baseline_source": None,
+        "baseline_num_replicas": None,
         "speedup": None,
+        "ideal_speedup": None,
         "efficiency": None,
         "steps_measured": 90,
         "startup_time_s": 1.25,
+        "epochs": [{"epoch": 0, "samples_per_sec": 1500.0, "steps_measured": 90}],
         "flops_per_sample": 3.2e6,
         "flops_source": "counted",
         "peak_flops_per_replica": None,
@@ -55,15 +58,46 @@ def test_write_refuses_a_record_off_the_schema(tmp_path):
         baseline_lib.write_throughput_json(tmp_path, record)
 
 
-def test_files_written_before_the_flops_keys_read_them_as_null(tmp_path):
+def test_files_written_before_the_later_keys_read_them_as_null(tmp_path):
     older = _record()
     for key in ("flops_per_sample", "flops_source", "peak_flops_per_replica",
-                "peak_source", "mfu"):
+                "peak_source", "mfu", "baseline_num_replicas", "ideal_speedup", "epochs"):
         del older[key]
     (tmp_path / "throughput.json").write_text(json.dumps(older))
     record = baseline_lib.read_throughput_json(tmp_path)
     assert record["flops_per_sample"] is None and record["mfu"] is None
+    assert record["baseline_num_replicas"] is record["epochs"] is None
     assert record["samples_per_sec"] == 1500.0
+
+
+def test_speedup_of_a_record_uses_its_baseline_and_its_replicas():
+    run = _record(samples_per_sec=3400.0, num_replicas=8,
+                  baseline_samples_per_sec=1000.0, baseline_num_replicas=2)
+    figures = baseline_lib.speedup_of(run)
+    assert figures.speedup == pytest.approx(3.4)
+    assert figures.ideal_speedup == 4.0
+    assert figures.efficiency == pytest.approx(0.85)
+
+
+def test_speedup_of_a_record_over_another_run_uses_that_runs_replicas():
+    run = _record(samples_per_sec=1800.0, num_replicas=2, baseline_samples_per_sec=1.0)
+    one_replica = _record(samples_per_sec=1000.0, num_replicas=1)
+    figures = baseline_lib.speedup_of(run, one_replica)
+    assert (figures.speedup, figures.ideal_speedup) == (pytest.approx(1.8), 2.0)
+
+
+def test_speedup_of_a_record_without_a_baseline_is_none():
+    assert baseline_lib.speedup_of(_record()) is None
+    assert baseline_lib.speedup_of(_record(samples_per_sec=None, baseline_samples_per_sec=9.0)) is None
+
+
+def test_old_records_without_baseline_replicas_count_one():
+    run = _record(samples_per_sec=1800.0, num_replicas=2, baseline_samples_per_sec=1000.0)
+    assert baseline_lib.speedup_of(run).ideal_speedup == 2.0
+
+
+def test_numpy_number_is_a_baseline():
+    assert baseline_lib.resolve_baseline(np.float32(1200.0)).samples_per_sec == 1200.0
 
 
 def test_read_refuses_files_that_are_not_throughput_records(tmp_path):

@@ -23,8 +23,6 @@ _TIMEOUT_S = 180
 
 # Every probe, and the test module that makes it fail.
 PROBES_TESTED_IN = {
-    "keras.fit.epoch_iterator": "test_probes_mirrored",
-    "keras.train_function.tracing_count": "test_probes_mirrored",
     "tf.distribute.iterator_dataset": "test_probes_mirrored",
     "tf.data.dataset_inputs": "test_probes_mirrored",
     "tf.distribute.per_replica_spec": "test_probes_mirrored",

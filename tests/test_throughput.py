@@ -6,7 +6,8 @@ from keras_scaling.throughput import (
     Interval,
     ThroughputStats,
     ThroughputWindow,
-    scaling,
+    auto_update_freq,
+    speedup,
     weighted_percentile,
 )
 
@@ -154,15 +155,15 @@ def test_steady_state_percentiles_spread_with_step_times():
     assert steady.samples_per_sec == pytest.approx(16 / 0.05)
 
 
-def test_scaling_divides_by_baseline_and_by_ideal():
-    figures = scaling(1800.0, 1000.0, num_replicas=2)
+def test_speedup_divides_by_baseline_and_by_ideal():
+    figures = speedup(1800.0, 1000.0, num_replicas=2)
     assert figures.speedup == pytest.approx(1.8)
     assert figures.ideal_speedup == 2.0
     assert figures.efficiency == pytest.approx(0.9)
 
 
-def test_scaling_over_a_multi_replica_baseline_compares_replica_ratios():
-    figures = scaling(3400.0, 1000.0, num_replicas=8, baseline_num_replicas=2)
+def test_speedup_over_a_multi_replica_baseline_compares_replica_ratios():
+    figures = speedup(3400.0, 1000.0, num_replicas=8, baseline_num_replicas=2)
     assert figures.speedup == pytest.approx(3.4)
     assert figures.ideal_speedup == 4.0
     assert figures.efficiency == pytest.approx(0.85)
@@ -174,9 +175,140 @@ def test_scaling_over_a_multi_replica_baseline_compares_replica_ratios():
         ((0.0, 1000.0, 2), "samples_per_sec must be a positive"),
         ((100.0, -1.0, 2), "baseline_samples_per_sec must be a positive"),
         ((100.0, float("nan"), 2), "baseline_samples_per_sec must be a positive"),
-        ((100.0, 100.0, 0), "num_replicas must be at least 1"),
+        ((100.0, 100.0, 0), "num_replicas must be an integer >= 1"),
     ],
 )
-def test_scaling_refuses_nonsense(args, message):
+def test_speedup_refuses_nonsense(args, message):
     with pytest.raises(ValueError, match=message):
-        scaling(*args)
+        speedup(*args)
+
+
+def test_speedup_accepts_numpy_numbers():
+    import numpy as np
+
+    figures = speedup(np.float32(1800.0), np.float64(1000.0), num_replicas=np.int64(2))
+    assert (figures.speedup, figures.ideal_speedup) == (pytest.approx(1.8), 2.0)
+
+
+@pytest.mark.parametrize(
+    "step_time_s, read_cost_s, expected",
+    [
+        (0.010, 0.0002, 10),    # long steps: the floor
+        (0.0005, 0.0002, 100),  # 0.2 ms reads over 0.5 ms steps need 80 steps: 100
+        (0.001, 0.0002, 50),    # 40 steps needed: 50
+        (0.0001, 0.0002, 500),  # 400 steps needed: 500
+        (0.001, 0.0, 10),
+    ],
+)
+def test_auto_update_freq_keeps_reads_under_half_a_percent_on_round_steps(
+        step_time_s, read_cost_s, expected):
+    steps = auto_update_freq(step_time_s, read_cost_s)
+    assert steps == expected
+    assert read_cost_s / (steps * step_time_s) <= 0.005
+
+
+def test_auto_update_freq_refuses_a_step_of_no_time():
+    with pytest.raises(ValueError, match="step_time_s must be a positive number"):
+        auto_update_freq(0.0, 0.001)
+
+
+def _examples(module_name):
+    """The ```python blocks of every docstring of a module, with where they are."""
+    import ast
+    import importlib.util
+    import re
+
+    source = importlib.util.find_spec(module_name).origin
+    with open(source, encoding="utf-8") as file:
+        tree = ast.parse(file.read())
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef)):
+            for block in re.findall(r"```python\n(.*?)```", ast.get_docstring(node) or "", re.S):
+                yield pytest.param(block, id=f"{module_name}.{getattr(node, 'name', '')}")
+
+
+_EXAMPLE_MODULES = (
+    "keras_scaling.throughput",
+    "keras_scaling.baseline",
+    "keras_scaling._run_record",
+    "keras_scaling.callbacks.throughput",
+)
+
+
+@pytest.mark.parametrize(
+    "code", [example for module in _EXAMPLE_MODULES for example in _examples(module)]
+)
+def test_docstring_example_runs_as_written_in_a_fresh_process(code, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
+        timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+# --- the logger's pure helpers: dashboard text, advice, background saving -------
+
+
+def test_a_baseline_inside_the_log_dir_is_named_relative_to_it(tmp_path):
+    from keras_scaling import _throughput_dashboard as dashboard
+
+    inside = tmp_path / "runs" / "one" / "throughput.json"
+    assert dashboard.path_for_display(inside, tmp_path / "runs") == "one/throughput.json"
+    outside = tmp_path / "elsewhere" / "throughput.json"
+    assert dashboard.path_for_display(outside, tmp_path / "runs") == str(outside)
+
+
+def test_setup_table_has_a_header_and_no_empty_rows():
+    from keras_scaling import _throughput_dashboard as dashboard
+
+    text = dashboard.setup_markdown([("replicas", 2), ("note", None), ("empty", "")])
+    assert text.splitlines() == ["| setting | value |", "|---|---|", "| replicas | 2 |"]
+
+
+def test_short_step_advice_only_below_five_ms_and_one_step_per_call():
+    from keras_scaling import _throughput_advice as advice
+
+    assert "steps_per_execution=20" in advice.short_steps(0.001, 1)
+    assert advice.short_steps(0.001, 4) is None
+    assert advice.short_steps(0.006, 1) is None
+
+
+def test_low_efficiency_advice_names_the_likelier_cause():
+    from keras_scaling import _throughput_advice as advice
+
+    low = speedup(1000.0, 1000.0, num_replicas=2)   # efficiency 0.5
+    slow_input = advice.low_efficiency(low, 1000.0, 1100.0, None, host_cpu_replicas=False)
+    assert "the input is the likelier cause" in slow_input
+    fast_input = advice.low_efficiency(low, 1000.0, 5000.0, None, host_cpu_replicas=True)
+    assert "combining the updates" in fast_input and "share its cores" in fast_input
+    assert advice.low_efficiency(speedup(1900.0, 1000.0, 2), 1900.0, None, "x",
+                                 host_cpu_replicas=False) is None
+
+
+def test_background_save_saves_after_news_only():
+    import threading
+    import time
+
+    from keras_scaling import _background_save
+
+    saved = threading.Event()
+    calls = []
+
+    def save():
+        calls.append(1)
+        saved.set()
+
+    saver = _background_save.BackgroundSave(save, period_s=0.05)
+    try:
+        time.sleep(0.3)
+        assert calls == []   # nothing new, nothing saved
+        saver.news()
+        assert saved.wait(5)
+        time.sleep(0.3)
+        assert calls == [1]  # once per news
+    finally:
+        saver.stop()

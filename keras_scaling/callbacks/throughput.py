@@ -2,69 +2,69 @@
 
 import atexit
 import logging
-import math
-import sys
+import os
+import threading
 import time
+import weakref
 
 import keras
 import tensorflow as tf
 
-from keras_scaling import _keras_internals
-from keras_scaling import _tf_data_internals
+from keras_scaling import _background_save
+from keras_scaling import _input_probe
+from keras_scaling import _run_record
 from keras_scaling import _tensorboard
+from keras_scaling import _throughput_advice as advice_lib
+from keras_scaling import _throughput_dashboard as dashboard
+from keras_scaling import _throughput_flops
+from keras_scaling import _validation
 from keras_scaling import baseline as baseline_lib
 from keras_scaling import devices
 from keras_scaling import utilization as utilization_lib
-from keras_scaling.throughput import ThroughputStats, ThroughputWindow, scaling
+from keras_scaling.data import _iterator_plan
+from keras_scaling.throughput import (
+    ThroughputStats,
+    ThroughputWindow,
+    auto_update_freq,
+    speedup,
+)
 
 logger = logging.getLogger("keras_scaling")
 
-_SCALAR_TAGS = frozenset({
-    "throughput/samples_per_sec",
-    "throughput/steps_per_sec",
-    "throughput/samples_per_sec_per_replica",
-    "throughput/startup_time_s",
-    "scaling/speedup",
-    "scaling/efficiency",
-    "scaling/ideal_speedup",
-    "throughput/tflops_per_sec",
-    "throughput/tflops_per_sec_per_replica",
-    "throughput/mfu",
-})
 DEFAULT_WARMUP_STEPS = 5
-# Steps shorter than this are dominated by the training loop's fixed cost per
-# call (Python, callbacks, dispatch), which steps_per_execution amortises.
-_SHORT_STEP_S = 0.005
-_LOW_EFFICIENCY = 0.8
+# update_freq="auto": reads of the step counter cost at most this share of
+# the measured step time, and are at least this many steps apart.
+_AUTO_MAX_SHARE = 0.005
+_AUTO_FLOOR_STEPS = 10
 _ADVICE_AFTER_INTERVALS = 3
-_INPUT_PROBE_BATCHES = 20
-_PYTHON_OPS = frozenset({"PyFunc", "PyFuncStateless", "EagerPyFunc", "GeneratorDataset"})
-# A device without a peak figure is named once per process, not once per fit.
-_PEAK_REASONS_LOGGED = set()
+# Set before TensorFlow starts, each logical CPU has a thread pool of its own
+# (tensorflow/core/common_runtime/local_device.cc), as `keras-scaling bench` does.
+_THREADPOOL_ENV = "TF_OVERRIDE_GLOBAL_THREADPOOL"
 
 
 class ThroughputLogger(keras.callbacks.Callback):
     """Writes throughput, speedup and scaling efficiency to TensorBoard.
 
-    Scalars go to `log_dir/train`, beside the loss that
-    `keras.callbacks.TensorBoard(log_dir)` writes, with the optimizer's
-    `iterations` as the step:
+    Scalars go to keras_scaling's run directory under `log_dir`, beside the
+    loss that `keras.callbacks.TensorBoard(log_dir)` writes, with the
+    optimizer's `iterations` as the step:
 
     | tag | meaning |
     |---|---|
-    | `throughput/samples_per_sec` | samples trained per second, all replicas together |
+    | `throughput/samples_per_sec` | samples trained per second over the interval, all replicas together |
     | `throughput/steps_per_sec` | optimizer steps per second |
     | `throughput/samples_per_sec_per_replica` | `samples_per_sec / replicas` |
     | `throughput/startup_time_s` | seconds from the start of `fit` to the end of its first execution (tracing included) |
     | `scaling/speedup` | `samples_per_sec / baseline` (the baseline: one replica, same per-replica batch) |
-    | `scaling/ideal_speedup` | replicas (divided by the baseline's replicas, 1 unless a file says otherwise) |
+    | `scaling/ideal_speedup` | replicas divided by the baseline's replicas (1 unless a file says otherwise) |
     | `scaling/efficiency` | `speedup / ideal_speedup`; 1.0 is perfect scaling |
     | `throughput/tflops_per_sec` | model TFLOP/s, all replicas: `flops_per_sample * samples_per_sec / 1e12` |
     | `throughput/tflops_per_sec_per_replica` | `tflops_per_sec / replicas` |
     | `throughput/mfu` | model FLOPs utilization: achieved FLOPs/sec / (peak FLOPs/sec of one replica x replicas) |
 
-    plus a Custom Scalars chart of speedup against ideal, and a text summary
-    of the set-up (strategy, workers, replicas, batch sizes, baseline).
+    plus a Custom Scalars chart of speedup within its ideal, a text table of
+    the set-up (strategy, workers, replicas, batch sizes, baseline) and the
+    advice given, as text.
 
     How it measures:
 
@@ -73,37 +73,42 @@ class ThroughputLogger(keras.callbacks.Callback):
       `fit` calls and resumed runs count right. The global batch is
       `global_batch_size` when given, else the plan of a dataset made by
       `keras_scaling.data.distribute`, else the data's static batch size times
-      the replicas, else the `batch_size` given to `fit` with arrays; when none
-      is known, the first step raises and says so.
+      the replicas. When none is known (arrays or a dataset with a partial
+      last batch), it says so once and measures nothing in that `fit`: pass
+      `global_batch_size=`.
     - The counter is read (which waits for the devices to finish their work)
-      once every `update_freq` steps and at the last step of each epoch (when
-      Keras knows the epoch's length), so the overhead stays small.
+      at every multiple of `update_freq` steps, so points fall on regular
+      steps. `"auto"` starts at 10 steps and, after the first measured
+      interval, widens the spacing to a round number of steps at which the
+      reads cost at most 0.5% of the measured step time.
     - Only time between train batches of one epoch counts: validation,
       checkpoints saved at the end of an epoch and the first execution of
       every epoch are left out. The first execution of each `fit` call,
       `warmup_steps` more steps, and any interval in which the step function
       was traced again are warm-up, not measured; the start-up time is logged
       on its own.
-    - Steps never repeat: a step already written to `log_dir/train` (by this
-      or an earlier run, before a `BackupAndRestore` resume) is not written
-      again.
-    - `samples_per_sec` of each epoch is added to the epoch logs, so the
-      progress bar, `History` and `CSVLogger` show it (put `CSVLogger` after
-      this callback).
-    - The event files are flushed and `log_dir/throughput.json` is written
-      (steady-state median samples/sec, step time percentiles, set-up,
-      baseline, speedup and efficiency) at the end of training and of every
-      epoch, and when training stops by an exception: Keras then skips
-      `on_train_end`, so it is done when a training step raises (Ctrl-C
-      included), and for an error raised elsewhere (another callback) when
-      the model trains again or at exit, whichever comes first.
+    - Steps never repeat: a step already written (by this or an earlier run,
+      before a `BackupAndRestore` resume) is not written again.
+    - `samples_per_sec` of each epoch, the steady state (median step) of that
+      epoch's intervals, is added to the epoch logs, so the progress bar,
+      `History`, `CSVLogger` and Keras' `TensorBoard` (as
+      `epoch_samples_per_sec`) show it; put those callbacks after this one.
+      The same figure is the epoch's entry in `throughput.json`.
+    - `log_dir/throughput.json` (steady-state median samples/sec over the
+      whole run, step time percentiles, set-up, baseline, speedup, ideal and
+      efficiency, each epoch's figure) is written at the end of every epoch
+      and of training. Within 2 seconds of each new figure a thread of its
+      own flushes the event files and rewrites `throughput.json`, so nothing
+      measured is lost however training stops (another callback raising,
+      Ctrl-C, a notebook that lives on).
     - Under `MultiWorkerMirroredStrategy` only the chief writes, and the
       figure is the measured global throughput: all workers step together,
       so global batch times steps over the chief's wall time.
-    - Advice is logged once each on the `keras_scaling` logger: very short
-      steps (use `steps_per_execution`), and efficiency below 0.8 (whether
-      the input pipeline, timed alone, or the combining of updates is the
-      likelier cause).
+    - Advice is given once each, on the `keras_scaling` logger and in the
+      Text dashboard (`throughput/advice`): very short steps (use
+      `steps_per_execution`), efficiency below 0.8 (whether the input
+      pipeline, timed alone, or the combining of updates is the likelier
+      cause), well-scaling but underused devices.
 
     Baselines: a number is the samples/sec of one replica. A path to an
     earlier run's `log_dir` or `throughput.json` takes its figure (with a
@@ -111,8 +116,11 @@ class ThroughputLogger(keras.callbacks.Callback):
     differs). `"measure"` times a copy of the model (`clone_model`, same
     compile config) alone on the first device on synthetic batches of one
     replica's size before the first measured step, without touching the
-    trained model. `"auto"` is the run itself with one replica (speedup 1.0)
-    and `"measure"` with several. None writes no `scaling/` tags.
+    trained model. On logical CPUs that copy has all of the host's cores
+    while the replicas share them, so speedup reads low; a warning and the
+    set-up table say so and point to `keras-scaling bench`. `"auto"` is the
+    run itself with one replica (speedup 1.0) and `"measure"` with several.
+    None writes no `scaling/` tags.
 
     Model FLOPs and MFU: `flops_per_sample="auto"` counts the operations of
     one training sample once, before the first measured step, from the
@@ -133,7 +141,8 @@ class ThroughputLogger(keras.callbacks.Callback):
             `keras.callbacks.TensorBoard`.
         baseline: a number, a path, `"measure"`, `"auto"` or None; default
             `"auto"`.
-        update_freq: int, optimizer steps between writes; default 10.
+        update_freq: `"auto"` (the default) or an int, optimizer steps
+            between reads of the step counter and so between points.
         warmup_steps: int, steps after the first execution of each `fit`
             call that are not measured; default None means 5.
         global_batch_size: int, samples per optimizer step over all replicas;
@@ -143,86 +152,111 @@ class ThroughputLogger(keras.callbacks.Callback):
             `"auto"`.
         peak_flops: `"auto"`, `"measure"`, a positive number (peak FLOPs/sec
             of one replica's device) or None; default `"auto"`.
+        clock: callable returning seconds, default `time.perf_counter`; a
+            test can pass a clock of its own.
 
     Example:
 
     ```python
+    import tempfile
+    import keras
+    import numpy as np
+    import tensorflow as tf
+    import keras_scaling
+
+    log_dir = tempfile.mkdtemp()
     strategy = keras_scaling.auto_strategy()
     with strategy.scope():
         model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
         model.compile(optimizer="adam", loss="mse")
+    x = np.random.rand(1024, 8).astype("float32")
+    dataset = tf.data.Dataset.from_tensor_slices((x, x[:, :1])).batch(
+        32, drop_remainder=True)   # static batches, or pass global_batch_size=
     model.fit(
-        dataset,   # batches of a known size, or pass global_batch_size=
+        dataset,
         epochs=3,
+        verbose=0,
         callbacks=[
-            keras_scaling.ThroughputLogger("runs/a"),
-            keras.callbacks.TensorBoard("runs/a"),
+            keras_scaling.ThroughputLogger(log_dir),
+            keras.callbacks.TensorBoard(log_dir),
         ],
     )
-    # tensorboard --logdir runs
+    # tensorboard --logdir <log_dir>
     ```
     """
 
-    def __init__(self, log_dir, *, baseline="auto", update_freq=10,
+    def __init__(self, log_dir, *, baseline="auto", update_freq="auto",
                  warmup_steps=None, global_batch_size=None,
-                 flops_per_sample="auto", peak_flops="auto"):
+                 flops_per_sample="auto", peak_flops="auto", clock=time.perf_counter):
         super().__init__()
         self.log_dir = _tensorboard.check_log_dir(log_dir)
-        self.update_freq = _positive_int(update_freq, "update_freq")
-        if warmup_steps is None:
-            warmup_steps = DEFAULT_WARMUP_STEPS
-        elif isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int):
-            raise TypeError(f"warmup_steps must be an int or None, got {warmup_steps!r}")
-        elif warmup_steps < 0:
-            raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
-        self.warmup_steps = warmup_steps
-        if global_batch_size is not None:
-            global_batch_size = _positive_int(global_batch_size, "global_batch_size")
-        self.global_batch_size = global_batch_size
+        if isinstance(update_freq, str):
+            update_freq = _validation.one_of(update_freq, "update_freq", ("auto",))
+        else:
+            update_freq = _validation.positive_int(
+                update_freq, "update_freq", fix='Pass a number of steps or "auto"')
+        self.update_freq = update_freq
+        self.warmup_steps = (
+            DEFAULT_WARMUP_STEPS if warmup_steps is None
+            else _validation.non_negative_int(warmup_steps, "warmup_steps")
+        )
+        self.global_batch_size = _validation.optional_positive_int(
+            global_batch_size, "global_batch_size",
+            fix="Pass the samples of one optimizer step over all replicas")
         self._baseline = baseline_lib.resolve_baseline(baseline)
         self.flops_per_sample = utilization_lib.check_flops_per_sample(flops_per_sample)
         self.peak_flops = utilization_lib.check_peak_flops(peak_flops)
-        self._flops = None
-        self._clock = time.perf_counter
+        if not callable(clock):
+            raise TypeError(f"clock must be a callable returning seconds, got {clock!r}")
+        self._clock = clock
+        self._read_every_steps = (
+            _AUTO_FLOOR_STEPS if update_freq == "auto" else update_freq
+        )
+        self._calibrated = update_freq != "auto"
         self._stats = ThroughputStats()
         self._window = ThroughputWindow()
+        self._epochs = []
         self._setup = None
+        self._flops = None
         self._startup_time_s = None
+        self._baseline_note = None
         self._last_written_step = None
         self._advised = set()
         self._finished = True
         self._guard = None
+        self._saver = None
+        # Held while figures change and while they are saved: the background
+        # saver reads them from another thread.
+        self._lock = threading.RLock()
 
     # Keras hooks: gather inputs, hand them to the core and the writers.
 
     def set_model(self, model):
         super().set_model(model)
         _enable_compat(model)
+        _count_traces(model)
 
     def on_train_begin(self, logs=None):
         devices.warn_if_keras_distribution_set()
         self._finish_left_over_fits()
-        strategy = self.model.distribute_strategy
         _enable_compat(self.model)
-        self._info = devices.describe_strategy(strategy)
+        self._info = devices.describe_strategy(self.model.distribute_strategy)
         self._train_begin_s = self._clock()
         self._fit_started = False
         self._finished = False
         self._window.close()
-        self._executions_since_sync = 0
         self._steps_per_execution = int(getattr(self.model, "steps_per_execution", 1) or 1)
-        self._steps_per_epoch = (self.params or {}).get("steps")
         self._iterations_variable = None
         self._element_spec = None
         self._iterator = None
-        self._adapter_batch_size = _keras_internals.batch_size_of_running_fit(sys._getframe(1))
         self._attach_guard()
         atexit.register(self._finish_at_exit)
+        if self._info.is_chief:
+            self._saver = _background_save.BackgroundSave(self._save)
 
     def on_epoch_begin(self, epoch, logs=None):
         self._window.close()
-        self._epoch_samples = 0
-        self._epoch_duration_s = 0.0
+        self._epoch_stats = ThroughputStats()
 
     def on_test_begin(self, logs=None):
         self._window.close()
@@ -231,27 +265,20 @@ class ThroughputLogger(keras.callbacks.Callback):
         if self._finished:
             return
         if not self._window.is_open:
-            try:
-                self._open_window()
-            except _GlobalBatchSizeUnknown as error:
-                # Training goes on; only the figures that need it are lost.
-                logger.warning("%s ThroughputLogger measures nothing in this fit.", error)
-                self._finish()
-                return
-            except BaseException:
-                self._finish()
-                raise
+            self._open_window_or_finish()
             return
-        self._executions_since_sync += 1
-        steps_since_sync = self._executions_since_sync * self._steps_per_execution
-        due = self.update_freq if self._window.is_measuring else self.warmup_steps
-        end_of_epoch = self._steps_per_epoch is not None and batch + 1 >= self._steps_per_epoch
-        if steps_since_sync >= due or end_of_epoch:
+        self._executions_since_read += 1
+        if (self._iterations_at_read + self._executions_since_read
+                * self._steps_per_execution) >= self._next_read_iterations:
             self._measure()
 
     def on_epoch_end(self, epoch, logs=None):
-        if logs is not None and getattr(self, "_epoch_duration_s", 0.0) > 0:
-            logs["samples_per_sec"] = self._epoch_samples / self._epoch_duration_s
+        steady = getattr(self, "_epoch_stats", ThroughputStats()).steady_state()
+        if steady is not None:
+            if logs is not None:
+                logs["samples_per_sec"] = steady.samples_per_sec
+            with self._lock:
+                self._epochs.append((epoch, steady))
         self._advise()
         self._save()
 
@@ -275,6 +302,17 @@ class ThroughputLogger(keras.callbacks.Callback):
     def _samples(self, iterations):
         return iterations * self._setup["global_batch_size"]
 
+    def _open_window_or_finish(self):
+        try:
+            self._open_window()
+        except _iterator_plan.GlobalBatchSizeUnknown as error:
+            # Training goes on; only the figures that need it are lost.
+            logger.warning("%s ThroughputLogger measures nothing in this fit.", error)
+            self._finish()
+        except BaseException:
+            self._finish()
+            raise
+
     def _open_window(self):
         iterations = self._read_iterations()
         now_s = self._clock()
@@ -287,7 +325,6 @@ class ThroughputLogger(keras.callbacks.Callback):
                 self._set_up(iterations)
             self._write({"throughput/startup_time_s": startup_time_s}, iterations)
             warmup_steps = self.warmup_steps
-            self._tracing_count = self._read_tracing_count()
             now_s = self._clock()
         self._window.restart(
             time_s=now_s,
@@ -295,33 +332,37 @@ class ThroughputLogger(keras.callbacks.Callback):
             samples=self._samples(iterations),
             warmup_steps=warmup_steps,
         )
-        self._executions_since_sync = 0
+        self._traces_at_read = _traces(self.model)
+        self._schedule_read(iterations, warmup_steps)
 
-    def _read_tracing_count(self):
-        if self.model.run_eagerly or self._guard_original is None:
-            return 0  # nothing is traced
-        return _keras_internals.tracing_count(self._guard_original)
+    def _schedule_read(self, iterations, warmup_steps=0):
+        """The next read: after the warm-up, else at the next multiple of the spacing."""
+        self._iterations_at_read = iterations
+        self._executions_since_read = 0
+        if warmup_steps:
+            self._next_read_iterations = iterations + warmup_steps
+        else:
+            every = self._read_every_steps
+            self._next_read_iterations = (iterations // every + 1) * every
 
     def _measure(self):
         iterations = self._read_iterations()
         now_s = self._clock()
-        self._executions_since_sync = 0
-        tracing_count = self._read_tracing_count()
-        if tracing_count != self._tracing_count:
+        traces = _traces(self.model)
+        if traces != self._traces_at_read:
             # The step function was traced again within this interval.
-            self._tracing_count = tracing_count
+            self._traces_at_read = traces
             self._window.restart(
                 time_s=now_s, iterations=iterations, samples=self._samples(iterations)
             )
+            self._schedule_read(iterations)
             return
         interval = self._window.update(
             time_s=now_s, iterations=iterations, samples=self._samples(iterations)
         )
         if interval is None:
+            self._schedule_read(iterations)
             return
-        self._stats.add(interval)
-        self._epoch_samples += interval.samples
-        self._epoch_duration_s += interval.duration_s
         scalars = {
             "throughput/samples_per_sec": interval.samples_per_sec,
             "throughput/steps_per_sec": interval.steps_per_sec,
@@ -329,43 +370,60 @@ class ThroughputLogger(keras.callbacks.Callback):
                 interval.samples_per_sec / self._setup["num_replicas"]
             ),
         }
-        figures = self._scaling(interval.samples_per_sec)
+        figures = self._speedup(interval.samples_per_sec)
         if figures is not None:
             scalars["scaling/speedup"] = figures.speedup
             scalars["scaling/efficiency"] = figures.efficiency
             scalars["scaling/ideal_speedup"] = figures.ideal_speedup
-        scalars.update(self._utilization_scalars(interval.samples_per_sec))
-        self._write(scalars, interval.end_iterations)
+        scalars.update(self._flops.scalars(interval.samples_per_sec))
+        with self._lock:
+            self._stats.add(interval)
+            self._epoch_stats.add(interval)
+            self._write(scalars, interval.end_iterations)
+        if self._saver is not None:
+            self._saver.news()
+        if not self._calibrated:
+            self._calibrate(interval.step_time_s, work_start_s=now_s)
+        self._schedule_read(iterations)
         if len(self._stats) == _ADVICE_AFTER_INTERVALS:
             self._advise()
 
-    def _scaling(self, samples_per_sec):
-        """`Scaling` of a throughput figure, or None without a baseline."""
+    def _calibrate(self, step_time_s, work_start_s):
+        """Spaces the reads of `update_freq="auto"` by what one measurement costs.
+
+        The first read of a measurement waits for the devices' queued work,
+        which is training, not cost; a second read right after it costs what
+        a read costs.
+        """
+        self._calibrated = True
+        work_s = self._clock() - work_start_s
+        read_start_s = self._clock()
+        self._read_iterations()
+        read_s = self._clock() - read_start_s
+        self._read_every_steps = auto_update_freq(
+            step_time_s, work_s + read_s,
+            max_share=_AUTO_MAX_SHARE, floor_steps=_AUTO_FLOOR_STEPS,
+        )
+
+    def _speedup(self, samples_per_sec):
+        """`Speedup` of a throughput figure, or None without a baseline."""
         baseline = self._baseline
         if baseline is None:
             return None
         if baseline.mode == "self":
-            return scaling(samples_per_sec, samples_per_sec, 1)
+            return speedup(samples_per_sec, samples_per_sec, 1)
         if baseline.samples_per_sec is None:
             return None
-        return scaling(
-            samples_per_sec,
-            baseline.samples_per_sec,
-            self._setup["num_replicas"],
-            baseline.num_replicas,
-        )
+        return speedup(samples_per_sec, baseline.samples_per_sec,
+                       self._setup["num_replicas"], baseline.num_replicas)
 
     # Set-up: batch sizes, baseline, summary.
 
     def _set_up(self, iterations):
         info = self._info
-        global_batch_size = self._resolve_global_batch_size()
-        if global_batch_size % info.num_replicas:
-            raise ValueError(
-                f"global_batch_size={global_batch_size} is not divisible by the "
-                f"{info.num_replicas} replicas; pass the samples of one optimizer "
-                "step over all replicas"
-            )
+        global_batch_size = _iterator_plan.global_batch_size(
+            self.global_batch_size, self._iterator, self._element_spec, info.num_replicas
+        )
         policy = getattr(self.model, "dtype_policy", None)
         self._setup = {
             "strategy": info.kind,
@@ -376,90 +434,34 @@ class ThroughputLogger(keras.callbacks.Callback):
             "global_batch_size": global_batch_size,
             "dtype_policy": getattr(policy, "name", str(policy)),
         }
-        self._resolve_baseline()
-        self._flops = self._resolve_flops()
+        self._baseline, self._baseline_note = baseline_lib.for_run(
+            self._baseline, self._setup,
+            model=self.model,
+            one_replica_spec=_throughput_flops.one_replica_spec(
+                self._element_spec, self._setup["per_replica_batch_size"]),
+            device=info.local_devices[0],
+            measures=info.is_chief,
+            shared_cores=(info.device_kind == "CPU" and info.replicas_per_worker > 1
+                          and os.environ.get(_THREADPOOL_ENV) != "1"),
+        )
         if info.is_chief:
-            _tensorboard.write_custom_scalars_layout(self.log_dir, _layout())
-            _tensorboard.write_text(
-                self.log_dir, iterations, "throughput/setup", self._setup_markdown()
+            self._flops = _throughput_flops.resolve(
+                self.model, flops_per_sample=self.flops_per_sample,
+                peak_flops=self.peak_flops, element_spec=self._element_spec,
+                setup=self._setup, device=info.local_devices[0],
             )
-
-    def _resolve_global_batch_size(self):
-        per_replica = _static_batch_size(self._element_spec)
-        replicas = self._info.num_replicas
-        if self.global_batch_size is not None:
-            if per_replica is not None and per_replica * replicas != self.global_batch_size:
-                logger.warning(
-                    "ThroughputLogger: global_batch_size=%d, but the data's batches "
-                    "hold %d samples per replica x %d replicas = %d",
-                    self.global_batch_size, per_replica, replicas, per_replica * replicas,
+        else:
+            self._flops = _throughput_flops.ModelFlops(num_replicas=info.num_replicas)
+        if info.is_chief:
+            with self._lock:
+                _tensorboard.write_custom_scalars_layout(
+                    self.log_dir, dashboard.custom_scalars_layout())
+                _tensorboard.write_text(
+                    self.log_dir, iterations, dashboard.SETUP_TAG,
+                    dashboard.setup_markdown(self._setup_rows()),
                 )
-            return self.global_batch_size
-        planned = _planned_global_batch_size(self._iterator)
-        if planned is not None:
-            return planned
-        if per_replica is not None:
-            return per_replica * replicas
-        if self._adapter_batch_size is not None:
-            return self._adapter_batch_size
-        raise _GlobalBatchSizeUnknown(
-            "ThroughputLogger cannot tell the global batch size: the training "
-            f"data's batch dimension is not static (element_spec: "
-            f"{self._element_spec}). Pass global_batch_size=<samples per step "
-            "over all replicas>, or batch with drop_remainder=True (as "
-            "keras_scaling.data.distribute does)."
-        )
 
-    def _resolve_baseline(self):
-        baseline = self._baseline
-        if baseline is None:
-            return
-        setup = self._setup
-        if baseline.mode == "file":
-            differences = baseline_lib.setup_differences(
-                baseline.record,
-                per_replica_batch_size=setup["per_replica_batch_size"],
-                dtype_policy=setup["dtype_policy"],
-                device_kind=setup["device_kind"],
-            )
-            if baseline.num_replicas != 1:
-                differences.append(
-                    f"the baseline ran on {baseline.num_replicas} replicas, not 1"
-                )
-            if differences:
-                logger.warning(
-                    "ThroughputLogger: the baseline %s was measured with another "
-                    "set-up, so speedup compares unlike runs: %s",
-                    baseline.source, "; ".join(differences),
-                )
-            return
-        if baseline.mode == "auto" and setup["num_replicas"] == 1:
-            self._baseline = baseline_lib.Baseline(
-                mode="self", source="this run (one replica is its own baseline)"
-            )
-            return
-        if baseline.mode not in ("auto", "measure") or not self._info.is_chief:
-            return
-        device = self._info.local_devices[0]
-        try:
-            samples_per_sec = baseline_lib.measure_samples_per_sec(
-                self.model,
-                _one_replica_spec(self._element_spec, setup["per_replica_batch_size"]),
-                device,
-            )
-        except ValueError as error:
-            if baseline.mode == "measure":
-                raise
-            logger.warning(
-                "ThroughputLogger: no baseline, so no scaling/ tags: %s", error
-            )
-            self._baseline = None
-            return
-        self._baseline = baseline.with_value(
-            samples_per_sec, f"measured: a copy of the model alone on {device}"
-        )
-
-    def _setup_markdown(self):
+    def _setup_rows(self):
         setup = self._setup
         baseline = self._baseline
         if baseline is None:
@@ -467,8 +469,11 @@ class ThroughputLogger(keras.callbacks.Callback):
         elif baseline.mode == "self":
             baseline_text = baseline.source
         else:
-            baseline_text = f"{baseline.samples_per_sec:.1f} samples/sec ({baseline.source})"
-        rows = [
+            source = baseline.source
+            if baseline.mode == "file":
+                source = dashboard.path_for_display(source, self.log_dir)
+            baseline_text = f"{baseline.samples_per_sec:.1f} samples/sec ({source})"
+        return [
             ("strategy", setup["strategy"]),
             ("workers", setup["num_workers"]),
             ("replicas", setup["num_replicas"]),
@@ -478,12 +483,15 @@ class ThroughputLogger(keras.callbacks.Callback):
             ("dtype policy", setup["dtype_policy"]),
             ("steps per execution", self._steps_per_execution),
             ("baseline", baseline_text),
-            *self._flops_rows(),
+            ("what the speedup means", self._baseline_note),
+            *self._flops.setup_rows(),
             ("warm-up", f"first execution of each fit + {self.warmup_steps} steps"),
+            ("points", (
+                f"every {self.update_freq} steps" if self.update_freq != "auto"
+                else "every 10 steps, then as many as keep reading the counter "
+                     "under 0.5% of a step"
+            )),
         ]
-        lines = ["| | |", "|---|---|"]
-        lines += [f"| {name} | {value} |" for name, value in rows]
-        return "\n".join(lines)
 
     # Writing.
 
@@ -491,79 +499,62 @@ class ThroughputLogger(keras.callbacks.Callback):
         """Writes scalars at `step` unless that step was written before."""
         if not self._info.is_chief:
             return
-        if self._last_written_step is None:
-            _tensorboard.flush(self.log_dir)
-            self._last_written_step = _tensorboard.last_step_written(
-                self.log_dir, _SCALAR_TAGS
-            )
-        if step <= self._last_written_step:
-            return
-        _tensorboard.write_scalars_fast(self.log_dir, step, scalars)
-        self._last_written_step = step
+        with self._lock:
+            if self._last_written_step is None:
+                _tensorboard.flush(self.log_dir)
+                self._last_written_step = _tensorboard.last_step_written(
+                    self.log_dir, dashboard.SCALAR_TAGS
+                )
+            if step <= self._last_written_step:
+                return
+            _tensorboard.write_scalars_fast(self.log_dir, step, scalars)
+            self._last_written_step = step
 
     def _record(self):
-        setup = self._setup
         steady = self._stats.steady_state()
         baseline = self._baseline
-        record = dict.fromkeys(baseline_lib.FIELDS)
-        record.update(
-            version=baseline_lib.VERSION,
-            step_time_s={"p10": None, "p50": None, "p90": None},
-            num_replicas=setup["num_replicas"],
-            num_workers=setup["num_workers"],
-            per_replica_batch_size=setup["per_replica_batch_size"],
-            global_batch_size=setup["global_batch_size"],
-            device_kind=setup["device_kind"],
-            dtype_policy=setup["dtype_policy"],
-            strategy=setup["strategy"],
-            steps_measured=0,
-            startup_time_s=self._startup_time_s,
-        )
+        baseline_fields = {}
         if baseline is not None:
-            record["baseline_source"] = baseline.source
-            record["baseline_samples_per_sec"] = baseline.samples_per_sec
-        record.update(self._flops_fields(steady))
-        if steady is None:
-            return record
-        record.update(
-            samples_per_sec=steady.samples_per_sec,
-            steps_per_sec=steady.steps_per_sec,
-            step_time_s={
-                "p10": steady.step_time_p10_s,
-                "p50": steady.step_time_p50_s,
-                "p90": steady.step_time_p90_s,
-            },
-            steps_measured=steady.steps_measured,
+            baseline_fields = dict(
+                baseline_source=baseline.source,
+                baseline_samples_per_sec=baseline.samples_per_sec,
+                baseline_num_replicas=baseline.num_replicas,
+            )
+            if baseline.mode == "self" and steady is not None:
+                baseline_fields["baseline_samples_per_sec"] = steady.samples_per_sec
+        return _run_record.build_record(
+            self._setup,
+            steady=steady,
+            startup_time_s=self._startup_time_s,
+            epochs=self._epochs,
+            flops=self._flops.record_fields(steady.samples_per_sec if steady else None),
+            **baseline_fields,
         )
-        if baseline is not None and baseline.mode == "self":
-            record["baseline_samples_per_sec"] = steady.samples_per_sec
-        figures = self._scaling(steady.samples_per_sec)
-        if figures is not None:
-            record["speedup"] = figures.speedup
-            record["efficiency"] = figures.efficiency
-        return record
 
     def _save(self):
         """Writes throughput.json and flushes the event files (chief only)."""
         if self._setup is None or not self._info.is_chief:
             return
-        baseline_lib.write_throughput_json(self.log_dir, self._record())
-        _tensorboard.flush(self.log_dir)
+        with self._lock:
+            _run_record.write_throughput_json(self.log_dir, self._record())
+            _tensorboard.flush(self.log_dir)
 
     def _finish(self):
         if self._finished:
             return
         self._finished = True
+        if self._saver is not None:
+            self._saver.stop()
+            self._saver = None
         self._detach_guard()
         atexit.unregister(self._finish_at_exit)
         self._save()
         if self._setup is not None and not self._stats and self._info.is_chief:
             logger.warning(
                 "ThroughputLogger: no step was measured (warm-up: first execution "
-                "+ %d steps, then %d steps per figure); %s has no throughput. "
+                "+ %d steps, then a figure every %d steps); %s has no throughput. "
                 "Train for more steps, or lower warmup_steps or update_freq.",
-                self.warmup_steps, self.update_freq,
-                baseline_lib.THROUGHPUT_JSON,
+                self.warmup_steps, self._read_every_steps, _run_record.THROUGHPUT_JSON,
             )
         self._iterator = None
 
@@ -575,10 +566,11 @@ class ThroughputLogger(keras.callbacks.Callback):
 
     # Keras does not call on_train_end when fit raises (it has no
     # try/finally), so a wrapper around the train function saves what was
-    # measured when a step raises, Ctrl-C included; atexit covers the rest.
+    # measured when a step raises, Ctrl-C included; the background saver and
+    # atexit cover an error raised elsewhere.
 
     def _finish_left_over_fits(self):
-        """Saves for loggers whose fit raised outside a step, now it is over.
+        """Finishes loggers whose fit raised outside a step, now it is over.
 
         A fit of this model is starting, so any guard still wrapping its train
         function belongs to a fit that ended by an exception, unless it is
@@ -620,209 +612,65 @@ class ThroughputLogger(keras.callbacks.Callback):
             self.model.train_function = self._guard_original
         self._guard = None
 
-    # Advice.
+    # Advice: the sentences are _throughput_advice's; each is logged and
+    # written to the Text dashboard once.
 
     def _advise(self):
-        if (
-            len(self._stats) < _ADVICE_AFTER_INTERVALS
-            or not self._info.is_chief
-            or self._advised >= {"short_steps", "low_efficiency", "underused"}
-        ):
+        if len(self._stats) < _ADVICE_AFTER_INTERVALS or not self._info.is_chief:
             return
         steady = self._stats.steady_state()
-        step_time_s = steady.step_time_p50_s
-        if (
-            "short_steps" not in self._advised
-            and self._steps_per_execution == 1
-            and step_time_s < _SHORT_STEP_S
-        ):
-            self._advised.add("short_steps")
-            suggested = max(2, math.ceil(0.02 / step_time_s))
-            logger.warning(
-                "ThroughputLogger: steps take %.2f ms, so the training loop's fixed "
-                "cost per call is a large share of each step. Run several steps "
-                "per call: model.compile(..., steps_per_execution=%d).",
-                step_time_s * 1e3, suggested,
-            )
-        figures = self._scaling(steady.samples_per_sec)
-        if (
-            "low_efficiency" not in self._advised
-            and figures is not None
-            and self._setup["num_replicas"] > 1
-            and figures.efficiency < _LOW_EFFICIENCY
-        ):
-            self._advised.add("low_efficiency")
-            diagnosis = self._efficiency_diagnosis(steady.samples_per_sec)
-            if self._setup["device_kind"] == "CPU" and self._info.replicas_per_worker > 1:
-                diagnosis += (
-                    " The replicas are CPU devices of one host, which share its "
-                    "cores: they speed up only as far as free cores allow."
-                )
-            logger.warning(
-                "ThroughputLogger: scaling efficiency is %.2f (speedup %.2f of an "
-                "ideal %.2f). %s",
-                figures.efficiency, figures.speedup, figures.ideal_speedup, diagnosis,
-            )
-        if "underused" not in self._advised and figures is not None:
-            advice = self._underuse_advice(steady.samples_per_sec, figures.efficiency)
-            if advice is not None:
-                self._advised.add("underused")
-                logger.warning("ThroughputLogger: %s", advice)
-
-    # Model FLOPs and MFU: counted and looked up once, in _set_up, by
-    # keras_scaling.flops and keras_scaling.peak_flops; the arithmetic is
-    # keras_scaling.utilization's.
-
-    def _resolve_flops(self):
-        from keras_scaling import flops as flops_lib
-        from keras_scaling import peak_flops as peak_lib
-
-        resolved = dict(flops_per_sample=None, flops_source=None,
-                        peak_flops_per_replica=None, peak_source=None,
-                        faster_dtypes=[])
-        if not self._info.is_chief:
-            return resolved
-        if self.flops_per_sample is None:
-            resolved["flops_source"] = "off (flops_per_sample=None)"
-        elif self.flops_per_sample != "auto":
-            resolved.update(flops_per_sample=self.flops_per_sample, flops_source="given")
-        else:
-            sample = _one_replica_spec(self._element_spec, self._setup["per_replica_batch_size"])
-            try:
-                counted, reason = flops_lib.count_training_flops(
-                    self.model, sample=_training_sample(sample)
-                )
-            except Exception as error:  # counting must never stop training
-                counted, reason = None, f"{type(error).__name__}: {error}"
-            if counted is None:
-                logger.warning("ThroughputLogger: no model FLOPs, so no tflops or mfu "
-                               "tags: %s", reason)
-                resolved["flops_source"] = f"not counted: {reason}"
-            else:
-                resolved.update(flops_per_sample=counted, flops_source="counted")
-        if self.peak_flops is None or resolved["flops_per_sample"] is None:
-            return resolved
-        policy = getattr(self.model, "dtype_policy", None)
-        compute_dtype = str(getattr(policy, "compute_dtype", "float32"))
-        try:
-            peak, reason = peak_lib.resolve(
-                self.peak_flops,
-                device_kind=self._setup["device_kind"],
-                device=self._info.local_devices[0],
-                compute_dtype=compute_dtype,
-            )
-        except Exception as error:  # a failed lookup must never stop training
-            peak, reason = None, f"{type(error).__name__}: {error}"
-        if peak is None:
-            if reason not in _PEAK_REASONS_LOGGED:
-                _PEAK_REASONS_LOGGED.add(reason)
-                logger.warning("ThroughputLogger: no throughput/mfu: %s", reason)
-            resolved["peak_source"] = f"unknown: {reason}"
-            return resolved
-        resolved.update(peak_flops_per_replica=peak.flops_per_sec, peak_source=peak.source)
-        resolved["faster_dtypes"] = peak_lib.faster_dtypes(peak)
-        return resolved
-
-    def _utilization(self, samples_per_sec):
-        flops = self._flops
-        if flops is None or flops["flops_per_sample"] is None:
-            return None
-        return utilization_lib.utilization(
-            flops["flops_per_sample"], samples_per_sec, self._setup["num_replicas"],
-            flops["peak_flops_per_replica"],
-        )
-
-    def _utilization_scalars(self, samples_per_sec):
-        figures = self._utilization(samples_per_sec)
+        if "short_steps" not in self._advised:
+            self._give("short_steps", advice_lib.short_steps(
+                steady.step_time_p50_s, self._steps_per_execution))
+        figures = self._speedup(steady.samples_per_sec)
         if figures is None:
-            return {}
-        scalars = {
-            "throughput/tflops_per_sec": figures.tflops_per_sec,
-            "throughput/tflops_per_sec_per_replica": figures.tflops_per_sec_per_replica,
-        }
-        if figures.mfu is not None:
-            scalars["throughput/mfu"] = figures.mfu
-        return scalars
+            return
+        if "low_efficiency" not in self._advised and figures.efficiency < advice_lib.LOW_EFFICIENCY:
+            input_samples_per_sec, reason = self._input_samples_per_sec()
+            self._give("low_efficiency", advice_lib.low_efficiency(
+                figures, steady.samples_per_sec, input_samples_per_sec, reason,
+                host_cpu_replicas=(self._setup["device_kind"] == "CPU"
+                                   and self._info.replicas_per_worker > 1),
+            ))
+        if "underused" not in self._advised:
+            self._give("underused", self._underuse_advice(
+                steady.samples_per_sec, figures.efficiency))
 
-    def _flops_fields(self, steady):
-        flops = self._flops or {}
-        fields = {key: flops.get(key) for key in (
-            "flops_per_sample", "flops_source", "peak_flops_per_replica", "peak_source")}
-        figures = self._utilization(steady.samples_per_sec) if steady else None
-        fields["mfu"] = figures.mfu if figures is not None else None
-        return fields
+    def _give(self, kind, text):
+        if text is None:
+            return
+        self._advised.add(kind)
+        logger.warning("ThroughputLogger: %s", text)
+        with self._lock:
+            _tensorboard.write_text(
+                self.log_dir, max(0, self._last_written_step or 0), dashboard.ADVICE_TAG, text)
 
-    def _flops_rows(self):
-        flops = self._flops or {}
-        if flops.get("flops_per_sample") is not None:
-            flops_text = f"{flops['flops_per_sample'] / 1e6:.2f} M ({flops['flops_source']})"
-        else:
-            flops_text = flops.get("flops_source") or "none"
-        if flops.get("peak_flops_per_replica") is not None:
-            peak_text = (f"{flops['peak_flops_per_replica'] / 1e12:.2f} TFLOP/s per "
-                         f"replica ({flops['peak_source']})")
-        else:
-            peak_text = flops.get("peak_source") or "none (no mfu)"
-        return [("model FLOPs per sample", flops_text), ("peak FLOPs", peak_text)]
+    def _input_samples_per_sec(self):
+        """The input pipeline's samples/sec over all workers, or (None, why not)."""
+        samples_per_sec, reason = _input_probe.input_samples_per_sec(self._iterator)
+        if samples_per_sec is not None:
+            samples_per_sec *= self._setup["num_workers"]
+        return samples_per_sec, reason
 
     def _underuse_advice(self, samples_per_sec, efficiency):
-        figures = self._utilization(samples_per_sec)
+        figures = self._flops.utilization(samples_per_sec)
         if figures is None or figures.mfu is None:
             return None
-        policy = getattr(self.model, "dtype_policy", None)
         arguments = dict(
             efficiency=efficiency,
             mfu=figures.mfu,
             per_replica_batch_size=self._setup["per_replica_batch_size"],
-            compute_dtype=str(getattr(policy, "compute_dtype", "float32")),
-            faster_dtypes=self._flops["faster_dtypes"],
+            compute_dtype=_throughput_flops.compute_dtype(self.model),
+            faster_dtypes=self._flops.faster_dtypes,
         )
         if utilization_lib.underuse_advice(**arguments) is None:
             return None
-        input_samples_per_sec, _ = _time_input_pipeline(self._iterator)
-        if input_samples_per_sec is not None:
-            input_samples_per_sec *= self._setup["num_workers"]
+        input_samples_per_sec, _ = self._input_samples_per_sec()
         return utilization_lib.underuse_advice(
             **arguments,
             input_samples_per_sec=input_samples_per_sec,
             samples_per_sec=samples_per_sec,
         )
-
-    def _efficiency_diagnosis(self, samples_per_sec):
-        input_samples_per_sec, reason = _time_input_pipeline(self._iterator)
-        if input_samples_per_sec is None:
-            return (
-                f"The input pipeline could not be timed alone ({reason}); time "
-                "`for batch in dataset.take(50)` yourself: if it yields fewer "
-                f"than about {samples_per_sec:.0f} samples/sec, the input is the "
-                "bottleneck, otherwise combining the updates across replicas is."
-            )
-        input_samples_per_sec *= self._setup["num_workers"]
-        if input_samples_per_sec < 1.2 * samples_per_sec:
-            return (
-                f"The input pipeline alone yields {input_samples_per_sec:.0f} "
-                f"samples/sec, barely more than training takes "
-                f"({samples_per_sec:.0f}): the input is the likelier cause "
-                "(more parallel reads and maps, prefetch, cache)."
-            )
-        return (
-            f"The input pipeline alone yields {input_samples_per_sec:.0f} "
-            f"samples/sec, well above the {samples_per_sec:.0f} training takes: "
-            "combining the updates across replicas is the likelier cause "
-            "(a larger per-replica batch spreads its cost over more samples)."
-        )
-
-
-class _GlobalBatchSizeUnknown(ValueError):
-    """The samples of a step cannot be counted, so throughput is unknown."""
-
-
-def _positive_int(value, parameter):
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{parameter} must be a positive int, got {value!r}")
-    if value < 1:
-        raise ValueError(f"{parameter} must be at least 1, got {value}")
-    return value
 
 
 def _enable_compat(model):
@@ -831,114 +679,31 @@ def _enable_compat(model):
     compat.enable_for(model.distribute_strategy)
 
 
-def _one_replica_spec(element_spec, per_replica_batch_size):
-    """One replica's batch spec, its batch dimension set to the known size."""
-
-    def one(spec):
-        # A PerReplicaSpec holds one spec per local replica.
-        spec = _tf_data_internals.first_replica_spec(spec)
-        if isinstance(spec, tf.TensorSpec) and spec.shape.rank:
-            shape = [per_replica_batch_size] + spec.shape.as_list()[1:]
-            return tf.TensorSpec(shape, spec.dtype, spec.name)
-        return spec
-
-    return tf.nest.map_structure(one, element_spec)
+# Keras gives a callback no handle on tracing, but a model's public
+# `train_step` runs in Python only while Keras traces its train function, and
+# callbacks get the model (`set_model`) before `fit` makes that function.
+_trace_counts = weakref.WeakKeyDictionary()
 
 
-def _training_sample(spec):
-    """`(x, y, sample_weight)` of a one-replica spec, for counting FLOPs."""
-    if isinstance(spec, dict) or not isinstance(spec, (tuple, list)):
-        return spec
-    return tuple(spec)
+def _count_traces(model):
+    """Makes `model.train_step` count its calls, once per model."""
+    if model in _trace_counts or "train_step" in vars(model):
+        return
+    _trace_counts[model] = 0
+    train_step = model.train_step
+    model_ref = weakref.ref(model)
+
+    def counting_train_step(data):
+        owner = model_ref()
+        if owner is not None:
+            _trace_counts[owner] = _trace_counts.get(owner, 0) + 1
+        return train_step(data)
+
+    model.train_step = counting_train_step
 
 
-def _static_batch_size(element_spec):
-    """One replica's static batch size from an input spec, or None."""
-    if element_spec is None:
-        return None
-    sizes = set()
-    for spec in tf.nest.flatten(element_spec, expand_composites=True):
-        shape = getattr(spec, "shape", None)
-        if shape is not None and shape.rank:
-            sizes.add(shape[0])
-    if len(sizes) != 1:
-        return None
-    (size,) = sizes
-    return size
-
-
-def _planned_global_batch_size(iterator):
-    """The global batch of the `keras_scaling.data` plan behind an iterator, or None.
-
-    `fit` distributes the dataset it is given; the datasets TensorFlow derives
-    from it keep it as an input, so the plan is found up that chain.
-    """
-    from keras_scaling import data
-
-    pending = [_tf_data_internals.dataset_of_iterator(iterator)]
-    seen = set()
-    while pending:
-        dataset = pending.pop()
-        if not isinstance(dataset, tf.data.Dataset) or id(dataset) in seen:
-            continue
-        seen.add(id(dataset))
-        plan = data.plan_of(dataset)
-        if plan is not None:
-            return plan.global_batch_size
-        pending.extend(_tf_data_internals.dataset_inputs(dataset))
-    return None
-
-
-
-
-def _layout():
-    from tensorboard.plugins.custom_scalar import layout_pb2
-
-    def chart(title, *tags):
-        return layout_pb2.Chart(
-            title=title,
-            multiline=layout_pb2.MultilineChartContent(
-                tag=[f"^{tag}$" for tag in tags]
-            ),
-        )
-
-    return layout_pb2.Layout(
-        category=[
-            layout_pb2.Category(
-                title="scaling",
-                chart=[
-                    chart("speedup vs ideal", "scaling/speedup", "scaling/ideal_speedup"),
-                    chart("efficiency", "scaling/efficiency"),
-                    chart("samples/sec", "throughput/samples_per_sec"),
-                    chart("model TFLOP/s", "throughput/tflops_per_sec"),
-                    chart("MFU", "throughput/mfu"),
-                ],
-            )
-        ]
-    )
-
-
-def _time_input_pipeline(iterator):
-    """This worker's input samples/sec, read alone, or (None, why not)."""
-    dataset = _tf_data_internals.dataset_of_iterator(iterator)
-    if dataset is None:
-        return None, "its dataset is out of reach"
-    ops = _tf_data_internals.op_types(dataset)
-    if ops is None:
-        return None, "its graph cannot be inspected"
-    if ops & _PYTHON_OPS:
-        return None, "it runs Python code, which may not be safe to read twice"
-    batches = iter(dataset)
-    next(batches)
-    samples = 0
-    start_s = time.perf_counter()
-    for _ in range(_INPUT_PROBE_BATCHES):
-        try:
-            batch = next(batches)
-        except StopIteration:
-            break
-        samples += int(tf.nest.flatten(batch)[0].shape[0])
-    elapsed_s = time.perf_counter() - start_s
-    if samples == 0 or elapsed_s <= 0:
-        return None, "it yielded too few batches"
-    return samples / elapsed_s, None
+def _traces(model):
+    """How often `model`'s train step was traced, 0 when eager or not counted."""
+    if model.run_eagerly:
+        return 0  # nothing is traced: train_step runs at every step
+    return _trace_counts.get(model, 0)

@@ -8,7 +8,7 @@ _COLUMNS = (
     ("samples/sec", "{:.1f}", "samples_per_sec"),
     ("speedup", "{:.2f}x", "speedup"),
     ("efficiency", "{:.0%}", "efficiency"),
-    ("ideal", "{:d}x", "ideal_speedup"),
+    ("ideal", "{:g}x", "ideal_speedup"),
     ("TFLOP/s", "{:.3g}", "tflops_per_sec"),
     ("MFU", "{:.1%}", "mfu"),
     ("run", "{}", "run"),

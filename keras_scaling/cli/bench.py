@@ -14,7 +14,7 @@ import time
 from keras_scaling.cli import _bench_worker
 from keras_scaling.cli import _models
 from keras_scaling.cli import _plan
-from keras_scaling.cli import _scaling
+from keras_scaling.cli import _speedup_table
 from keras_scaling.cli._arguments import positive_int
 from keras_scaling.cli._errors import UsageError
 from keras_scaling.cli._plot import efficiency_plot_png, scaling_plot_png
@@ -169,7 +169,7 @@ class _Sweep:
     points: list
     device_kind: str
     num_devices: int
-    scaling: str
+    scaling_mode: str
     cpu_threads: _plan.CpuThreads = None
 
     @property
@@ -180,7 +180,7 @@ class _Sweep:
     def batch_sweep(self):
         """The per-replica batches swept, when there are several, else None."""
         batches = sorted({point.per_replica_batch_size for point in self.points})
-        return batches if self.scaling == "weak" and len(batches) > 1 else None
+        return batches if self.scaling_mode == "weak" and len(batches) > 1 else None
 
     def groups(self):
         """`(run directory prefix, points)` per per-replica batch swept."""
@@ -198,7 +198,7 @@ def run(args):
     sweep = _plan_sweep(args)
     log_dir = _prepare_log_dir(args.logdir, args.overwrite)
     print(
-        f"Bench: model {args.model}, {sweep.scaling} scaling, {args.steps} steps per "
+        f"Bench: model {args.model}, {sweep.scaling_mode} scaling, {args.steps} steps per "
         f"count, replicas {', '.join(map(str, sweep.replica_counts))} on "
         f"{sweep.device_kind}"
     )
@@ -226,7 +226,7 @@ def run(args):
             runs.append(run_or_status)
             if point.replicas == 1:
                 baseline = run_or_status.path
-        summaries.append(_scaling.summarize(runs))
+        summaries.append(_speedup_table.summarize(runs))
 
     tables = []
     for summary in summaries:
@@ -287,7 +287,7 @@ def _plan_sweep(args):
         points=points,
         device_kind=device_kind,
         num_devices=num_devices,
-        scaling="strong" if args.global_batch else "weak",
+        scaling_mode="strong" if args.global_batch else "weak",
         cpu_threads=cpu_threads,
     )
 
@@ -311,7 +311,7 @@ def _check_peak_flops(args):
 def _combined(summaries):
     """One `Summary` of the rows of a sweep over per-replica batches."""
     rows = tuple(row for summary in summaries for row in summary.rows)
-    return _scaling.Summary(
+    return _speedup_table.Summary(
         rows=rows,
         baseline_samples_per_sec=None,
         baseline_source="the 1-replica run of each per-replica batch",
@@ -320,7 +320,7 @@ def _combined(summaries):
 
 
 def _efficient_batch_line(rows):
-    batch, largest = _scaling.smallest_efficient_batch(rows, _EFFICIENT)
+    batch, largest = _speedup_table.smallest_efficient_batch(rows, _EFFICIENT)
     if batch is None:
         tried = max(row.per_replica_batch_size for row in rows)
         return (
@@ -449,10 +449,10 @@ def _run_point(args, sweep, point, index, log_dir, baseline, prefix=""):
             progress.abort()
             raise
     elapsed_s = time.perf_counter() - start_s
-    throughput_path = os.path.join(run_dir, _scaling.THROUGHPUT_FILE)
+    throughput_path = os.path.join(run_dir, _speedup_table.THROUGHPUT_FILE)
     if returncode == 0 and os.path.exists(throughput_path):
         try:
-            run = _scaling.read_run(throughput_path, run_name)
+            run = _speedup_table.read_run(throughput_path, run_name)
         except ValueError as error:
             progress.abort()
             raise UsageError(
@@ -548,12 +548,12 @@ def _write_results(log_dir, summary, table, args, sweep):
     """scaling.json, scaling.png, and the plot and table in TensorBoard."""
     from keras_scaling import _tensorboard
 
-    title = f"{args.model}, {sweep.scaling} scaling on {sweep.device_kind}"
+    title = f"{args.model}, {sweep.scaling_mode} scaling on {sweep.device_kind}"
     threads = sweep.cpu_threads
     setup = {
         "title": title,
         "model": args.model,
-        "scaling": sweep.scaling,
+        "scaling": sweep.scaling_mode,
         "device_kind": sweep.device_kind,
         "steps": args.steps,
         "steps_per_execution": args.steps_per_execution,
@@ -562,11 +562,11 @@ def _write_results(log_dir, summary, table, args, sweep):
         "peak_flops": args.peak_flops,
     }
     if sweep.batch_sweep is not None:
-        batch, _ = _scaling.smallest_efficient_batch(summary.rows, _EFFICIENT)
+        batch, _ = _speedup_table.smallest_efficient_batch(summary.rows, _EFFICIENT)
         setup["per_replica_batches"] = sweep.batch_sweep
         setup["smallest_efficient_per_replica_batch"] = batch
     with open(os.path.join(log_dir, "scaling.json"), "w", encoding="utf-8") as file:
-        json.dump(_scaling.summary_to_json(summary, **setup), file, indent=2)
+        json.dump(_speedup_table.summary_to_json(summary, **setup), file, indent=2)
         file.write("\n")
     png = scaling_plot_png(summary.rows, title, by_batch=sweep.batch_sweep is not None)
     with open(os.path.join(log_dir, "scaling.png"), "wb") as file:

@@ -5,7 +5,7 @@ import json
 import os
 import sys
 
-from keras_scaling.cli import _scaling
+from keras_scaling.cli import _speedup_table
 from keras_scaling.cli._errors import UsageError
 from keras_scaling.cli._plot import scaling_plot_png
 from keras_scaling.cli._table import format_table
@@ -47,7 +47,7 @@ def run(args):
     log_dir = os.path.abspath(args.logdir)
     if not os.path.isdir(log_dir):
         raise UsageError(f"LOGDIR {args.logdir!r} is not a directory")
-    runs, problems = _scaling.find_runs(log_dir)
+    runs, problems = _speedup_table.find_runs(log_dir)
     for problem in problems:
         print(f"keras-scaling report: skipped {problem}", file=sys.stderr)
     if not runs:
@@ -55,7 +55,7 @@ def run(args):
             f"no readable throughput.json under {args.logdir!r}; ThroughputLogger "
             "writes one into its log_dir at the end of training"
         )
-    summary = _scaling.summarize(runs)
+    summary = _speedup_table.summarize(runs)
     print(format_table(summary.rows))
     print(f"\nSpeedup over {summary.baseline_source}.")
     for note in summary.notes:

@@ -2,11 +2,11 @@
 
 import contextlib
 import csv
+import itertools
 import json
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -22,7 +22,9 @@ import tensorflow as tf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import keras_scaling
+from keras_scaling import _tensorboard
 from keras_scaling import baseline as baseline_lib
+from keras_scaling import launcher
 
 NUM_FEATURES = 8
 
@@ -70,25 +72,38 @@ class IterationsRecorder(keras.callbacks.Callback):
 
 
 def _scalars(log_dir, tag):
-    # No purging: a step written twice must show up as such.
+    # The one reader keeps every point: a step written twice shows up twice.
+    return _tensorboard.read_scalars(_tensorboard.run_dir(log_dir)).get(tag, [])
+
+
+def _tags(log_dir):
+    return set(_tensorboard.read_scalars(_tensorboard.run_dir(log_dir)))
+
+
+def _tensors(log_dir, tag):
+    """The tensor events of a non-scalar tag (text, layout) in keras_scaling's run."""
     accumulator = EventAccumulator(
-        os.path.join(log_dir, "train"),
-        size_guidance={"tensors": 0},
-        purge_orphaned_data=False,
+        _tensorboard.run_dir(log_dir), size_guidance={"tensors": 0}
     )
     accumulator.Reload()
     if tag not in accumulator.Tags()["tensors"]:
         return []
-    return [
-        (event.step, float(tf.make_ndarray(event.tensor_proto)))
-        for event in accumulator.Tensors(tag)
-    ]
+    return accumulator.Tensors(tag)
 
 
-def _tags(log_dir):
-    accumulator = EventAccumulator(os.path.join(log_dir, "train"))
-    accumulator.Reload()
-    return set(accumulator.Tags()["tensors"])
+def _texts(log_dir, tag):
+    return [tf.make_ndarray(event.tensor_proto).item().decode()
+            for event in _tensors(log_dir, tag)]
+
+
+class FakeClock:
+    """Advances 1 ms at every reading: step times are known, whatever the load."""
+
+    def __init__(self):
+        self._ticks = itertools.count()
+
+    def __call__(self):
+        return next(self._ticks) * 0.001
 
 
 def _steps(log_dir, tag="throughput/samples_per_sec"):
@@ -153,10 +168,16 @@ def test_scalars_are_written_at_optimizer_iterations_strictly_increasing(two_rep
     assert all(a < b for a, b in zip(steps, steps[1:]))
     assert set(steps) <= set(run.recorder.iterations)
     assert steps[-1] <= run.iterations == 32
-    # Every epoch ends with a figure: the last step of each epoch is written.
-    assert {16, 32} <= set(steps)
     for tag in expected - {"throughput/startup_time_s"}:
         assert _steps(run.log_dir, tag) == steps
+
+
+@pytest.mark.logical_cpus(2)
+def test_points_fall_on_regular_steps_without_an_extra_point_at_epoch_end(two_replica_run):
+    steps = _steps(two_replica_run.log_dir)
+    # update_freq=3: every point at a multiple of 3; epochs end at 16 and 32.
+    assert all(step % 3 == 0 for step in steps)
+    assert 16 not in steps and 32 not in steps
 
 
 @pytest.mark.logical_cpus(2)
@@ -207,25 +228,39 @@ def test_epoch_logs_show_samples_per_sec_in_history_and_csv(two_replica_run):
 
 
 @pytest.mark.logical_cpus(2)
+def test_epoch_samples_per_sec_is_the_epochs_entry_in_throughput_json(two_replica_run):
+    epochs = _json(two_replica_run.log_dir)["epochs"]
+    assert [entry["epoch"] for entry in epochs] == [0, 1]
+    assert [entry["samples_per_sec"] for entry in epochs] == (
+        two_replica_run.history.history["samples_per_sec"]
+    )
+    assert sum(entry["steps_measured"] for entry in epochs) == (
+        _json(two_replica_run.log_dir)["steps_measured"]
+    )
+
+
+@pytest.mark.logical_cpus(2)
 def test_setup_text_and_speedup_chart_are_written(two_replica_run):
     log_dir = two_replica_run.log_dir
-    accumulator = EventAccumulator(
-        os.path.join(log_dir, "train"), size_guidance={"tensors": 0}
-    )
-    accumulator.Reload()
-    (text_event,) = accumulator.Tensors("throughput/setup")
-    text = tf.make_ndarray(text_event.tensor_proto).item().decode()
+    (text,) = _texts(log_dir, "throughput/setup")
     for fact in ("MirroredStrategy", "| replicas | 2 |", "| global batch | 32 |",
                  "| per-replica batch | 16 |", "1000.0 samples/sec (given)"):
         assert fact in text
+    lines = text.splitlines()
+    assert lines[0] == "| setting | value |"
+    assert all(cell.strip() for line in lines for cell in line.strip("|").split("|"))
     from tensorboard.plugins.custom_scalar import layout_pb2
 
-    (layout_event,) = accumulator.Tensors("custom_scalars__config__")
+    (layout_event,) = _tensors(log_dir, "custom_scalars__config__")
     layout = layout_pb2.Layout.FromString(
         tf.make_ndarray(layout_event.tensor_proto).item()
     )
-    charts = {chart.title: list(chart.multiline.tag) for chart in layout.category[0].chart}
-    assert charts["speedup vs ideal"] == ["^scaling/speedup$", "^scaling/ideal_speedup$"]
+    charts = {chart.title: chart for chart in layout.category[0].chart}
+    (series,) = charts["speedup vs ideal (band up to ideal)"].margin.series
+    assert (series.value, series.lower, series.upper) == (
+        "scaling/speedup", "scaling/speedup", "scaling/ideal_speedup"
+    )
+    assert list(charts["ideal speedup"].multiline.tag) == ["^scaling/ideal_speedup$"]
 
 
 # --- counting with steps_per_execution, several fits, resume --------------------
@@ -307,7 +342,7 @@ def test_resume_with_backup_and_restore_never_repeats_a_step(mirrored, tmp_path)
     assert int(model.optimizer.iterations.numpy()) == 32
     steps = _steps(log_dir)
     # Steps 17 to 23 ran twice; their figures are written once.
-    assert {16, 19, 21, 23, 32} <= set(steps)
+    assert {16, 18, 20, 22, 32} <= set(steps)
     assert all(a < b for a, b in zip(steps, steps[1:]))
 
 
@@ -354,7 +389,8 @@ def test_validation_time_is_not_training_time(mirrored, tmp_path):
 
 
 @pytest.mark.logical_cpus(2)
-def test_measure_baseline_leaves_training_as_it_would_be(mirrored, tmp_path):
+def test_measure_baseline_leaves_training_as_it_would_be(mirrored, tmp_path, caplog):
+    caplog.set_level(logging.WARNING, logger="keras_scaling")
     initial = _model(mirrored).get_weights()
 
     def train(callbacks):
@@ -379,6 +415,12 @@ def test_measure_baseline_leaves_training_as_it_would_be(mirrored, tmp_path):
         assert speedup[step] == pytest.approx(
             value / record["baseline_samples_per_sec"], rel=1e-5
         )
+    # Logical CPUs share the cores the one-replica copy had to itself: said
+    # once in the log and in the set-up table.
+    notes = [r for r in caplog.records if "keras-scaling bench" in r.getMessage()]
+    assert len(notes) == 1 and "share those cores" in notes[0].getMessage()
+    (text,) = _texts(tmp_path, "throughput/setup")
+    assert "| what the speedup means |" in text and "keras-scaling bench" in text
 
 
 @pytest.mark.logical_cpus(2)
@@ -391,7 +433,8 @@ def test_dynamic_batch_size_needs_global_batch_size(mirrored, tmp_path, caplog):
         callbacks=[keras_scaling.ThroughputLogger(unknown_dir, baseline=100.0)],
     )
     assert len(history.history["loss"]) == 2  # training goes on
-    warnings = [r.getMessage() for r in caplog.records if "Pass global_batch_size=" in r.getMessage()]
+    warnings = [r.getMessage() for r in caplog.records
+                if "ThroughputLogger(global_batch_size=" in r.getMessage()]
     assert len(warnings) == 1 and "measures nothing in this fit" in warnings[0]
     assert not (unknown_dir / "throughput.json").exists()
     logger = keras_scaling.ThroughputLogger(
@@ -417,10 +460,15 @@ def test_global_batch_size_comes_from_the_input_plan(mirrored, tmp_path):
 
 
 @pytest.mark.logical_cpus(2)
-def test_global_batch_size_of_arrays_with_a_partial_last_batch(mirrored, tmp_path):
+def test_arrays_with_a_partial_last_batch_ask_for_global_batch_size(mirrored, tmp_path, caplog):
     x, y = _arrays(200)  # 200 = 6 x 32 + 8
     model = _model(mirrored)
-    logger = keras_scaling.ThroughputLogger(tmp_path, baseline=None, update_freq=2)
+    unknown = keras_scaling.ThroughputLogger(tmp_path / "unknown", baseline=None, update_freq=2)
+    model.fit(x, y, batch_size=32, epochs=2, verbose=0, callbacks=[unknown])
+    assert not (tmp_path / "unknown" / "throughput.json").exists()
+    assert "arrays or a dataset whose last batch is partial" in caplog.text
+    logger = keras_scaling.ThroughputLogger(
+        tmp_path, baseline=None, update_freq=2, global_batch_size=np.int64(32))
     model.fit(x, y, batch_size=32, epochs=2, verbose=0, callbacks=[logger])
     record = _json(tmp_path)
     assert (record["global_batch_size"], record["per_replica_batch_size"]) == (32, 16)
@@ -432,16 +480,34 @@ def test_global_batch_size_of_arrays_with_a_partial_last_batch(mirrored, tmp_pat
 def test_one_replica_auto_is_its_own_baseline_and_advises_once(tmp_path, caplog):
     caplog.set_level(logging.WARNING, logger="keras_scaling")
     model = _model()
-    logger = keras_scaling.ThroughputLogger(tmp_path, update_freq=2, warmup_steps=1)
+    logger = keras_scaling.ThroughputLogger(
+        tmp_path, update_freq=2, warmup_steps=1, clock=FakeClock())
     model.fit(_dataset(512, 16), epochs=2, verbose=0, callbacks=[logger])
     record = _json(tmp_path)
     assert record["baseline_samples_per_sec"] == record["samples_per_sec"]
     assert record["baseline_source"].startswith("this run")
     assert (record["speedup"], record["efficiency"]) == (1.0, 1.0)
     assert {value for _, value in _scalars(tmp_path, "scaling/speedup")} == {1.0}
-    # Steps of this tiny model take far less than 5 ms.
-    advice = [r for r in caplog.records if "steps_per_execution=" in r.getMessage()]
+    # The fake clock makes 2 steps last a few ms: steps are short whatever the load.
+    advice = [r.getMessage() for r in caplog.records if "steps_per_execution=" in r.getMessage()]
     assert len(advice) == 1
+    # The same sentence, once, in the Text dashboard.
+    assert _texts(tmp_path, "throughput/advice") == [
+        advice[0].removeprefix("ThroughputLogger: ")
+    ]
+
+
+def test_traces_of_the_train_step_are_counted_without_reaching_into_keras(tmp_path):
+    from keras_scaling.callbacks import throughput as throughput_callback
+
+    model = _model()
+    logger = keras_scaling.ThroughputLogger(tmp_path, baseline=None, update_freq=2)
+    model.fit(_dataset(256, 16), epochs=2, verbose=0, callbacks=[logger])
+    traced_once = throughput_callback._traces(model)
+    # Another batch shape: Keras traces its train function again.
+    model.fit(_dataset(256, 32), epochs=1, verbose=0, callbacks=[logger])
+    assert traced_once >= 1
+    assert throughput_callback._traces(model) > traced_once
 
 
 def test_baseline_none_writes_no_scaling_tags(tmp_path):
@@ -486,15 +552,25 @@ def test_baseline_file_with_another_setup_warns(tmp_path, caplog):
         ({"baseline": 0}, ValueError, "baseline must be a positive number"),
         ({"baseline": -3.5}, ValueError, "baseline must be a positive number"),
         ({"baseline": "/nonexistent/run"}, ValueError, "does not exist"),
-        ({"update_freq": 0}, ValueError, "update_freq must be at least 1"),
-        ({"update_freq": 2.5}, TypeError, "update_freq must be a positive int"),
-        ({"warmup_steps": -1}, ValueError, "warmup_steps must be >= 0"),
-        ({"global_batch_size": 0}, ValueError, "global_batch_size must be at least 1"),
+        ({"update_freq": 0}, ValueError, "update_freq must be an integer >= 1, got 0"),
+        ({"update_freq": 2.5}, TypeError, "update_freq must be an integer >= 1, got float"),
+        ({"update_freq": "often"}, ValueError, "update_freq must be one of 'auto'"),
+        ({"warmup_steps": -1}, ValueError, "warmup_steps must be an integer >= 0"),
+        ({"global_batch_size": 0}, ValueError, "global_batch_size must be an integer >= 1"),
+        ({"global_batch_size": "32"}, TypeError, "global_batch_size must be an integer"),
     ],
 )
 def test_bad_arguments_are_refused_in_the_constructor(tmp_path, kwargs, error, message):
     with pytest.raises(error, match=message):
         keras_scaling.ThroughputLogger(tmp_path, **kwargs)
+
+
+def test_numpy_integers_are_accepted(tmp_path):
+    logger = keras_scaling.ThroughputLogger(
+        tmp_path, global_batch_size=np.int64(32), update_freq=np.int32(4),
+        warmup_steps=np.int64(0), baseline=np.float64(100.0))
+    assert (logger.global_batch_size, logger.update_freq, logger.warmup_steps) == (32, 4, 0)
+    assert type(logger.global_batch_size) is int
 
 
 def test_unwritable_log_dir_is_refused(tmp_path):
@@ -528,15 +604,35 @@ def test_error_in_a_step_still_writes_throughput_json(tmp_path):
     assert model.train_function.__name__ != "guarded_train_function"
 
 
+def test_callback_error_loses_nothing_in_a_live_process(tmp_path):
+    model = _model()
+    logger = keras_scaling.ThroughputLogger(tmp_path, baseline=None, update_freq=4)
+    # Keras skips on_train_end when another callback raises.
+    with pytest.raises(RuntimeError, match="interrupted"):
+        model.fit(
+            _dataset(1024, 16), epochs=1, verbose=0, callbacks=[logger, _StopAt(0, 40)]
+        )
+    raised_s = time.monotonic()
+    while time.monotonic() - raised_s < 5:
+        steps = _steps(tmp_path)
+        if steps and steps[-1] == 40 and (tmp_path / "throughput.json").exists() \
+                and _json(tmp_path)["steps_measured"] == 40 - 6:
+            break
+        time.sleep(0.2)
+    # Every interval up to the last one (steps 37 to 40) is in the event file
+    # and in throughput.json (measured from step 6, after the first execution
+    # and 5 warm-up steps), with the process still alive.
+    assert steps[-1] == 40
+    assert _json(tmp_path)["steps_measured"] == 40 - 6
+
+
 def test_callback_error_is_saved_when_the_model_trains_again(tmp_path):
     model = _model()
     failed = keras_scaling.ThroughputLogger(tmp_path / "failed", baseline=None, update_freq=4)
-    # Keras skips on_train_end when a callback raises; nothing saved yet.
     with pytest.raises(RuntimeError, match="interrupted"):
         model.fit(
             _dataset(1024, 16), epochs=1, verbose=0, callbacks=[failed, _StopAt(0, 40)]
         )
-    assert not (tmp_path / "failed" / "throughput.json").exists()
     later = keras_scaling.ThroughputLogger(tmp_path / "later", baseline=None)
     model.fit(_dataset(64, 16), epochs=1, verbose=0, callbacks=[later])
     record = _json(tmp_path / "failed")
@@ -627,12 +723,6 @@ def test_callback_raising_mid_epoch_writes_throughput_json_at_exit(tmp_path):
 # --- the real TensorBoard server ---------------------------------------------------
 
 
-def _free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_tensorboard_server_serves_the_speedup(tmp_path):
     model = _model()
     model.fit(
@@ -643,14 +733,15 @@ def test_tensorboard_server_serves_the_speedup(tmp_path):
     expected = _scalars(tmp_path, "scaling/speedup")
     assert expected
     tensorboard = os.path.join(os.path.dirname(sys.executable), "tensorboard")
-    port = _free_port()
+    (port,) = launcher.free_ports(1)
     server = subprocess.Popen(
         [tensorboard, "--logdir", str(tmp_path), "--host", "127.0.0.1", "--port", str(port),
          "--load_fast", "false"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    query = urllib.parse.urlencode({"run": "train", "tag": "scaling/speedup"})
+    run = os.path.relpath(_tensorboard.run_dir(tmp_path), tmp_path)
+    query = urllib.parse.urlencode({"run": run, "tag": "scaling/speedup"})
     url = f"http://127.0.0.1:{port}/data/plugin/scalars/scalars?{query}"
     try:
         deadline = time.monotonic() + 90

@@ -163,9 +163,9 @@ def test_bad_flops_arguments_are_refused_in_the_constructor(tmp_path, kwargs, er
 
 
 def test_a_device_without_a_peak_is_named_once_per_process(tmp_path, caplog):
-    from keras_scaling.callbacks import throughput
+    from keras_scaling import _throughput_flops
 
-    throughput._PEAK_REASONS_LOGGED.clear()  # earlier tests of this process named it
+    _throughput_flops._PEAK_REASONS_LOGGED.clear()  # earlier tests of this process named it
     model = keras.Sequential([keras.Input((NUM_FEATURES,)), keras.layers.Dense(1)])
     model.compile(optimizer="sgd", loss="mse")
     x = np.ones((256, NUM_FEATURES), "float32")

@@ -424,9 +424,9 @@ def test_batch_list_is_parsed_sorted_and_deduplicated():
 
 
 def _row(replicas, batch, efficiency):
-    from keras_scaling.cli import _scaling
+    from keras_scaling.cli import _speedup_table
 
-    return _scaling.Row(
+    return _speedup_table.Row(
         run="r", replicas=replicas, per_replica_batch_size=batch,
         global_batch_size=batch * replicas, samples_per_sec=1.0,
         speedup=efficiency * replicas, efficiency=efficiency, ideal_speedup=replicas,
@@ -434,12 +434,12 @@ def _row(replicas, batch, efficiency):
 
 
 def test_smallest_efficient_batch_is_read_at_the_largest_replica_count():
-    from keras_scaling.cli import _scaling
+    from keras_scaling.cli import _speedup_table
 
     rows = [_row(1, 16, 1.0), _row(2, 16, 0.95), _row(4, 16, 0.7),
             _row(2, 32, 0.97), _row(4, 32, 0.91), _row(4, 64, 0.96)]
-    assert _scaling.smallest_efficient_batch(rows) == (32, 4)
-    assert _scaling.smallest_efficient_batch(rows[:3]) == (None, 4)
+    assert _speedup_table.smallest_efficient_batch(rows) == (32, 4)
+    assert _speedup_table.smallest_efficient_batch(rows[:3]) == (None, 4)
 
 
 @pytest.fixture(scope="module")
@@ -455,16 +455,16 @@ def batch_sweep(tmp_path_factory):
 
 
 def test_batch_sweep_prints_a_table_per_batch_and_the_efficient_batch_line(batch_sweep):
-    from keras_scaling.cli import _scaling
+    from keras_scaling.cli import _speedup_table
 
     log_dir, result = batch_sweep
     assert "Per-replica batch 8:" in result.stdout
     assert "Per-replica batch 32:" in result.stdout
     scaling = _read_json(log_dir / "scaling.json")
     assert scaling["per_replica_batches"] == [8, 32]
-    rows = [_scaling.Row(**row) for row in scaling["rows"]]
+    rows = [_speedup_table.Row(**row) for row in scaling["rows"]]
     assert [row.run for row in rows] == ["batch_8/replicas_2", "batch_32/replicas_2"]
-    batch, _ = _scaling.smallest_efficient_batch(rows)
+    batch, _ = _speedup_table.smallest_efficient_batch(rows)
     assert scaling["smallest_efficient_per_replica_batch"] == batch
     if batch is None:
         assert "No per-replica batch up to 32 reaches 90% efficiency at 2 replicas" in result.stdout

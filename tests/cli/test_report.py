@@ -12,13 +12,13 @@ import sys
 
 import pytest
 
-from keras_scaling.cli import _scaling
+from keras_scaling.cli import _speedup_table
 from keras_scaling.cli._table import format_table
 
 
 def _write_run(directory, replicas, samples_per_sec, per_replica_batch_size=32,
                baseline_samples_per_sec=None, speedup=None, efficiency=None,
-               flops_per_sample=None, mfu=None):
+               flops_per_sample=None, mfu=None, baseline_num_replicas=None):
     os.makedirs(directory, exist_ok=True)
     record = {
         "version": 1,
@@ -34,6 +34,7 @@ def _write_run(directory, replicas, samples_per_sec, per_replica_batch_size=32,
         "strategy": "MirroredStrategy",
         "baseline_samples_per_sec": baseline_samples_per_sec,
         "baseline_source": "given" if baseline_samples_per_sec else None,
+        "baseline_num_replicas": baseline_num_replicas,
         "speedup": speedup,
         "efficiency": efficiency,
         "steps_measured": 40,
@@ -67,8 +68,8 @@ def sweep(tmp_path):
 
 
 def test_speedup_is_relative_to_the_one_replica_run(sweep):
-    runs, problems = _scaling.find_runs(sweep)
-    summary = _scaling.summarize(runs)
+    runs, problems = _speedup_table.find_runs(sweep)
+    summary = _speedup_table.summarize(runs)
 
     assert problems == []
     assert [row.replicas for row in summary.rows] == [1, 2, 4]
@@ -89,7 +90,7 @@ def test_without_a_one_replica_run_each_run_uses_its_recorded_baseline(tmp_path)
     _write_run(tmp_path / "d", 16, 6000.0, baseline_samples_per_sec=500.0,
                speedup=12.0, efficiency=0.75)
 
-    summary = _scaling.summarize(_scaling.find_runs(tmp_path)[0])
+    summary = _speedup_table.summarize(_speedup_table.find_runs(tmp_path)[0])
 
     assert summary.baseline_samples_per_sec is None
     assert summary.rows[0].speedup == 1.5
@@ -100,10 +101,22 @@ def test_without_a_one_replica_run_each_run_uses_its_recorded_baseline(tmp_path)
     assert any("c has no baseline" in note for note in summary.notes)
 
 
+def test_report_shows_the_ideal_and_efficiency_over_a_multi_replica_baseline(tmp_path):
+    # 8 replicas over a 2-replica baseline: ideal 4, as ThroughputLogger writes it.
+    _write_run(tmp_path / "a", 8, 3400.0, baseline_samples_per_sec=1000.0,
+               baseline_num_replicas=2)
+
+    (row,) = _speedup_table.summarize(_speedup_table.find_runs(tmp_path)[0]).rows
+
+    assert (row.speedup, row.ideal_speedup) == (pytest.approx(3.4), 4.0)
+    assert row.efficiency == pytest.approx(0.85)
+    assert "|    4x |" in format_table([row])
+
+
 def test_table_prints_every_column_and_a_dash_for_no_speedup(tmp_path):
     _write_run(tmp_path / "replicas_1", 1, 1000.0)
     _write_run(tmp_path / "replicas_2", 2, 1900.0)
-    rows = list(_scaling.summarize(_scaling.find_runs(tmp_path)[0]).rows)
+    rows = list(_speedup_table.summarize(_speedup_table.find_runs(tmp_path)[0]).rows)
     rows.append(rows[1].__class__(**{**rows[1].to_json(), "speedup": math.nan,
                                       "efficiency": math.nan, "run": "x"}))
 
@@ -164,7 +177,7 @@ def test_report_skips_unreadable_files_and_says_which(sweep):
 def test_a_run_too_short_to_measure_is_skipped_with_the_reason(sweep):
     _write_run(sweep / "short", 2, None)
 
-    runs, problems = _scaling.find_runs(sweep)
+    runs, problems = _speedup_table.find_runs(sweep)
 
     assert [run.name for run in runs] == [
         os.path.join("more", "replicas_4"), "replicas_1", "replicas_2"

@@ -1,4 +1,4 @@
-"""The scaling summary: rows of speedup and efficiency from `throughput.json` files.
+"""The speedup table: one row of speedup and efficiency per `throughput.json` file.
 
 `ThroughputLogger` writes `log_dir/throughput.json` at the end of training.
 This module finds those files under a directory, and turns them into one row
@@ -9,9 +9,12 @@ Speedup is samples/sec divided by the baseline's samples/sec. The baseline
 is the 1-replica run among the runs when there is exactly one (so a bench
 sweep that includes 1 replica compares every count to the 1-replica figure
 it measured itself); otherwise each run's own: the speedup and efficiency
-its `ThroughputLogger` recorded, or computed from its recorded
-`baseline_samples_per_sec`, and no speedup when it has none. Efficiency is
-speedup divided by replicas; ideal is the number of replicas.
+the speedup of its recorded `baseline_samples_per_sec` on its
+`baseline_num_replicas`, and no speedup when it has none. Speedup, ideal
+(replicas divided by the baseline's replicas) and efficiency (speedup divided
+by ideal) come from `keras_scaling.baseline.speedup_of`, the function
+`ThroughputLogger` uses for its record, so a run's row shows the figures its
+logger wrote.
 """
 
 import dataclasses
@@ -19,11 +22,10 @@ import math
 import os
 import re
 
-from keras_scaling import baseline
-from keras_scaling import throughput as throughput_math
+from keras_scaling import _run_record
 from keras_scaling import utilization
 
-THROUGHPUT_FILE = baseline.THROUGHPUT_JSON
+THROUGHPUT_FILE = _run_record.THROUGHPUT_JSON
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,7 +55,7 @@ class Row:
     samples_per_sec: float
     speedup: float
     efficiency: float
-    ideal_speedup: int
+    ideal_speedup: float
     tflops_per_sec: float = None
     mfu: float = None
 
@@ -81,13 +83,10 @@ class Summary:
 
 def read_run(path, name):
     """Reads one `throughput.json`; raises ValueError saying what is wrong."""
-    throughput = baseline.read_throughput_json(path, parameter="file")
-    samples_per_sec = throughput["samples_per_sec"]
-    if not isinstance(samples_per_sec, (int, float)) or not samples_per_sec > 0:
-        raise ValueError(
-            f"{path} holds no measured samples_per_sec (got {samples_per_sec!r}): "
-            "the run was too short to measure"
-        )
+    throughput = _run_record.read_throughput_json(path, parameter="file")
+    _run_record.measured_samples_per_sec(
+        throughput, path, "the run was too short to measure"
+    )
     return Run(name=name, path=os.path.abspath(path), throughput=throughput)
 
 
@@ -123,9 +122,10 @@ def summarize(runs):
     single = [run for run in runs if run.throughput["num_replicas"] == 1]
     notes = []
     if len(single) == 1:
-        common_baseline = float(single[0].throughput["samples_per_sec"])
+        common_baseline = single[0].throughput
         source = (
-            f"the 1-replica run {single[0].name} ({common_baseline:.1f} samples/sec)"
+            f"the 1-replica run {single[0].name} "
+            f"({float(common_baseline['samples_per_sec']):.1f} samples/sec)"
         )
     else:
         common_baseline = None
@@ -140,19 +140,13 @@ def summarize(runs):
         record = run.throughput
         replicas = int(record["num_replicas"])
         samples_per_sec = float(record["samples_per_sec"])
-        if common_baseline is not None:
-            scaling = throughput_math.scaling(samples_per_sec, common_baseline, replicas)
-            speedup, efficiency = scaling.speedup, scaling.efficiency
-        elif record.get("speedup") is not None and record.get("efficiency") is not None:
-            speedup, efficiency = float(record["speedup"]), float(record["efficiency"])
-        elif record.get("baseline_samples_per_sec"):
-            scaling = throughput_math.scaling(
-                samples_per_sec, float(record["baseline_samples_per_sec"]), replicas
-            )
-            speedup, efficiency = scaling.speedup, scaling.efficiency
-        else:
-            speedup = efficiency = math.nan
+        figures = _run_record.speedup_of(record, common_baseline)
+        if figures is None:
+            speedup = efficiency = ideal_speedup = math.nan
             notes.append(f"{run.name} has no baseline, so no speedup")
+        else:
+            speedup, efficiency = figures.speedup, figures.efficiency
+            ideal_speedup = figures.ideal_speedup
         global_batch_size = int(record["global_batch_size"])
         tflops_per_sec = None
         if record.get("flops_per_sample"):
@@ -170,7 +164,7 @@ def summarize(runs):
                 samples_per_sec=samples_per_sec,
                 speedup=speedup,
                 efficiency=efficiency,
-                ideal_speedup=replicas,
+                ideal_speedup=ideal_speedup,
                 tflops_per_sec=tflops_per_sec,
                 mfu=record.get("mfu"),
             )
@@ -178,7 +172,9 @@ def summarize(runs):
     rows.sort(key=lambda row: (row.replicas, _natural_key(row.run)))
     return Summary(
         rows=tuple(rows),
-        baseline_samples_per_sec=common_baseline,
+        baseline_samples_per_sec=(
+            None if common_baseline is None else float(common_baseline["samples_per_sec"])
+        ),
         baseline_source=source,
         notes=tuple(notes),
     )

@@ -1,0 +1,291 @@
+"""The run record, `log_dir/throughput.json`: built, validated, written and read here only.
+
+`ThroughputLogger` builds and writes it; baselines, `keras-scaling report`
+and `keras-scaling bench` read it. The public names are re-exported by
+`keras_scaling.baseline`. With `"version": 1`, a record holds:
+
+| key | meaning |
+|---|---|
+| `samples_per_sec` | steady-state median throughput, all replicas (null when no step was measured) |
+| `steps_per_sec` | steady-state median optimizer steps per second |
+| `step_time_s` | `{"p10", "p50", "p90"}` step time percentiles in seconds |
+| `num_replicas`, `num_workers` | replicas in sync, workers |
+| `per_replica_batch_size`, `global_batch_size` | batch sizes |
+| `device_kind` | `"CPU"`, `"GPU"` or `"TPU"` |
+| `dtype_policy` | the model's dtype policy, such as `"float32"` |
+| `strategy` | the strategy's class name |
+| `baseline_samples_per_sec`, `baseline_source` | the baseline and where it came from, or null |
+| `baseline_num_replicas` | the replicas the baseline ran on (1 unless it is a multi-replica run's file) |
+| `speedup`, `ideal_speedup`, `efficiency` | steady-state speedup, `num_replicas / baseline_num_replicas`, and `speedup / ideal_speedup`, or null |
+| `steps_measured` | optimizer steps the steady-state figures are based on |
+| `startup_time_s` | seconds from the start of training to the end of the first execution |
+| `epochs` | one entry per epoch with a measured step: `{"epoch", "samples_per_sec", "steps_measured"}`, the epoch's own steady state (the `samples_per_sec` of that epoch's logs) |
+| `flops_per_sample`, `flops_source` | floating-point operations of one training sample (forward and backward) and where the figure comes from (`"counted"`, `"given"`, or why there is none) |
+| `peak_flops_per_replica`, `peak_source` | peak FLOPs/sec of one replica's device and where it comes from (a datasheet, `"given"`, a measured matmul), or null |
+| `mfu` | steady-state model FLOPs utilization: `flops_per_sample * samples_per_sec / (peak_flops_per_replica * num_replicas)`, or null |
+
+Files written before a key existed are read with it null (`baseline_num_replicas`: 1).
+"""
+
+import json
+import numbers
+import os
+
+from keras_scaling import throughput as throughput_lib
+
+# The file name in a run's log_dir.
+THROUGHPUT_JSON = "throughput.json"
+# The format version, the record's "version" key.
+VERSION = 1
+# Every key of a record, in the order written.
+FIELDS = (
+    "version",
+    "samples_per_sec",
+    "steps_per_sec",
+    "step_time_s",
+    "num_replicas",
+    "num_workers",
+    "per_replica_batch_size",
+    "global_batch_size",
+    "device_kind",
+    "dtype_policy",
+    "strategy",
+    "baseline_samples_per_sec",
+    "baseline_source",
+    "baseline_num_replicas",
+    "speedup",
+    "ideal_speedup",
+    "efficiency",
+    "steps_measured",
+    "startup_time_s",
+    "epochs",
+    "flops_per_sample",
+    "flops_source",
+    "peak_flops_per_replica",
+    "peak_source",
+    "mfu",
+)
+# Keys added to version 1 later: older files lack them, and read as null.
+_LATER_FIELDS = ("baseline_num_replicas", "ideal_speedup", "epochs", "flops_per_sample",
+                 "flops_source", "peak_flops_per_replica", "peak_source", "mfu")
+
+
+def build_record(setup, *, steady=None, baseline_samples_per_sec=None, baseline_source=None,
+                 baseline_num_replicas=None, startup_time_s=None, epochs=(), flops=None):
+    """A complete record from a run's set-up and what was measured.
+
+    Args:
+        setup: dict with `num_replicas`, `num_workers`, `per_replica_batch_size`,
+            `global_batch_size`, `device_kind`, `dtype_policy` and `strategy`.
+        steady: the run's `keras_scaling.throughput.SteadyState`, or None when
+            no step was measured.
+        baseline_samples_per_sec, baseline_source, baseline_num_replicas:
+            the baseline, or None.
+        startup_time_s: float or None.
+        epochs: sequence of `(epoch, SteadyState)`, the epochs with a
+            measured step.
+        flops: dict of the FLOPs keys (`flops_per_sample`, `flops_source`,
+            `peak_flops_per_replica`, `peak_source`, `mfu`), or None.
+
+    Returns:
+        dict with the keys of `FIELDS`, speedup, ideal and efficiency filled
+        in by `speedup_of` when there is a baseline and a measured figure.
+    """
+    record = dict.fromkeys(FIELDS)
+    record.update({key: setup[key] for key in (
+        "num_replicas", "num_workers", "per_replica_batch_size", "global_batch_size",
+        "device_kind", "dtype_policy", "strategy")})
+    record.update(
+        version=VERSION,
+        step_time_s={"p10": None, "p50": None, "p90": None},
+        steps_measured=0,
+        startup_time_s=startup_time_s,
+        baseline_samples_per_sec=baseline_samples_per_sec,
+        baseline_source=baseline_source,
+        baseline_num_replicas=baseline_num_replicas,
+        epochs=[
+            {"epoch": int(epoch), "samples_per_sec": state.samples_per_sec,
+             "steps_measured": state.steps_measured}
+            for epoch, state in epochs
+        ],
+    )
+    record.update(flops or {})
+    if steady is not None:
+        record.update(
+            samples_per_sec=steady.samples_per_sec,
+            steps_per_sec=steady.steps_per_sec,
+            step_time_s={
+                "p10": steady.step_time_p10_s,
+                "p50": steady.step_time_p50_s,
+                "p90": steady.step_time_p90_s,
+            },
+            steps_measured=steady.steps_measured,
+        )
+    figures = speedup_of(record)
+    if figures is not None:
+        record.update(speedup=figures.speedup, ideal_speedup=figures.ideal_speedup,
+                      efficiency=figures.efficiency)
+    return record
+
+
+def speedup_of(record, baseline=None):
+    """Speedup, ideal speedup and efficiency of a run record over its baseline.
+
+    The baseline is `baseline` when given (another run's record, such as the
+    one-replica run of a sweep), else the record's own
+    `baseline_samples_per_sec` on `baseline_num_replicas` replicas.
+
+    Args:
+        record: a `throughput.json` record.
+        baseline: another run's record, or None.
+
+    Returns:
+        A `keras_scaling.throughput.Speedup`, or None when either figure is
+        missing.
+
+    Example:
+
+    ```python
+    from keras_scaling import baseline
+    run = {"samples_per_sec": 1800.0, "num_replicas": 2,
+           "baseline_samples_per_sec": 1000.0, "baseline_num_replicas": 1}
+    baseline.speedup_of(run)   # Speedup(speedup=1.8, ideal_speedup=2.0, efficiency=0.9)
+    ```
+    """
+    if baseline is not None:
+        baseline_samples_per_sec = baseline.get("samples_per_sec")
+        baseline_num_replicas = baseline.get("num_replicas")
+    else:
+        baseline_samples_per_sec = record.get("baseline_samples_per_sec")
+        baseline_num_replicas = record.get("baseline_num_replicas")
+    samples_per_sec = record.get("samples_per_sec")
+    if not (_is_positive(samples_per_sec) and _is_positive(baseline_samples_per_sec)):
+        return None
+    return throughput_lib.speedup(
+        samples_per_sec, baseline_samples_per_sec, record["num_replicas"],
+        baseline_num_replicas or 1,
+    )
+
+
+def _is_positive(value):
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and value > 0
+
+
+def validate_record(record, where="record"):
+    """Checks that `record` is a version-1 throughput record; returns it completed.
+
+    Keys added to version 1 later may be missing and are set to null.
+
+    Args:
+        record: the parsed record.
+        where: what to name in error messages (a path, an argument).
+
+    Returns:
+        a new dict with exactly the keys of `FIELDS`.
+
+    Raises:
+        ValueError: not a dict, another version, a missing or unexpected key.
+    """
+    if not isinstance(record, dict) or record.get("version") != VERSION:
+        raise ValueError(
+            f"{where} is not a version-{VERSION} {THROUGHPUT_JSON} written by "
+            "ThroughputLogger"
+        )
+    record = {**dict.fromkeys(_LATER_FIELDS), **record}
+    missing = [key for key in FIELDS if key not in record]
+    extra = [key for key in record if key not in FIELDS]
+    if missing or extra:
+        raise ValueError(
+            f"{where} does not match version {VERSION} of {THROUGHPUT_JSON}: missing "
+            f"{missing}, unexpected {extra}"
+        )
+    return {key: record[key] for key in FIELDS}
+
+
+def measured_samples_per_sec(record, where, remedy):
+    """The record's `samples_per_sec`, or a ValueError saying the run measured nothing."""
+    samples_per_sec = record["samples_per_sec"]
+    if not _is_positive(samples_per_sec):
+        raise ValueError(
+            f"{where} holds no measured samples_per_sec (got {samples_per_sec!r}): "
+            f"{remedy}"
+        )
+    return float(samples_per_sec)
+
+
+def write_throughput_json(log_dir, record):
+    """Writes `record` to `log_dir/throughput.json`, atomically.
+
+    Readers never see a half-written file: it is written beside and renamed.
+
+    Args:
+        log_dir: the run's log directory.
+        record: dict with the keys of `FIELDS`; keys added to version 1
+            later may be left out and are written null.
+
+    Returns:
+        The path written.
+
+    Raises:
+        ValueError: `record` lacks a key of `FIELDS` or has another key.
+
+    Example:
+
+    ```python
+    import tempfile
+    from keras_scaling import baseline
+    record = dict.fromkeys(baseline.FIELDS)
+    record.update(version=baseline.VERSION, samples_per_sec=1500.0, num_replicas=1)
+    path = baseline.write_throughput_json(tempfile.mkdtemp(), record)
+    ```
+    """
+    record = validate_record(record, where="the throughput record")
+    path = os.path.join(os.fspath(log_dir), THROUGHPUT_JSON)
+    temporary = f"{path}.tmp{os.getpid()}"
+    with open(temporary, "w", encoding="utf-8") as file:
+        json.dump(record, file, indent=2, sort_keys=False)
+        file.write("\n")
+    os.replace(temporary, path)
+    return path
+
+
+def read_throughput_json(path, parameter="path"):
+    """Reads a run's `throughput.json`.
+
+    Args:
+        path: the file, or the run's `log_dir` that holds it.
+        parameter: the argument name to use in error messages.
+
+    Returns:
+        The record, a dict with the keys of `FIELDS`.
+
+    Raises:
+        ValueError: the file is missing, not JSON, or not a version-1
+            throughput record.
+
+    Example:
+
+    ```python
+    import tempfile
+    from keras_scaling import baseline
+    log_dir = tempfile.mkdtemp()
+    record = dict.fromkeys(baseline.FIELDS)
+    record.update(version=baseline.VERSION, samples_per_sec=1500.0, num_replicas=1)
+    baseline.write_throughput_json(log_dir, record)
+    baseline.read_throughput_json(log_dir)["samples_per_sec"]   # 1500.0
+    ```
+    """
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        path = os.path.join(path, THROUGHPUT_JSON)
+    if not os.path.isfile(path):
+        raise ValueError(
+            f"{parameter}={path!r} does not exist; pass an earlier run's log_dir "
+            f"(holding {THROUGHPUT_JSON}) or the path of its {THROUGHPUT_JSON}"
+        )
+    try:
+        with open(path, encoding="utf-8") as file:
+            record = json.load(file)
+    except (OSError, json.JSONDecodeError) as error:
+        raise ValueError(f"{parameter}={path!r} cannot be read as JSON: {error}") from None
+    return validate_record(record, where=f"{parameter}={path!r}")

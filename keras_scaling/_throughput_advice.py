@@ -1,0 +1,86 @@
+"""The advice `ThroughputLogger` gives: pure functions from figures to sentences.
+
+Each function returns the sentences (or None when there is nothing to say);
+the logger logs them once each and writes the same text to TensorBoard.
+"""
+
+import math
+
+# Steps shorter than this are dominated by the training loop's fixed cost per
+# call (Python, callbacks, dispatch), which steps_per_execution amortises.
+SHORT_STEP_S = 0.005
+LOW_EFFICIENCY = 0.8
+# An input pipeline this much faster than training is not the bottleneck.
+_INPUT_HEADROOM = 1.2
+
+
+def short_steps(step_time_s, steps_per_execution):
+    """Advice to run several steps per call when steps are very short, else None.
+
+    Example: `short_steps(0.001, 1)` advises `steps_per_execution=20`.
+    """
+    if steps_per_execution != 1 or step_time_s >= SHORT_STEP_S:
+        return None
+    suggested = max(2, math.ceil(0.02 / step_time_s))
+    return (
+        f"steps take {step_time_s * 1e3:.2f} ms, so the training loop's fixed cost "
+        "per call is a large share of each step. Run several steps per call: "
+        f"model.compile(..., steps_per_execution={suggested})."
+    )
+
+
+def low_efficiency(figures, samples_per_sec, input_samples_per_sec, input_reason, *,
+                   host_cpu_replicas):
+    """Why scaling efficiency is low, or None when it is not.
+
+    Args:
+        figures: the `keras_scaling.throughput.Speedup` of the run.
+        samples_per_sec: float, training's steady-state throughput.
+        input_samples_per_sec: float, the input pipeline's throughput alone
+            (all workers), or None.
+        input_reason: why the input could not be timed, when it could not.
+        host_cpu_replicas: whether the replicas are CPU devices of one host.
+    """
+    if figures.ideal_speedup <= 1 or figures.efficiency >= LOW_EFFICIENCY:
+        return None
+    if input_samples_per_sec is None:
+        diagnosis = (
+            f"The input pipeline could not be timed alone ({input_reason}); time "
+            "`for batch in dataset.take(50)` yourself: if it yields fewer "
+            f"than about {samples_per_sec:.0f} samples/sec, the input is the "
+            "bottleneck, otherwise combining the updates across replicas is."
+        )
+    elif input_samples_per_sec < _INPUT_HEADROOM * samples_per_sec:
+        diagnosis = (
+            f"The input pipeline alone yields {input_samples_per_sec:.0f} "
+            f"samples/sec, barely more than training takes "
+            f"({samples_per_sec:.0f}): the input is the likelier cause "
+            "(more parallel reads and maps, prefetch, cache)."
+        )
+    else:
+        diagnosis = (
+            f"The input pipeline alone yields {input_samples_per_sec:.0f} "
+            f"samples/sec, well above the {samples_per_sec:.0f} training takes: "
+            "combining the updates across replicas is the likelier cause "
+            "(a larger per-replica batch spreads its cost over more samples)."
+        )
+    if host_cpu_replicas:
+        diagnosis += (
+            " The replicas are CPU devices of one host, which share its "
+            "cores: they speed up only as far as free cores allow."
+        )
+    return (
+        f"scaling efficiency is {figures.efficiency:.2f} (speedup "
+        f"{figures.speedup:.2f} of an ideal {figures.ideal_speedup:.2f}). {diagnosis}"
+    )
+
+
+def shared_cores_baseline(num_replicas):
+    """What a baseline measured in-process on logical CPUs means, and what to use instead."""
+    return (
+        f"the baseline ran one replica with all of the host's cores, while the "
+        f"{num_replicas} logical CPU replicas of this run share those cores, so "
+        "speedup and efficiency here understate what as many real devices would "
+        "give. For device-like figures run `keras-scaling bench --cpu-devices "
+        f"{num_replicas}`, which gives each replica a thread pool of its own."
+    )

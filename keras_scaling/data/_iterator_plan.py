@@ -1,0 +1,114 @@
+"""The global batch of the data `fit` trains on: given, planned, or static.
+
+Keras hands callbacks no handle on `fit`'s data; the iterator its train
+function is called with is the one way in.
+"""
+
+import logging
+
+import tensorflow as tf
+
+from keras_scaling import _validation
+
+logger = logging.getLogger("keras_scaling")
+
+
+class GlobalBatchSizeUnknown(ValueError):
+    """The samples of a step cannot be counted, so throughput is unknown."""
+
+
+def global_batch_size(given, iterator, element_spec, num_replicas):
+    """Samples per optimizer step over all replicas.
+
+    `given` when not None (with a warning when the data's static batches
+    disagree), else the `keras_scaling.data` plan behind `iterator`, else
+    the static batch size of `element_spec` times `num_replicas`.
+
+    Args:
+        given: int or None, the user's `global_batch_size=`.
+        iterator: the iterator Keras' train function is called with.
+        element_spec: its element spec (one replica's batches).
+        num_replicas: int, replicas in sync.
+
+    Returns:
+        int, divisible by `num_replicas`.
+
+    Raises:
+        GlobalBatchSizeUnknown: nothing tells the batch size.
+        ValueError: the global batch does not divide over the replicas.
+    """
+    per_replica = static_batch_size(element_spec)
+    if given is not None:
+        if per_replica is not None and per_replica * num_replicas != given:
+            logger.warning(
+                "ThroughputLogger: global_batch_size=%d, but the data's batches "
+                "hold %d samples per replica x %d replicas = %d",
+                given, per_replica, num_replicas, per_replica * num_replicas,
+            )
+        size = given
+    else:
+        size = planned_global_batch_size(iterator)
+    if size is None and per_replica is not None:
+        size = per_replica * num_replicas
+    if size is None:
+        raise GlobalBatchSizeUnknown(
+            "ThroughputLogger cannot tell the global batch size: the training "
+            "data's batch dimension is not static (arrays or a dataset whose last "
+            f"batch is partial; element_spec: {element_spec}). Pass "
+            "ThroughputLogger(global_batch_size=<samples per step over all "
+            "replicas>), or batch with drop_remainder=True (as "
+            "keras_scaling.data.distribute does)."
+        )
+    size = _validation.positive_int(size, "global_batch_size")
+    if size % num_replicas:
+        raise ValueError(
+            f"global_batch_size={size} is not divisible by the {num_replicas} "
+            "replicas; pass the samples of one optimizer step over all replicas"
+        )
+    return size
+
+
+def static_batch_size(element_spec):
+    """One replica's static batch size from an input spec, or None."""
+    if element_spec is None:
+        return None
+    sizes = set()
+    for spec in tf.nest.flatten(element_spec, expand_composites=True):
+        shape = getattr(spec, "shape", None)
+        if shape is not None and shape.rank:
+            sizes.add(shape[0])
+    if len(sizes) != 1:
+        return None
+    (size,) = sizes
+    return size
+
+from keras_scaling import _tf_data_internals
+
+
+def planned_global_batch_size(iterator):
+    """The global batch of the `keras_scaling.data` plan behind `iterator`, or None.
+
+    `fit` distributes the dataset it is given; the datasets TensorFlow derives
+    from it keep it as an input, so the plan is found up that chain.
+
+    Args:
+        iterator: the iterator Keras' train function is called with.
+
+    Returns:
+        int, samples per optimizer step over all replicas, or None when no
+        dataset on the way was made by `keras_scaling.data.distribute`.
+    """
+    from keras_scaling import data
+
+    pending = [_tf_data_internals.dataset_of_iterator(iterator)]
+    seen = set()
+    while pending:
+        dataset = pending.pop()
+        if not isinstance(dataset, tf.data.Dataset) or id(dataset) in seen:
+            continue
+        seen.add(id(dataset))
+        plan = data.plan_of(dataset)
+        if plan is not None:
+            return plan.global_batch_size
+        pending.extend(_tf_data_internals.dataset_inputs(dataset))
+    return None
