@@ -7,7 +7,7 @@ import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _TIMEOUT_S = 300
-QUICK_START_HEADING = "## In short"
+QUICK_START_HEADING = "## Quick start"
 
 
 def python_block_after(heading):
