@@ -10,8 +10,9 @@ before a block changes that:
 - `<!-- file: NAME -->`: the block is written to the file NAME, for the blocks
   after it;
 - `<!-- tested-by: TEST_FILE -->`: the block is not run here, since that test
-  file runs it (the README's quick start, which `make test-versions` runs on
-  every supported pair).
+  file runs it (the README's quick start and `keras-scaling launch` example,
+  which `make test-versions` runs on every supported pair; the docs hold the
+  same code, as the tests below check).
 
 Running the blocks takes minutes, so `make docs` runs them
 (KERAS_SCALING_DOCS_EXAMPLES=1) and `make test` only checks that every block
@@ -145,11 +146,22 @@ def _schema_keys(page):
         return re.findall(r"^\| `([a-z0-9_]+)` \|", file.read(), flags=re.MULTILINE)
 
 
+def _tested_by(page, language):
+    return [
+        block.code
+        for block in blocks(page)
+        if block.marker == "tested-by" and block.language == language
+    ]
+
+
 def test_the_home_page_example_is_the_readme_quick_start():
-    readme_quick_start = next(block for block in blocks("README.md") if block.marker == "tested-by")
     home = [block.code for block in blocks("docs/index.md") if block.language == "python"]
 
-    assert home == [readme_quick_start.code]
+    assert home == _tested_by("README.md", "python")
+
+
+def test_the_multi_worker_guide_launches_the_readme_command():
+    assert _tested_by("docs/guides/multi-worker.md", "bash") == _tested_by("README.md", "bash")
 
 
 def test_the_throughput_json_page_lists_every_field_of_the_file():
