@@ -13,7 +13,7 @@ STAMP := $(VENV)/.installed
 TEST_DEVICE_COUNTS := 2 3 4
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: demo test test-versions test-browser clean
+.PHONY: demo test test-versions test-browser lint docs docs-serve dist-check clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -43,17 +43,36 @@ test: $(STAMP)
 test-versions:
 	NIGHTLY=$(NIGHTLY) PYTHON=$(PYTHON) bash .ci/test-versions
 
+# Tools for lint, docs and dist-check, each an extra of the project, each with
+# a stamp of its own so that `make test` installs none of them.
+$(VENV)/.installed-%: pyproject.toml $(STAMP)
+	$(PY) -m pip install --quiet -e '.[$*]'
+	touch $@
+
+# ruff, as configured in pyproject.toml: the lint rules and the format check.
+lint: $(VENV)/.installed-lint
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+# The documentation site, built with --strict (a broken link or reference
+# fails), then every Python and shell block of docs/ run in order, page by page.
+docs: $(VENV)/.installed-docs
+	$(VENV)/bin/mkdocs build --strict --site-dir build/site
+	KERAS_SCALING_DOCS_EXAMPLES=1 $(PY) -m pytest tests/test_docs.py $(PYTEST_ARGS)
+
+docs-serve: $(VENV)/.installed-docs
+	$(VENV)/bin/mkdocs serve
+
+# The wheel and the sdist, twine check, and a smoke test of the wheel in a
+# fresh venv that already has tensorflow-cpu.
+dist-check: $(VENV)/.installed-dist
+	PY=$(abspath $(PY)) PYTHON=$(PYTHON) bash .ci/dist-check
+
 # TensorBoard in a real browser: Debian's chromium, driven by Playwright,
 # over the logs of a short run and a short bench sweep (not part of `make test`).
-BROWSER_STAMP := $(VENV)/.browser-installed
-
-$(BROWSER_STAMP): $(STAMP)
-	$(PY) -m pip install --quiet -e '.[test,browser]'
-	touch $(BROWSER_STAMP)
-
-test-browser: $(BROWSER_STAMP)
+test-browser: $(VENV)/.installed-browser
 	bash .ci/install-chromium
 	$(PY) -m pytest tests/browser $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) .venv-versions build *.egg-info
+	rm -rf $(VENV) .venv-versions build dist site *.egg-info

@@ -23,7 +23,7 @@ from keras_scaling import _versions
 
 _versions.check_supported()
 
-__version__ = "0.1.0"
+__version__ = "0.1.0"  # pyproject.toml reads the version from here
 
 _EXPORTS = {
     "BackupAndRestore": "keras_scaling.callbacks.backup_and_restore",

@@ -58,7 +58,7 @@ def _package_dir(package):
     return list(spec.submodule_search_locations)[0]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def keras_version():
     """The version of the `keras` package that `import keras` loads, or None.
 
@@ -78,7 +78,7 @@ def keras_version():
     return _distribution_version(_KERAS_DISTRIBUTIONS)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def tf_version():
     """The version of the installed TensorFlow, or None when it is not installed."""
     if _package_dir("tensorflow") is None:
@@ -115,18 +115,20 @@ def unsupported_reason(keras, tensorflow):
         f"with TensorFlow {_floor_text(MIN_TENSORFLOW)} or newer"
     )
     if tensorflow is None:
+        # TensorFlow is an extra of the package, so that pip never adds
+        # `tensorflow` beside an installed tensorflow-cpu or tf-nightly.
         return (
-            f"TensorFlow is not installed. {supported}: install one, for example "
-            "`pip install tensorflow` (or tensorflow-cpu)."
+            f"TensorFlow is not installed. {supported}: install keras_scaling with "
+            "one, `pip install 'keras-scaling[tensorflow]'` (or "
+            "`'keras-scaling[tensorflow-cpu]'` for the CPU-only build), or install "
+            "the TensorFlow build you want yourself (tensorflow, tensorflow-cpu, "
+            "tf-nightly, ...)."
         )
     if keras is None:
         return f"Keras is not installed. {supported}: `pip install 'keras>=3.8'`."
     keras_release, tf_release = parse(keras), parse(tensorflow)
     if keras_release[:1] != (3,) or keras_release[:2] < MIN_KERAS:
-        return (
-            f"Keras {keras} is installed. {supported}: "
-            "`pip install --upgrade 'keras>=3.8,<4'`."
-        )
+        return f"Keras {keras} is installed. {supported}: `pip install --upgrade 'keras>=3.8,<4'`."
     if tf_release and tf_release[:2] < MIN_TENSORFLOW:
         return (
             f"TensorFlow {tensorflow} is installed. {supported}: "

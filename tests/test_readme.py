@@ -7,6 +7,7 @@ import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _TIMEOUT_S = 300
+QUICK_START_HEADING = "## Quick start"
 
 
 def python_block_after(heading):
@@ -15,11 +16,16 @@ def python_block_after(heading):
         text = file.read()
     start = text.index(f"\n{heading}\n")
     block_start = text.index("```python\n", start) + len("```python\n")
-    return text[block_start:text.index("```", block_start)]
+    return text[block_start : text.index("```", block_start)]
+
+
+def quick_start():
+    """The README's quick start, as a user copies it."""
+    return python_block_after(QUICK_START_HEADING)
 
 
 def test_the_quick_start_trains_and_logs_on_two_replicas(tmp_path):
-    code = python_block_after("## In short")
+    code = quick_start()
     result = subprocess.run(
         [sys.executable, "-c", code],
         cwd=tmp_path,
@@ -35,6 +41,15 @@ def test_the_quick_start_trains_and_logs_on_two_replicas(tmp_path):
     assert record["num_replicas"] == 2 and record["global_batch_size"] == 128
     assert record["samples_per_sec"] > 0
     assert "diverged" not in result.stderr
-    events = [name for _, _, names in os.walk(tmp_path / "logs") for name in names
-              if name.startswith("events.out.tfevents")]
+    events = [
+        name
+        for _, _, names in os.walk(tmp_path / "logs")
+        for name in names
+        if name.startswith("events.out.tfevents")
+    ]
     assert events
+
+
+if __name__ == "__main__":
+    # `make dist-check` runs the quick start against the installed wheel.
+    print(quick_start())
