@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from keras_scaling import _probes
 from keras_scaling import data
 from keras_scaling.devices import StrategyInfo
 
@@ -135,9 +136,7 @@ def test_directory_files_are_split_between_workers_before_decoding(name, files_d
 
 
 def test_unrecognised_directory_dataset_is_read_whole_with_one_warning(files_dir, caplog):
-    from keras_scaling.data import _tf_internals
-
-    _tf_internals._warned.clear()
+    _probes.forget_warnings()
     images, _ = sources.make_source("image_dataset_from_directory", files_dir)
     relabelled = images.map(lambda x, y: (x, y + 1))
     relabelled.file_paths = images.file_paths
