@@ -126,6 +126,11 @@ def worker_env(base_env, ports, index, cpu_devices=None):
     env["KERAS_SCALING_CPU_DEVICES"]      # "2"
     ```
     """
+    ports = [_validation.positive_int(port, "ports[]") for port in ports]
+    index = _validation.non_negative_int(index, "index")
+    if index >= len(ports):
+        raise ValueError(f"index must be below len(ports) = {len(ports)}, got {index}")
+    cpu_devices = _validation.optional_positive_int(cpu_devices, "cpu_devices")
     env = dict(base_env)
     env["TF_CONFIG"] = json.dumps(_tf_config(ports, index))
     if cpu_devices is not None:

@@ -149,6 +149,26 @@ def test_unrecognised_directory_dataset_is_read_whole_with_one_warning(files_dir
     assert len(warnings) == 1 and tf.__version__ in warnings[0].message
 
 
+def test_without_the_directory_probe_files_are_decoded_by_every_worker(
+    files_dir, caplog, monkeypatch
+):
+    images, _ = sources.make_source("image_dataset_from_directory", files_dir)
+    _probes.forget_warnings()
+    monkeypatch.setenv(_probes.FAIL_PROBES_ENV, "tf.data.directory_pipeline")
+    with caplog.at_level(logging.WARNING, logger="keras_scaling"):
+        plans = [
+            data.plan_of(data._distribute_for(images, _worker(2, worker_index)))
+            for worker_index in range(2)
+        ]
+    monkeypatch.delenv(_probes.FAIL_PROBES_ENV)
+    _probes.forget_warnings()
+    assert [plan.shard_mode for plan in plans] == ["element", "element"]
+    assert plans[0].num_examples == sources.NUM_IMAGES
+    probe = _probes._registry["tf.data.directory_pipeline"]
+    warnings = [r for r in caplog.records if probe.reaches in r.getMessage()]
+    assert len(warnings) == 1 and probe.lost in warnings[0].getMessage()
+
+
 def _shares_of_unseeded_image_datasets(directory, num_workers):
     """Each worker lists the files itself, in its own random order (no seed)."""
     shares = []

@@ -7,6 +7,7 @@ again, which resumes. The other tests train in this process on one device.
 """
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -21,6 +22,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 import keras_scaling
 from keras_scaling import _backup
+from keras_scaling import _probes
 from keras_scaling.callbacks.backup_and_restore import EXIT_PREEMPTED
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -268,13 +270,47 @@ def test_save_every_n_steps_saves_at_the_first_batch_end_past_each_multiple(tmp_
     assert seen == [None, None, 3, 3, 3, 6, 6, 6]
 
 
+def _dataset_iterations_saved_mid_epoch(backup_dir):
+    _model().fit(
+        _data(),
+        epochs=1,
+        verbose=0,
+        callbacks=[
+            keras_scaling.BackupAndRestore(
+                backup_dir, save_every_n_steps=3, delete_checkpoint=False
+            )
+        ],
+    )
+    return _backup.read(backup_dir)[0]["position"]["dataset_iterations"]
+
+
+def test_without_the_epoch_iterator_probe_a_backup_resumes_at_its_epoch_start(
+    tmp_path, monkeypatch, caplog
+):
+    assert isinstance(_dataset_iterations_saved_mid_epoch(tmp_path / "healthy"), int)
+    probe = _probes._registry["keras.fit.resume_epoch_iterator"]
+    _probes.forget_warnings()
+    monkeypatch.setenv(_probes.FAIL_PROBES_ENV, probe.name)
+    with caplog.at_level(logging.WARNING, logger="keras_scaling"):
+        saved = _dataset_iterations_saved_mid_epoch(tmp_path / "degraded")
+        _dataset_iterations_saved_mid_epoch(tmp_path / "again")
+    monkeypatch.delenv(_probes.FAIL_PROBES_ENV)
+    _probes.forget_warnings()
+
+    # No position inside the epoch's data: a resume starts the saved epoch over.
+    assert saved is None
+    warnings = [r.getMessage() for r in caplog.records if probe.reaches in r.getMessage()]
+    assert len(warnings) == 1
+    assert probe.lost in warnings[0] and keras.__version__ in warnings[0]
+
+
 @pytest.mark.parametrize(
     "kwargs, error, fragment",
     [
         ({"backup_dir": None}, TypeError, "backup_dir must be a non-empty directory path"),
         ({"backup_dir": ""}, TypeError, "backup_dir must be a non-empty directory path"),
         ({"backup_dir": "b", "save_every_n_steps": 0}, ValueError, "got 0"),
-        ({"backup_dir": "b", "save_every_n_steps": 2.5}, ValueError, "save_every_n_steps"),
+        ({"backup_dir": "b", "save_every_n_steps": 2.5}, TypeError, "save_every_n_steps"),
         ({"backup_dir": "b", "save_on_preemption": "yes"}, TypeError, "save_on_preemption"),
     ],
 )
