@@ -344,6 +344,9 @@ class StrategyInfo:
     Example:
 
     ```python
+    import tensorflow as tf, keras_scaling
+    keras_scaling.use_logical_cpus(2)
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
     info = keras_scaling.describe_strategy(strategy)
     print(info)          # MirroredStrategy: 1 worker, 2 replicas on CPU ...
     info.num_replicas    # 2

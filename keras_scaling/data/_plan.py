@@ -426,10 +426,14 @@ class InputPlan:
     Example:
 
     ```python
+    import numpy as np, tensorflow as tf, keras_scaling
+    strategy = tf.distribute.get_strategy()   # one device
+    x = np.random.rand(1000, 8).astype("float32")
+    y = x.sum(axis=1, keepdims=True)
     plan = keras_scaling.data.describe(
         (x, y), strategy=strategy, per_replica_batch_size=32
     )
-    plan.global_batch_size, plan.steps_per_epoch
+    plan.global_batch_size, plan.steps_per_epoch   # (32, 31)
     print(plan)
     ```
     """
