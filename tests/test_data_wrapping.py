@@ -136,7 +136,7 @@ def test_directory_files_are_split_between_workers_before_decoding(name, files_d
 
 
 def test_unrecognised_directory_dataset_is_read_whole_with_one_warning(files_dir, caplog):
-    _probes.forget_warnings()
+    _probes._warned.clear()
     images, _ = sources.make_source("image_dataset_from_directory", files_dir)
     relabelled = images.map(lambda x, y: (x, y + 1))
     relabelled.file_paths = images.file_paths
@@ -153,7 +153,7 @@ def test_without_the_directory_probe_files_are_decoded_by_every_worker(
     files_dir, caplog, monkeypatch
 ):
     images, _ = sources.make_source("image_dataset_from_directory", files_dir)
-    _probes.forget_warnings()
+    _probes._warned.clear()
     monkeypatch.setenv(_probes.FAIL_PROBES_ENV, "tf.data.directory_pipeline")
     with caplog.at_level(logging.WARNING, logger="keras_scaling"):
         plans = [
@@ -161,7 +161,7 @@ def test_without_the_directory_probe_files_are_decoded_by_every_worker(
             for worker_index in range(2)
         ]
     monkeypatch.delenv(_probes.FAIL_PROBES_ENV)
-    _probes.forget_warnings()
+    _probes._warned.clear()
     assert [plan.shard_mode for plan in plans] == ["element", "element"]
     assert plans[0].num_examples == sources.NUM_IMAGES
     probe = _probes._registry["tf.data.directory_pipeline"]

@@ -108,13 +108,13 @@ def describe_with_failing(name, dataset, monkeypatch, caplog, **kwargs):
     """The plan of `dataset` with the probe `name` failing; and its warnings."""
     from keras_scaling import data
 
-    _probes.forget_warnings()
+    _probes._warned.clear()
     monkeypatch.setenv(_probes.FAIL_PROBES_ENV, name)
     with caplog.at_level(logging.WARNING, logger="keras_scaling"):
         plan = data.describe(dataset, **kwargs)
         data.describe(dataset, **kwargs)  # a second dataset: no second warning
     monkeypatch.delenv(_probes.FAIL_PROBES_ENV)
-    _probes.forget_warnings()
+    _probes._warned.clear()
     return plan, probe_warnings(caplog, name)
 
 

@@ -316,13 +316,13 @@ def test_without_the_epoch_iterator_probe_a_backup_resumes_at_its_epoch_start(
 ):
     assert isinstance(_dataset_iterations_saved_mid_epoch(tmp_path / "healthy"), int)
     probe = _probes._registry["keras.fit.resume_epoch_iterator"]
-    _probes.forget_warnings()
+    _probes._warned.clear()
     monkeypatch.setenv(_probes.FAIL_PROBES_ENV, probe.name)
     with caplog.at_level(logging.WARNING, logger="keras_scaling"):
         saved = _dataset_iterations_saved_mid_epoch(tmp_path / "degraded")
         _dataset_iterations_saved_mid_epoch(tmp_path / "again")
     monkeypatch.delenv(_probes.FAIL_PROBES_ENV)
-    _probes.forget_warnings()
+    _probes._warned.clear()
 
     # No position inside the epoch's data: a resume starts the saved epoch over.
     assert saved is None
