@@ -62,7 +62,7 @@ def optional_positive_int(value, parameter, *, fix=None):
 
 def positive_number(value, parameter, *, unit=None, fix=None):
     """Returns `value` as a `float`, checked to be finite and > 0."""
-    what = f"a positive number of {unit}" if unit else "a positive number"
+    what = f"a positive number ({unit})" if unit else "a positive number"
     if not _is_real(value):
         raise TypeError(
             f"{parameter} must be {what}, got {type(value).__name__} "
@@ -75,7 +75,7 @@ def positive_number(value, parameter, *, unit=None, fix=None):
 
 def non_negative_number(value, parameter, *, unit=None, fix=None):
     """Returns `value` as a `float`, checked to be finite and >= 0."""
-    what = f"a number of {unit} >= 0" if unit else "a number >= 0"
+    what = f"a number >= 0 ({unit})" if unit else "a number >= 0"
     if not _is_real(value):
         raise TypeError(
             f"{parameter} must be {what}, got {type(value).__name__} "
@@ -104,7 +104,7 @@ def positive_number_or_one_of(value, parameter, choices, *, unit=None, fix=None)
     """
     if value in choices and (value is None or isinstance(value, str)):
         return value
-    number = f"a positive number of {unit}" if unit else "a positive number"
+    number = f"a positive number ({unit})" if unit else "a positive number"
     *others, last = [repr(choice) for choice in choices]
     allowed = f"{', '.join(others)} or {last}" if others else last
     message = f"{parameter} must be {number}, {allowed}, got "

@@ -45,7 +45,7 @@ def test_zero_is_allowed_where_the_minimum_is_zero():
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), 0.0, -1])
 def test_positive_numbers_are_finite_and_above_zero(value):
-    with pytest.raises(ValueError, match="rate must be a positive number of samples/sec"):
+    with pytest.raises(ValueError, match="rate must be a positive number \\(samples/sec\\)"):
         _validation.positive_number(value, "rate", unit="samples/sec")
 
 
