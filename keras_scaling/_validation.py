@@ -25,7 +25,8 @@ def _is_real(value):
     return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
 
 
-def _integer_wording(minimum):
+def integer_wording(minimum):
+    """How an integer of at least `minimum` is asked for: "a positive integer", "an integer >= 0"."""
     return "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
 
 
@@ -34,7 +35,7 @@ def integer_at_least(value, parameter, minimum, *, fix=None):
 
     Example: `integer_at_least(np.int64(3), "num_workers", 1)` is `3`.
     """
-    what = _integer_wording(minimum)
+    what = integer_wording(minimum)
     if not _is_integer(value):
         raise TypeError(
             f"{parameter} must be {what}, got "
