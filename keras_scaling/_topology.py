@@ -154,22 +154,25 @@ def replicas_per_worker(strategy):
 
 
 def local_copy(variable, strategy):
-    """This worker's first copy of a (possibly mirrored) variable.
+    """This worker's first copy of a (possibly mirrored) variable or per-replica value.
 
     All copies of a mirrored variable are equal; reading one costs a fraction
     of reading the variable as a whole. A Keras variable is read through the
     `tf.Variable` it wraps (its public `value`).
 
     Args:
-        variable: a Keras variable or a `tf.Variable`, such as
-            `model.optimizer.iterations`.
+        variable: a Keras variable, a `tf.Variable` (such as
+            `model.optimizer.iterations`) or `tf.distribute` values.
         strategy: the `tf.distribute.Strategy` it was created under.
 
     Returns:
-        A `tf.Variable` (or tensor): call `.numpy()` to read it.
+        A `tf.Variable` or tensor: call `.numpy()` to read it eagerly.
     """
-    value = getattr(variable, "value", variable)
-    return strategy.experimental_local_results(value)[0]
+    # A Keras variable's `value` is a property giving its tf.Variable; a
+    # tf.Variable's `value` is a method, and distributed values have none.
+    if isinstance(getattr(type(variable), "value", None), property):
+        variable = variable.value
+    return strategy.experimental_local_results(variable)[0]
 
 
 def step_counter(model):
