@@ -9,7 +9,8 @@ STAMP := $(VENV)/.installed
 # process clash in their collective all-reduce (different sizes: "joining a
 # group with size 4, but that group has size 2"; same size: "Shape mismatch in
 # the collective instance"). So unmarked tests share one process, and each test
-# file marked logical_cpus(N) runs in a process of its own for each such N.
+# file marked logical_cpus(N) runs in a process of its own for each such N;
+# the first process fails, naming the file, for an N not listed here.
 TEST_DEVICE_COUNTS := 2 3 4
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
@@ -28,7 +29,7 @@ test: $(STAMP)
 	@status=0; failed=""; \
 	run() { $(PY) -m pytest "$$@" $(PYTEST_ARGS); rc=$$?; \
 	  if [ $$rc -ne 0 ] && [ $$rc -ne 5 ]; then status=$$rc; failed="$$failed $$1($$2)"; fi; }; \
-	echo "== tests on 1 device =="; run tests --logical-cpus=1; \
+	echo "== tests on 1 device =="; run tests --logical-cpus=1 --device-counts="$(TEST_DEVICE_COUNTS)"; \
 	for n in $(TEST_DEVICE_COUNTS); do \
 	  for file in $$(grep -rl --include='test_*.py' "logical_cpus($$n)" tests | sort); do \
 	    echo "== $$file on $$n logical CPUs =="; run "$$file" --logical-cpus=$$n -q; \

@@ -9,8 +9,8 @@ do instead. A figure that cannot be computed is left out, never guessed: the
 fallbacks are "unknown" values (`None`, nothing found) that the callers
 already handle.
 
-Each probe has a name, listed by `registered()`, so that tests can hide the
-name it reaches for and check the warning.
+Each probe has a name, so that `KERAS_SCALING_FAIL_PROBES` can make it
+fail as if the name it reaches for were gone.
 """
 
 import functools
@@ -106,14 +106,3 @@ def failed(name, error):
     """Reports a failure of the probe `name` found outside a guarded function."""
     _registry[name].warn(error)
 
-
-def registered():
-    """The names of every probe defined so far, sorted."""
-    with _lock:
-        return sorted(_registry)
-
-
-def forget_warnings():
-    """Lets every probe warn again (for tests that check the warning)."""
-    with _lock:
-        _warned.clear()

@@ -9,47 +9,57 @@ one iterator object (nothing is patched globally) to count the iterators
 created, and, on resume, to create the ones a stopped run had created (so the
 saved epoch gets its own order) and to consume the steps it had trained.
 
-These are private Keras names: `probe` says whether they are there and of
-the shape this module knows, and when they are not, exact resume is off with
-one warning (the run resumes at the start of the saved epoch, as Keras does).
+Keras gives a callback no public handle on that iterator (it is created
+before the callbacks are), so these private Keras names are reached through
+one probe of `keras_scaling._probes`: when they are not there or not of the
+shape this module knows, exact resume is off with one warning naming the
+Keras version (the run resumes at the start of the saved epoch, as Keras'
+own `BackupAndRestore` does).
 """
 
-import logging
 import sys
 
-import keras
-
+from keras_scaling import _probes
 from keras_scaling import data
-
-logger = logging.getLogger("keras_scaling")
 
 _REQUIRED_ATTRIBUTES = ("_get_iterator", "_num_batches", "data_adapter", "steps_per_epoch")
 
 
+@_probes.guarded(
+    "keras.fit.resume_epoch_iterator",
+    reaches=(
+        "the `epoch_iterator` local of keras.Model.fit (read from the call stack) "
+        "and its _get_iterator, _num_batches and data_adapter"
+    ),
+    lost=(
+        "exact resume inside an epoch: a resume starts at the beginning of the "
+        "saved epoch, as keras.callbacks.BackupAndRestore does"
+    ),
+    workaround="Save at epoch ends only (save_every_n_steps=None) or use shorter epochs.",
+)
 def running_epoch_iterator():
-    """The epoch iterator of the `fit` on the call stack, or None."""
+    """The epoch iterator of the `fit` on the call stack, of the known shape.
+
+    Raises when it is not found or not of the shape this module knows; the
+    guard then warns once and returns None.
+    """
     frame = sys._getframe(1)
     try:
         while frame is not None:
             if frame.f_code.co_name == "fit" and "epoch_iterator" in frame.f_locals:
-                return frame.f_locals["epoch_iterator"]
+                epoch_iterator = frame.f_locals["epoch_iterator"]
+                break
             frame = frame.f_back
-        return None
+        else:
+            raise LookupError("the epoch iterator of fit was not found on the call stack")
     finally:
         del frame
-
-
-def probe(epoch_iterator):
-    """Whether `epoch_iterator` is of the shape this module knows: `(ok, why)`."""
-    if epoch_iterator is None:
-        return False, "the epoch iterator of fit was not found on the call stack"
     missing = [name for name in _REQUIRED_ATTRIBUTES if not hasattr(epoch_iterator, name)]
     if missing:
-        return False, f"Keras' epoch iterator has no {', '.join(missing)}"
-    adapter = epoch_iterator.data_adapter
-    if not callable(getattr(adapter, "get_tf_dataset", None)):
-        return False, "Keras' data adapter has no get_tf_dataset()"
-    return True, "Keras' epoch iterator is of the known shape"
+        raise AttributeError(f"Keras' epoch iterator has no {', '.join(missing)}")
+    if not callable(getattr(epoch_iterator.data_adapter, "get_tf_dataset", None)):
+        raise AttributeError("Keras' data adapter has no get_tf_dataset()")
+    return epoch_iterator
 
 
 class _Started:
@@ -150,17 +160,10 @@ class EpochIteratorHook:
 
 
 def attach():
-    """An `EpochIteratorHook` on the running `fit`'s data, or None with the reason.
+    """An `EpochIteratorHook` on the running `fit`'s data, or None.
 
-    Returns:
-        `(hook, why)`: `hook` is None when the epoch iterator is not found or
-        not of the known shape; `why` says what is lost.
+    None when the epoch iterator is not found or not of the known shape: the
+    probe has then said, once, what is lost.
     """
     epoch_iterator = running_epoch_iterator()
-    ok, why = probe(epoch_iterator)
-    if not ok:
-        return None, (
-            f"{why} (Keras {keras.__version__}): a resume starts at the beginning "
-            "of the saved epoch, as keras.callbacks.BackupAndRestore does"
-        )
-    return EpochIteratorHook(epoch_iterator), ""
+    return None if epoch_iterator is None else EpochIteratorHook(epoch_iterator)

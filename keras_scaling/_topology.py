@@ -114,13 +114,77 @@ def is_chief(strategy):
 
 
 def num_replicas(strategy):
-    """All replicas of the strategy, across every worker."""
+    """All replicas of the strategy, in sync across every worker.
+
+    Args:
+        strategy: a `tf.distribute.Strategy`.
+
+    Returns:
+        int, `strategy.num_replicas_in_sync`.
+
+    Example:
+
+    ```python
+    import tensorflow as tf
+    from keras_scaling import devices
+    devices.num_replicas(tf.distribute.get_strategy())   # 1
+    ```
+    """
     return int(strategy.num_replicas_in_sync)
 
 
 def replicas_per_worker(strategy):
-    """The replicas of one worker: `num_replicas(strategy) // num_workers(strategy)`."""
+    """The replicas of one worker: `num_replicas(strategy) // num_workers(strategy)`.
+
+    Args:
+        strategy: a `tf.distribute.Strategy`.
+
+    Returns:
+        int, at least 1.
+
+    Example:
+
+    ```python
+    import tensorflow as tf
+    from keras_scaling import devices
+    devices.replicas_per_worker(tf.distribute.get_strategy())   # 1
+    ```
+    """
     return num_replicas(strategy) // num_workers(strategy)
+
+
+def local_copy(variable, strategy):
+    """This worker's first copy of a (possibly mirrored) variable or per-replica value.
+
+    All copies of a mirrored variable are equal; reading one costs a fraction
+    of reading the variable as a whole. A Keras variable is read through the
+    `tf.Variable` it wraps (its public `value`).
+
+    Args:
+        variable: a Keras variable, a `tf.Variable` (such as
+            `model.optimizer.iterations`) or `tf.distribute` values.
+        strategy: the `tf.distribute.Strategy` it was created under.
+
+    Returns:
+        A `tf.Variable` or tensor: call `.numpy()` to read it eagerly.
+    """
+    # A Keras variable's `value` is a property giving its tf.Variable; a
+    # tf.Variable's `value` is a method, and distributed values have none.
+    if isinstance(getattr(type(variable), "value", None), property):
+        variable = variable.value
+    return strategy.experimental_local_results(variable)[0]
+
+
+def step_counter(model):
+    """The optimizer's step counter of a compiled `model`, read from one copy.
+
+    Args:
+        model: a compiled `keras.Model`.
+
+    Returns:
+        int, the optimizer's `iterations`: the steps trained so far.
+    """
+    return int(local_copy(model.optimizer.iterations, model.distribute_strategy).numpy())
 
 
 def replica_device_names(strategy):
@@ -129,6 +193,21 @@ def replica_device_names(strategy):
     This worker's replicas are named by their devices; another worker's
     replicas by the same local devices under that worker's task index, or
     `"worker W replica R"` when the local names carry no task.
+
+    Args:
+        strategy: a `tf.distribute.Strategy`.
+
+    Returns:
+        list of str, `num_replicas(strategy)` names.
+
+    Example:
+
+    ```python
+    import tensorflow as tf
+    from keras_scaling import devices
+    devices.replica_device_names(tf.distribute.get_strategy())
+    # ['/job:localhost/replica:0/task:0/device:CPU:0']
+    ```
     """
     local = list(_local_devices(strategy))
     this_worker = worker_index(strategy)

@@ -10,17 +10,24 @@ and floats are accepted wherever Python ones are.
 import math
 import numbers
 
+import numpy as np
+
 
 def _suffix(fix):
     return f". {fix}" if fix else ""
 
 
 def _is_integer(value):
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
 
 
 def _is_real(value):
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
+
+
+def integer_wording(minimum):
+    """How an integer of at least `minimum` is asked for: "a positive integer", "an integer >= 0"."""
+    return "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
 
 
 def integer_at_least(value, parameter, minimum, *, fix=None):
@@ -28,15 +35,14 @@ def integer_at_least(value, parameter, minimum, *, fix=None):
 
     Example: `integer_at_least(np.int64(3), "num_workers", 1)` is `3`.
     """
+    what = integer_wording(minimum)
     if not _is_integer(value):
         raise TypeError(
-            f"{parameter} must be an integer >= {minimum}, got "
+            f"{parameter} must be {what}, got "
             f"{type(value).__name__} {value!r}{_suffix(fix)}"
         )
     if value < minimum:
-        raise ValueError(
-            f"{parameter} must be an integer >= {minimum}, got {value!r}{_suffix(fix)}"
-        )
+        raise ValueError(f"{parameter} must be {what}, got {value!r}{_suffix(fix)}")
     return int(value)
 
 
@@ -57,7 +63,7 @@ def optional_positive_int(value, parameter, *, fix=None):
 
 def positive_number(value, parameter, *, unit=None, fix=None):
     """Returns `value` as a `float`, checked to be finite and > 0."""
-    what = f"a positive number of {unit}" if unit else "a positive number"
+    what = f"a positive number ({unit})" if unit else "a positive number"
     if not _is_real(value):
         raise TypeError(
             f"{parameter} must be {what}, got {type(value).__name__} "
@@ -70,7 +76,7 @@ def positive_number(value, parameter, *, unit=None, fix=None):
 
 def non_negative_number(value, parameter, *, unit=None, fix=None):
     """Returns `value` as a `float`, checked to be finite and >= 0."""
-    what = f"a number of {unit} >= 0" if unit else "a number >= 0"
+    what = f"a number >= 0 ({unit})" if unit else "a number >= 0"
     if not _is_real(value):
         raise TypeError(
             f"{parameter} must be {what}, got {type(value).__name__} "
@@ -78,6 +84,37 @@ def non_negative_number(value, parameter, *, unit=None, fix=None):
         )
     if not (value >= 0 and math.isfinite(value)):
         raise ValueError(f"{parameter} must be {what}, got {value!r}{_suffix(fix)}")
+    return float(value)
+
+
+def boolean(value, parameter, *, fix=None):
+    """Returns `value`, checked to be `True` or `False` (NumPy's `bool_` too)."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise TypeError(
+        f"{parameter} must be True or False, got {type(value).__name__} "
+        f"{value!r}{_suffix(fix)}"
+    )
+
+
+def positive_number_or_one_of(value, parameter, choices, *, unit=None, fix=None):
+    """Returns `value`: one of `choices` as it is, or a positive number as a `float`.
+
+    Example: `positive_number_or_one_of("auto", "peak_flops", ("auto", None))`
+    is `"auto"`, and `np.float32(2.5)` gives `2.5`.
+    """
+    if value in choices and (value is None or isinstance(value, str)):
+        return value
+    number = f"a positive number ({unit})" if unit else "a positive number"
+    *others, last = [repr(choice) for choice in choices]
+    allowed = f"{', '.join(others)} or {last}" if others else last
+    message = f"{parameter} must be {number}, {allowed}, got "
+    if not _is_real(value):
+        error = ValueError if isinstance(value, str) else TypeError
+        kind = "" if isinstance(value, str) else f"{type(value).__name__} "
+        raise error(f"{message}{kind}{value!r}{_suffix(fix)}")
+    if not (value > 0 and math.isfinite(value)):
+        raise ValueError(f"{message}{value!r}{_suffix(fix)}")
     return float(value)
 
 

@@ -9,24 +9,30 @@ import os
 import tensorflow as tf
 
 from keras_scaling import _probes
+from keras_scaling import compat
+from keras_scaling import _validation
+from keras_scaling._environment import CPU_DEVICES_ENV as _CPU_DEVICES_ENV
 from keras_scaling._topology import (
     _device_kind,
     _is_multi_worker,
     _local_devices,
     is_chief,
+    num_replicas,
     num_workers,
+    replica_device_names,
+    replicas_per_worker,
     worker_index,
 )
-
-# `keras-scaling launch --cpu-devices K` sets it for every worker it starts.
-from keras_scaling.launcher import CPU_DEVICES_ENV as _CPU_DEVICES_ENV
 
 __all__ = [
     "StrategyInfo",
     "auto_strategy",
     "describe_strategy",
     "is_chief",
+    "num_replicas",
     "num_workers",
+    "replica_device_names",
+    "replicas_per_worker",
     "strategy_kind",
     "tf_config",
     "use_logical_cpus",
@@ -71,10 +77,7 @@ def use_logical_cpus(n):
     strategy = keras_scaling.auto_strategy()   # MirroredStrategy, 4 replicas
     ```
     """
-    if isinstance(n, bool) or not isinstance(n, int):
-        raise TypeError(f"n must be an integer number of logical CPUs, got {n!r}")
-    if n < 1:
-        raise ValueError(f"n must be at least 1 logical CPU, got {n}")
+    n = _validation.positive_int(n, "n", fix="Pass the number of logical CPUs, such as 2.")
     cpu = tf.config.list_physical_devices("CPU")[0]
     try:
         tf.config.set_logical_device_configuration(
@@ -202,9 +205,7 @@ def auto_strategy():
     _apply_cpu_devices_from_env()
     strategy, reason = _choose_strategy()
     logger.info("auto_strategy: %s (%s)", strategy_kind(strategy), reason)
-    if strategy.num_replicas_in_sync > 1:
-        from keras_scaling import compat
-
+    if num_replicas(strategy) > 1:
         compat.enable_for(strategy)
     return strategy
 
@@ -343,6 +344,9 @@ class StrategyInfo:
     Example:
 
     ```python
+    import tensorflow as tf, keras_scaling
+    keras_scaling.use_logical_cpus(2)
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
     info = keras_scaling.describe_strategy(strategy)
     print(info)          # MirroredStrategy: 1 worker, 2 replicas on CPU ...
     info.num_replicas    # 2
@@ -406,7 +410,7 @@ def describe_strategy(strategy=None):
         num_workers=num_workers(strategy),
         worker_index=worker_index(strategy),
         is_chief=is_chief(strategy),
-        num_replicas=strategy.num_replicas_in_sync,
+        num_replicas=num_replicas(strategy),
         local_devices=devices,
         device_kind=_device_kind(devices),
     )

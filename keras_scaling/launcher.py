@@ -17,14 +17,12 @@ import sys
 import threading
 import time
 
-from keras_scaling._backup import EXIT_PREEMPTED
 from keras_scaling import _isolation
+from keras_scaling import _validation
+from keras_scaling._backup import EXIT_PREEMPTED
+from keras_scaling._environment import CPU_DEVICES_ENV
 
 __all__ = ["CPU_DEVICES_ENV", "LaunchResult", "free_ports", "launch", "worker_env"]
-
-# Read by `keras_scaling.devices.auto_strategy` in every worker; `devices`
-# imports it from here, since this module must not import TensorFlow.
-CPU_DEVICES_ENV = "KERAS_SCALING_CPU_DEVICES"
 
 _POLL_INTERVAL_S = 0.05
 
@@ -128,6 +126,11 @@ def worker_env(base_env, ports, index, cpu_devices=None):
     env["KERAS_SCALING_CPU_DEVICES"]      # "2"
     ```
     """
+    ports = [_validation.positive_int(port, "ports[]") for port in ports]
+    index = _validation.non_negative_int(index, "index")
+    if index >= len(ports):
+        raise ValueError(f"index must be below len(ports) = {len(ports)}, got {index}")
+    cpu_devices = _validation.optional_positive_int(cpu_devices, "cpu_devices")
     env = dict(base_env)
     env["TF_CONFIG"] = json.dumps(_tf_config(ports, index))
     if cpu_devices is not None:
@@ -418,13 +421,12 @@ def launch(
     print(result.exit_code, result.message)
     ```
     """
-    _check_arguments(command, num_workers, cpu_devices, port_base, grace_period_s)
-    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int):
-        raise TypeError(f"max_restarts must be an integer, got {max_restarts!r}")
-    if max_restarts < 0:
-        raise ValueError(
-            f"max_restarts must be at least 0, got {max_restarts}; pass 0 to never restart"
-        )
+    num_workers, cpu_devices, port_base, grace_period_s = _check_arguments(
+        command, num_workers, cpu_devices, port_base, grace_period_s
+    )
+    max_restarts = _validation.non_negative_int(
+        max_restarts, "max_restarts", fix="Pass 0 to never restart."
+    )
     stderr = sys.stderr if stderr is None else stderr
     restarts = 0
     while True:
@@ -505,26 +507,18 @@ def _check_arguments(command, num_workers, cpu_devices, port_base, grace_period_
             f"command must be a non-empty list of strings (the program and its "
             f"arguments), got {command!r}"
         )
-    for name, value, minimum in (
-        ("num_workers", num_workers, 1),
-        ("cpu_devices", cpu_devices, 1),
-        ("port_base", port_base, 1),
-    ):
-        if value is None and name != "num_workers":
-            continue
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"{name} must be an integer, got {value!r}")
-        if value < minimum:
-            raise ValueError(f"{name} must be at least {minimum}, got {value}")
+    num_workers = _validation.positive_int(num_workers, "num_workers")
+    cpu_devices = _validation.optional_positive_int(cpu_devices, "cpu_devices")
+    port_base = _validation.optional_positive_int(port_base, "port_base")
     if port_base is not None and port_base + num_workers - 1 > 65535:
         raise ValueError(
             f"port_base={port_base} leaves no room for {num_workers} ports below "
             "65536; pass a smaller port base"
         )
-    if not isinstance(grace_period_s, (int, float)) or grace_period_s < 0:
-        raise ValueError(
-            f"grace_period_s must be a number of seconds >= 0, got {grace_period_s!r}"
-        )
+    grace_period_s = _validation.non_negative_number(
+        grace_period_s, "grace_period_s", unit="seconds"
+    )
+    return num_workers, cpu_devices, port_base, grace_period_s
 
 
 def _supervise(workers, grace_period_s, signals):

@@ -25,6 +25,7 @@ import re
 import time
 
 from keras_scaling import _threads
+from keras_scaling import _validation
 
 __all__ = [
     "PEAK_FLOPS",
@@ -267,6 +268,8 @@ def measure_matmul_flops_per_sec(device, compute_dtype="float32", *,
     peak.source   # 'measured: 2048x2048 float32 matmul on /device:CPU:0'
     ```
     """
+    size = _validation.positive_int(size, "size")
+    repeats = _validation.positive_int(repeats, "repeats")
     import tensorflow as tf
 
     chain = 4
@@ -318,8 +321,11 @@ def resolve(peak_flops, *, device_kind, device, compute_dtype):
     # (Peak(flops_per_sec=1e+14, source='given'), None)
     ```
     """
-    if isinstance(peak_flops, (int, float)):
-        return Peak(flops_per_sec=float(peak_flops), source="given"), None
+    peak_flops = _validation.positive_number_or_one_of(
+        peak_flops, "peak_flops", ("auto", "measure"), unit="FLOPs/sec of one replica"
+    )
+    if isinstance(peak_flops, float):
+        return Peak(flops_per_sec=peak_flops, source="given"), None
     if peak_flops == "measure":
         return measure_matmul_flops_per_sec(device, compute_dtype), None
     details, tf32_enabled = {}, True

@@ -14,7 +14,8 @@ compares set-ups fairly: 0.4 means the devices do useful model arithmetic at
 """
 
 import dataclasses
-import math
+
+from keras_scaling import _validation
 
 __all__ = [
     "Utilization",
@@ -68,7 +69,9 @@ def utilization(flops_per_sample, samples_per_sec, num_replicas,
         A `Utilization`.
 
     Raises:
-        ValueError: a figure that is not a positive finite number.
+        TypeError: a figure that is not a number (or `num_replicas` not an
+            integer).
+        ValueError: a figure that is not positive and finite.
 
     Example:
 
@@ -77,17 +80,15 @@ def utilization(flops_per_sample, samples_per_sec, num_replicas,
     utilization(3.2e6, 10_000.0, 2, 1e11).mfu   # 0.16
     ```
     """
-    for name, value in (
-        ("flops_per_sample", flops_per_sample),
-        ("samples_per_sec", samples_per_sec),
-    ):
-        _check_positive(value, name)
-    if isinstance(num_replicas, bool) or not isinstance(num_replicas, int) or num_replicas < 1:
-        raise ValueError(f"num_replicas must be a positive int, got {num_replicas!r}")
+    flops_per_sample = _validation.positive_number(flops_per_sample, "flops_per_sample")
+    samples_per_sec = _validation.positive_number(samples_per_sec, "samples_per_sec")
+    num_replicas = _validation.positive_int(num_replicas, "num_replicas")
     flops_per_sec = flops_per_sample * samples_per_sec
     mfu = None
     if peak_flops_per_replica is not None:
-        _check_positive(peak_flops_per_replica, "peak_flops_per_replica")
+        peak_flops_per_replica = _validation.positive_number(
+            peak_flops_per_replica, "peak_flops_per_replica"
+        )
         mfu = flops_per_sec / (peak_flops_per_replica * num_replicas)
     return Utilization(
         tflops_per_sec=flops_per_sec / 1e12,
@@ -203,29 +204,7 @@ def underuse_advice(*, efficiency, mfu, per_replica_batch_size, compute_dtype,
     )
 
 
-def _check_positive(value, name):
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a positive number, got {value!r}")
-    if not (value > 0 and math.isfinite(value)):
-        raise ValueError(f"{name} must be a positive finite number, got {value}")
-
-
 def _check_choice(value, parameter, choices, unit):
-    allowed = ", ".join(repr(choice) for choice in choices)
-    if value is None or (isinstance(value, str) and value in choices):
-        return value
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise TypeError(
-            f"{parameter} must be a positive number ({unit}), {allowed} or None, "
-            f"got {type(value).__name__}: {value!r}"
-        )
-    if isinstance(value, str):
-        raise ValueError(
-            f"{parameter} must be a positive number ({unit}), {allowed} or None, "
-            f"got {value!r}"
-        )
-    if not (value > 0 and math.isfinite(value)):
-        raise ValueError(
-            f"{parameter} must be a positive number ({unit}), {allowed} or None, got {value}"
-        )
-    return float(value)
+    return _validation.positive_number_or_one_of(
+        value, parameter, (*choices, None), unit=unit
+    )

@@ -170,6 +170,7 @@ compat.status()  # probes every fix before any device exists
 import keras_scaling
 strategy = keras_scaling.auto_strategy()  # splits the CPU: fails if devices exist
 print(json.dumps({
+    "kind": type(strategy).__name__,
     "replicas": strategy.num_replicas_in_sync,
     "active": list(compat.status().active),
 }))
@@ -177,9 +178,10 @@ print(json.dumps({
 
 
 def test_probing_creates_no_device_and_auto_strategy_enables_the_fixes():
+    # Also the test of KERAS_SCALING_CPU_DEVICES: auto_strategy mirrors over 2 logical CPUs.
     report = run_python(AUTO_STRATEGY_CODE, KERAS_SCALING_CPU_DEVICES="2")
 
-    assert report == {"replicas": 2, "active": list(FIX_NAMES)}
+    assert report == {"kind": "MirroredStrategy", "replicas": 2, "active": list(FIX_NAMES)}
 
 
 NO_COMPAT_CODE = """

@@ -208,7 +208,7 @@ def test_shard_by_file_needs_files():
 
 
 def test_non_integer_batch_size_is_refused():
-    with pytest.raises(ValueError, match="global_batch_size must be a positive integer, got 2.5"):
+    with pytest.raises(TypeError, match="global_batch_size must be a positive integer, got float 2.5"):
         data.distribute(np.arange(4), global_batch_size=2.5)
 
 

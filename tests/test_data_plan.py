@@ -34,9 +34,15 @@ def test_missing_batch_size_asks_for_one():
         _plan.resolve_batch_sizes(2)
 
 
-@pytest.mark.parametrize("bad", [0, -8, 2.5, "32", True, 8.0])
-def test_batch_size_must_be_a_positive_integer(bad):
+@pytest.mark.parametrize("bad", [0, -8])
+def test_batch_size_out_of_range_is_a_value_error(bad):
     with pytest.raises(ValueError, match="per_replica_batch_size must be a positive integer"):
+        _plan.resolve_batch_sizes(2, per_replica_batch_size=bad)
+
+
+@pytest.mark.parametrize("bad", [2.5, "32", True, 8.0])
+def test_batch_size_of_another_type_is_a_type_error(bad):
+    with pytest.raises(TypeError, match="per_replica_batch_size must be a positive integer"):
         _plan.resolve_batch_sizes(2, per_replica_batch_size=bad)
 
 
@@ -107,7 +113,8 @@ def test_one_worker_schedules_match_the_docstring_example():
     partial = _plan.schedule_epoch([1001], 96, "partial")
     assert (drop.steps_per_epoch, drop.samples_dropped, drop.samples_padded) == (10, 41, 0)
     assert (pad.steps_per_epoch, pad.samples_dropped, pad.samples_padded) == (11, 0, 55)
-    assert (partial.steps_per_epoch, partial.last_global_batch_size) == (11, 41)
+    assert (partial.steps_per_epoch, partial.samples_dropped, partial.samples_padded) == (11, 0, 0)
+    assert partial.examples_per_worker == (1001,)
 
 
 @pytest.mark.parametrize("num_workers", [2, 3])

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from keras_scaling import _probes
 from keras_scaling import data
 from keras_scaling.devices import StrategyInfo
 
@@ -135,9 +136,7 @@ def test_directory_files_are_split_between_workers_before_decoding(name, files_d
 
 
 def test_unrecognised_directory_dataset_is_read_whole_with_one_warning(files_dir, caplog):
-    from keras_scaling.data import _tf_internals
-
-    _tf_internals._warned.clear()
+    _probes._warned.clear()
     images, _ = sources.make_source("image_dataset_from_directory", files_dir)
     relabelled = images.map(lambda x, y: (x, y + 1))
     relabelled.file_paths = images.file_paths
@@ -148,6 +147,26 @@ def test_unrecognised_directory_dataset_is_read_whole_with_one_warning(files_dir
     assert plan.shard_mode == "element" and plan.num_examples == sources.NUM_IMAGES
     warnings = [r for r in caplog.records if "cannot be split between workers" in r.message]
     assert len(warnings) == 1 and tf.__version__ in warnings[0].message
+
+
+def test_without_the_directory_probe_files_are_decoded_by_every_worker(
+    files_dir, caplog, monkeypatch
+):
+    images, _ = sources.make_source("image_dataset_from_directory", files_dir)
+    _probes._warned.clear()
+    monkeypatch.setenv(_probes.FAIL_PROBES_ENV, "tf.data.directory_pipeline")
+    with caplog.at_level(logging.WARNING, logger="keras_scaling"):
+        plans = [
+            data.plan_of(data._distribute_for(images, _worker(2, worker_index)))
+            for worker_index in range(2)
+        ]
+    monkeypatch.delenv(_probes.FAIL_PROBES_ENV)
+    _probes._warned.clear()
+    assert [plan.shard_mode for plan in plans] == ["element", "element"]
+    assert plans[0].num_examples == sources.NUM_IMAGES
+    probe = _probes._registry["tf.data.directory_pipeline"]
+    warnings = [r for r in caplog.records if probe.reaches in r.getMessage()]
+    assert len(warnings) == 1 and probe.lost in warnings[0].getMessage()
 
 
 def _shares_of_unseeded_image_datasets(directory, num_workers):

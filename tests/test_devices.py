@@ -1,5 +1,4 @@
 import json
-import os
 import subprocess
 import sys
 
@@ -24,13 +23,13 @@ def test_use_logical_cpus_after_initialisation_says_so():
 
 @pytest.mark.parametrize("bad", [0, -1])
 def test_use_logical_cpus_rejects_non_positive(bad):
-    with pytest.raises(ValueError, match="n must be at least 1"):
+    with pytest.raises(ValueError, match="n must be a positive integer, got -?[0-9]"):
         keras_scaling.use_logical_cpus(bad)
 
 
 @pytest.mark.parametrize("bad", [2.0, "2", True])
 def test_use_logical_cpus_rejects_non_integers(bad):
-    with pytest.raises(TypeError, match="n must be an integer"):
+    with pytest.raises(TypeError, match="n must be a positive integer, got (float|str|bool)"):
         keras_scaling.use_logical_cpus(bad)
 
 
@@ -74,20 +73,6 @@ def test_import_does_not_initialise_devices():
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("CPU:") == 3
-
-
-def test_cpu_devices_env_sets_logical_cpus_for_auto_strategy():
-    code = (
-        "import keras_scaling;"
-        "s = keras_scaling.auto_strategy();"
-        "print(type(s).__name__, s.num_replicas_in_sync)"
-    )
-    env = dict(os.environ, KERAS_SCALING_CPU_DEVICES="2")
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
-    )
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.split()[-2:] == ["MirroredStrategy", "2"]
 
 
 def test_tf_config_rejects_malformed_json(monkeypatch):

@@ -295,7 +295,7 @@ def test_a_command_that_cannot_start_is_a_value_error():
     [
         ({"command": [], "num_workers": 2}, "command must be a non-empty list"),
         ({"command": "python x.py", "num_workers": 2}, "command must be"),
-        ({"command": ["true"], "num_workers": 0}, "num_workers must be at least 1"),
+        ({"command": ["true"], "num_workers": 0}, "num_workers must be a positive integer, got 0"),
         ({"command": ["true"], "num_workers": 2, "cpu_devices": 0}, "cpu_devices"),
         ({"command": ["true"], "num_workers": 2, "port_base": 65535}, "port_base"),
     ],

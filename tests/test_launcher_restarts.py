@@ -171,9 +171,9 @@ def test_max_restarts_restarts_a_preempted_job(tmp_path):
 @pytest.mark.parametrize(
     "value, error, fragment",
     [
-        (-1, ValueError, "max_restarts must be at least 0, got -1"),
-        (1.5, TypeError, "max_restarts must be an integer, got 1.5"),
-        (True, TypeError, "max_restarts must be an integer, got True"),
+        (-1, ValueError, "max_restarts must be an integer >= 0, got -1. Pass 0 to never"),
+        (1.5, TypeError, "max_restarts must be an integer >= 0, got float 1.5"),
+        (True, TypeError, "max_restarts must be an integer >= 0, got bool True"),
     ],
 )
 def test_max_restarts_must_be_a_non_negative_integer(value, error, fragment):

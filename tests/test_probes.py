@@ -10,6 +10,7 @@ since `TF_CONFIG` must be set before TensorFlow starts.
 """
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -38,11 +39,16 @@ PROBES_TESTED_IN = {
     "compat.scalar_reduce": "test_probes_mirrored",
     "compat.multi_worker_epoch": "test_probes_mirrored",
     "tf.collective_local_devices": "test_probes",
+    "tf.data.batching_transformation": "test_probes",
+    "tf.data.batch_node": "test_probes",
+    "tf.data.directory_pipeline": "test_data_wrapping",
+    "keras.fit.resume_epoch_iterator": "callbacks/test_backup_and_restore",
 }
 
 
 def registered_probes():
     """Every probe of the package: importing every module registers them."""
+    import keras_scaling.callbacks.backup_and_restore  # noqa: F401
     import keras_scaling.callbacks.replica_sync  # noqa: F401
     import keras_scaling.callbacks.throughput  # noqa: F401
     import keras_scaling.compat  # noqa: F401
@@ -58,18 +64,12 @@ def test_every_probe_has_a_failure_test():
 
 
 def run_one_worker(out_dir, failing=()):
-    (port,) = launcher.free_ports(1)
     env = {
         key: value for key, value in os.environ.items()
         if key not in (_probes.FAIL_PROBES_ENV, "KERAS_SCALING_NO_COMPAT")
     }
-    env.update(
-        TF_CPP_MIN_LOG_LEVEL="2",
-        TF_CONFIG=json.dumps({
-            "cluster": {"worker": [f"127.0.0.1:{port}"]},
-            "task": {"type": "worker", "index": 0},
-        }),
-    )
+    env = launcher.worker_env(env, launcher.free_ports(1), 0)
+    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
     if failing:
         env[_probes.FAIL_PROBES_ENV] = ",".join(failing)
     result = subprocess.run(
@@ -91,3 +91,59 @@ def test_multi_worker_without_the_device_hook_trains_on_one_replica(tmp_path):
     (warning,) = degraded["warnings"]
     assert f"Keras {_versions.keras_version()}" in warning
     assert probe.reaches in warning and probe.lost in warning and probe.workaround in warning
+
+
+def probe_warnings(caplog, name):
+    probe = _probes._registry[name]
+    return [
+        record.getMessage() for record in caplog.records
+        if probe.reaches in record.getMessage() and probe.lost in record.getMessage()
+        and f"Keras {_versions.keras_version()}" in record.getMessage()
+    ]
+
+
+def describe_with_failing(name, dataset, monkeypatch, caplog, **kwargs):
+    """The plan of `dataset` with the probe `name` failing; and its warnings."""
+    from keras_scaling import data
+
+    _probes._warned.clear()
+    monkeypatch.setenv(_probes.FAIL_PROBES_ENV, name)
+    with caplog.at_level(logging.WARNING, logger="keras_scaling"):
+        plan = data.describe(dataset, **kwargs)
+        data.describe(dataset, **kwargs)  # a second dataset: no second warning
+    monkeypatch.delenv(_probes.FAIL_PROBES_ENV)
+    _probes._warned.clear()
+    return plan, probe_warnings(caplog, name)
+
+
+def test_without_the_dataset_walk_a_batched_dataset_is_taken_as_samples(monkeypatch, caplog):
+    import tensorflow as tf
+
+    from keras_scaling import data
+
+    batched = tf.data.Dataset.range(50).batch(8)
+    assert data.describe(batched, per_replica_batch_size=5).num_examples == 50
+
+    plan, warnings = describe_with_failing(
+        "tf.data.batching_transformation", batched, monkeypatch, caplog,
+        per_replica_batch_size=5,
+    )
+
+    assert plan.num_examples == 7  # its 7 batches, read as samples
+    assert len(warnings) == 1
+
+
+def test_without_the_batch_node_the_samples_are_counted_from_the_data(monkeypatch, caplog):
+    import tensorflow as tf
+
+    from keras_scaling import data
+
+    batched = tf.data.Dataset.range(50).map(lambda i: (i, i)).batch(8).prefetch(2)
+    healthy = data.describe(batched)
+    assert any("50 elements before .batch()" in note for note in healthy.notes)
+
+    plan, warnings = describe_with_failing("tf.data.batch_node", batched, monkeypatch, caplog)
+
+    assert (plan.num_examples, plan.per_replica_batch_size) == (50, 8)
+    assert any("counted by reading the data once" in note for note in plan.notes)
+    assert len(warnings) == 1

@@ -35,7 +35,7 @@ def strategy():
 
 def run(scenario, strategy, out_dir, monkeypatch, failing=()):
     """Runs a scenario with `failing` probes; returns its report and warnings."""
-    _probes.forget_warnings()
+    _probes._warned.clear()
     compat._probe_results.clear()
     if failing:
         monkeypatch.setenv(_probes.FAIL_PROBES_ENV, ",".join(failing))
@@ -47,7 +47,7 @@ def run(scenario, strategy, out_dir, monkeypatch, failing=()):
             report = scenario(strategy, str(out_dir))
     finally:
         monkeypatch.delenv(_probes.FAIL_PROBES_ENV, raising=False)
-        _probes.forget_warnings()
+        _probes._warned.clear()
         compat._probe_results.clear()
         compat.disable()
         compat.enable()
@@ -95,7 +95,7 @@ def test_the_input_probe_and_replica_spec_degrade_to_unknown(strategy, monkeypat
     spec = strategy.experimental_distribute_dataset(dataset).element_spec
     healthy_ops = _tf_data_internals.op_types(dataset)
     healthy_spec = _tf_data_internals.first_replica_spec(spec)
-    _probes.forget_warnings()
+    _probes._warned.clear()
     monkeypatch.setenv(
         _probes.FAIL_PROBES_ENV, "tf.data.serialized_graph,tf.distribute.per_replica_spec"
     )

@@ -1,7 +1,6 @@
 """`BackupAndRestore`: survive preemption, resume inside the epoch, bitwise."""
 
 import logging
-import numbers
 import os
 import shutil
 import signal
@@ -13,6 +12,8 @@ import tensorflow as tf
 
 from keras_scaling import _backup
 from keras_scaling import _resume
+from keras_scaling import _topology
+from keras_scaling import _validation
 from keras_scaling import devices
 
 logger = logging.getLogger("keras_scaling")
@@ -119,25 +120,14 @@ class BackupAndRestore(keras.callbacks.Callback):
                 f"os.PathLike), got {backup_dir!r}. Pass for example "
                 "backup_dir='backup'."
             )
-        if save_every_n_steps is not None and (
-            isinstance(save_every_n_steps, bool)
-            or not isinstance(save_every_n_steps, numbers.Integral)
-            or save_every_n_steps < 1
-        ):
-            raise ValueError(
-                "save_every_n_steps must be a positive integer or None, got "
-                f"{save_every_n_steps!r}. Pass for example save_every_n_steps=100."
-            )
-        for name, value in (
-            ("save_on_preemption", save_on_preemption),
-            ("delete_checkpoint", delete_checkpoint),
-        ):
-            if not isinstance(value, bool):
-                raise TypeError(f"{name} must be True or False, got {value!r}.")
-        self.backup_dir = os.fspath(backup_dir)
-        self.save_every_n_steps = (
-            None if save_every_n_steps is None else int(save_every_n_steps)
+        self.save_every_n_steps = _validation.optional_positive_int(
+            save_every_n_steps,
+            "save_every_n_steps",
+            fix="Pass for example save_every_n_steps=100, or None.",
         )
+        save_on_preemption = _validation.boolean(save_on_preemption, "save_on_preemption")
+        delete_checkpoint = _validation.boolean(delete_checkpoint, "delete_checkpoint")
+        self.backup_dir = os.fspath(backup_dir)
         self.save_on_preemption = save_on_preemption
         self.delete_checkpoint = delete_checkpoint
         self._hook = None
@@ -152,15 +142,13 @@ class BackupAndRestore(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         strategy = self.model.distribute_strategy
-        self._is_chief = devices.is_chief(strategy)
-        self._multi_worker = devices.num_workers(strategy) > 1 and isinstance(
+        self._is_chief = _topology.is_chief(strategy)
+        self._multi_worker = _topology.num_workers(strategy) > 1 and isinstance(
             strategy, tf.distribute.MultiWorkerMirroredStrategy
         )
         self._preempted = False
         self._signal_received.clear()
-        self._hook, why = _resume.attach()
-        if self._hook is None:
-            self._warn_once("hook", why)
+        self._hook = _resume.attach()
         self._epoch = 0
         self._epoch_start_iterations = 0
         self._restore()
@@ -414,9 +402,7 @@ class BackupAndRestore(keras.callbacks.Callback):
     # Helpers.
 
     def _read_iterations(self):
-        return int(
-            _local_value(self.model.optimizer.iterations, self.model.distribute_strategy)
-        )
+        return _topology.step_counter(self.model)
 
     def _warn_once(self, key, message):
         if key not in self._warned:
@@ -425,12 +411,8 @@ class BackupAndRestore(keras.callbacks.Callback):
 
 
 def _local_value(variable, strategy):
-    """One local copy of a (possibly mirrored) variable, as NumPy.
-
-    All copies are equal; reading a mirrored variable as a whole costs more.
-    """
-    value = getattr(variable, "value", variable)
-    return np.asarray(strategy.experimental_local_results(value)[0].numpy())
+    """One local copy of a (possibly mirrored) variable, as NumPy."""
+    return np.asarray(_topology.local_copy(variable, strategy).numpy())
 
 
 def _no_step():

@@ -10,15 +10,9 @@ import argparse
 import sys
 
 from keras_scaling.cli import bench
+from keras_scaling.cli import launch
 from keras_scaling.cli import report
 from keras_scaling.cli._errors import UsageError
-
-try:
-    from keras_scaling.cli import launch
-except ModuleNotFoundError as error:
-    if error.name != "keras_scaling.cli.launch":
-        raise
-    launch = None
 
 _PROG = "keras-scaling"
 
@@ -32,8 +26,7 @@ def _parser():
     subparsers.required = True
     bench.add_parser(subparsers)
     report.add_parser(subparsers)
-    if launch is not None:
-        launch.add_parser(subparsers)
+    launch.add_parser(subparsers)
     return parser
 
 

@@ -1,27 +1,27 @@
-"""Argument types shared by the subcommands."""
+"""Argument types shared by the subcommands, worded as `keras_scaling._validation` words them."""
 
 import argparse
+
+from keras_scaling import _validation
+
+
+def _integer_at_least(text, minimum):
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or value < minimum:
+        raise argparse.ArgumentTypeError(
+            f"must be {_validation.integer_wording(minimum)}, got {text!r}"
+        )
+    return value
 
 
 def positive_int(text):
     """An argparse `type`: a positive integer, or a message naming what was given."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"must be a positive integer, got {text!r}"
-        ) from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
-    return value
+    return _integer_at_least(text, 1)
 
 
 def non_negative_int(text):
     """An argparse `type`: an integer >= 0, or a message naming what was given."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
-    return value
+    return _integer_at_least(text, 0)

@@ -4,6 +4,7 @@ Pure arithmetic on numbers; nothing here touches TensorFlow.
 """
 
 import dataclasses
+import math
 import os
 
 from keras_scaling.cli._errors import UsageError
@@ -114,21 +115,12 @@ def plan_batches(replica_counts, per_replica_batch_size=None, global_batch_size=
             f"--global-batch {global_batch_size} does not divide by "
             f"{not_dividing[0]} replicas; strong scaling splits the global batch "
             "evenly, so pass a multiple of every replica count (such as "
-            f"{_least_common_multiple(replica_counts) * 32})"
+            f"{math.lcm(*replica_counts) * 32})"
         )
     return [
         SweepPoint(count, global_batch_size // count, global_batch_size)
         for count in replica_counts
     ]
-
-
-def _least_common_multiple(numbers):
-    import math
-
-    result = 1
-    for number in numbers:
-        result = result * number // math.gcd(result, number)
-    return result
 
 
 def available_cores():

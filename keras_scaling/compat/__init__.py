@@ -24,6 +24,7 @@ import os
 import threading
 
 from keras_scaling import _probes
+from keras_scaling import _topology
 from keras_scaling import _versions
 from keras_scaling.compat import _keras_trainer
 from keras_scaling.compat import _multi_worker_epoch
@@ -344,7 +345,7 @@ def enable_for(strategy, model=None):
             "strategy must be a tf.distribute.Strategy, got "
             f"{type(strategy).__name__}"
         )
-    if strategy.num_replicas_in_sync < 2:
+    if _topology.num_replicas(strategy) < 2:
         return status()
     _warn_about_multi_worker_metrics(strategy)
     with _lock:

@@ -11,6 +11,7 @@ found; they then report themselves as unavailable.
 import importlib
 
 from keras_scaling import _probes
+from keras_scaling import _topology
 
 _TRAINER_MODULE = "keras.src.backend.tensorflow.trainer"
 _DATASET_ADAPTER_MODULE = "keras.src.trainers.data_adapters.tf_dataset_adapter"
@@ -101,5 +102,4 @@ def is_multi_worker_collective(strategy):
         return keras_test(strategy)
     if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
         return False
-    cluster = strategy.cluster_resolver.cluster_spec().as_dict()
-    return sum(len(cluster.get(job, ())) for job in ("chief", "worker")) > 1
+    return _topology.num_workers(strategy) > 1

@@ -26,7 +26,7 @@ import functools
 
 import tensorflow as tf
 
-from keras_scaling import devices
+from keras_scaling import _topology
 from keras_scaling.compat import _keras_trainer
 from keras_scaling.compat import _probe
 
@@ -97,7 +97,7 @@ def steps_per_batch(strategy, dataset):
         strategy, tf.distribute.MultiWorkerMirroredStrategy
     ) or not isinstance(dataset, tf.data.Dataset):
         return 1
-    workers = devices.num_workers(strategy)
+    workers = _topology.num_workers(strategy)
     if workers < 2:
         return 1
     policy = dataset.options().experimental_distribute.auto_shard_policy

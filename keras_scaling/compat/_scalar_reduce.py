@@ -9,6 +9,7 @@ scalars, which have no axis 0: "Invalid reduction dimension 0 for input with
 
 import keras
 
+from keras_scaling import _topology
 from keras_scaling.compat import _keras_trainer
 from keras_scaling.compat import _probe
 
@@ -52,7 +53,7 @@ def probe():
 
 
 def _is_scalar(value, strategy):
-    return strategy.experimental_local_results(value)[0].shape.rank == 0
+    return _topology.local_copy(value, strategy).shape.rank == 0
 
 
 def make_replacement(original_reduce_per_replica):

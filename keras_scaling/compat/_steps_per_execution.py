@@ -18,6 +18,7 @@ strategies, one replica, `run_eagerly` and `jit_compile` keep Keras' loop.
 
 import tensorflow as tf
 
+from keras_scaling import _topology
 from keras_scaling.compat import _keras_trainer
 from keras_scaling.compat import _probe
 
@@ -87,7 +88,7 @@ def make_replacement(original_make_function):
 
 
 def _is_mirrored_with_several_replicas(strategy):
-    return strategy.num_replicas_in_sync > 1 and isinstance(
+    return _topology.num_replicas(strategy) > 1 and isinstance(
         strategy,
         (tf.distribute.MirroredStrategy, tf.distribute.MultiWorkerMirroredStrategy),
     )

@@ -11,6 +11,7 @@ builds from this worker's first replica's batch instead.
 import keras
 import tensorflow as tf
 
+from keras_scaling import _topology
 from keras_scaling.compat import _keras_trainer
 from keras_scaling.compat import _probe
 
@@ -69,7 +70,7 @@ def make_replacement(original_build):
             distributed_iterator = item[-1]
             data_batch = keras.tree.map_structure(
                 lambda value: (
-                    strategy.experimental_local_results(value)[0]
+                    _topology.local_copy(value, strategy)
                     if isinstance(value, tf.distribute.DistributedValues)
                     else value
                 ),

@@ -295,10 +295,16 @@ def describe(data, **kwargs):
     Example:
 
     ```python
+    import numpy as np, tensorflow as tf, keras_scaling
+    x = np.random.rand(1000, 8).astype("float32")
+    y = x.sum(axis=1, keepdims=True)
     plan = keras_scaling.data.describe(
-        (x, y), strategy=strategy, per_replica_batch_size=32, last_batch="pad"
+        (x, y),
+        strategy=tf.distribute.get_strategy(),
+        per_replica_batch_size=32,
+        last_batch="pad",
     )
-    print(plan)
+    print(plan)   # 32 steps per epoch, 24 padding rows of weight 0
     ```
     """
     existing = plan_of(data)
@@ -335,8 +341,11 @@ def plan_of(dataset):
     Example:
 
     ```python
-    train = keras_scaling.data.distribute((x, y), global_batch_size=64)
-    keras_scaling.data.plan_of(train).steps_per_epoch
+    import numpy as np, keras_scaling
+    x = np.random.rand(1000, 8).astype("float32")
+    train = keras_scaling.data.distribute((x, x), global_batch_size=64)
+    keras_scaling.data.plan_of(train).steps_per_epoch   # 15
+    keras_scaling.data.plan_of(train.map(lambda *batch: batch))   # None
     ```
     """
     return getattr(dataset, _PLAN_ATTRIBUTE, None)

@@ -7,7 +7,8 @@ results and `keras_scaling.data.describe` prints them.
 
 import dataclasses
 import math
-import numbers
+
+from keras_scaling import _validation
 
 LAST_BATCH_MODES = ("drop", "pad", "partial")
 SHARD_MODES = ("auto", "file", "element")
@@ -16,18 +17,6 @@ SHARD_MODES = ("auto", "file", "element")
 # waiting for work; 32 is the smallest batch at which typical GPU kernels are
 # reasonably efficient. CPUs are not warned about.
 MIN_ACCELERATOR_PER_REPLICA_BATCH_SIZE = 32
-
-
-def check_positive_integer(name, value, fix=None):
-    """Returns `value` as an int, or raises a ValueError naming `name`."""
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, numbers.Integral)
-        or value < 1
-    ):
-        fix = fix or f"Pass for example {name}=32."
-        raise ValueError(f"{name} must be a positive integer, got {value!r}. {fix}")
-    return int(value)
 
 
 def resolve_batch_sizes(
@@ -72,11 +61,17 @@ def resolve_batch_sizes(
             f"{num_replicas} replicas); got neither."
         )
     if per_replica_batch_size is not None:
-        per_replica_batch_size = check_positive_integer(
-            "per_replica_batch_size", per_replica_batch_size
+        per_replica_batch_size = _validation.positive_int(
+            per_replica_batch_size,
+            "per_replica_batch_size",
+            fix="Pass for example per_replica_batch_size=32.",
         )
     if global_batch_size is not None:
-        global_batch_size = check_positive_integer("global_batch_size", global_batch_size)
+        global_batch_size = _validation.positive_int(
+            global_batch_size,
+            "global_batch_size",
+            fix="Pass for example global_batch_size=32.",
+        )
         if global_batch_size % num_replicas:
             lower = global_batch_size // num_replicas * num_replicas
             options = f"{lower} or " if lower else ""
@@ -107,11 +102,7 @@ def check_last_batch(last_batch, *, num_workers=1, static_shapes_required=False)
     step must have the same shape (TPUs) or where every worker must run the
     same number of steps with unequal shares (several workers).
     """
-    if last_batch not in LAST_BATCH_MODES:
-        raise ValueError(
-            f"last_batch must be one of {', '.join(map(repr, LAST_BATCH_MODES))}; "
-            f"got {last_batch!r}."
-        )
+    _validation.one_of(last_batch, "last_batch", LAST_BATCH_MODES)
     if last_batch == "partial" and static_shapes_required:
         raise ValueError(
             "last_batch='partial' gives the last step a smaller batch, but TPUs "
@@ -130,11 +121,7 @@ def check_last_batch(last_batch, *, num_workers=1, static_shapes_required=False)
 
 def check_shard(shard):
     """Validates `shard`; returns it."""
-    if shard not in SHARD_MODES:
-        raise ValueError(
-            f"shard must be one of {', '.join(map(repr, SHARD_MODES))}; got {shard!r}."
-        )
-    return shard
+    return _validation.one_of(shard, "shard", SHARD_MODES)
 
 
 def choose_shard_mode(shard, num_workers, num_files=None, unit="files"):
@@ -285,8 +272,6 @@ class EpochSchedule:
         padding_per_worker: zero-weight rows each worker adds per epoch.
         samples_dropped: samples left out per epoch, over all workers.
         samples_padded: zero-weight rows added per epoch, over all workers.
-        last_global_batch_size: samples in the last step (smaller than the
-            global batch only under `"partial"`).
     """
 
     steps_per_epoch: int
@@ -294,7 +279,6 @@ class EpochSchedule:
     padding_per_worker: tuple
     samples_dropped: int
     samples_padded: int
-    last_global_batch_size: int
 
 
 def schedule_epoch(worker_sizes, global_batch_size, last_batch):
@@ -345,7 +329,6 @@ def schedule_epoch(worker_sizes, global_batch_size, last_batch):
             padding_per_worker=(0,),
             samples_dropped=0,
             samples_padded=0,
-            last_global_batch_size=total - (steps - 1) * global_batch_size,
         )
     if last_batch == "drop":
         batches_per_worker = min(worker_sizes) // global_batch_size
@@ -378,7 +361,6 @@ def schedule_epoch(worker_sizes, global_batch_size, last_batch):
         padding_per_worker=padding,
         samples_dropped=total - sum(examples),
         samples_padded=sum(padding),
-        last_global_batch_size=global_batch_size,
     )
 
 
@@ -444,10 +426,14 @@ class InputPlan:
     Example:
 
     ```python
+    import numpy as np, tensorflow as tf, keras_scaling
+    strategy = tf.distribute.get_strategy()   # one device
+    x = np.random.rand(1000, 8).astype("float32")
+    y = x.sum(axis=1, keepdims=True)
     plan = keras_scaling.data.describe(
         (x, y), strategy=strategy, per_replica_batch_size=32
     )
-    plan.global_batch_size, plan.steps_per_epoch
+    plan.global_batch_size, plan.steps_per_epoch   # (32, 31)
     print(plan)
     ```
     """

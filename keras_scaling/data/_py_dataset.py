@@ -30,7 +30,6 @@ class PyDatasetSource:
             batch dimension.
         first_sample: the first sample of item 0 (NumPy), used as padding.
         first_item_text: item 0's structure and shapes, for messages.
-        has_targets: whether items are `(x, y)` or `(x, y, sample_weight)`.
     """
 
     py_dataset: object
@@ -38,7 +37,6 @@ class PyDatasetSource:
     signature: object
     first_sample: object
     first_item_text: str
-    has_targets: bool
     kind = "keras.utils.PyDataset"
     unit = "items"
     default_shuffle = False
@@ -191,7 +189,6 @@ def inspect_py_dataset(py_dataset, num_samples=None):
         signature=signature,
         first_sample=first_sample[0] if len(first_sample) == 1 else first_sample,
         first_item_text=first_text,
-        has_targets=len(first) >= 2,
     )
 
 

@@ -13,6 +13,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from keras_scaling import _validation
 from keras_scaling.data import _counting
 from keras_scaling.data import _plan
 from keras_scaling.data import _py_dataset
@@ -25,7 +26,6 @@ class ArraySource:
 
     arrays: object
     num_examples: int
-    has_targets: bool
     num_files = None
     batch_size = None
     kind = "arrays"
@@ -40,7 +40,6 @@ class DatasetSource:
     Args:
         dataset: the dataset of samples.
         num_examples: its number of samples.
-        has_targets: whether samples are `(x, y)` or `(x, y, sample_weight)`.
         batch_size: the batch it came in, or None if it came unbatched.
         kind: what the user passed, in words, for the plan.
         notes: how the batch and the count were found, for the plan.
@@ -48,7 +47,6 @@ class DatasetSource:
 
     dataset: tf.data.Dataset
     num_examples: int
-    has_targets: bool
     batch_size: int = None
     kind: str = "tf.data.Dataset"
     notes: tuple = ()
@@ -65,7 +63,6 @@ class DirectorySource:
         files: the undecoded elements (path, or path and label), one per file.
         decoders: the utility's `.map()` functions that decode them, in order.
         paths: the file paths, in the order of `files`.
-        has_targets: whether samples carry labels.
         batch_size: the utility's batch size.
         shuffled: whether the utility shuffled the files itself.
         notes: for the plan.
@@ -74,7 +71,6 @@ class DirectorySource:
     files: tf.data.Dataset
     decoders: tuple
     paths: tuple
-    has_targets: bool
     batch_size: int
     shuffled: bool
     notes: tuple = ()
@@ -144,10 +140,10 @@ def check_num_samples(num_samples):
     """Validates `num_samples` (None or a positive integer); returns it."""
     if num_samples is None:
         return None
-    return _plan.check_positive_integer(
-        "num_samples",
+    return _validation.positive_int(
         num_samples,
-        "Pass the samples in one pass over the data, or None to find them.",
+        "num_samples",
+        fix="Pass the samples in one pass over the data, or None to find them.",
     )
 
 
@@ -222,26 +218,21 @@ def _check_finite(dataset):
     return cardinality
 
 
-def _has_targets(element_spec):
-    return isinstance(element_spec, tuple) and len(element_spec) >= 2
-
-
 def _inspect_dataset(dataset, num_samples, kind="tf.data.Dataset"):
     cardinality = _check_finite(dataset)
     batch = _tf_internals.batch_node(dataset)
     if batch is not None:
         return _inspect_batched(dataset, batch, cardinality, num_samples)
-    has_targets = _has_targets(dataset.element_spec)
     if cardinality >= 0:
         return _check_count(
-            DatasetSource(dataset, cardinality, has_targets, kind=kind),
+            DatasetSource(dataset, cardinality, kind=kind),
             num_samples,
             found_from="the dataset's cardinality",
         )
     count, note = _declared_or_counted(dataset, num_samples, batched=False)
     return DatasetSource(
         dataset.apply(tf.data.experimental.assert_cardinality(count)),
-        count, has_targets, kind=kind, notes=(note,),
+        count, kind=kind, notes=(note,),
     )
 
 
@@ -274,7 +265,6 @@ def _inspect_batched(dataset, batch, cardinality, num_samples):
             files=pipeline.files,
             decoders=pipeline.decoders,
             paths=pipeline.paths,
-            has_targets=_has_targets(dataset.element_spec),
             batch_size=pipeline.batch_size,
             shuffled=pipeline.shuffled,
             notes=(f"{len(pipeline.paths)} samples, one per file",),
@@ -283,19 +273,18 @@ def _inspect_batched(dataset, batch, cardinality, num_samples):
     batch_size = batch.batch_size or _first_batch_size(dataset)
     samples, found_from = _batched_count(batch, cardinality, file_paths)
     samples_dataset = dataset.unbatch()
-    has_targets = _has_targets(samples_dataset.element_spec)
     kind = f"batched tf.data.Dataset ({batch.transformation}, batch {batch_size})"
     if samples is not None:
         source = DatasetSource(
             samples_dataset.apply(tf.data.experimental.assert_cardinality(samples)),
-            samples, has_targets, batch_size=batch_size, kind=kind,
+            samples, batch_size=batch_size, kind=kind,
             notes=(f"{samples} samples from {found_from}",),
         )
         return _check_count(source, num_samples, found_from=found_from)
     count, note = _declared_or_counted(dataset, num_samples, batched=True)
     return DatasetSource(
         samples_dataset.apply(tf.data.experimental.assert_cardinality(count)),
-        count, has_targets, batch_size=batch_size, kind=kind, notes=(note,),
+        count, batch_size=batch_size, kind=kind, notes=(note,),
     )
 
 
@@ -370,8 +359,8 @@ def count_records(path):
 
 
 def _split_fit_layout(data):
-    """Returns `(structure, has_targets)` with trailing `None`s removed, as
-    `fit` accepts `(x, None)` and `(x, y, None)`."""
+    """Returns `structure` with trailing `None`s removed, as `fit` accepts
+    `(x, None)` and `(x, y, None)`."""
     if isinstance(data, tuple):
         if not 1 <= len(data) <= 3:
             raise ValueError(
@@ -387,12 +376,12 @@ def _split_fit_layout(data):
                 "data has None in place of x or y: pass (x, y) or "
                 "(x, y, sample_weight) with arrays."
             )
-        return tuple(items), len(items) >= 2
-    return data, False
+        return tuple(items)
+    return data
 
 
 def _inspect_arrays(data):
-    structure, has_targets = _split_fit_layout(data)
+    structure = _split_fit_layout(data)
     leaves = tf.nest.flatten(structure)
     if not leaves:
         raise ValueError("data holds no arrays: pass x, (x, y) or (x, y, sample_weight).")
@@ -423,7 +412,7 @@ def _inspect_arrays(data):
     if num_examples == 0:
         raise ValueError("data's arrays are empty: there is nothing to train on.")
     arrays = tf.nest.map_structure(tf.convert_to_tensor, _lists_to_tuples(structure))
-    return ArraySource(arrays, int(num_examples), has_targets)
+    return ArraySource(arrays, int(num_examples))
 
 
 def _lists_to_tuples(structure):

@@ -4,17 +4,17 @@ tf.data has no public API to ask a dataset how it was built: whether it was
 batched, with what batch size, how many elements went into the batch, or
 what Keras' directory utilities decode each file with. These probes walk the
 dataset's inputs (`_inputs()`, `_input_dataset`, `_batch_size`,
-`_map_func`) and check every name and shape they rely on. When something is
-not what they know, they answer "unknown" and log ONE warning naming the
-TensorFlow version and what is lost; they never raise.
+`_map_func`) and check every name and shape they rely on. Each is guarded
+by `keras_scaling._probes`: when something is not what they know, they
+answer "unknown" and log ONE warning naming the Keras and TensorFlow versions
+and what is lost; they never raise.
 """
 
 import dataclasses
-import logging
 
 import tensorflow as tf
 
-logger = logging.getLogger("keras_scaling")
+from keras_scaling import _probes
 
 # Transformations that leave elements batched; the walk up a dataset's inputs
 # stops at the first of these (batched) or at an `unbatch` (not batched).
@@ -50,23 +50,6 @@ _ONE_TO_ONE_DATASETS = {
 }
 _MAP_DATASETS = {"_MapDataset", "_ParallelMapDataset"}
 
-_warned = set()
-
-
-def _unknown(what_is_lost, error):
-    """Logs, once per kind of loss, that a probe did not recognise a dataset."""
-    if what_is_lost in _warned:
-        return
-    _warned.add(what_is_lost)
-    logger.warning(
-        "keras_scaling does not recognise the inner structure of this "
-        "tf.data.Dataset under TensorFlow %s (%s: %s); %s.",
-        tf.__version__,
-        type(error).__name__,
-        error,
-        what_is_lost,
-    )
-
 
 def _inputs(dataset):
     inputs = dataset._inputs()
@@ -77,6 +60,12 @@ def _inputs(dataset):
     return list(inputs)
 
 
+@_probes.guarded(
+    "tf.data.batching_transformation",
+    reaches="tf.data.Dataset._inputs() and the private dataset classes' names",
+    lost="a batched dataset cannot be recognised, so it is taken as unbatched",
+    workaround="Pass the data to distribute() before .batch(), or add .unbatch().",
+)
 def batching_transformation(dataset):
     """Names the batching transformation that produced `dataset`, or None.
 
@@ -84,15 +73,7 @@ def batching_transformation(dataset):
     either way), so this walks the dataset's inputs instead. When the walk
     fails, the dataset is taken as unbatched, with one warning.
     """
-    try:
-        return _find_batching(dataset)
-    except Exception as error:  # noqa: BLE001 - a probe never raises
-        _unknown(
-            "a batched dataset cannot be recognised, so it is taken as "
-            "unbatched: pass data before .batch() or add .unbatch()",
-            error,
-        )
-        return None
+    return _find_batching(dataset)
 
 
 def _find_batching(dataset):
@@ -143,17 +124,19 @@ def batch_node(dataset):
     transformation = batching_transformation(dataset)
     if transformation is None:
         return None
-    try:
-        return _read_batch_node(dataset, transformation)
-    except Exception as error:  # noqa: BLE001 - a probe never raises
-        _unknown(
-            "the batch size and sample count of a batched dataset cannot be "
-            "read, so they are measured from the data instead",
-            error,
-        )
-        return BatchNode(transformation=transformation)
+    return _read_batch_node(dataset, transformation)
 
 
+@_probes.guarded(
+    "tf.data.batch_node",
+    reaches="the batching dataset's _input_dataset, _batch_size and _drop_remainder",
+    lost=(
+        "the batch size and sample count of a batched dataset cannot be read, "
+        "so they are measured from the data instead"
+    ),
+    workaround="Pass distribute(num_samples=...) to skip counting the data.",
+    fallback=lambda dataset, transformation: BatchNode(transformation=transformation),
+)
 def _read_batch_node(dataset, transformation):
     node, one_to_one = dataset, True
     while type(node).__name__ not in BATCHING_DATASETS:
@@ -207,6 +190,19 @@ class DirectoryPipeline:
     batch_size: int
 
 
+@_probes.guarded(
+    "tf.data.directory_pipeline",
+    reaches="the _input_dataset, _map_func and _tensors of a directory dataset's steps",
+    lost=(
+        "the files of a Keras directory dataset cannot be split between "
+        "workers before decoding, so every worker decodes every file and "
+        "keeps its share"
+    ),
+    workaround=(
+        "Build the dataset from its file paths yourself and pass it to "
+        "distribute() before decoding and batching."
+    ),
+)
 def directory_pipeline(dataset, file_paths=None):
     """Takes apart a batched dataset of files, or returns None.
 
@@ -217,25 +213,13 @@ def directory_pipeline(dataset, file_paths=None):
     warning: it is then read as any batched dataset, and every worker
     decodes every file.
     """
-    try:
-        found = _read_directory_pipeline(dataset)
-        if found is not None and file_paths is not None and len(found.paths) != len(file_paths):
-            raise ValueError(
-                f"{len(found.paths)} paths before decoding, {len(file_paths)} file_paths"
-            )
-    except Exception as error:  # noqa: BLE001 - a probe never raises
-        found, problem = None, error
-    else:
-        problem = None if found is not None or file_paths is None else TypeError(
-            "the dataset has file_paths but not the form of a directory utility's"
-        )
-    if problem is not None:
-        _unknown(
-            "the files of a Keras directory dataset cannot be split between "
-            "workers before decoding, so every worker decodes every file and "
-            "keeps its share",
-            problem,
-        )
+    found = _read_directory_pipeline(dataset)
+    if file_paths is None:
+        return found
+    if found is None:
+        raise TypeError("the dataset has file_paths but not the form of a directory utility's")
+    if len(found.paths) != len(file_paths):
+        raise ValueError(f"{len(found.paths)} paths before decoding, {len(file_paths)} file_paths")
     return found
 
 

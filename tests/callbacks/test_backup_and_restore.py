@@ -7,6 +7,7 @@ again, which resumes. The other tests train in this process on one device.
 """
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -21,6 +22,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 import keras_scaling
 from keras_scaling import _backup
+from keras_scaling import _probes
 from keras_scaling.callbacks.backup_and_restore import EXIT_PREEMPTED
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -77,16 +79,43 @@ def stop_and_resume(tmp_path, *extra, sigterm_at):
     return stopped, resumed, out
 
 
-@pytest.mark.timeout(4 * RUN_TIMEOUT_S)
-def test_sigterm_mid_epoch_then_resume_is_bitwise_identical_to_a_run_never_stopped(tmp_path):
-    reference, reference_out = run_worker(tmp_path, "reference", backup="reference_backup")
-    assert reference.returncode == 0, reference.stderr[-3000:]
-    # Step 50 is step 10 of the second epoch.
-    stop_and_resume(tmp_path, sigterm_at=50)
+@pytest.fixture(scope="module")
+def sigterm_at_50(tmp_path_factory):
+    """One run never stopped and one stopped by SIGTERM after step 50 and resumed.
 
-    values, iterations = load_result(tmp_path / "resumed.npz")
-    reference_values, reference_iterations = load_result(reference_out)
-    assert start_iterations(tmp_path / "resumed.npz") == 51
+    Both log with ThroughputLogger and ReplicaSyncCheck; the backup the
+    stopped run left is read before the resumed run deletes it.
+    """
+    directory = tmp_path_factory.mktemp("sigterm_at_50")
+    reference, reference_out = run_worker(
+        directory, "reference", "--log-dir", str(directory / "reference_logs"),
+        backup="reference_backup",
+    )
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    log_dir = directory / "logs"
+    stopped, _ = run_worker(directory, "resumed", "--log-dir", str(log_dir), "--sigterm-at", "50")
+    assert stopped.returncode == EXIT_PREEMPTED, stopped.stderr[-3000:]
+    header, _ = _backup.read(directory / "backup")
+    resumed, out = run_worker(directory, "resumed", "--log-dir", str(log_dir))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    return {
+        "reference_out": reference_out,
+        "stopped": stopped,
+        "stopped_header": header,
+        "resumed": resumed,
+        "resumed_out": out,
+        "log_dir": log_dir,
+    }
+
+
+@pytest.mark.timeout(4 * RUN_TIMEOUT_S)
+def test_sigterm_mid_epoch_then_resume_is_bitwise_identical_to_a_run_never_stopped(
+    sigterm_at_50,
+):
+    # Step 50 is step 10 of the second epoch.
+    values, iterations = load_result(sigterm_at_50["resumed_out"])
+    reference_values, reference_iterations = load_result(sigterm_at_50["reference_out"])
+    assert start_iterations(sigterm_at_50["resumed_out"]) == 51
     assert iterations == reference_iterations == TOTAL_STEPS
     assert_bitwise_equal(values, reference_values)
 
@@ -106,12 +135,13 @@ def test_resume_is_bitwise_identical_with_steps_per_execution(tmp_path):
     assert_bitwise_equal(values, reference_values)
 
 
-@pytest.mark.timeout(3 * RUN_TIMEOUT_S)
-def test_preempted_run_exits_75_and_leaves_a_backup_at_the_end_of_the_step_in_progress(tmp_path):
-    stopped, _ = run_worker(tmp_path, "stopped", "--sigterm-at", "50")
+@pytest.mark.timeout(4 * RUN_TIMEOUT_S)
+def test_preempted_run_exits_75_and_leaves_a_backup_at_the_end_of_the_step_in_progress(
+    sigterm_at_50,
+):
+    stopped, header = sigterm_at_50["stopped"], sigterm_at_50["stopped_header"]
 
     assert stopped.returncode == EXIT_PREEMPTED == 75
-    header, _ = _backup.read(tmp_path / "backup")
     assert header["reason"] == "preemption"
     # Signalled after step 50: saved at the end of the step in progress.
     assert header["position"]["iterations"] == 51
@@ -143,10 +173,9 @@ def _scalar_steps(log_dir, tag):
     return [event.step for event in accumulator.Tensors(tag)]
 
 
-@pytest.mark.timeout(3 * RUN_TIMEOUT_S)
-def test_replica_sync_check_and_throughput_logger_continue_across_a_resume(tmp_path):
-    log_dir = tmp_path / "logs"
-    _, resumed, _ = stop_and_resume(tmp_path, "--log-dir", str(log_dir), sigterm_at=50)
+@pytest.mark.timeout(4 * RUN_TIMEOUT_S)
+def test_replica_sync_check_and_throughput_logger_continue_across_a_resume(sigterm_at_50):
+    log_dir, resumed = sigterm_at_50["log_dir"], sigterm_at_50["resumed"]
 
     throughput_steps = _scalar_steps(log_dir, "throughput/samples_per_sec")
     sync_steps = _scalar_steps(log_dir, "replica_sync/max_abs_diff")
@@ -268,13 +297,47 @@ def test_save_every_n_steps_saves_at_the_first_batch_end_past_each_multiple(tmp_
     assert seen == [None, None, 3, 3, 3, 6, 6, 6]
 
 
+def _dataset_iterations_saved_mid_epoch(backup_dir):
+    _model().fit(
+        _data(),
+        epochs=1,
+        verbose=0,
+        callbacks=[
+            keras_scaling.BackupAndRestore(
+                backup_dir, save_every_n_steps=3, delete_checkpoint=False
+            )
+        ],
+    )
+    return _backup.read(backup_dir)[0]["position"]["dataset_iterations"]
+
+
+def test_without_the_epoch_iterator_probe_a_backup_resumes_at_its_epoch_start(
+    tmp_path, monkeypatch, caplog
+):
+    assert isinstance(_dataset_iterations_saved_mid_epoch(tmp_path / "healthy"), int)
+    probe = _probes._registry["keras.fit.resume_epoch_iterator"]
+    _probes._warned.clear()
+    monkeypatch.setenv(_probes.FAIL_PROBES_ENV, probe.name)
+    with caplog.at_level(logging.WARNING, logger="keras_scaling"):
+        saved = _dataset_iterations_saved_mid_epoch(tmp_path / "degraded")
+        _dataset_iterations_saved_mid_epoch(tmp_path / "again")
+    monkeypatch.delenv(_probes.FAIL_PROBES_ENV)
+    _probes._warned.clear()
+
+    # No position inside the epoch's data: a resume starts the saved epoch over.
+    assert saved is None
+    warnings = [r.getMessage() for r in caplog.records if probe.reaches in r.getMessage()]
+    assert len(warnings) == 1
+    assert probe.lost in warnings[0] and keras.__version__ in warnings[0]
+
+
 @pytest.mark.parametrize(
     "kwargs, error, fragment",
     [
         ({"backup_dir": None}, TypeError, "backup_dir must be a non-empty directory path"),
         ({"backup_dir": ""}, TypeError, "backup_dir must be a non-empty directory path"),
         ({"backup_dir": "b", "save_every_n_steps": 0}, ValueError, "got 0"),
-        ({"backup_dir": "b", "save_every_n_steps": 2.5}, ValueError, "save_every_n_steps"),
+        ({"backup_dir": "b", "save_every_n_steps": 2.5}, TypeError, "save_every_n_steps"),
         ({"backup_dir": "b", "save_on_preemption": "yes"}, TypeError, "save_on_preemption"),
     ],
 )
