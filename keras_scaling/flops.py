@@ -128,7 +128,11 @@ def count_training_flops(model, *, sample=None):
     Example:
 
     ```python
-    flops_per_sample, reason = count_training_flops(model)
+    import keras
+    from keras_scaling import flops
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    model.compile(optimizer="sgd", loss="mse")
+    flops_per_sample, reason = flops.count_training_flops(model)
     if flops_per_sample is None:
         print("not counted:", reason)
     ```

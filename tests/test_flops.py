@@ -152,7 +152,7 @@ def test_tracing_through_tf_function_when_the_graph_builder_is_gone_gives_the_sa
     from keras_scaling import _probes
 
     expected = flops.training_flops_per_sample(_small_mlp())
-    _probes.forget_warnings()
+    _probes._warned.clear()
     monkeypatch.setenv(_probes.FAIL_PROBES_ENV, "tf.func_graph_from_py_func")
     with caplog.at_level(logging.WARNING, logger="keras_scaling"):
         counted = flops.training_flops_per_sample(_small_mlp())
@@ -168,7 +168,7 @@ def test_without_tensorflows_flop_statistics_nothing_is_counted_and_the_reason_i
 ):
     from keras_scaling import _probes
 
-    _probes.forget_warnings()
+    _probes._warned.clear()
     monkeypatch.setenv(_probes.FAIL_PROBES_ENV, "tf.ops.flops_statistics")
     with caplog.at_level(logging.WARNING, logger="keras_scaling"):
         counted, reason = flops.count_training_flops(_small_mlp())

@@ -43,6 +43,8 @@ PROBES_TESTED_IN = {
     "tf.data.batch_node": "test_probes",
     "tf.data.directory_pipeline": "test_data_wrapping",
     "keras.fit.resume_epoch_iterator": "callbacks/test_backup_and_restore",
+    "tf.func_graph_from_py_func": "test_flops",
+    "tf.ops.flops_statistics": "test_flops",
 }
 
 
@@ -54,6 +56,7 @@ def registered_probes():
     import keras_scaling.compat  # noqa: F401
     import keras_scaling.data  # noqa: F401
     import keras_scaling.devices  # noqa: F401
+    import keras_scaling.flops  # noqa: F401
     import keras_scaling.replica_state  # noqa: F401
 
     return dict(_probes._registry)

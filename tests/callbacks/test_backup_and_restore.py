@@ -18,11 +18,10 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import keras_scaling
 from keras_scaling import _backup
-from keras_scaling import _probes
+from keras_scaling import _probes, _tensorboard
 from keras_scaling.callbacks.backup_and_restore import EXIT_PREEMPTED
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -162,15 +161,8 @@ def test_other_data_resumes_at_the_start_of_the_saved_epoch_and_says_so(tmp_path
 
 
 def _scalar_steps(log_dir, tag):
-    accumulator = EventAccumulator(
-        os.path.join(log_dir, "train"),
-        size_guidance={"tensors": 0},
-        purge_orphaned_data=False,
-    )
-    accumulator.Reload()
-    if tag not in accumulator.Tags()["tensors"]:
-        return []
-    return [event.step for event in accumulator.Tensors(tag)]
+    points = _tensorboard.read_scalars(_tensorboard.run_dir(log_dir))
+    return [step for step, _ in points.get(tag, [])]
 
 
 @pytest.mark.timeout(4 * RUN_TIMEOUT_S)
