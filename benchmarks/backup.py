@@ -31,7 +31,6 @@ import keras_scaling
 
 keras_scaling.use_logical_cpus(2)
 
-import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from keras_scaling import _backup  # noqa: E402

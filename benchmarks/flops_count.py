@@ -60,8 +60,10 @@ def main(argv=None):
     from keras_scaling import flops
     from keras_scaling.cli import _models
 
-    print(f"{'model':10} {'count (MFLOPs/sample)':>22} {'analytic':>10} {'ratio':>7} "
-          f"{'time to count (s): median':>27} {'spread':>15} {'CPU time (s)':>13}")
+    print(
+        f"{'model':10} {'count (MFLOPs/sample)':>22} {'analytic':>10} {'ratio':>7} "
+        f"{'time to count (s): median':>27} {'spread':>15} {'CPU time (s)':>13}"
+    )
     for preset in _models.PRESETS:
         times_s, cpu_times_s = [], []
         counted = None

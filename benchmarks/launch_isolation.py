@@ -19,8 +19,7 @@ import sys
 import textwrap
 import time
 
-from keras_scaling import _isolation
-from keras_scaling import launcher
+from keras_scaling import _isolation, launcher
 
 _WORKER = textwrap.dedent(
     """

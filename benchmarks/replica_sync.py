@@ -191,9 +191,7 @@ def fit_overhead(strategy, steps, batch_size, rounds):
             f"{sum(t > 0.5 for t in tails[arm])} of {rounds} over 0.5 s"
         )
     ratios = {arm: medians[arm] / medians["without"] for arm in ("with", "after")}
-    noise = max(
-        max(abs(v / medians[arm] - 1) for v in times) for arm, times in arms.items()
-    )
+    noise = max(max(abs(v / medians[arm] - 1) for v in times) for arm, times in arms.items())
     for arm, ratio in ratios.items():
         verdict = "met" if ratio - 1 < GOAL else "NOT met"
         if abs(ratio - 1) < noise and noise > GOAL:
@@ -217,7 +215,9 @@ def main(argv=None):
     compare_check_costs(strategy, "MLP ~1M", mlp_1m, repeats)
     if not args.quick:
         ratio = compare_check_costs(strategy, "ResNet50", resnet50, repeats)
-        print(f"  goal: >= 10x cheaper than naive on ResNet50: {'met' if ratio >= 10 else 'NOT met'}")
+        print(
+            f"  goal: >= 10x cheaper than naive on ResNet50: {'met' if ratio >= 10 else 'NOT met'}"
+        )
     steps = args.steps or (60 if args.quick else 250)
     rounds = args.rounds or (3 if args.quick else 9)
     fit_overhead(strategy, steps=steps, batch_size=64, rounds=rounds)

@@ -30,14 +30,10 @@ def parse_args(argv=None):
         default=[1, 4, 16],
         help="values to compare; the first is the baseline (default 1 4 16)",
     )
-    parser.add_argument(
-        "--per-replica-batch-size", type=int, default=16, help="default 16"
-    )
+    parser.add_argument("--per-replica-batch-size", type=int, default=16, help="default 16")
     parser.add_argument("--steps-per-round", type=int, default=128, help="default 128")
     parser.add_argument("--rounds", type=int, default=5, help="default 5")
-    parser.add_argument(
-        "--quick", action="store_true", help="32 steps per round, 2 rounds"
-    )
+    parser.add_argument("--quick", action="store_true", help="32 steps per round, 2 rounds")
     args = parser.parse_args(argv)
     if args.quick:
         args.steps_per_round, args.rounds = 32, 2
@@ -61,9 +57,7 @@ def make_model(strategy, steps_per_execution):
                 keras.layers.Dense(1),
             ]
         )
-        model.compile(
-            optimizer="adam", loss="mse", steps_per_execution=steps_per_execution
-        )
+        model.compile(optimizer="adam", loss="mse", steps_per_execution=steps_per_execution)
     return model
 
 

@@ -41,10 +41,12 @@ def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a short smoke run")
     parser.add_argument("--rounds", type=int, default=None, help="alternating rounds")
-    parser.add_argument("--short-steps", type=int, default=None,
-                        help="steps per fit of the short-step model")
-    parser.add_argument("--long-steps", type=int, default=None,
-                        help="steps per fit of the long-step model")
+    parser.add_argument(
+        "--short-steps", type=int, default=None, help="steps per fit of the short-step model"
+    )
+    parser.add_argument(
+        "--long-steps", type=int, default=None, help="steps per fit of the long-step model"
+    )
     parser.add_argument("--replicas", type=int, default=1, help="logical CPU replicas")
     args = parser.parse_args(argv)
     args.rounds = args.rounds or (2 if args.quick else 7)
@@ -75,10 +77,20 @@ def main(argv=None):
 
         hook_s = 0.0
 
-    for hook in ("on_train_begin", "on_epoch_begin", "on_train_batch_end",
-                 "on_epoch_end", "on_train_end"):
-        def timed(self, *hook_args, _hook=getattr(keras_scaling.ThroughputLogger, hook),
-                  **hook_kwargs):
+    for hook in (
+        "on_train_begin",
+        "on_epoch_begin",
+        "on_train_batch_end",
+        "on_epoch_end",
+        "on_train_end",
+    ):
+
+        def timed(
+            self,
+            *hook_args,
+            _hook=getattr(keras_scaling.ThroughputLogger, hook),  # noqa: B008
+            **hook_kwargs,
+        ):
             start_s = time.perf_counter()
             try:
                 return _hook(self, *hook_args, **hook_kwargs)
@@ -99,20 +111,24 @@ def main(argv=None):
 
     def build(features, width, batch_size):
         with strategy.scope():
-            model = keras.Sequential([
-                keras.Input((features,)),
-                keras.layers.Dense(width, activation="relu"),
-                keras.layers.Dense(width, activation="relu"),
-                keras.layers.Dense(1),
-            ])
+            model = keras.Sequential(
+                [
+                    keras.Input((features,)),
+                    keras.layers.Dense(width, activation="relu"),
+                    keras.layers.Dense(width, activation="relu"),
+                    keras.layers.Dense(1),
+                ]
+            )
             model.compile(optimizer="sgd", loss="mse")
         batch = (tf.zeros((batch_size, features)), tf.zeros((batch_size, 1)))
         return model, tf.data.Dataset.from_tensors(batch).repeat().prefetch(2)
 
     info = keras_scaling.describe_strategy(strategy)
     print(f"# {info}")
-    print(f"# {args.rounds} alternating rounds; whole fit wall-clock time; ratios to "
-          "the no-callback fit of the same round: median [min, max]")
+    print(
+        f"# {args.rounds} alternating rounds; whole fit wall-clock time; ratios to "
+        "the no-callback fit of the same round: median [min, max]"
+    )
     print("# the machine may be shared with other work: read the medians with their spread")
     verdicts = []
     for label, (features, width, batch_size), steps in (
@@ -121,10 +137,9 @@ def main(argv=None):
     ):
         model, dataset = build(features, width, batch_size)
 
-        def fit(callbacks):
+        def fit(callbacks, model=model, dataset=dataset, steps=steps):
             start_s = time.perf_counter()
-            model.fit(dataset, steps_per_epoch=steps, epochs=1, verbose=0,
-                      callbacks=callbacks)
+            model.fit(dataset, steps_per_epoch=steps, epochs=1, verbose=0, callbacks=callbacks)
             return time.perf_counter() - start_s
 
         fit([])  # tracing
@@ -139,8 +154,10 @@ def main(argv=None):
                 after_arm[name].append(fit([]))
         hook_share = TimedLogger.hook_s / sum(with_arm["ThroughputLogger"])
         step_ms = statistics.median(with_arm["no callback"]) / steps * 1e3
-        print(f"\n## {label}: {step_ms:.2f} ms per step with no callback "
-              f"(whole fit / steps), {steps} steps per fit")
+        print(
+            f"\n## {label}: {step_ms:.2f} ms per step with no callback "
+            f"(whole fit / steps), {steps} steps per fit"
+        )
         print(f"{'arm':34} {'fit (s)':>8}  {'ratio: median [min, max]':>28}  goal")
         for name in names:
             for row, times in ((name, with_arm), (f"plain fit after {name}", after_arm)):
@@ -154,15 +171,24 @@ def main(argv=None):
                     verdicts.append((label, row, median, met))
                 elif name != "no callback":
                     goal = "(reference)"
-                print(f"{row:34} {statistics.median(times[name]):8.3f}  "
-                      f"{median:8.4f} [{min(ratios):.4f}, {max(ratios):.4f}]  {goal}")
-        print(f"time inside ThroughputLogger's hooks: {hook_share:.2%} of its fits "
-              "(its set-up at the first step included)")
+                print(
+                    f"{row:34} {statistics.median(times[name]):8.3f}  "
+                    f"{median:8.4f} [{min(ratios):.4f}, {max(ratios):.4f}]  {goal}"
+                )
+        print(
+            f"time inside ThroughputLogger's hooks: {hook_share:.2%} of its fits "
+            "(its set-up at the first step included)"
+        )
     missed = [v for v in verdicts if not v[3]]
-    print(f"\ngoal: each of ours within {_GOAL_RATIO - 1:.0%} of no callback in every row: "
-          + ("met" if not missed else
-             "NOT met in " + "; ".join(f"{label} / {row} ({median:.4f})"
-                                         for label, row, median, _ in missed)))
+    print(
+        f"\ngoal: each of ours within {_GOAL_RATIO - 1:.0%} of no callback in every row: "
+        + (
+            "met"
+            if not missed
+            else "NOT met in "
+            + "; ".join(f"{label} / {row} ({median:.4f})" for label, row, median, _ in missed)
+        )
+    )
     return 0
 
 

@@ -18,11 +18,16 @@ if __name__ == "__main__":
         main(
             [
                 "bench",
-                "--cpu-devices", "4",
-                "--model", "mlp",
-                "--per-replica-batch", "128",
-                "--steps", "50",
-                "--logdir", "logs/demo",
+                "--cpu-devices",
+                "4",
+                "--model",
+                "mlp",
+                "--per-replica-batch",
+                "128",
+                "--steps",
+                "50",
+                "--logdir",
+                "logs/demo",
                 "--overwrite",
                 *sys.argv[1:],
             ]

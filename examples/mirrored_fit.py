@@ -96,9 +96,7 @@ def main():
         keras.callbacks.TensorBoard(args.log_dir),
     ]
     # The dataset is shuffled already: seeded, one order shared by all workers.
-    history = model.fit(
-        dataset, epochs=args.epochs, callbacks=callbacks, shuffle=False, verbose=2
-    )
+    history = model.fit(dataset, epochs=args.epochs, callbacks=callbacks, shuffle=False, verbose=2)
 
     with open(os.path.join(args.log_dir, "throughput.json"), encoding="utf-8") as file:
         throughput = json.load(file)

@@ -83,9 +83,7 @@ def main():
             ]
         )
         # weighted_metrics: the padded rows of the last batch have weight 0.
-        model.compile(
-            optimizer=keras.optimizers.Adam(0.01), loss="mse", weighted_metrics=["mae"]
-        )
+        model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse", weighted_metrics=["mae"])
 
     callbacks = [
         keras_scaling.ReplicaSyncCheck(every_n_steps=20),

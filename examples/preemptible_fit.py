@@ -44,8 +44,7 @@ def _arguments():
         "--stop-at-step",
         type=int,
         default=None,
-        help="send this process SIGTERM after this optimizer step, as a "
-        "preemption would",
+        help="send this process SIGTERM after this optimizer step, as a preemption would",
     )
     return parser.parse_args()
 

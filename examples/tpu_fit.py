@@ -68,9 +68,7 @@ def main():
     )
 
     with strategy.scope():
-        model = keras.applications.ResNet50(
-            weights=None, input_shape=(32, 32, 3), classes=10
-        )
+        model = keras.applications.ResNet50(weights=None, input_shape=(32, 32, 3), classes=10)
         model.compile(
             optimizer=keras.optimizers.SGD(learning_rate=0.01, momentum=0.9),
             loss="sparse_categorical_crossentropy",
@@ -83,9 +81,7 @@ def main():
         keras.callbacks.TensorBoard(args.log_dir),
     ]
     # The dataset is shuffled already: seeded, one order shared by all workers.
-    history = model.fit(
-        dataset, epochs=args.epochs, callbacks=callbacks, shuffle=False, verbose=2
-    )
+    history = model.fit(dataset, epochs=args.epochs, callbacks=callbacks, shuffle=False, verbose=2)
     print(
         f"Trained {args.epochs} epoch(s) of {plan.steps_per_epoch} steps, "
         f"global batch {plan.global_batch_size}: final loss "

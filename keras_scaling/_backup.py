@@ -101,23 +101,16 @@ def write(backup_dir, *, values, specs, header):
     os.makedirs(backup_dir, exist_ok=True)
     if len(values) != len(specs):
         raise ValueError(
-            f"values and specs must have the same length, got {len(values)} "
-            f"and {len(specs)}"
+            f"values and specs must have the same length, got {len(values)} and {len(specs)}"
         )
     full_header = dict(header)
-    full_header.update(
-        format=FORMAT, version=FORMAT_VERSION, variables=specs, saved_at=time.time()
-    )
+    full_header.update(format=FORMAT, version=FORMAT_VERSION, variables=specs, saved_at=time.time())
     arrays = {
         f"v{index}": np.frombuffer(np.ascontiguousarray(value).tobytes(), np.uint8)
         for index, value in enumerate(values)
     }
-    arrays[_HEADER_KEY] = np.frombuffer(
-        json.dumps(full_header).encode("utf-8"), np.uint8
-    )
-    descriptor, temp_path = tempfile.mkstemp(
-        prefix=_TEMP_PREFIX, suffix=".tmp", dir=backup_dir
-    )
+    arrays[_HEADER_KEY] = np.frombuffer(json.dumps(full_header).encode("utf-8"), np.uint8)
+    descriptor, temp_path = tempfile.mkstemp(prefix=_TEMP_PREFIX, suffix=".tmp", dir=backup_dir)
     try:
         # mkstemp makes the file private; a backup gets the usual permissions.
         umask = os.umask(0)
@@ -191,9 +184,7 @@ def variable_differences(saved_specs, current_specs, limit=5):
     """
     differences = []
     if len(saved_specs) != len(current_specs):
-        differences.append(
-            f"{len(saved_specs)} variables in the backup, {len(current_specs)} here"
-        )
+        differences.append(f"{len(saved_specs)} variables in the backup, {len(current_specs)} here")
     for index, (saved, current) in enumerate(zip(saved_specs, current_specs)):
         for key in ("shape", "dtype"):
             if saved[key] != current[key]:

@@ -111,9 +111,7 @@ def compare_copies(copies, atol=0.0, rtol=0.0):
     copies = [np.asarray(copy) for copy in copies]
     reference = copies[0]
     ref_bits = _bits(reference)
-    ref_values = reference.astype(
-        np.complex128 if np.iscomplexobj(reference) else np.float64
-    )
+    ref_values = reference.astype(np.complex128 if np.iscomplexobj(reference) else np.float64)
     differing, any_differs = [], np.zeros(reference.shape, dtype=bool)
     max_abs = max_rel = 0.0
     within = bool(atol > 0 or rtol > 0)
@@ -239,9 +237,7 @@ def likely_cause(variable, difference):
     # gradients were not combined across replicas before the update ...
     ```
     """
-    non_finite = [
-        nan + inf for nan, inf in zip(difference.nan_counts, difference.inf_counts)
-    ]
+    non_finite = [nan + inf for nan, inf in zip(difference.nan_counts, difference.inf_counts)]
     if any(non_finite) and not all(non_finite):
         replicas = ", ".join(str(i) for i, count in enumerate(non_finite) if count)
         return (
@@ -436,9 +432,7 @@ class ReplicaSyncReport:
     @property
     def max_abs_diff(self):
         """The largest absolute difference among diverged and drifting variables."""
-        values = [
-            v.difference.max_abs_diff for v in self.divergences + self.float_drift
-        ]
+        values = [v.difference.max_abs_diff for v in self.divergences + self.float_drift]
         return max(values, default=0.0)
 
     def __str__(self):

@@ -66,8 +66,7 @@ def check_mode(isolation):
     """Returns `isolation` if it is one of `MODES`; raises ValueError naming it otherwise."""
     if isolation not in MODES:
         raise ValueError(
-            f"isolation must be one of {', '.join(repr(mode) for mode in MODES)}, "
-            f"got {isolation!r}"
+            f"isolation must be one of {', '.join(repr(mode) for mode in MODES)}, got {isolation!r}"
         )
     return isolation
 
@@ -228,9 +227,7 @@ def _create_once(user_namespace, env):
                 last = (holder.stderr.read().strip().splitlines() or [""])[-1]
                 line = f"the namespace holder exited with status {status}: {last}"
             raise Unavailable(line)
-        types = ([("user", _CLONE_NEWUSER)] if user_namespace else []) + [
-            ("net", _CLONE_NEWNET)
-        ]
+        types = ([("user", _CLONE_NEWUSER)] if user_namespace else []) + [("net", _CLONE_NEWNET)]
         fds = []
         try:
             for name, nstype in types:

@@ -105,8 +105,7 @@ def tf_variable_of(variable):
     value = variable.value
     if not isinstance(value, tf.Variable):
         raise TypeError(
-            f"variable must be a Keras or TensorFlow variable, got "
-            f"{type(variable).__name__}"
+            f"variable must be a Keras or TensorFlow variable, got {type(variable).__name__}"
         )
     return value
 

@@ -57,7 +57,7 @@ class Probe:
 
 
 def versions_text():
-    """"Keras X, TensorFlow Y" for messages, read without failing."""
+    """ "Keras X, TensorFlow Y" for messages, read without failing."""
     from keras_scaling import _versions
 
     return f"Keras {_versions.keras_version()}, TensorFlow {_versions.tf_version()}"
@@ -105,4 +105,3 @@ def _failing_for_tests():
 def failed(name, error):
     """Reports a failure of the probe `name` found outside a guarded function."""
     _registry[name].warn(error)
-

@@ -14,10 +14,7 @@ import dataclasses
 import numpy as np
 import tensorflow as tf
 
-from keras_scaling import _copy_comparison
-from keras_scaling import _fingerprint
-from keras_scaling import _topology
-from keras_scaling import _validation
+from keras_scaling import _copy_comparison, _fingerprint, _topology, _validation
 
 
 class ReplicaStateChecker:
@@ -138,19 +135,14 @@ class ReplicaStateChecker:
             return [
                 [
                     np.asarray(copy.numpy())
-                    for copy in self.strategy.experimental_local_results(
-                        self.variables[i].variable
-                    )
+                    for copy in self.strategy.experimental_local_results(self.variables[i].variable)
                 ]
                 for i in indices
             ]
         if indices not in self._gather_functions:
             self._gather_functions[indices] = self._build_gather_function(indices)
         gathered = self._gather_functions[indices]()
-        local = [
-            self.strategy.experimental_local_results(values)[0].numpy()
-            for values in gathered
-        ]
+        local = [self.strategy.experimental_local_results(values)[0].numpy() for values in gathered]
         return [list(values) for values in local]
 
     def _build_gather_function(self, indices):
@@ -208,9 +200,7 @@ class ReplicaStateChecker:
                     role=variable.role,
                     tier=tier,
                     difference=difference,
-                    devices=tuple(
-                        self.replica_devices[r] for r in difference.differing_replicas
-                    ),
+                    devices=tuple(self.replica_devices[r] for r in difference.differing_replicas),
                     likely_cause=_copy_comparison.likely_cause(variable, difference),
                     repair=repair,
                 )

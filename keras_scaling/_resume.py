@@ -19,8 +19,7 @@ own `BackupAndRestore` does).
 
 import sys
 
-from keras_scaling import _probes
-from keras_scaling import data
+from keras_scaling import _probes, data
 
 _REQUIRED_ATTRIBUTES = ("_get_iterator", "_num_batches", "data_adapter", "steps_per_epoch")
 

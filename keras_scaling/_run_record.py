@@ -66,12 +66,29 @@ FIELDS = (
     "mfu",
 )
 # Keys added to version 1 later: older files lack them, and read as null.
-_LATER_FIELDS = ("baseline_num_replicas", "ideal_speedup", "epochs", "flops_per_sample",
-                 "flops_source", "peak_flops_per_replica", "peak_source", "mfu")
+_LATER_FIELDS = (
+    "baseline_num_replicas",
+    "ideal_speedup",
+    "epochs",
+    "flops_per_sample",
+    "flops_source",
+    "peak_flops_per_replica",
+    "peak_source",
+    "mfu",
+)
 
 
-def build_record(setup, *, steady=None, baseline_samples_per_sec=None, baseline_source=None,
-                 baseline_num_replicas=None, startup_time_s=None, epochs=(), flops=None):
+def build_record(
+    setup,
+    *,
+    steady=None,
+    baseline_samples_per_sec=None,
+    baseline_source=None,
+    baseline_num_replicas=None,
+    startup_time_s=None,
+    epochs=(),
+    flops=None,
+):
     """A complete record from a run's set-up and what was measured.
 
     Args:
@@ -92,9 +109,20 @@ def build_record(setup, *, steady=None, baseline_samples_per_sec=None, baseline_
         in by `speedup_of` when there is a baseline and a measured figure.
     """
     record = dict.fromkeys(FIELDS)
-    record.update({key: setup[key] for key in (
-        "num_replicas", "num_workers", "per_replica_batch_size", "global_batch_size",
-        "device_kind", "dtype_policy", "strategy")})
+    record.update(
+        {
+            key: setup[key]
+            for key in (
+                "num_replicas",
+                "num_workers",
+                "per_replica_batch_size",
+                "global_batch_size",
+                "device_kind",
+                "dtype_policy",
+                "strategy",
+            )
+        }
+    )
     record.update(
         version=VERSION,
         step_time_s={"p10": None, "p50": None, "p90": None},
@@ -104,8 +132,11 @@ def build_record(setup, *, steady=None, baseline_samples_per_sec=None, baseline_
         baseline_source=baseline_source,
         baseline_num_replicas=baseline_num_replicas,
         epochs=[
-            {"epoch": int(epoch), "samples_per_sec": state.samples_per_sec,
-             "steps_measured": state.steps_measured}
+            {
+                "epoch": int(epoch),
+                "samples_per_sec": state.samples_per_sec,
+                "steps_measured": state.steps_measured,
+            }
             for epoch, state in epochs
         ],
     )
@@ -123,8 +154,11 @@ def build_record(setup, *, steady=None, baseline_samples_per_sec=None, baseline_
         )
     figures = speedup_of(record)
     if figures is not None:
-        record.update(speedup=figures.speedup, ideal_speedup=figures.ideal_speedup,
-                      efficiency=figures.efficiency)
+        record.update(
+            speedup=figures.speedup,
+            ideal_speedup=figures.ideal_speedup,
+            efficiency=figures.efficiency,
+        )
     return record
 
 
@@ -162,7 +196,9 @@ def speedup_of(record, baseline=None):
     if not (_is_positive(samples_per_sec) and _is_positive(baseline_samples_per_sec)):
         return None
     return throughput_lib.speedup(
-        samples_per_sec, baseline_samples_per_sec, record["num_replicas"],
+        samples_per_sec,
+        baseline_samples_per_sec,
+        record["num_replicas"],
         baseline_num_replicas or 1,
     )
 
@@ -188,8 +224,7 @@ def validate_record(record, where="record"):
     """
     if not isinstance(record, dict) or record.get("version") != VERSION:
         raise ValueError(
-            f"{where} is not a version-{VERSION} {THROUGHPUT_JSON} written by "
-            "ThroughputLogger"
+            f"{where} is not a version-{VERSION} {THROUGHPUT_JSON} written by ThroughputLogger"
         )
     record = {**dict.fromkeys(_LATER_FIELDS), **record}
     missing = [key for key in FIELDS if key not in record]
@@ -207,8 +242,7 @@ def measured_samples_per_sec(record, where, remedy):
     samples_per_sec = record["samples_per_sec"]
     if not _is_positive(samples_per_sec):
         raise ValueError(
-            f"{where} holds no measured samples_per_sec (got {samples_per_sec!r}): "
-            f"{remedy}"
+            f"{where} holds no measured samples_per_sec (got {samples_per_sec!r}): {remedy}"
         )
     return float(samples_per_sec)
 

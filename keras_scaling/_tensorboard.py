@@ -48,8 +48,7 @@ TAG_DESCRIPTIONS = {
         "(tracing and compilation included)."
     ),
     "throughput/tflops_per_sec": (
-        "Model TFLOP/s, all replicas: FLOPs of one training sample times "
-        "samples/sec, over 1e12."
+        "Model TFLOP/s, all replicas: FLOPs of one training sample times samples/sec, over 1e12."
     ),
     "throughput/tflops_per_sec_per_replica": (
         "throughput/tflops_per_sec divided by the number of replicas."
@@ -64,8 +63,7 @@ TAG_DESCRIPTIONS = {
         "per-replica batch). Compare with scaling/ideal_speedup."
     ),
     "scaling/ideal_speedup": (
-        "The speedup of perfect scaling: replicas divided by the baseline's "
-        "replicas."
+        "The speedup of perfect scaling: replicas divided by the baseline's replicas."
     ),
     "scaling/efficiency": (
         "scaling/speedup over scaling/ideal_speedup: 1.0 is perfect scaling, "
@@ -82,9 +80,7 @@ TAG_DESCRIPTIONS = {
         "every replica holds the same values (in sync); above 0, that many "
         "variables have diverged (see the log for which, and why)."
     ),
-    "throughput/setup": (
-        "The run's set-up: strategy, workers, replicas, batch sizes, baseline."
-    ),
+    "throughput/setup": ("The run's set-up: strategy, workers, replicas, batch sizes, baseline."),
     "scaling/table": "keras-scaling bench: the sweep's table of speedup and efficiency.",
     "scaling/speedup_vs_replicas": (
         "keras-scaling bench: measured speedup against replicas, with the ideal."
@@ -130,8 +126,7 @@ def check_log_dir(log_dir, parameter="log_dir", run=RUN):
     """
     if not isinstance(log_dir, (str, os.PathLike)):
         raise TypeError(
-            f"{parameter} must be a path (str or os.PathLike), got "
-            f"{type(log_dir).__name__}"
+            f"{parameter} must be a path (str or os.PathLike), got {type(log_dir).__name__}"
         )
     log_dir = os.path.abspath(os.fspath(log_dir))
     path = run_dir(log_dir, run)
@@ -144,8 +139,7 @@ def check_log_dir(log_dir, parameter="log_dir", run=RUN):
         ) from None
     if not os.access(path, os.W_OK | os.X_OK):
         raise ValueError(
-            f"{parameter}={log_dir!r} is not writable; pass a directory you "
-            "can write to"
+            f"{parameter}={log_dir!r} is not writable; pass a directory you can write to"
         )
     return log_dir
 
@@ -171,9 +165,7 @@ def write_scalars(log_dir, step, scalars, run=RUN):
         (tag, tensor_pb2.TensorProto(dtype=types_pb2.DT_FLOAT, float_val=[float(value)]))
         for tag, value in scalars.items()
     ]
-    _event_file(log_dir, run).write_values(
-        step, values, scalar_metadata.create_summary_metadata
-    )
+    _event_file(log_dir, run).write_values(step, values, scalar_metadata.create_summary_metadata)
 
 
 # Callers on the training path know it by this name; it is the same writer.
@@ -271,8 +263,9 @@ class _EventFile:
 
     def __init__(self, directory):
         os.makedirs(directory, exist_ok=True)
-        name = "events.out.tfevents.%010d.%s.%s.%s" % (
-            time.time(), socket.gethostname(), os.getpid(), next(_event_file_ids)
+        name = (
+            f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}"
+            f".{os.getpid()}.{next(_event_file_ids)}"
         )
         self._records = tf.io.TFRecordWriter(os.path.join(directory, name))
         self._lock = threading.Lock()
@@ -293,9 +286,7 @@ class _EventFile:
                 value = summary_pb2.Summary.Value(tag=tag, tensor=tensor)
                 if tag not in self._tags_seen:
                     value.metadata.CopyFrom(
-                        create_metadata(
-                            display_name=None, description=TAG_DESCRIPTIONS.get(tag)
-                        )
+                        create_metadata(display_name=None, description=TAG_DESCRIPTIONS.get(tag))
                     )
                     self._tags_seen.add(tag)
                 values.append(value)

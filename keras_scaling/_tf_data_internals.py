@@ -12,7 +12,6 @@ import tensorflow as tf
 from keras_scaling import _probes
 
 
-
 @_probes.guarded(
     "tf.data.dataset_inputs",
     reaches="tf.data.Dataset._inputs",

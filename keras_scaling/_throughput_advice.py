@@ -29,8 +29,9 @@ def short_steps(step_time_s, steps_per_execution):
     )
 
 
-def low_efficiency(figures, samples_per_sec, input_samples_per_sec, input_reason, *,
-                   host_cpu_replicas):
+def low_efficiency(
+    figures, samples_per_sec, input_samples_per_sec, input_reason, *, host_cpu_replicas
+):
     """Why scaling efficiency is low, or None when it is not.
 
     Args:

@@ -2,18 +2,20 @@
 
 import os
 
-SCALAR_TAGS = frozenset({
-    "throughput/samples_per_sec",
-    "throughput/steps_per_sec",
-    "throughput/samples_per_sec_per_replica",
-    "throughput/startup_time_s",
-    "scaling/speedup",
-    "scaling/efficiency",
-    "scaling/ideal_speedup",
-    "throughput/tflops_per_sec",
-    "throughput/tflops_per_sec_per_replica",
-    "throughput/mfu",
-})
+SCALAR_TAGS = frozenset(
+    {
+        "throughput/samples_per_sec",
+        "throughput/steps_per_sec",
+        "throughput/samples_per_sec_per_replica",
+        "throughput/startup_time_s",
+        "scaling/speedup",
+        "scaling/efficiency",
+        "scaling/ideal_speedup",
+        "throughput/tflops_per_sec",
+        "throughput/tflops_per_sec_per_replica",
+        "throughput/mfu",
+    }
+)
 SETUP_TAG = "throughput/setup"
 ADVICE_TAG = "throughput/advice"
 
@@ -34,25 +36,31 @@ def custom_scalars_layout():
 
     speedup_within_ideal = layout_pb2.Chart(
         title="speedup vs ideal (band up to ideal)",
-        margin=layout_pb2.MarginChartContent(series=[
-            layout_pb2.MarginChartContent.Series(
-                value="scaling/speedup",
-                lower="scaling/speedup",
-                upper="scaling/ideal_speedup",
-            )
-        ]),
+        margin=layout_pb2.MarginChartContent(
+            series=[
+                layout_pb2.MarginChartContent.Series(
+                    value="scaling/speedup",
+                    lower="scaling/speedup",
+                    upper="scaling/ideal_speedup",
+                )
+            ]
+        ),
     )
-    return layout_pb2.Layout(category=[layout_pb2.Category(
-        title="scaling",
-        chart=[
-            speedup_within_ideal,
-            lines("ideal speedup", "scaling/ideal_speedup"),
-            lines("efficiency", "scaling/efficiency"),
-            lines("samples/sec", "throughput/samples_per_sec"),
-            lines("model TFLOP/s", "throughput/tflops_per_sec"),
-            lines("MFU", "throughput/mfu"),
-        ],
-    )])
+    return layout_pb2.Layout(
+        category=[
+            layout_pb2.Category(
+                title="scaling",
+                chart=[
+                    speedup_within_ideal,
+                    lines("ideal speedup", "scaling/ideal_speedup"),
+                    lines("efficiency", "scaling/efficiency"),
+                    lines("samples/sec", "throughput/samples_per_sec"),
+                    lines("model TFLOP/s", "throughput/tflops_per_sec"),
+                    lines("MFU", "throughput/mfu"),
+                ],
+            )
+        ]
+    )
 
 
 def path_for_display(path, log_dir):

@@ -35,9 +35,16 @@ class ModelFlops:
         num_replicas: int, the run's replicas.
     """
 
-    def __init__(self, *, flops_per_sample=None, flops_source=None,
-                 peak_flops_per_replica=None, peak_source=None, faster_dtypes=(),
-                 num_replicas=1):
+    def __init__(
+        self,
+        *,
+        flops_per_sample=None,
+        flops_source=None,
+        peak_flops_per_replica=None,
+        peak_source=None,
+        faster_dtypes=(),
+        num_replicas=1,
+    ):
         self.flops_per_sample = flops_per_sample
         self.flops_source = flops_source
         self.peak_flops_per_replica = peak_flops_per_replica
@@ -50,7 +57,9 @@ class ModelFlops:
         if self.flops_per_sample is None:
             return None
         return utilization_lib.utilization(
-            self.flops_per_sample, samples_per_sec, self.num_replicas,
+            self.flops_per_sample,
+            samples_per_sec,
+            self.num_replicas,
             self.peak_flops_per_replica,
         )
 
@@ -85,8 +94,9 @@ class ModelFlops:
         else:
             flops_text = self.flops_source or "none"
         if self.peak_flops_per_replica is not None:
-            peak_text = (f"{self.peak_flops_per_replica / 1e12:.2f} TFLOP/s per "
-                         f"replica ({self.peak_source})")
+            peak_text = (
+                f"{self.peak_flops_per_replica / 1e12:.2f} TFLOP/s per replica ({self.peak_source})"
+            )
         else:
             peak_text = self.peak_source or "none (no mfu)"
         return [("model FLOPs per sample", flops_text), ("peak FLOPs", peak_text)]
@@ -114,8 +124,7 @@ def resolve(model, *, flops_per_sample, peak_flops, element_spec, setup, device)
     elif flops_per_sample != "auto":
         resolved.flops_per_sample, resolved.flops_source = flops_per_sample, "given"
     else:
-        sample = _training_sample(
-            one_replica_spec(element_spec, setup["per_replica_batch_size"]))
+        sample = _training_sample(one_replica_spec(element_spec, setup["per_replica_batch_size"]))
         key = repr(sample)
         if key in _COUNTED.get(model, {}):
             counted, reason = _COUNTED[model][key]
@@ -126,8 +135,7 @@ def resolve(model, *, flops_per_sample, peak_flops, element_spec, setup, device)
                 counted, reason = None, f"{type(error).__name__}: {error}"
             _COUNTED.setdefault(model, {})[key] = (counted, reason)
         if counted is None:
-            logger.warning("ThroughputLogger: no model FLOPs, so no tflops or mfu "
-                           "tags: %s", reason)
+            logger.warning("ThroughputLogger: no model FLOPs, so no tflops or mfu tags: %s", reason)
             resolved.flops_source = f"not counted: {reason}"
         else:
             resolved.flops_per_sample, resolved.flops_source = counted, "counted"

@@ -118,8 +118,7 @@ def distributed_variable(variable):
     if _keras_internals.is_keras_variable(variable):
         return _keras_internals.tf_variable_of(variable)
     raise TypeError(
-        f"variable must be a Keras or TensorFlow variable, got "
-        f"{type(variable).__name__}"
+        f"variable must be a Keras or TensorFlow variable, got {type(variable).__name__}"
     )
 
 
@@ -229,8 +228,7 @@ def tracked_variables(model, optimizer=None):
         seen.add(id(tf_variable))
         if reason is None and tf_variable.synchronization == tf.VariableSynchronization.ON_READ:
             reason = (
-                "synchronization ON_READ: each replica keeps its own value and "
-                "reads combine them"
+                "synchronization ON_READ: each replica keeps its own value and reads combine them"
             )
         path = getattr(keras_variable, "path", None) or tf_variable.name
         found.append(TrackedVariable(path, tf_variable, role, reason))

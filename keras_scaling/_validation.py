@@ -38,8 +38,7 @@ def integer_at_least(value, parameter, minimum, *, fix=None):
     what = integer_wording(minimum)
     if not _is_integer(value):
         raise TypeError(
-            f"{parameter} must be {what}, got "
-            f"{type(value).__name__} {value!r}{_suffix(fix)}"
+            f"{parameter} must be {what}, got {type(value).__name__} {value!r}{_suffix(fix)}"
         )
     if value < minimum:
         raise ValueError(f"{parameter} must be {what}, got {value!r}{_suffix(fix)}")
@@ -66,8 +65,7 @@ def positive_number(value, parameter, *, unit=None, fix=None):
     what = f"a positive number ({unit})" if unit else "a positive number"
     if not _is_real(value):
         raise TypeError(
-            f"{parameter} must be {what}, got {type(value).__name__} "
-            f"{value!r}{_suffix(fix)}"
+            f"{parameter} must be {what}, got {type(value).__name__} {value!r}{_suffix(fix)}"
         )
     if not (value > 0 and math.isfinite(value)):
         raise ValueError(f"{parameter} must be {what}, got {value!r}{_suffix(fix)}")
@@ -79,8 +77,7 @@ def non_negative_number(value, parameter, *, unit=None, fix=None):
     what = f"a number >= 0 ({unit})" if unit else "a number >= 0"
     if not _is_real(value):
         raise TypeError(
-            f"{parameter} must be {what}, got {type(value).__name__} "
-            f"{value!r}{_suffix(fix)}"
+            f"{parameter} must be {what}, got {type(value).__name__} {value!r}{_suffix(fix)}"
         )
     if not (value >= 0 and math.isfinite(value)):
         raise ValueError(f"{parameter} must be {what}, got {value!r}{_suffix(fix)}")
@@ -92,8 +89,7 @@ def boolean(value, parameter, *, fix=None):
     if isinstance(value, (bool, np.bool_)):
         return bool(value)
     raise TypeError(
-        f"{parameter} must be True or False, got {type(value).__name__} "
-        f"{value!r}{_suffix(fix)}"
+        f"{parameter} must be True or False, got {type(value).__name__} {value!r}{_suffix(fix)}"
     )
 
 

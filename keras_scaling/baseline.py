@@ -17,8 +17,7 @@ import numbers
 import os
 import time
 
-from keras_scaling import _threads
-from keras_scaling import _validation
+from keras_scaling import _threads, _validation
 from keras_scaling._run_record import (
     FIELDS,
     THROUGHPUT_JSON,
@@ -117,7 +116,8 @@ def resolve_baseline(baseline, parameter="baseline"):
         raise TypeError(f"{parameter} must not be a bool, got {baseline!r}")
     if isinstance(baseline, numbers.Real):
         samples_per_sec = _validation.positive_number(
-            baseline, parameter, unit="samples/sec of one replica")
+            baseline, parameter, unit="samples/sec of one replica"
+        )
         return Baseline(mode="number", samples_per_sec=samples_per_sec, source="given")
     if isinstance(baseline, str) and baseline in ("measure", "auto"):
         return Baseline(mode=baseline)
@@ -142,8 +142,7 @@ def resolve_baseline(baseline, parameter="baseline"):
     )
 
 
-def for_run(baseline, setup, *, model, one_replica_spec, device, measures=True,
-            shared_cores=False):
+def for_run(baseline, setup, *, model, one_replica_spec, device, measures=True, shared_cores=False):
     """The baseline of a run once its set-up is known, and what its speedup means.
 
     A file's set-up is compared with the run's (a warning names each
@@ -199,7 +198,8 @@ def for_run(baseline, setup, *, model, one_replica_spec, device, measures=True,
             logger.warning(
                 "ThroughputLogger: the baseline %s was measured with another "
                 "set-up, so speedup compares unlike runs: %s",
-                baseline.source, "; ".join(differences),
+                baseline.source,
+                "; ".join(differences),
             )
         return baseline, None
     if baseline.mode == "auto" and setup["num_replicas"] == 1:
@@ -258,8 +258,16 @@ def setup_differences(record, *, per_replica_batch_size, dtype_policy, device_ki
     return differences
 
 
-def measure_samples_per_sec(model, element_spec, device, *, duration_s=1.0,
-                            min_steps=10, max_steps=10_000, clock=time.perf_counter):
+def measure_samples_per_sec(
+    model,
+    element_spec,
+    device,
+    *,
+    duration_s=1.0,
+    min_steps=10,
+    max_steps=10_000,
+    clock=time.perf_counter,
+):
     """Times a copy of `model` training alone on one device.
 
     The copy (`keras.models.clone_model` compiled with the model's compile
@@ -368,28 +376,20 @@ def _baseline_timer(copy, duration_s, min_steps, clock):
             if self._start_time_s is None:
                 iterations = int(copy.optimizer.iterations.numpy())
                 self._start_time_s, self._start_batch = clock(), batch
-                self._window.restart(
-                    time_s=self._start_time_s, iterations=iterations, samples=0
-                )
+                self._window.restart(time_s=self._start_time_s, iterations=iterations, samples=0)
                 return
             # The host clock alone decides when to stop; the counter read
             # below waits for the device, so the timed figure is exact.
-            if (
-                clock() - self._start_time_s < duration_s
-                or batch - self._start_batch < min_steps
-            ):
+            if clock() - self._start_time_s < duration_s or batch - self._start_batch < min_steps:
                 return
             iterations = int(copy.optimizer.iterations.numpy())
-            self._interval = self._window.update(
-                time_s=clock(), iterations=iterations, samples=0
-            )
+            self._interval = self._window.update(time_s=clock(), iterations=iterations, samples=0)
             copy.stop_training = True
 
         def steps_per_sec(self):
             if self._interval is None:
                 raise RuntimeError(
-                    "baseline='measure' ran out of steps before it could time "
-                    "the copy of the model"
+                    "baseline='measure' ran out of steps before it could time the copy of the model"
                 )
             return self._interval.steps_per_sec
 

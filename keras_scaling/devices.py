@@ -8,9 +8,7 @@ import os
 
 import tensorflow as tf
 
-from keras_scaling import _probes
-from keras_scaling import compat
-from keras_scaling import _validation
+from keras_scaling import _probes, _validation, compat
 from keras_scaling._environment import CPU_DEVICES_ENV as _CPU_DEVICES_ENV
 from keras_scaling._topology import (
     _device_kind,
@@ -106,9 +104,7 @@ def _apply_cpu_devices_from_env():
     except ValueError:
         count = 0
     if count < 1:
-        raise ValueError(
-            f"{_CPU_DEVICES_ENV} must be a positive integer, got {value!r}"
-        )
+        raise ValueError(f"{_CPU_DEVICES_ENV} must be a positive integer, got {value!r}")
     if _tf_config_worker_count() > 1:
         # MultiWorkerMirroredStrategy configures collective ops, which must
         # happen before TensorFlow initialises its context; listing the logical
@@ -266,7 +262,8 @@ def _choose_strategy():
             # other hardware through to virtual machines.
             logger.warning(
                 "auto_strategy: accelerator device files suggest a TPU, but none "
-                "could be initialised (%s); looking for other devices", error
+                "could be initialised (%s); looking for other devices",
+                error,
             )
     workers = _tf_config_worker_count()
     if workers > 1:
@@ -401,9 +398,7 @@ def describe_strategy(strategy=None):
     if strategy is None:
         strategy = tf.distribute.get_strategy()
     if not isinstance(strategy, tf.distribute.Strategy):
-        raise TypeError(
-            f"strategy must be a tf.distribute.Strategy, got {type(strategy).__name__}"
-        )
+        raise TypeError(f"strategy must be a tf.distribute.Strategy, got {type(strategy).__name__}")
     devices = _local_devices(strategy)
     return StrategyInfo(
         kind=strategy_kind(strategy),

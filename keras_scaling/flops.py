@@ -39,23 +39,61 @@ logger = logging.getLogger("keras_scaling")
 _DEFAULT_BATCH_SIZE = 8
 # Ops that run functions whose ops are not in the graph's own op list.
 _LOOP_OPS = frozenset({"While", "StatelessWhile"})
-_CALL_OPS = frozenset({
-    "If", "StatelessIf", "Case", "StatelessCase", "PartitionedCall",
-    "StatefulPartitionedCall",
-})
+_CALL_OPS = frozenset(
+    {
+        "If",
+        "StatelessIf",
+        "Case",
+        "StatelessCase",
+        "PartitionedCall",
+        "StatefulPartitionedCall",
+    }
+)
 # Ops whose cost dominates a step; one without statistics makes a count wrong.
-_HEAVY_OPS = frozenset({
-    "MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum",
-    "Conv2D", "Conv2DBackpropInput", "Conv2DBackpropFilter",
-    "Conv2DBackpropInputV2", "Conv2DBackpropFilterV2", "Conv",
-    "Conv3D", "Conv3DBackpropInputV2", "Conv3DBackpropFilterV2",
-    "DepthwiseConv2dNative", "DepthwiseConv2dNativeBackpropInput",
-    "DepthwiseConv2dNativeBackpropFilter", "CudnnRNN", "CudnnRNNV2",
-    "CudnnRNNV3", "CudnnRNNBackprop", "CudnnRNNBackpropV2", "CudnnRNNBackpropV3",
-    "XlaDot", "XlaDotV2", "XlaConv", "XlaConvV2", "XlaEinsum", "FFT", "FFT2D",
-    "FFT3D", "IFFT", "IFFT2D", "IFFT3D", "MatrixInverse", "MatrixSolve",
-    "Cholesky", "Qr", "Svd", "SelfAdjointEigV2",
-})
+_HEAVY_OPS = frozenset(
+    {
+        "MatMul",
+        "BatchMatMul",
+        "BatchMatMulV2",
+        "BatchMatMulV3",
+        "Einsum",
+        "Conv2D",
+        "Conv2DBackpropInput",
+        "Conv2DBackpropFilter",
+        "Conv2DBackpropInputV2",
+        "Conv2DBackpropFilterV2",
+        "Conv",
+        "Conv3D",
+        "Conv3DBackpropInputV2",
+        "Conv3DBackpropFilterV2",
+        "DepthwiseConv2dNative",
+        "DepthwiseConv2dNativeBackpropInput",
+        "DepthwiseConv2dNativeBackpropFilter",
+        "CudnnRNN",
+        "CudnnRNNV2",
+        "CudnnRNNV3",
+        "CudnnRNNBackprop",
+        "CudnnRNNBackpropV2",
+        "CudnnRNNBackpropV3",
+        "XlaDot",
+        "XlaDotV2",
+        "XlaConv",
+        "XlaConvV2",
+        "XlaEinsum",
+        "FFT",
+        "FFT2D",
+        "FFT3D",
+        "IFFT",
+        "IFFT2D",
+        "IFFT3D",
+        "MatrixInverse",
+        "MatrixSolve",
+        "Cholesky",
+        "Qr",
+        "Svd",
+        "SelfAdjointEigV2",
+    }
+)
 
 
 def training_flops_per_sample(model, *, sample=None):
@@ -140,9 +178,7 @@ def count_training_flops(model, *, sample=None):
     import keras
 
     if not isinstance(model, keras.Model):
-        raise TypeError(
-            f"model must be a keras.Model, got {type(model).__name__}: {model!r}"
-        )
+        raise TypeError(f"model must be a keras.Model, got {type(model).__name__}: {model!r}")
     try:
         candidates = _sample_specs(model, sample)
     except ValueError as error:
@@ -195,9 +231,7 @@ def _sample_specs(model, sample):
         float_target = tf.nest.map_structure(
             lambda spec: tf.TensorSpec(spec.shape, "float32"), outputs_flat
         )
-        label_target = [
-            tf.TensorSpec(spec.shape[:-1], "int32") for spec in outputs_flat
-        ]
+        label_target = [tf.TensorSpec(spec.shape[:-1], "int32") for spec in outputs_flat]
         # Each guess costs a trace, so the likelier one goes first.
         targets = [float_target, label_target]
         if _loss_takes_labels(model):
@@ -210,10 +244,9 @@ def _sample_specs(model, sample):
             parts = tuple(sample) + (None,) * (3 - len(sample))
         else:
             parts = (sample, None, None)
-        candidates = [tuple(
-            None if part is None else tf.nest.map_structure(_spec_of, part)
-            for part in parts
-        )]
+        candidates = [
+            tuple(None if part is None else tf.nest.map_structure(_spec_of, part) for part in parts)
+        ]
     return [_with_static_batch(specs) for specs in candidates]
 
 
@@ -224,9 +257,14 @@ def _loss_takes_labels(model):
     for loss in tf.nest.flatten(getattr(model, "loss", None)):
         if loss is None:
             continue
-        name = loss if isinstance(loss, str) else (
-            getattr(loss, "name", None) or getattr(loss, "__name__", None)
-            or type(loss).__name__
+        name = (
+            loss
+            if isinstance(loss, str)
+            else (
+                getattr(loss, "name", None)
+                or getattr(loss, "__name__", None)
+                or type(loss).__name__
+            )
         )
         if "sparse" in str(name).lower():
             return True
@@ -314,8 +352,12 @@ def _training_graph(model, specs):
         )
     return _threads.run_outside_strategy(
         lambda: build_graph(
-            "keras_scaling_flops", traced, None, None,
-            signature=signature, add_control_dependencies=False,
+            "keras_scaling_flops",
+            traced,
+            None,
+            None,
+            signature=signature,
+            add_control_dependencies=False,
         ),
         "flops",
     )
@@ -358,9 +400,7 @@ def _flops_statistics():
     from tensorflow.python.framework import ops as tf_ops
 
     counted_types = frozenset(
-        name.rsplit(",", 1)[0]
-        for name in tf_ops._stats_registry.list()
-        if name.endswith(",flops")
+        name.rsplit(",", 1)[0] for name in tf_ops._stats_registry.list() if name.endswith(",flops")
     )
     if not counted_types:
         raise LookupError("no op has a registered flops statistic")

@@ -17,8 +17,7 @@ import sys
 import threading
 import time
 
-from keras_scaling import _isolation
-from keras_scaling import _validation
+from keras_scaling import _isolation, _validation
 from keras_scaling._backup import EXIT_PREEMPTED
 from keras_scaling._environment import CPU_DEVICES_ENV
 
@@ -431,8 +430,15 @@ def launch(
     restarts = 0
     while True:
         result = _launch_once(
-            command, num_workers, cpu_devices, port_base, grace_period_s, stdout, stderr,
-            env, isolation,
+            command,
+            num_workers,
+            cpu_devices,
+            port_base,
+            grace_period_s,
+            stdout,
+            stderr,
+            env,
+            isolation,
         )
         result.restarts = restarts
         if result.exit_code == 0 or result.interrupted or restarts >= max_restarts:
@@ -447,7 +453,14 @@ def launch(
 
 
 def _launch_once(
-    command, num_workers, cpu_devices, port_base, grace_period_s, stdout, stderr, env,
+    command,
+    num_workers,
+    cpu_devices,
+    port_base,
+    grace_period_s,
+    stdout,
+    stderr,
+    env,
     isolation,
 ):
     """Runs the workers once, as `launch` describes; returns a `LaunchResult`."""

@@ -24,8 +24,7 @@ import os
 import re
 import time
 
-from keras_scaling import _threads
-from keras_scaling import _validation
+from keras_scaling import _threads, _validation
 
 __all__ = [
     "PEAK_FLOPS",
@@ -50,31 +49,33 @@ PEAK_FLOPS = {
     "T4": {"float32": 8.1 * _T, "float16": 65 * _T},
     # NVIDIA A10 datasheet (a10-datasheet; the A10G is AWS' A10): 31.2 FP32,
     # TF32 125 sparse, BF16/FP16 250 sparse.
-    "A10G": {"float32": 31.2 * _T, "tf32": 62.5 * _T, "float16": 125 * _T,
-             "bfloat16": 125 * _T},
+    "A10G": {"float32": 31.2 * _T, "tf32": 62.5 * _T, "float16": 125 * _T, "bfloat16": 125 * _T},
     # NVIDIA L4 datasheet: 30.3 FP32, TF32 120 sparse, BF16/FP16 242 sparse.
-    "L4": {"float32": 30.3 * _T, "tf32": 60 * _T, "float16": 121 * _T,
-           "bfloat16": 121 * _T},
+    "L4": {"float32": 30.3 * _T, "tf32": 60 * _T, "float16": 121 * _T, "bfloat16": 121 * _T},
     # NVIDIA L40S datasheet: 91.6 FP32, TF32 366 sparse, BF16/FP16 733 sparse.
-    "L40S": {"float32": 91.6 * _T, "tf32": 183 * _T, "float16": 366 * _T,
-             "bfloat16": 366 * _T},
+    "L40S": {"float32": 91.6 * _T, "tf32": 183 * _T, "float16": 366 * _T, "bfloat16": 366 * _T},
     # NVIDIA A100 datasheet (nvidia-a100-datasheet-us-nvidia-1758950-r4), SXM
     # and PCIe alike: 19.5 FP32, TF32 312 sparse, BF16/FP16 624 sparse.
-    "A100": {"float32": 19.5 * _T, "tf32": 156 * _T, "float16": 312 * _T,
-             "bfloat16": 312 * _T},
+    "A100": {"float32": 19.5 * _T, "tf32": 156 * _T, "float16": 312 * _T, "bfloat16": 312 * _T},
     # NVIDIA H100 datasheet: SXM 67 FP32, TF32 989, BF16/FP16 1979 sparse;
     # PCIe 51 FP32, TF32 756, BF16/FP16 1513 sparse.
-    "H100 SXM": {"float32": 67 * _T, "tf32": 494.5 * _T, "float16": 989.5 * _T,
-                 "bfloat16": 989.5 * _T},
-    "H100 PCIe": {"float32": 51 * _T, "tf32": 378 * _T, "float16": 756.5 * _T,
-                  "bfloat16": 756.5 * _T},
+    "H100 SXM": {
+        "float32": 67 * _T,
+        "tf32": 494.5 * _T,
+        "float16": 989.5 * _T,
+        "bfloat16": 989.5 * _T,
+    },
+    "H100 PCIe": {
+        "float32": 51 * _T,
+        "tf32": 378 * _T,
+        "float16": 756.5 * _T,
+        "bfloat16": 756.5 * _T,
+    },
     # NVIDIA H200 datasheet (SXM): 67 FP32, TF32 989, BF16/FP16 1979 sparse.
-    "H200": {"float32": 67 * _T, "tf32": 494.5 * _T, "float16": 989.5 * _T,
-             "bfloat16": 989.5 * _T},
+    "H200": {"float32": 67 * _T, "tf32": 494.5 * _T, "float16": 989.5 * _T, "bfloat16": 989.5 * _T},
     # NVIDIA HGX B200 datasheet, 8 GPUs: 600 TFLOPS FP32, TF32 18 PFLOPS and
     # BF16/FP16 36 PFLOPS sparse; per GPU 75, 1125 and 2250 dense.
-    "B200": {"float32": 75 * _T, "tf32": 1125 * _T, "float16": 2250 * _T,
-             "bfloat16": 2250 * _T},
+    "B200": {"float32": 75 * _T, "tf32": 1125 * _T, "float16": 2250 * _T, "bfloat16": 2250 * _T},
     # Google Cloud TPU system architecture pages, bfloat16 per chip: v2 45,
     # v3 123, v4 275, v5e 197, v5p 459, v6e (Trillium) 918 TFLOPS. v2 and v3
     # chips hold 2 TensorCores, each a replica of its own; v4 and v5p show one
@@ -243,8 +244,9 @@ def faster_dtypes(peak):
     return sorted(faster, key=lambda item: -item[1])
 
 
-def measure_matmul_flops_per_sec(device, compute_dtype="float32", *,
-                                 size=_MATMUL_SIZE, repeats=_MATMUL_REPEATS):
+def measure_matmul_flops_per_sec(
+    device, compute_dtype="float32", *, size=_MATMUL_SIZE, repeats=_MATMUL_REPEATS
+):
     """Times a `size` x `size` matrix multiply on one device; its best FLOPs/sec.
 
     The achievable peak of a device without a datasheet figure (CPUs): the
@@ -346,8 +348,12 @@ def resolve(peak_flops, *, device_kind, device, compute_dtype):
             f"{name} has no peak FLOPs figure in keras_scaling.peak_flops.PEAK_FLOPS; "
             f"MFU needs peak_flops=<FLOPs/sec of one replica>{hint}"
         )
-    peak = lookup(key, compute_dtype, compute_capability=details.get("compute_capability"),
-                  tf32_enabled=tf32_enabled)
+    peak = lookup(
+        key,
+        compute_dtype,
+        compute_capability=details.get("compute_capability"),
+        tf32_enabled=tf32_enabled,
+    )
     if peak is None:
         return None, (
             f"{key} has no {compute_dtype} figure in keras_scaling.peak_flops.PEAK_FLOPS; "

@@ -192,9 +192,7 @@ def weighted_percentile(values, weights, q):
     ```
     """
     if len(values) != len(weights):
-        raise ValueError(
-            f"values and weights differ in length: {len(values)} and {len(weights)}"
-        )
+        raise ValueError(f"values and weights differ in length: {len(values)} and {len(weights)}")
     if not values:
         raise ValueError("weighted_percentile needs at least one value")
     if not 0 <= q <= 100:
@@ -321,8 +319,7 @@ class Speedup:
     efficiency: float
 
 
-def speedup(samples_per_sec, baseline_samples_per_sec, num_replicas,
-            baseline_num_replicas=1):
+def speedup(samples_per_sec, baseline_samples_per_sec, num_replicas, baseline_num_replicas=1):
     """Speedup, ideal speedup and scaling efficiency of a run over its baseline.
 
     The one place this arithmetic is done: `ThroughputLogger` (through it for
@@ -353,12 +350,13 @@ def speedup(samples_per_sec, baseline_samples_per_sec, num_replicas,
     ```
     """
     samples_per_sec = _validation.positive_number(
-        samples_per_sec, "samples_per_sec", unit="samples/sec")
+        samples_per_sec, "samples_per_sec", unit="samples/sec"
+    )
     baseline_samples_per_sec = _validation.positive_number(
-        baseline_samples_per_sec, "baseline_samples_per_sec", unit="samples/sec")
+        baseline_samples_per_sec, "baseline_samples_per_sec", unit="samples/sec"
+    )
     num_replicas = _validation.positive_int(num_replicas, "num_replicas")
-    baseline_num_replicas = _validation.positive_int(
-        baseline_num_replicas, "baseline_num_replicas")
+    baseline_num_replicas = _validation.positive_int(baseline_num_replicas, "baseline_num_replicas")
     ratio = samples_per_sec / baseline_samples_per_sec
     ideal_speedup = num_replicas / baseline_num_replicas
     return Speedup(speedup=ratio, ideal_speedup=ideal_speedup, efficiency=ratio / ideal_speedup)

@@ -53,8 +53,7 @@ class Utilization:
     mfu: float = None
 
 
-def utilization(flops_per_sample, samples_per_sec, num_replicas,
-                peak_flops_per_replica=None):
+def utilization(flops_per_sample, samples_per_sec, num_replicas, peak_flops_per_replica=None):
     """Model TFLOP/s and MFU of a throughput figure.
 
     Args:
@@ -143,8 +142,16 @@ def check_peak_flops(value, parameter="peak_flops"):
     return _check_choice(value, parameter, ("auto", "measure"), "FLOPs/sec of one replica")
 
 
-def underuse_advice(*, efficiency, mfu, per_replica_batch_size, compute_dtype,
-                    faster_dtypes=(), input_samples_per_sec=None, samples_per_sec=None):
+def underuse_advice(
+    *,
+    efficiency,
+    mfu,
+    per_replica_batch_size,
+    compute_dtype,
+    faster_dtypes=(),
+    input_samples_per_sec=None,
+    samples_per_sec=None,
+):
     """What keeps devices underused when training scales well, or None.
 
     Efficiency at or above 0.8 with MFU below 0.2 means every replica is
@@ -205,6 +212,4 @@ def underuse_advice(*, efficiency, mfu, per_replica_batch_size, compute_dtype,
 
 
 def _check_choice(value, parameter, choices, unit):
-    return _validation.positive_number_or_one_of(
-        value, parameter, (*choices, None), unit=unit
-    )
+    return _validation.positive_number_or_one_of(value, parameter, (*choices, None), unit=unit)

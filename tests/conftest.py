@@ -42,12 +42,14 @@ def _check_device_counts(config, items):
     if listed is None:
         return
     runnable = {1, *(int(n) for n in listed.replace(",", " ").split())}
-    unrun = sorted({
-        f"{item.path.relative_to(config.rootpath)} (logical_cpus({marker.args[0]}))"
-        for item in items
-        for marker in [item.get_closest_marker("logical_cpus")]
-        if marker and marker.args[0] not in runnable
-    })
+    unrun = sorted(
+        {
+            f"{item.path.relative_to(config.rootpath)} (logical_cpus({marker.args[0]}))"
+            for item in items
+            for marker in [item.get_closest_marker("logical_cpus")]
+            if marker and marker.args[0] not in runnable
+        }
+    )
     if unrun:
         raise pytest.UsageError(
             "tests marked with a device count that make test does not run "

@@ -60,8 +60,16 @@ def test_write_refuses_a_record_off_the_schema(tmp_path):
 
 def test_files_written_before_the_later_keys_read_them_as_null(tmp_path):
     older = _record()
-    for key in ("flops_per_sample", "flops_source", "peak_flops_per_replica",
-                "peak_source", "mfu", "baseline_num_replicas", "ideal_speedup", "epochs"):
+    for key in (
+        "flops_per_sample",
+        "flops_source",
+        "peak_flops_per_replica",
+        "peak_source",
+        "mfu",
+        "baseline_num_replicas",
+        "ideal_speedup",
+        "epochs",
+    ):
         del older[key]
     (tmp_path / "throughput.json").write_text(json.dumps(older))
     record = baseline_lib.read_throughput_json(tmp_path)
@@ -71,8 +79,12 @@ def test_files_written_before_the_later_keys_read_them_as_null(tmp_path):
 
 
 def test_speedup_of_a_record_uses_its_baseline_and_its_replicas():
-    run = _record(samples_per_sec=3400.0, num_replicas=8,
-                  baseline_samples_per_sec=1000.0, baseline_num_replicas=2)
+    run = _record(
+        samples_per_sec=3400.0,
+        num_replicas=8,
+        baseline_samples_per_sec=1000.0,
+        baseline_num_replicas=2,
+    )
     figures = baseline_lib.speedup_of(run)
     assert figures.speedup == pytest.approx(3.4)
     assert figures.ideal_speedup == 4.0
@@ -88,7 +100,9 @@ def test_speedup_of_a_record_over_another_run_uses_that_runs_replicas():
 
 def test_speedup_of_a_record_without_a_baseline_is_none():
     assert baseline_lib.speedup_of(_record()) is None
-    assert baseline_lib.speedup_of(_record(samples_per_sec=None, baseline_samples_per_sec=9.0)) is None
+    assert (
+        baseline_lib.speedup_of(_record(samples_per_sec=None, baseline_samples_per_sec=9.0)) is None
+    )
 
 
 def test_old_records_without_baseline_replicas_count_one():
@@ -111,9 +125,7 @@ def test_read_refuses_files_that_are_not_throughput_records(tmp_path):
 
 def test_number_is_a_one_replica_baseline():
     baseline = baseline_lib.resolve_baseline(1200)
-    assert (baseline.mode, baseline.samples_per_sec, baseline.num_replicas) == (
-        "number", 1200.0, 1
-    )
+    assert (baseline.mode, baseline.samples_per_sec, baseline.num_replicas) == ("number", 1200.0, 1)
 
 
 @pytest.mark.parametrize("bad", [0, -5.0, float("inf"), float("nan")])

@@ -113,9 +113,7 @@ def test_disable_one_fix_leaves_the_others_active():
 
     status = compat.disable("scalar_reduce")
 
-    assert status.active == (
-        "steps_per_execution", "symbolic_build", "multi_worker_epoch"
-    )
+    assert status.active == ("steps_per_execution", "symbolic_build", "multi_worker_epoch")
     assert "turned off by disable()" in status["scalar_reduce"].why
 
 
@@ -208,8 +206,6 @@ print(json.dumps({
 
 
 def test_no_compat_env_keeps_auto_strategy_from_patching_keras():
-    report = run_python(
-        NO_COMPAT_CODE, KERAS_SCALING_CPU_DEVICES="2", KERAS_SCALING_NO_COMPAT="1"
-    )
+    report = run_python(NO_COMPAT_CODE, KERAS_SCALING_CPU_DEVICES="2", KERAS_SCALING_NO_COMPAT="1")
 
     assert report == {"replicas": 2, "untouched": True, "active": []}

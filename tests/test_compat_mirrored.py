@@ -7,11 +7,11 @@ same inputs, only the loop around the steps differs. The weights are compared
 bitwise.
 """
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
-import keras
 from keras_scaling import compat, data
 
 REPLICAS = [
@@ -111,9 +111,7 @@ def test_fused_steps_give_the_weights_of_single_steps(replicas, steps_per_execut
 
 @pytest.mark.parametrize("steps_per_execution", [4, 5])
 @pytest.mark.parametrize("replicas", REPLICAS)
-def test_evaluate_counts_every_batch_including_the_partial_execution(
-    replicas, steps_per_execution
-):
+def test_evaluate_counts_every_batch_including_the_partial_execution(replicas, steps_per_execution):
     fused = train_evaluate_predict(replicas, steps_per_execution)
     single = train_evaluate_predict(replicas, 1)
 
@@ -188,9 +186,7 @@ def test_enable_for_with_model_fixes_the_fit_in_progress(replicas):
     callback = EnableCompatOnTrainBegin()
     model = make_model(strategy, 4)
     try:
-        model.fit(
-            x, y, batch_size=GLOBAL_BATCH_SIZE, epochs=1, verbose=0, callbacks=[callback]
-        )
+        model.fit(x, y, batch_size=GLOBAL_BATCH_SIZE, epochs=1, verbose=0, callbacks=[callback])
     finally:
         compat.enable()
 

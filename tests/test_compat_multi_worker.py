@@ -22,8 +22,7 @@ import sys
 import numpy as np
 import pytest
 
-from keras_scaling import _versions
-from keras_scaling import launcher
+from keras_scaling import _versions, launcher
 
 WORKER_SCRIPT = pathlib.Path(__file__).parent / "workers" / "compat_worker.py"
 NUM_WORKERS = 2
@@ -43,11 +42,7 @@ def workers(request, tmp_path_factory):
     """Runs the workers to the end under `launch`; returns (output dir, per-worker reports)."""
     cpus_per_worker = request.param
     out_dir = tmp_path_factory.mktemp(f"compat_workers_{cpus_per_worker}cpu")
-    env = {
-        key: value
-        for key, value in os.environ.items()
-        if key != "KERAS_SCALING_NO_COMPAT"
-    }
+    env = {key: value for key, value in os.environ.items() if key != "KERAS_SCALING_NO_COMPAT"}
     env["TF_CPP_MIN_LOG_LEVEL"] = "2"
     output = io.StringIO()
     outcome = launcher.launch(
@@ -62,8 +57,7 @@ def workers(request, tmp_path_factory):
         pytest.fail(f"{outcome.message}; output: {output.getvalue()[-3000:]}")
     (out_dir / "launch.log").write_text(output.getvalue())
     reports = [
-        json.loads((out_dir / f"worker{index}.json").read_text())
-        for index in range(NUM_WORKERS)
+        json.loads((out_dir / f"worker{index}.json").read_text()) for index in range(NUM_WORKERS)
     ]
     return out_dir, reports, cpus_per_worker
 
@@ -77,8 +71,10 @@ def metric_values_are_right(out_dir):
         return True
     output = (out_dir / "launch.log").read_text()
     for index in range(NUM_WORKERS):
-        assert f"[worker {index}] keras_scaling.compat: Keras {_versions.keras_version()} " \
+        assert (
+            f"[worker {index}] keras_scaling.compat: Keras {_versions.keras_version()} "
             "reports wrong loss and metric values" in output
+        )
     return False
 
 

@@ -49,7 +49,9 @@ def test_dict_inputs_keep_their_keys():
 
 
 def test_trailing_none_is_ignored_as_fit_does():
-    dataset = data.distribute((np.arange(4), np.arange(4), None), global_batch_size=2, shuffle=False)
+    dataset = data.distribute(
+        (np.arange(4), np.arange(4), None), global_batch_size=2, shuffle=False
+    )
     assert len(dataset.element_spec) == 2
 
 
@@ -208,7 +210,9 @@ def test_shard_by_file_needs_files():
 
 
 def test_non_integer_batch_size_is_refused():
-    with pytest.raises(TypeError, match="global_batch_size must be a positive integer, got float 2.5"):
+    with pytest.raises(
+        TypeError, match="global_batch_size must be a positive integer, got float 2.5"
+    ):
         data.distribute(np.arange(4), global_batch_size=2.5)
 
 

@@ -147,7 +147,9 @@ def test_fit_evaluate_and_predict_run_under_the_strategy():
         (x, y), strategy=strategy, per_replica_batch_size=16, shuffle=False, last_batch="pad"
     )
     assert np.isfinite(model.evaluate(evaluation, verbose=0)[0])
-    inputs = data.distribute(x, strategy=strategy, per_replica_batch_size=16, shuffle=False, last_batch="pad")
+    inputs = data.distribute(
+        x, strategy=strategy, per_replica_batch_size=16, shuffle=False, last_batch="pad"
+    )
     predictions = model.predict(inputs, verbose=0)
     plan = data.plan_of(inputs)
     assert predictions.shape == (300 + plan.samples_padded_per_epoch, 1)
@@ -190,7 +192,9 @@ def test_per_replica_batch_is_derived_from_the_global_batch():
 
 @pytest.mark.logical_cpus(3)
 def test_global_batch_not_divisible_by_the_replicas_is_refused():
-    with pytest.raises(ValueError, match="global_batch_size=100 is not divisible by the 3 replicas"):
+    with pytest.raises(
+        ValueError, match="global_batch_size=100 is not divisible by the 3 replicas"
+    ):
         data.distribute(np.arange(200), strategy=_mirrored(3), global_batch_size=100)
 
 

@@ -11,8 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_scaling import data
-from keras_scaling import launcher
+from keras_scaling import data, launcher
 from keras_scaling.devices import StrategyInfo
 
 
@@ -127,7 +126,9 @@ def test_too_few_files_fall_back_to_element_sharding_with_a_warning(tmp_path, ca
 
 def test_partial_last_batch_is_refused_with_several_workers():
     with pytest.raises(ValueError, match="same number of steps"):
-        data._distribute_for(np.arange(10), _worker(2, 0), global_batch_size=4, last_batch="partial")
+        data._distribute_for(
+            np.arange(10), _worker(2, 0), global_batch_size=4, last_batch="partial"
+        )
 
 
 _WORKER_SCRIPT = textwrap.dedent(
@@ -200,7 +201,7 @@ def _run_two_workers(tmp_path):
     for line in output.getvalue().splitlines():
         _, _, payload = line.partition("] ")
         if payload.startswith("RESULT "):
-            result = json.loads(payload[len("RESULT "):])
+            result = json.loads(payload[len("RESULT ") :])
             results.setdefault(result["last_batch"], []).append(result)
     assert sorted(results) == ["drop", "fit", "pad"], output.getvalue()[-3000:]
     assert all(len(both) == 2 for both in results.values()), results
@@ -248,7 +249,10 @@ def test_cached_shares_stay_disjoint_and_are_reshuffled_each_epoch():
 def test_parse_fn_runs_on_each_workers_share_of_arrays():
     ids = np.arange(100)
     readings = _epochs_of_every_worker(
-        ids, 2, per_replica_batch_size=4, last_batch="pad",
+        ids,
+        2,
+        per_replica_batch_size=4,
+        last_batch="pad",
         parse_fn=lambda i: (i, i * 10),
     )
     for _, epochs in readings:

@@ -14,9 +14,7 @@ def test_global_batch_gives_per_replica_batch():
 
 
 def test_consistent_batch_sizes_are_accepted_together():
-    assert _plan.resolve_batch_sizes(
-        2, per_replica_batch_size=16, global_batch_size=32
-    ) == (16, 32)
+    assert _plan.resolve_batch_sizes(2, per_replica_batch_size=16, global_batch_size=32) == (16, 32)
 
 
 def test_global_batch_not_divisible_by_replicas_names_the_nearest_sizes():
@@ -123,9 +121,7 @@ def test_every_worker_runs_the_same_steps_and_reads_each_sample_at_most_once(
     num_workers, last_batch
 ):
     num_examples, global_batch_size = 1001, 8 * 2 * num_workers
-    shares = [
-        list(_plan.element_share(num_examples, num_workers, w)) for w in range(num_workers)
-    ]
+    shares = [list(_plan.element_share(num_examples, num_workers, w)) for w in range(num_workers)]
     schedule = _plan.schedule_epoch(list(map(len, shares)), global_batch_size, last_batch)
     per_worker_batch_size = global_batch_size // num_workers
     read = []
@@ -140,13 +136,19 @@ def test_every_worker_runs_the_same_steps_and_reads_each_sample_at_most_once(
     assert len(read) + schedule.samples_dropped == num_examples
     if last_batch == "pad":
         assert sorted(read) == list(range(num_examples))
-        assert schedule.samples_padded == schedule.steps_per_epoch * global_batch_size - num_examples
+        assert (
+            schedule.samples_padded == schedule.steps_per_epoch * global_batch_size - num_examples
+        )
 
 
 def test_two_worker_schedule_matches_the_docstring_example():
     drop = _plan.schedule_epoch([501, 500], 32, "drop")
     pad = _plan.schedule_epoch([501, 500], 32, "pad")
-    assert (drop.steps_per_epoch, drop.examples_per_worker, drop.samples_dropped) == (30, (480, 480), 41)
+    assert (drop.steps_per_epoch, drop.examples_per_worker, drop.samples_dropped) == (
+        30,
+        (480, 480),
+        41,
+    )
     assert (pad.steps_per_epoch, pad.padding_per_worker) == (32, (11, 12))
 
 
@@ -169,11 +171,22 @@ def test_small_per_replica_batch_warns_on_accelerators_only():
 
 def test_plan_reads_as_a_table():
     plan = _plan.InputPlan(
-        num_examples=1001, num_replicas=4, num_workers=2, worker_index=1,
-        per_replica_batch_size=8, global_batch_size=32, steps_per_epoch=32,
-        last_batch="pad", shard_mode="element", shard_reason="arrays",
-        samples_dropped_per_epoch=0, samples_padded_per_epoch=23,
-        worker_examples=500, shuffle=True, seed=3, strategy="MultiWorkerMirroredStrategy",
+        num_examples=1001,
+        num_replicas=4,
+        num_workers=2,
+        worker_index=1,
+        per_replica_batch_size=8,
+        global_batch_size=32,
+        steps_per_epoch=32,
+        last_batch="pad",
+        shard_mode="element",
+        shard_reason="arrays",
+        samples_dropped_per_epoch=0,
+        samples_padded_per_epoch=23,
+        worker_examples=500,
+        shuffle=True,
+        seed=3,
+        strategy="MultiWorkerMirroredStrategy",
     )
     text = str(plan)
     assert "8 per replica x 4 replicas = 32 global" in text

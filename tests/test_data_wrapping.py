@@ -17,8 +17,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_scaling import _probes
-from keras_scaling import data
+from keras_scaling import _probes, data
 from keras_scaling.devices import StrategyInfo
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "workers"))
@@ -63,9 +62,7 @@ def _worker(num_workers, worker_index):
 
 @pytest.mark.logical_cpus(2)
 @pytest.mark.parametrize("name", list(sources.SOURCES))
-def test_every_sample_once_per_epoch_in_global_batches_on_two_replicas(
-    name, files_dir, strategy
-):
+def test_every_sample_once_per_epoch_in_global_batches_on_two_replicas(name, files_dir, strategy):
     source, kwargs = sources.make_source(name, files_dir)
     dataset = data.distribute(source, strategy=strategy, last_batch="pad", **kwargs)
     plan = data.plan_of(dataset)
@@ -77,8 +74,10 @@ def test_every_sample_once_per_epoch_in_global_batches_on_two_replicas(
         ids, batch_sizes = _epoch_ids(dataset, name)
         assert sorted(ids) == list(range(num_samples))
         assert set(batch_sizes) == {plan.global_batch_size}
-        assert len(batch_sizes) == plan.steps_per_epoch == math.ceil(
-            num_samples / plan.global_batch_size
+        assert (
+            len(batch_sizes)
+            == plan.steps_per_epoch
+            == math.ceil(num_samples / plan.global_batch_size)
         )
 
 
@@ -101,9 +100,7 @@ def test_two_workers_split_every_epoch_exactly_with_equal_steps(name, files_dir)
     readings = []
     for worker_index in range(2):
         source, kwargs = sources.make_source(name, files_dir)
-        dataset = data._distribute_for(
-            source, _worker(2, worker_index), last_batch="pad", **kwargs
-        )
+        dataset = data._distribute_for(source, _worker(2, worker_index), last_batch="pad", **kwargs)
         readings.append((data.plan_of(dataset), _epoch_ids(dataset, name)))
     plans = [plan for plan, _ in readings]
     assert len({plan.steps_per_epoch for plan in plans}) == 1
@@ -116,15 +113,11 @@ def test_two_workers_split_every_epoch_exactly_with_equal_steps(name, files_dir)
     assert sorted(shares[0] | shares[1]) == list(range(num_samples))
 
 
-@pytest.mark.parametrize(
-    "name", ["image_dataset_from_directory", "text_dataset_from_directory"]
-)
+@pytest.mark.parametrize("name", ["image_dataset_from_directory", "text_dataset_from_directory"])
 def test_directory_files_are_split_between_workers_before_decoding(name, files_dir):
     plans = [
         data.plan_of(
-            data._distribute_for(
-                sources.make_source(name, files_dir)[0], _worker(2, worker_index)
-            )
+            data._distribute_for(sources.make_source(name, files_dir)[0], _worker(2, worker_index))
         )
         for worker_index in range(2)
     ]
@@ -313,7 +306,9 @@ def test_py_dataset_whose_middle_item_disagrees_fails_when_read():
 
 def test_num_samples_that_contradicts_the_files_is_refused(files_dir):
     source, _ = sources.make_source("image_dataset_from_directory", files_dir)
-    with pytest.raises(ValueError, match="num_samples=41 contradicts the dataset's files, which holds 40"):
+    with pytest.raises(
+        ValueError, match="num_samples=41 contradicts the dataset's files, which holds 40"
+    ):
         data.distribute(source, num_samples=41)
 
 

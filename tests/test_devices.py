@@ -64,13 +64,8 @@ def test_describe_strategy_rejects_non_strategies():
 
 
 def test_import_does_not_initialise_devices():
-    code = (
-        "import keras_scaling, keras_scaling.callbacks;"
-        "print(keras_scaling.use_logical_cpus(3))"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
-    )
+    code = "import keras_scaling, keras_scaling.callbacks;print(keras_scaling.use_logical_cpus(3))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("CPU:") == 3
 

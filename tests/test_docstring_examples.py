@@ -55,7 +55,7 @@ def _examples_of(docstring):
         return []
     return [
         textwrap.dedent(block)
-        for block in re.findall(r"```python\n(.*?)^\s*```", text[match.end():], re.S | re.M)
+        for block in re.findall(r"```python\n(.*?)^\s*```", text[match.end() :], re.S | re.M)
     ]
 
 
@@ -82,7 +82,9 @@ def collect_examples():
         values = [module] + [getattr(module, name) for name in getattr(module, "__all__", ())]
         for value in values:
             if inspect.ismodule(value):
-                documented = [(value.__name__, value.__name__, value.__doc__)] if value is module else []
+                documented = (
+                    [(value.__name__, value.__name__, value.__doc__)] if value is module else []
+                )
             elif inspect.isclass(value) or inspect.isfunction(value):
                 documented = _documented(value)
             else:
@@ -126,7 +128,10 @@ def outcomes(tmp_path_factory):
         path.write_text(json.dumps(group))
         result = subprocess.run(
             [sys.executable, WORKER, str(path), str(count)],
-            cwd=directory, capture_output=True, text=True, timeout=TIMEOUT_S,
+            cwd=directory,
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT_S,
             env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
         )
         assert result.returncode == 0, result.stderr[-4000:]

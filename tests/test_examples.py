@@ -21,8 +21,13 @@ class _Run:
     def __init__(self, script, log_dir, *args):
         self.log_dir = log_dir
         self._process = subprocess.Popen(
-            [sys.executable, os.path.join(_EXAMPLES, script), "--log-dir", str(log_dir),
-             *map(str, args)],
+            [
+                sys.executable,
+                os.path.join(_EXAMPLES, script),
+                "--log-dir",
+                str(log_dir),
+                *map(str, args),
+            ],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -54,12 +59,14 @@ def runs(tmp_path_factory):
         "mirrored_fit": _Run(
             "mirrored_fit.py", root / "mirrored", "--epochs", "2", "--samples", "2048"
         ),
-        "tpu_fit": _Run(
-            "tpu_fit.py", root / "tpu", "--samples", "96", "--per-replica-batch", "8"
-        ),
+        "tpu_fit": _Run("tpu_fit.py", root / "tpu", "--samples", "96", "--per-replica-batch", "8"),
         "preemptible_fit": _Run(
-            "preemptible_fit.py", root / "preemptible", "--samples", "1024",
-            "--stop-at-step", "20",
+            "preemptible_fit.py",
+            root / "preemptible",
+            "--samples",
+            "1024",
+            "--stop-at-step",
+            "20",
         ),
     }
     yield started

@@ -32,12 +32,17 @@ def _compiled(model, loss="mse"):
 
 
 def test_mlp_count_equals_the_exact_operation_count_within_3_percent():
-    model = _compiled(keras.Sequential([
-        keras.Input((784,)),
-        keras.layers.Dense(512, activation="relu"),
-        keras.layers.Dense(256, activation="relu"),
-        keras.layers.Dense(10),
-    ]), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model = _compiled(
+        keras.Sequential(
+            [
+                keras.Input((784,)),
+                keras.layers.Dense(512, activation="relu"),
+                keras.layers.Dense(256, activation="relu"),
+                keras.layers.Dense(10),
+            ]
+        ),
+        keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
     expected = _dense_count([784, 512, 256, 10])
     counted = flops.training_flops_per_sample(
         model, sample=(np.zeros((16, 784), "float32"), np.zeros((16,), "int32"))
@@ -46,16 +51,20 @@ def test_mlp_count_equals_the_exact_operation_count_within_3_percent():
 
 
 def test_cnn_count_is_within_5_percent_of_the_hand_count():
-    model = _compiled(keras.Sequential([
-        keras.Input((32, 32, 3)),
-        keras.layers.Conv2D(32, 3, activation="relu"),   # -> 30x30x32
-        keras.layers.MaxPooling2D(),                     # -> 15x15x32
-        keras.layers.Conv2D(64, 3, activation="relu"),   # -> 13x13x64
-        keras.layers.MaxPooling2D(),                     # -> 6x6x64
-        keras.layers.Flatten(),
-        keras.layers.Dense(128, activation="relu"),
-        keras.layers.Dense(10),
-    ]))
+    model = _compiled(
+        keras.Sequential(
+            [
+                keras.Input((32, 32, 3)),
+                keras.layers.Conv2D(32, 3, activation="relu"),  # -> 30x30x32
+                keras.layers.MaxPooling2D(),  # -> 15x15x32
+                keras.layers.Conv2D(64, 3, activation="relu"),  # -> 13x13x64
+                keras.layers.MaxPooling2D(),  # -> 6x6x64
+                keras.layers.Flatten(),
+                keras.layers.Dense(128, activation="relu"),
+                keras.layers.Dense(10),
+            ]
+        )
+    )
     conv1 = 2 * (30 * 30 * 32) * (3 * 3 * 3)
     conv2 = 2 * (13 * 13 * 64) * (3 * 3 * 32)
     # Forward and filter gradient of both convolutions, input gradient of the
@@ -66,17 +75,29 @@ def test_cnn_count_is_within_5_percent_of_the_hand_count():
 
 
 def test_training_count_is_forward_plus_both_gradients_not_three_times_forward():
-    model = _compiled(keras.Sequential([
-        keras.Input((100,)), keras.layers.Dense(100), keras.layers.Dense(100),
-    ]))
+    model = _compiled(
+        keras.Sequential(
+            [
+                keras.Input((100,)),
+                keras.layers.Dense(100),
+                keras.layers.Dense(100),
+            ]
+        )
+    )
     forward = 2 * (2 * 100 * 100)
     assert flops.training_flops_per_sample(model) / forward == pytest.approx(2.5, rel=0.03)
 
 
 def test_rnn_returns_none_and_logs_the_loop_as_the_reason(caplog):
-    model = _compiled(keras.Sequential([
-        keras.Input((5, 4)), keras.layers.LSTM(8), keras.layers.Dense(1),
-    ]))
+    model = _compiled(
+        keras.Sequential(
+            [
+                keras.Input((5, 4)),
+                keras.layers.LSTM(8),
+                keras.layers.Dense(1),
+            ]
+        )
+    )
     with caplog.at_level(logging.WARNING, logger="keras_scaling"):
         assert flops.training_flops_per_sample(model) is None
     assert "loop (While ops, as RNN layers do)" in caplog.text
@@ -94,13 +115,19 @@ def test_einsum_is_counted_like_the_matmul_it_computes():
 
 
 def test_depthwise_convolution_gradients_are_counted():
-    model = _compiled(keras.Sequential([
-        keras.Input((10, 10, 8)),
-        keras.layers.Conv2D(8, 1, use_bias=False),       # so the depthwise input needs a gradient
-        keras.layers.DepthwiseConv2D(3, use_bias=False),  # -> 8x8x8
-        keras.layers.Flatten(),
-        keras.layers.Dense(1, use_bias=False),
-    ]))
+    model = _compiled(
+        keras.Sequential(
+            [
+                keras.Input((10, 10, 8)),
+                keras.layers.Conv2D(
+                    8, 1, use_bias=False
+                ),  # so the depthwise input needs a gradient
+                keras.layers.DepthwiseConv2D(3, use_bias=False),  # -> 8x8x8
+                keras.layers.Flatten(),
+                keras.layers.Dense(1, use_bias=False),
+            ]
+        )
+    )
     depthwise = 2 * (8 * 8 * 8) * (3 * 3)
     pointwise = 2 * (10 * 10 * 8) * 8
     dense = 2 * 512
@@ -139,11 +166,15 @@ def test_a_model_that_is_not_a_keras_model_is_refused():
 
 
 def _small_mlp():
-    return _compiled(keras.Sequential([
-        keras.Input((32,)),
-        keras.layers.Dense(16, activation="relu"),
-        keras.layers.Dense(4),
-    ]))
+    return _compiled(
+        keras.Sequential(
+            [
+                keras.Input((32,)),
+                keras.layers.Dense(16, activation="relu"),
+                keras.layers.Dense(4),
+            ]
+        )
+    )
 
 
 def test_tracing_through_tf_function_when_the_graph_builder_is_gone_gives_the_same_count(
@@ -159,7 +190,9 @@ def test_tracing_through_tf_function_when_the_graph_builder_is_gone_gives_the_sa
         flops.training_flops_per_sample(_small_mlp())
     assert counted == expected
     assert counted == pytest.approx(_dense_count([32, 16, 4]), rel=0.03)
-    warnings = [r.getMessage() for r in caplog.records if "func_graph_from_py_func" in r.getMessage()]
+    warnings = [
+        r.getMessage() for r in caplog.records if "func_graph_from_py_func" in r.getMessage()
+    ]
     assert len(warnings) == 1 and "Keras" in warnings[0] and "TensorFlow" in warnings[0]
 
 

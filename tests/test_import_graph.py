@@ -59,8 +59,7 @@ def import_graph():
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 edges |= _imported(node, module, modules)
         graph[module] = {
-            target for target in edges
-            if target != module and not module.startswith(target + ".")
+            target for target in edges if target != module and not module.startswith(target + ".")
         }
     return graph
 
@@ -73,7 +72,7 @@ def find_cycle(graph):
         state[module] = "open"
         for target in sorted(graph.get(module, ())):
             if state.get(target) == "open":
-                return path[path.index(target):] + [target]
+                return path[path.index(target) :] + [target]
             if target not in state:
                 cycle = visit(target, path + [target])
                 if cycle:

@@ -10,7 +10,6 @@ import io
 import json
 import os
 import pathlib
-import socket
 import subprocess
 import sys
 import textwrap
@@ -18,8 +17,7 @@ import time
 
 import pytest
 
-from keras_scaling import _isolation
-from keras_scaling import launcher
+from keras_scaling import _isolation, launcher
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -134,8 +132,19 @@ def launch_and_look(worker_command, out_dir, timeout_s):
         (the `Look`, the launcher's exit status, its stdout, its stderr).
     """
     process = subprocess.Popen(
-        [sys.executable, "-m", "keras_scaling", "launch", "--workers", "2",
-         "--grace-period", "2", "--", *worker_command, str(out_dir)],
+        [
+            sys.executable,
+            "-m",
+            "keras_scaling",
+            "launch",
+            "--workers",
+            "2",
+            "--grace-period",
+            "2",
+            "--",
+            *worker_command,
+            str(out_dir),
+        ],
         cwd=REPO,
         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
         stdout=subprocess.PIPE,
@@ -180,9 +189,7 @@ else:
 
 @needs_namespaces
 def test_no_worker_port_listens_in_the_host_namespace_while_the_job_runs(tmp_path):
-    look, returncode, out, err = launch_and_look(
-        python(LISTENING_WORKER), tmp_path, timeout_s=30
-    )
+    look, returncode, out, err = launch_and_look(python(LISTENING_WORKER), tmp_path, timeout_s=30)
     assert look.inside == look.ports, f"the workers listen on {look.inside} inside"
     assert not look.ports & look.host, f"{look.ports & look.host} listen in the host"
     assert returncode == 0, err
@@ -261,9 +268,7 @@ def test_auto_without_namespaces_warns_once_naming_the_ports_and_runs():
 
 
 def test_auto_without_namespaces_runs_the_workers_in_the_host_namespace():
-    result, out, _ = run_launch(
-        PRINT_NAMESPACE, env=FORBIDDEN
-    )
+    result, out, _ = run_launch(PRINT_NAMESPACE, env=FORBIDDEN)
     assert result.exit_code == 0
     assert set(by_worker(out).values()) == {own_namespace()}
 
@@ -288,8 +293,7 @@ def test_require_without_namespaces_exits_2_and_starts_no_worker(tmp_path):
 @needs_namespaces
 def test_require_with_namespaces_runs_the_job_quietly():
     returncode, out, err = run_cli(
-        ["--workers", "2", "--isolation", "require", "--"]
-        + PRINT_NAMESPACE
+        ["--workers", "2", "--isolation", "require", "--"] + PRINT_NAMESPACE
     )
     assert returncode == 0
     assert err == ""
@@ -316,7 +320,9 @@ def test_off_warns_once_naming_the_ports():
 
 
 def test_an_unknown_isolation_is_refused_with_the_parameter_name():
-    with pytest.raises(ValueError, match="isolation must be one of 'auto', 'require', 'off', got 'on'"):
+    with pytest.raises(
+        ValueError, match="isolation must be one of 'auto', 'require', 'off', got 'on'"
+    ):
         launcher.launch(python("pass"), 2, isolation="on")
 
 
@@ -337,9 +343,12 @@ def test_kernel_settings_that_forbid_namespaces_are_named():
 
 
 def test_kernel_settings_that_allow_namespaces_are_not_named():
-    assert _isolation._sysctl_hint(
-        {"user.max_user_namespaces": "63000", "kernel.unprivileged_userns_clone": "1"}
-    ) == ""
+    assert (
+        _isolation._sysctl_hint(
+            {"user.max_user_namespaces": "63000", "kernel.unprivileged_userns_clone": "1"}
+        )
+        == ""
+    )
 
 
 # --- a real TensorFlow job ---------------------------------------------------

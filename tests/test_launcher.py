@@ -27,9 +27,7 @@ def python(code):
 def run_launch(command, num_workers=2, **kwargs):
     stdout, stderr = io.StringIO(), io.StringIO()
     kwargs.setdefault("grace_period_s", 2.0)
-    result = launcher.launch(
-        command, num_workers, stdout=stdout, stderr=stderr, **kwargs
-    )
+    result = launcher.launch(command, num_workers, stdout=stdout, stderr=stderr, **kwargs)
     return result, stdout.getvalue(), stderr.getvalue()
 
 
@@ -91,9 +89,7 @@ def test_every_output_line_is_prefixed_with_its_worker_index():
 
 
 def test_each_worker_gets_the_whole_cluster_in_tf_config_on_distinct_ports():
-    result, out, _ = run_launch(
-        python("import os; print(os.environ['TF_CONFIG'])"), num_workers=3
-    )
+    result, out, _ = run_launch(python("import os; print(os.environ['TF_CONFIG'])"), num_workers=3)
     assert result.exit_code == 0
     configs = {}
     for line in out.splitlines():
@@ -141,10 +137,7 @@ def consecutive_free_ports(count):
 def test_port_base_gives_consecutive_ports():
     base = consecutive_free_ports(2)
     result, out, _ = run_launch(
-        python(
-            "import json, os; "
-            "print(json.loads(os.environ['TF_CONFIG'])['cluster']['worker'])"
-        ),
+        python("import json, os; print(json.loads(os.environ['TF_CONFIG'])['cluster']['worker'])"),
         port_base=base,
     )
     assert result.exit_code == 0
@@ -314,10 +307,7 @@ def launch_parser():
 def test_cli_runs_the_command_after_the_double_dash(capfd):
     args = launch_parser().parse_args(
         ["launch", "--workers", "2", "--cpu-devices", "2", "--"]
-        + python(
-            "import os, sys; "
-            "print(sys.argv[1:], os.environ['KERAS_SCALING_CPU_DEVICES'])"
-        )
+        + python("import os, sys; print(sys.argv[1:], os.environ['KERAS_SCALING_CPU_DEVICES'])")
         + ["--workers", "7"]
     )
     assert args.run(args) == 0
@@ -355,9 +345,7 @@ def test_cli_refuses_a_non_positive_worker_count(capsys):
 
 
 def test_cli_exits_2_when_the_command_cannot_start(capfd):
-    args = launch_parser().parse_args(
-        ["launch", "--workers", "2", "--", "no-such-program-here"]
-    )
+    args = launch_parser().parse_args(["launch", "--workers", "2", "--", "no-such-program-here"])
     assert args.run(args) == 2
     assert "no-such-program-here" in capfd.readouterr().err
 
@@ -376,9 +364,21 @@ def test_ctrl_c_is_forwarded_to_every_worker_and_nothing_is_left(tmp_path):
         """
     )
     launch_process = subprocess.Popen(
-        [sys.executable, "-m", "keras_scaling", "launch", "--workers", "2",
-         "--grace-period", "2", "--", sys.executable, "-c", worker_code,
-         str(tmp_path)],
+        [
+            sys.executable,
+            "-m",
+            "keras_scaling",
+            "launch",
+            "--workers",
+            "2",
+            "--grace-period",
+            "2",
+            "--",
+            sys.executable,
+            "-c",
+            worker_code,
+            str(tmp_path),
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -410,9 +410,21 @@ def test_a_second_ctrl_c_kills_the_workers_without_waiting(tmp_path):
         """
     )
     launch_process = subprocess.Popen(
-        [sys.executable, "-m", "keras_scaling", "launch", "--workers", "2",
-         "--grace-period", "60", "--", sys.executable, "-c", worker_code,
-         str(tmp_path)],
+        [
+            sys.executable,
+            "-m",
+            "keras_scaling",
+            "launch",
+            "--workers",
+            "2",
+            "--grace-period",
+            "60",
+            "--",
+            sys.executable,
+            "-c",
+            worker_code,
+            str(tmp_path),
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

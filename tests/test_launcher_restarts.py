@@ -53,8 +53,18 @@ def wait_for_pids(directory, count=2, timeout_s=30):
 
 def launch_in_background(command, grace_period_s):
     return subprocess.Popen(
-        [sys.executable, "-m", "keras_scaling", "launch", "--workers", "2",
-         "--grace-period", str(grace_period_s), "--", *command],
+        [
+            sys.executable,
+            "-m",
+            "keras_scaling",
+            "launch",
+            "--workers",
+            "2",
+            "--grace-period",
+            str(grace_period_s),
+            "--",
+            *command,
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -126,7 +136,10 @@ def test_max_restarts_restarts_the_job_after_a_failure_and_says_why(tmp_path):
         "restarting the job (restart 1 of 2)\n"
     )
     assert sorted(name for name in os.listdir(tmp_path) if name.startswith("attempt")) == [
-        "attempt0-0", "attempt0-1", "attempt1-0", "attempt1-1"
+        "attempt0-0",
+        "attempt0-1",
+        "attempt1-0",
+        "attempt1-1",
     ]
 
 

@@ -15,9 +15,7 @@ import os
 import subprocess
 import sys
 
-from keras_scaling import _probes
-from keras_scaling import _versions
-from keras_scaling import launcher
+from keras_scaling import _probes, _versions, launcher
 
 _WORKER = os.path.join(os.path.dirname(__file__), "workers", "probe_scenario.py")
 _TIMEOUT_S = 180
@@ -68,7 +66,8 @@ def test_every_probe_has_a_failure_test():
 
 def run_one_worker(out_dir, failing=()):
     env = {
-        key: value for key, value in os.environ.items()
+        key: value
+        for key, value in os.environ.items()
         if key not in (_probes.FAIL_PROBES_ENV, "KERAS_SCALING_NO_COMPAT")
     }
     env = launcher.worker_env(env, launcher.free_ports(1), 0)
@@ -77,7 +76,10 @@ def run_one_worker(out_dir, failing=()):
         env[_probes.FAIL_PROBES_ENV] = ",".join(failing)
     result = subprocess.run(
         [sys.executable, _WORKER, str(out_dir)],
-        env=env, capture_output=True, text=True, timeout=_TIMEOUT_S,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=_TIMEOUT_S,
     )
     assert result.returncode == 0, result.stderr[-4000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
@@ -99,8 +101,10 @@ def test_multi_worker_without_the_device_hook_trains_on_one_replica(tmp_path):
 def probe_warnings(caplog, name):
     probe = _probes._registry[name]
     return [
-        record.getMessage() for record in caplog.records
-        if probe.reaches in record.getMessage() and probe.lost in record.getMessage()
+        record.getMessage()
+        for record in caplog.records
+        if probe.reaches in record.getMessage()
+        and probe.lost in record.getMessage()
         and f"Keras {_versions.keras_version()}" in record.getMessage()
     ]
 
@@ -128,7 +132,10 @@ def test_without_the_dataset_walk_a_batched_dataset_is_taken_as_samples(monkeypa
     assert data.describe(batched, per_replica_batch_size=5).num_examples == 50
 
     plan, warnings = describe_with_failing(
-        "tf.data.batching_transformation", batched, monkeypatch, caplog,
+        "tf.data.batching_transformation",
+        batched,
+        monkeypatch,
+        caplog,
         per_replica_batch_size=5,
     )
 

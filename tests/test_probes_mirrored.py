@@ -12,9 +12,7 @@ import os
 import pytest
 import tensorflow as tf
 
-from keras_scaling import _probes
-from keras_scaling import _versions
-from keras_scaling import compat
+from keras_scaling import _probes, _versions, compat
 
 pytestmark = pytest.mark.logical_cpus(2)
 
@@ -118,9 +116,7 @@ def test_replica_sync_falls_back_to_public_names_with_the_same_roles(
         "keras.optimizer.accumulated_gradients",
     )
     healthy, healthy_messages = run(scenarios.replica_sync, strategy, tmp_path / "a", monkeypatch)
-    degraded, messages = run(
-        scenarios.replica_sync, strategy, tmp_path / "b", monkeypatch, failing
-    )
+    degraded, messages = run(scenarios.replica_sync, strategy, tmp_path / "b", monkeypatch, failing)
 
     assert not any("is not usable" in m for m in healthy_messages)
     for name in failing:
@@ -158,9 +154,7 @@ def test_compat_without_the_trainer_turns_its_fixes_off(
         assert_warned_once(messages, name)
 
 
-def test_compat_without_the_dataset_adapter_keeps_the_other_fixes(
-    strategy, tmp_path, monkeypatch
-):
+def test_compat_without_the_dataset_adapter_keeps_the_other_fixes(strategy, tmp_path, monkeypatch):
     report, messages = run(
         scenarios.compat_fit, strategy, tmp_path, monkeypatch, ("keras.tf_dataset_adapter",)
     )

@@ -16,9 +16,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_scaling import _copy_comparison
-from keras_scaling import _fingerprint
-from keras_scaling import replica_state
+from keras_scaling import _copy_comparison, _fingerprint, replica_state
 
 # --- fingerprints -------------------------------------------------------------
 
@@ -138,7 +136,9 @@ def test_compare_copies_counts_nan_and_inf_per_replica():
 def test_compare_copies_within_tolerance_only_when_every_difference_is():
     reference = np.float32([1.0, 100.0])
     close = np.float32([1.0 + 1e-6, 100.0 + 1e-4])
-    assert _copy_comparison.compare_copies([reference, close], atol=1e-5, rtol=1e-5).within_tolerance
+    assert _copy_comparison.compare_copies(
+        [reference, close], atol=1e-5, rtol=1e-5
+    ).within_tolerance
     assert not _copy_comparison.compare_copies([reference, close], atol=1e-5).within_tolerance
     assert not _copy_comparison.compare_copies([reference, close]).within_tolerance
 
@@ -212,8 +212,16 @@ def _difference(nan_counts=(0, 0), within_tolerance=False):
         (_copy_comparison.TRAINABLE, "NONE", "gradients were not combined"),
         (_copy_comparison.NON_TRAINABLE, "NONE", "aggregation 'none' assigned in replica context"),
         (_copy_comparison.NON_TRAINABLE, "MEAN", "aggregation 'mean'"),
-        (_copy_comparison.OPTIMIZER_ITERATIONS, "ONLY_FIRST_REPLICA", "optimizer steps were applied on some replicas"),
-        (_copy_comparison.OPTIMIZER_VARIABLE, "NONE", "optimizer state was updated with per-replica"),
+        (
+            _copy_comparison.OPTIMIZER_ITERATIONS,
+            "ONLY_FIRST_REPLICA",
+            "optimizer steps were applied on some replicas",
+        ),
+        (
+            _copy_comparison.OPTIMIZER_VARIABLE,
+            "NONE",
+            "optimizer state was updated with per-replica",
+        ),
         (_copy_comparison.SEED_GENERATOR, "NONE", "seed generator advanced"),
     ],
 )
@@ -269,9 +277,16 @@ def test_report_str_names_step_variable_replica_device_and_cause():
 def _report(tier, max_abs_diff):
     difference = dataclasses.replace(_difference(), max_abs_diff=max_abs_diff)
     return _copy_comparison.VariableReport(
-        path=f"model/{tier}", shape=(2,), dtype="float32", aggregation="NONE",
-        synchronization="ON_WRITE", role=_copy_comparison.TRAINABLE, tier=tier,
-        difference=difference, devices=("/device:CPU:1",), likely_cause="the cause",
+        path=f"model/{tier}",
+        shape=(2,),
+        dtype="float32",
+        aggregation="NONE",
+        synchronization="ON_WRITE",
+        role=_copy_comparison.TRAINABLE,
+        tier=tier,
+        difference=difference,
+        devices=("/device:CPU:1",),
+        likely_cause="the cause",
     )
 
 
@@ -361,7 +376,10 @@ def test_on_read_variables_are_per_replica_state(strategy):
     class RunningTotal(keras.layers.Layer):
         def build(self, input_shape):
             self.total = keras.Variable(
-                0.0, trainable=False, aggregation="sum", synchronization="on_read",
+                0.0,
+                trainable=False,
+                aggregation="sum",
+                synchronization="on_read",
                 name="total",
             )
 

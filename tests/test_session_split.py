@@ -21,10 +21,24 @@ def run_first_session(tmp_path, device_count):
         "def test_marked():\n    pass\n"
     )
     return subprocess.run(
-        [sys.executable, "-m", "pytest", str(tmp_path), "--collect-only", "-q",
-         "-p", "no:cacheprovider", "--rootdir", str(tmp_path),
-         "--device-counts", "2 3 4"],
-        capture_output=True, text=True, timeout=TIMEOUT_S, cwd=tmp_path,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            str(tmp_path),
+            "--collect-only",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--rootdir",
+            str(tmp_path),
+            "--device-counts",
+            "2 3 4",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        cwd=tmp_path,
     )
 
 

@@ -44,9 +44,7 @@ def _layout():
 
 
 def _event_files(directory):
-    return sorted(
-        name for name in os.listdir(directory) if name.startswith("events.out.tfevents.")
-    )
+    return sorted(name for name in os.listdir(directory) if name.startswith("events.out.tfevents."))
 
 
 def test_run_dir_is_scaling_beside_the_train_directory_of_keras(tmp_path):
@@ -181,9 +179,18 @@ class _TensorBoard:
         self._output = open(output_path, "w")
         self._process = subprocess.Popen(
             [
-                sys.executable, "-m", "tensorboard.main", "--logdir", str(log_dir),
-                "--host", "127.0.0.1", "--port", str(self.port),
-                f"--load_fast={load_fast}", "--reload_interval", "1",
+                sys.executable,
+                "-m",
+                "tensorboard.main",
+                "--logdir",
+                str(log_dir),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                f"--load_fast={load_fast}",
+                "--reload_interval",
+                "1",
             ],
             stdout=self._output,
             stderr=subprocess.STDOUT,
@@ -266,8 +273,11 @@ def live(tmp_path_factory):
         strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
         with strategy.scope():
             model = keras.Sequential(
-                [keras.Input((16,)), keras.layers.Dense(64, activation="relu"),
-                 keras.layers.Dense(1)]
+                [
+                    keras.Input((16,)),
+                    keras.layers.Dense(64, activation="relu"),
+                    keras.layers.Dense(1),
+                ]
             )
             model.compile(optimizer="adam", loss="mse")
         rng = np.random.default_rng(0)
@@ -297,10 +307,13 @@ def _wait_until_served(server, written):
     deadline = time.monotonic() + _SERVER_CATCH_UP_TIMEOUT_S
     while True:
         served = _served_points(server)
-        if all(
-            _as_float32(served.get(key, [])) == _as_float32(points)
-            for key, points in written.items()
-        ) or time.monotonic() > deadline:
+        if (
+            all(
+                _as_float32(served.get(key, [])) == _as_float32(points)
+                for key, points in written.items()
+            )
+            or time.monotonic() > deadline
+        ):
             return served
         time.sleep(1)
 

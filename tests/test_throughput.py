@@ -193,15 +193,16 @@ def test_speedup_accepts_numpy_numbers():
 @pytest.mark.parametrize(
     "step_time_s, read_cost_s, expected",
     [
-        (0.010, 0.0002, 10),    # long steps: the floor
+        (0.010, 0.0002, 10),  # long steps: the floor
         (0.0005, 0.0002, 100),  # 0.2 ms reads over 0.5 ms steps need 80 steps: 100
-        (0.001, 0.0002, 50),    # 40 steps needed: 50
+        (0.001, 0.0002, 50),  # 40 steps needed: 50
         (0.0001, 0.0002, 500),  # 400 steps needed: 500
         (0.001, 0.0, 10),
     ],
 )
 def test_auto_update_freq_keeps_reads_under_half_a_percent_on_round_steps(
-        step_time_s, read_cost_s, expected):
+    step_time_s, read_cost_s, expected
+):
     steps = auto_update_freq(step_time_s, read_cost_s)
     assert steps == expected
     assert read_cost_s / (steps * step_time_s) <= 0.005
@@ -244,8 +245,12 @@ def test_docstring_example_runs_as_written_in_a_fresh_process(code, tmp_path):
     import sys
 
     result = subprocess.run(
-        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
-        timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
     )
     assert result.returncode == 0, result.stderr[-3000:]
 
@@ -280,13 +285,17 @@ def test_short_step_advice_only_below_five_ms_and_one_step_per_call():
 def test_low_efficiency_advice_names_the_likelier_cause():
     from keras_scaling import _throughput_advice as advice
 
-    low = speedup(1000.0, 1000.0, num_replicas=2)   # efficiency 0.5
+    low = speedup(1000.0, 1000.0, num_replicas=2)  # efficiency 0.5
     slow_input = advice.low_efficiency(low, 1000.0, 1100.0, None, host_cpu_replicas=False)
     assert "the input is the likelier cause" in slow_input
     fast_input = advice.low_efficiency(low, 1000.0, 5000.0, None, host_cpu_replicas=True)
     assert "combining the updates" in fast_input and "share its cores" in fast_input
-    assert advice.low_efficiency(speedup(1900.0, 1000.0, 2), 1900.0, None, "x",
-                                 host_cpu_replicas=False) is None
+    assert (
+        advice.low_efficiency(
+            speedup(1900.0, 1000.0, 2), 1900.0, None, "x", host_cpu_replicas=False
+        )
+        is None
+    )
 
 
 def test_background_save_saves_after_news_only():
@@ -305,7 +314,7 @@ def test_background_save_saves_after_news_only():
     saver = _background_save.BackgroundSave(save, period_s=0.05)
     try:
         time.sleep(0.3)
-        assert calls == []   # nothing new, nothing saved
+        assert calls == []  # nothing new, nothing saved
         saver.news()
         assert saved.wait(5)
         time.sleep(0.3)

@@ -2,8 +2,7 @@
 
 import pytest
 
-from keras_scaling import peak_flops
-from keras_scaling import utilization
+from keras_scaling import peak_flops, utilization
 
 
 def test_mfu_is_achieved_flops_over_the_peak_of_all_replicas():
@@ -19,15 +18,38 @@ def test_without_a_peak_there_is_tflops_but_no_mfu():
     assert figures.mfu is None
 
 
-@pytest.mark.parametrize("check, value, error, message", [
-    (utilization.check_flops_per_sample, 0, ValueError, "flops_per_sample must be a positive number"),
-    (utilization.check_flops_per_sample, -5.0, ValueError, "got -5.0"),
-    (utilization.check_flops_per_sample, "measure", ValueError, "'auto' or None, got 'measure'"),
-    (utilization.check_flops_per_sample, True, TypeError, "got bool"),
-    (utilization.check_peak_flops, float("inf"), ValueError, "peak_flops must be a positive number"),
-    (utilization.check_peak_flops, "datasheet", ValueError, "'auto', 'measure' or None, got 'datasheet'"),
-    (utilization.check_peak_flops, [1e12], TypeError, "got list"),
-])
+@pytest.mark.parametrize(
+    "check, value, error, message",
+    [
+        (
+            utilization.check_flops_per_sample,
+            0,
+            ValueError,
+            "flops_per_sample must be a positive number",
+        ),
+        (utilization.check_flops_per_sample, -5.0, ValueError, "got -5.0"),
+        (
+            utilization.check_flops_per_sample,
+            "measure",
+            ValueError,
+            "'auto' or None, got 'measure'",
+        ),
+        (utilization.check_flops_per_sample, True, TypeError, "got bool"),
+        (
+            utilization.check_peak_flops,
+            float("inf"),
+            ValueError,
+            "peak_flops must be a positive number",
+        ),
+        (
+            utilization.check_peak_flops,
+            "datasheet",
+            ValueError,
+            "'auto', 'measure' or None, got 'datasheet'",
+        ),
+        (utilization.check_peak_flops, [1e12], TypeError, "got list"),
+    ],
+)
 def test_bad_flops_arguments_are_refused_saying_what_is_allowed(check, value, error, message):
     with pytest.raises(error, match=message.replace("(", r"\(").replace(")", r"\)")):
         check(value)
@@ -47,8 +69,12 @@ def test_no_advice_unless_scaling_is_good_and_mfu_low():
 
 def test_advice_names_the_input_when_it_barely_keeps_up():
     advice = utilization.underuse_advice(
-        efficiency=0.95, mfu=0.05, per_replica_batch_size=32, compute_dtype="float32",
-        faster_dtypes=[("bfloat16", 8.0)], input_samples_per_sec=1100.0,
+        efficiency=0.95,
+        mfu=0.05,
+        per_replica_batch_size=32,
+        compute_dtype="float32",
+        faster_dtypes=[("bfloat16", 8.0)],
+        input_samples_per_sec=1100.0,
         samples_per_sec=1000.0,
     )
     assert "devices wait for input" in advice
@@ -56,42 +82,60 @@ def test_advice_names_the_input_when_it_barely_keeps_up():
 
 def test_advice_names_mixed_precision_when_the_device_has_faster_dtypes():
     advice = utilization.underuse_advice(
-        efficiency=0.95, mfu=0.05, per_replica_batch_size=32, compute_dtype="float32",
-        faster_dtypes=[("bfloat16", 2.0)], input_samples_per_sec=1e6, samples_per_sec=1e3,
+        efficiency=0.95,
+        mfu=0.05,
+        per_replica_batch_size=32,
+        compute_dtype="float32",
+        faster_dtypes=[("bfloat16", 2.0)],
+        input_samples_per_sec=1e6,
+        samples_per_sec=1e3,
     )
     assert "set_global_policy('mixed_bfloat16')" in advice
 
 
 def test_advice_names_the_per_replica_batch_otherwise():
     advice = utilization.underuse_advice(
-        efficiency=0.95, mfu=0.05, per_replica_batch_size=16, compute_dtype="bfloat16",
+        efficiency=0.95,
+        mfu=0.05,
+        per_replica_batch_size=16,
+        compute_dtype="bfloat16",
     )
     assert "per-replica batch of 16" in advice
     assert "--per-replica-batch 16,32,64" in advice
 
 
-@pytest.mark.parametrize("name, key", [
-    ("Tesla V100-SXM2-16GB", "V100 SXM2"),
-    ("Tesla V100-PCIE-32GB", "V100 PCIe"),
-    ("Tesla T4", "T4"),
-    ("NVIDIA A10G", "A10G"),
-    ("NVIDIA L4", "L4"),
-    ("NVIDIA L40S", "L40S"),
-    ("NVIDIA A100-SXM4-80GB", "A100"),
-    ("NVIDIA H100 80GB HBM3", "H100 SXM"),
-    ("NVIDIA H100 PCIe", "H100 PCIe"),
-    ("NVIDIA H200", "H200"),
-    ("NVIDIA B200", "B200"),
-    ("NVIDIA GeForce GTX 1080", None),
-])
+@pytest.mark.parametrize(
+    "name, key",
+    [
+        ("Tesla V100-SXM2-16GB", "V100 SXM2"),
+        ("Tesla V100-PCIE-32GB", "V100 PCIe"),
+        ("Tesla T4", "T4"),
+        ("NVIDIA A10G", "A10G"),
+        ("NVIDIA L4", "L4"),
+        ("NVIDIA L40S", "L40S"),
+        ("NVIDIA A100-SXM4-80GB", "A100"),
+        ("NVIDIA H100 80GB HBM3", "H100 SXM"),
+        ("NVIDIA H100 PCIe", "H100 PCIe"),
+        ("NVIDIA H200", "H200"),
+        ("NVIDIA B200", "B200"),
+        ("NVIDIA GeForce GTX 1080", None),
+    ],
+)
 def test_gpu_names_map_to_table_devices(name, key):
     assert peak_flops.device_key("GPU", {"device_name": name}) == key
 
 
-@pytest.mark.parametrize("accelerator, key", [
-    ("v2-8", "TPU v2"), ("v3-32", "TPU v3"), ("v4-8", "TPU v4"),
-    ("v5litepod-8", "TPU v5e"), ("v5p-8", "TPU v5p"), ("v6e-4", "TPU v6e"),
-])
+@pytest.mark.parametrize(
+    "accelerator, key",
+    [
+        ("v2-8", "TPU v2"),
+        ("v3-32", "TPU v3"),
+        ("v4-8", "TPU v4"),
+        ("v5litepod-8", "TPU v5e"),
+        ("v5p-8", "TPU v5p"),
+        ("v6e-4", "TPU v6e"),
+    ],
+)
 def test_tpu_accelerator_types_map_to_table_devices(accelerator, key):
     assert peak_flops.device_key("TPU", environ={"TPU_ACCELERATOR_TYPE": accelerator}) == key
 
@@ -101,7 +145,10 @@ def test_float32_on_ampere_is_tf32_and_on_volta_is_float32():
     assert (a100.flops_per_sec, a100.source) == (156e12, "datasheet: A100, tf32")
     no_tf32 = peak_flops.lookup("A100", "float32", compute_capability=(8, 0), tf32_enabled=False)
     assert no_tf32.flops_per_sec == 19.5e12
-    assert peak_flops.lookup("V100 SXM2", "float32", compute_capability=(7, 0)).flops_per_sec == 15.7e12
+    assert (
+        peak_flops.lookup("V100 SXM2", "float32", compute_capability=(7, 0)).flops_per_sec
+        == 15.7e12
+    )
 
 
 def test_a_dtype_the_device_has_no_fast_path_for_has_no_peak():

@@ -12,11 +12,7 @@ import numpy as np
 import pytest
 
 import keras_scaling
-from keras_scaling import _validation
-from keras_scaling import data
-from keras_scaling import launcher
-from keras_scaling import peak_flops
-from keras_scaling import utilization
+from keras_scaling import _validation, data, launcher, peak_flops, utilization
 
 
 @pytest.mark.parametrize("value", [3, np.int64(3), np.int32(3), np.uint8(3)])

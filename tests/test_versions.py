@@ -57,7 +57,9 @@ def test_import_refuses_a_keras_below_the_floor(tmp_path):
     )
 
     assert result.returncode == 1
-    assert "ImportError: Keras 3.3.3 is installed. keras_scaling supports Keras 3.8" in result.stderr
+    assert (
+        "ImportError: Keras 3.3.3 is installed. keras_scaling supports Keras 3.8" in result.stderr
+    )
 
 
 @pytest.fixture

@@ -14,9 +14,7 @@ __all__ = sorted(_EXPORTS)
 
 def __getattr__(name):
     if name not in _EXPORTS:
-        raise AttributeError(
-            f"module 'keras_scaling.callbacks' has no attribute {name!r}"
-        )
+        raise AttributeError(f"module 'keras_scaling.callbacks' has no attribute {name!r}")
     value = getattr(importlib.import_module(_EXPORTS[name]), name)
     globals()[name] = value
     return value

@@ -10,11 +10,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_scaling import _backup
-from keras_scaling import _resume
-from keras_scaling import _topology
-from keras_scaling import _validation
-from keras_scaling import devices
+from keras_scaling import _backup, _resume, _topology, _validation
 
 logger = logging.getLogger("keras_scaling")
 
@@ -168,9 +164,7 @@ class BackupAndRestore(keras.callbacks.Callback):
             return
         iterations = self._read_iterations()
         dataset_iterations = None if self._hook is None else self._hook.iterators_created
-        self._save(
-            _backup.Position(epoch + 1, 0, iterations, dataset_iterations), "epoch_end"
-        )
+        self._save(_backup.Position(epoch + 1, 0, iterations, dataset_iterations), "epoch_end")
         if self._signal_received.is_set():
             self._announce_preemption(iterations)
             self.model.stop_training = True
@@ -248,9 +242,7 @@ class BackupAndRestore(keras.callbacks.Callback):
 
     def _mid_epoch_position(self, iterations):
         skipped = 0 if self._hook is None else self._hook.steps_skipped
-        dataset_iterations = (
-            None if self._hook is None else self._hook.iterators_created - 1
-        )
+        dataset_iterations = None if self._hook is None else self._hook.iterators_created - 1
         return _backup.Position(
             self._epoch,
             skipped + iterations - self._epoch_start_iterations,

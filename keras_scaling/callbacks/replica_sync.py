@@ -11,22 +11,22 @@ import logging
 import keras
 import tensorflow as tf
 
-from keras_scaling import _tensorboard
-from keras_scaling import _topology
-from keras_scaling import _tracked_variables
-from keras_scaling import _validation
-from keras_scaling import compat
-from keras_scaling import devices
-from keras_scaling import replica_state
+from keras_scaling import (
+    _tensorboard,
+    _topology,
+    _tracked_variables,
+    _validation,
+    compat,
+    devices,
+    replica_state,
+)
 
 __all__ = ["ReplicaDivergenceError", "ReplicaSyncCheck"]
 
 logger = logging.getLogger("keras_scaling")
 
 ON_DIVERGENCE_MODES = ("raise", "warn", "resync")
-_SCALAR_TAGS = frozenset(
-    {"replica_sync/max_abs_diff", "replica_sync/diverged_variables"}
-)
+_SCALAR_TAGS = frozenset({"replica_sync/max_abs_diff", "replica_sync/diverged_variables"})
 
 
 class ReplicaDivergenceError(RuntimeError):
@@ -172,9 +172,7 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
         super().__init__()
         self.every_n_steps = _validation.positive_int(every_n_steps, "every_n_steps")
         self.include_optimizer = bool(include_optimizer)
-        self.on_divergence = _validation.one_of(
-            on_divergence, "on_divergence", ON_DIVERGENCE_MODES
-        )
+        self.on_divergence = _validation.one_of(on_divergence, "on_divergence", ON_DIVERGENCE_MODES)
         self.per_replica_state = _validation.one_of(
             per_replica_state, "per_replica_state", replica_state.PER_REPLICA_STATE_MODES
         )
@@ -353,8 +351,7 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
         self._warn_about_per_replica_state(report)
         if report.float_drift:
             logger.warning(
-                "ReplicaSyncCheck at step %d: float drift within atol=%g, "
-                "rtol=%g:\n%s",
+                "ReplicaSyncCheck at step %d: float drift within atol=%g, rtol=%g:\n%s",
                 report.step,
                 self.atol,
                 self.rtol,
@@ -406,9 +403,7 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
             # A resumed run (BackupAndRestore) checks again at the step where
             # the run it resumes may have written already.
             _tensorboard.flush(self.log_dir)
-            self._last_written_step = _tensorboard.last_step_written(
-                self.log_dir, _SCALAR_TAGS
-            )
+            self._last_written_step = _tensorboard.last_step_written(self.log_dir, _SCALAR_TAGS)
         if report.step <= self._last_written_step:
             return
         self._last_written_step = report.step

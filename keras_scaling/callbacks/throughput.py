@@ -10,16 +10,18 @@ import weakref
 import keras
 import tensorflow as tf
 
-from keras_scaling import _background_save
-from keras_scaling import _input_probe
-from keras_scaling import _run_record
-from keras_scaling import _tensorboard
+from keras_scaling import (
+    _background_save,
+    _input_probe,
+    _run_record,
+    _tensorboard,
+    _throughput_flops,
+    _validation,
+    devices,
+)
 from keras_scaling import _throughput_advice as advice_lib
 from keras_scaling import _throughput_dashboard as dashboard
-from keras_scaling import _throughput_flops
-from keras_scaling import _validation
 from keras_scaling import baseline as baseline_lib
-from keras_scaling import devices
 from keras_scaling import utilization as utilization_lib
 from keras_scaling.data import _iterator_plan
 from keras_scaling.throughput import (
@@ -185,33 +187,44 @@ class ThroughputLogger(keras.callbacks.Callback):
     ```
     """
 
-    def __init__(self, log_dir, *, baseline="auto", update_freq="auto",
-                 warmup_steps=None, global_batch_size=None,
-                 flops_per_sample="auto", peak_flops="auto", clock=time.perf_counter):
+    def __init__(
+        self,
+        log_dir,
+        *,
+        baseline="auto",
+        update_freq="auto",
+        warmup_steps=None,
+        global_batch_size=None,
+        flops_per_sample="auto",
+        peak_flops="auto",
+        clock=time.perf_counter,
+    ):
         super().__init__()
         self.log_dir = _tensorboard.check_log_dir(log_dir)
         if isinstance(update_freq, str):
             update_freq = _validation.one_of(update_freq, "update_freq", ("auto",))
         else:
             update_freq = _validation.positive_int(
-                update_freq, "update_freq", fix='Pass a number of steps or "auto"')
+                update_freq, "update_freq", fix='Pass a number of steps or "auto"'
+            )
         self.update_freq = update_freq
         self.warmup_steps = (
-            DEFAULT_WARMUP_STEPS if warmup_steps is None
+            DEFAULT_WARMUP_STEPS
+            if warmup_steps is None
             else _validation.non_negative_int(warmup_steps, "warmup_steps")
         )
         self.global_batch_size = _validation.optional_positive_int(
-            global_batch_size, "global_batch_size",
-            fix="Pass the samples of one optimizer step over all replicas")
+            global_batch_size,
+            "global_batch_size",
+            fix="Pass the samples of one optimizer step over all replicas",
+        )
         self._baseline = baseline_lib.resolve_baseline(baseline)
         self.flops_per_sample = utilization_lib.check_flops_per_sample(flops_per_sample)
         self.peak_flops = utilization_lib.check_peak_flops(peak_flops)
         if not callable(clock):
             raise TypeError(f"clock must be a callable returning seconds, got {clock!r}")
         self._clock = clock
-        self._read_every_steps = (
-            _AUTO_FLOOR_STEPS if update_freq == "auto" else update_freq
-        )
+        self._read_every_steps = _AUTO_FLOOR_STEPS if update_freq == "auto" else update_freq
         self._calibrated = update_freq != "auto"
         self._stats = ThroughputStats()
         self._window = ThroughputWindow()
@@ -268,8 +281,9 @@ class ThroughputLogger(keras.callbacks.Callback):
             self._open_window_or_finish()
             return
         self._executions_since_read += 1
-        if (self._iterations_at_read + self._executions_since_read
-                * self._steps_per_execution) >= self._next_read_iterations:
+        if (
+            self._iterations_at_read + self._executions_since_read * self._steps_per_execution
+        ) >= self._next_read_iterations:
             self._measure()
 
     def on_epoch_end(self, epoch, logs=None):
@@ -294,9 +308,9 @@ class ThroughputLogger(keras.callbacks.Callback):
             variable = getattr(variable, "value", variable)
             # One replica's copy: all copies are equal, and reading a mirrored
             # variable as a whole costs several times more.
-            self._iterations_variable = (
-                self.model.distribute_strategy.experimental_local_results(variable)[0]
-            )
+            self._iterations_variable = self.model.distribute_strategy.experimental_local_results(
+                variable
+            )[0]
         return int(self._iterations_variable.numpy())
 
     def _samples(self, iterations):
@@ -401,8 +415,10 @@ class ThroughputLogger(keras.callbacks.Callback):
         self._read_iterations()
         read_s = self._clock() - read_start_s
         self._read_every_steps = auto_update_freq(
-            step_time_s, work_s + read_s,
-            max_share=_AUTO_MAX_SHARE, floor_steps=_AUTO_FLOOR_STEPS,
+            step_time_s,
+            work_s + read_s,
+            max_share=_AUTO_MAX_SHARE,
+            floor_steps=_AUTO_FLOOR_STEPS,
         )
 
     def _speedup(self, samples_per_sec):
@@ -414,8 +430,12 @@ class ThroughputLogger(keras.callbacks.Callback):
             return speedup(samples_per_sec, samples_per_sec, 1)
         if baseline.samples_per_sec is None:
             return None
-        return speedup(samples_per_sec, baseline.samples_per_sec,
-                       self._setup["num_replicas"], baseline.num_replicas)
+        return speedup(
+            samples_per_sec,
+            baseline.samples_per_sec,
+            self._setup["num_replicas"],
+            baseline.num_replicas,
+        )
 
     # Set-up: batch sizes, baseline, summary.
 
@@ -435,29 +455,40 @@ class ThroughputLogger(keras.callbacks.Callback):
             "dtype_policy": getattr(policy, "name", str(policy)),
         }
         self._baseline, self._baseline_note = baseline_lib.for_run(
-            self._baseline, self._setup,
+            self._baseline,
+            self._setup,
             model=self.model,
             one_replica_spec=_throughput_flops.one_replica_spec(
-                self._element_spec, self._setup["per_replica_batch_size"]),
+                self._element_spec, self._setup["per_replica_batch_size"]
+            ),
             device=info.local_devices[0],
             measures=info.is_chief,
-            shared_cores=(info.device_kind == "CPU" and info.replicas_per_worker > 1
-                          and os.environ.get(_THREADPOOL_ENV) != "1"),
+            shared_cores=(
+                info.device_kind == "CPU"
+                and info.replicas_per_worker > 1
+                and os.environ.get(_THREADPOOL_ENV) != "1"
+            ),
         )
         if info.is_chief:
             self._flops = _throughput_flops.resolve(
-                self.model, flops_per_sample=self.flops_per_sample,
-                peak_flops=self.peak_flops, element_spec=self._element_spec,
-                setup=self._setup, device=info.local_devices[0],
+                self.model,
+                flops_per_sample=self.flops_per_sample,
+                peak_flops=self.peak_flops,
+                element_spec=self._element_spec,
+                setup=self._setup,
+                device=info.local_devices[0],
             )
         else:
             self._flops = _throughput_flops.ModelFlops(num_replicas=info.num_replicas)
         if info.is_chief:
             with self._lock:
                 _tensorboard.write_custom_scalars_layout(
-                    self.log_dir, dashboard.custom_scalars_layout())
+                    self.log_dir, dashboard.custom_scalars_layout()
+                )
                 _tensorboard.write_text(
-                    self.log_dir, iterations, dashboard.SETUP_TAG,
+                    self.log_dir,
+                    iterations,
+                    dashboard.SETUP_TAG,
                     dashboard.setup_markdown(self._setup_rows()),
                 )
 
@@ -486,11 +517,15 @@ class ThroughputLogger(keras.callbacks.Callback):
             ("what the speedup means", self._baseline_note),
             *self._flops.setup_rows(),
             ("warm-up", f"first execution of each fit + {self.warmup_steps} steps"),
-            ("points", (
-                f"every {self.update_freq} steps" if self.update_freq != "auto"
-                else "every 10 steps, then as many as keep reading the counter "
-                     "under 0.5% of a step"
-            )),
+            (
+                "points",
+                (
+                    f"every {self.update_freq} steps"
+                    if self.update_freq != "auto"
+                    else "every 10 steps, then as many as keep reading the counter "
+                    "under 0.5% of a step"
+                ),
+            ),
         ]
 
     # Writing.
@@ -554,7 +589,9 @@ class ThroughputLogger(keras.callbacks.Callback):
                 "ThroughputLogger: no step was measured (warm-up: first execution "
                 "+ %d steps, then a figure every %d steps); %s has no throughput. "
                 "Train for more steps, or lower warmup_steps or update_freq.",
-                self.warmup_steps, self._read_every_steps, _run_record.THROUGHPUT_JSON,
+                self.warmup_steps,
+                self._read_every_steps,
+                _run_record.THROUGHPUT_JSON,
             )
         self._iterator = None
 
@@ -620,21 +657,31 @@ class ThroughputLogger(keras.callbacks.Callback):
             return
         steady = self._stats.steady_state()
         if "short_steps" not in self._advised:
-            self._give("short_steps", advice_lib.short_steps(
-                steady.step_time_p50_s, self._steps_per_execution))
+            self._give(
+                "short_steps",
+                advice_lib.short_steps(steady.step_time_p50_s, self._steps_per_execution),
+            )
         figures = self._speedup(steady.samples_per_sec)
         if figures is None:
             return
         if "low_efficiency" not in self._advised and figures.efficiency < advice_lib.LOW_EFFICIENCY:
             input_samples_per_sec, reason = self._input_samples_per_sec()
-            self._give("low_efficiency", advice_lib.low_efficiency(
-                figures, steady.samples_per_sec, input_samples_per_sec, reason,
-                host_cpu_replicas=(self._setup["device_kind"] == "CPU"
-                                   and self._info.replicas_per_worker > 1),
-            ))
+            self._give(
+                "low_efficiency",
+                advice_lib.low_efficiency(
+                    figures,
+                    steady.samples_per_sec,
+                    input_samples_per_sec,
+                    reason,
+                    host_cpu_replicas=(
+                        self._setup["device_kind"] == "CPU" and self._info.replicas_per_worker > 1
+                    ),
+                ),
+            )
         if "underused" not in self._advised:
-            self._give("underused", self._underuse_advice(
-                steady.samples_per_sec, figures.efficiency))
+            self._give(
+                "underused", self._underuse_advice(steady.samples_per_sec, figures.efficiency)
+            )
 
     def _give(self, kind, text):
         if text is None:
@@ -643,7 +690,8 @@ class ThroughputLogger(keras.callbacks.Callback):
         logger.warning("ThroughputLogger: %s", text)
         with self._lock:
             _tensorboard.write_text(
-                self.log_dir, max(0, self._last_written_step or 0), dashboard.ADVICE_TAG, text)
+                self.log_dir, max(0, self._last_written_step or 0), dashboard.ADVICE_TAG, text
+            )
 
     def _input_samples_per_sec(self):
         """The input pipeline's samples/sec over all workers, or (None, why not)."""

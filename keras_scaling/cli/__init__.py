@@ -9,9 +9,7 @@ local multi-worker training. `python -m keras_scaling` is the same program.
 import argparse
 import sys
 
-from keras_scaling.cli import bench
-from keras_scaling.cli import launch
-from keras_scaling.cli import report
+from keras_scaling.cli import bench, launch, report
 from keras_scaling.cli._errors import UsageError
 
 _PROG = "keras-scaling"

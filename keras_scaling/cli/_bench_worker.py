@@ -81,8 +81,7 @@ def _configure_tensorflow(args):
             devices = [tf.config.list_logical_devices("CPU")[0].name]
     if len(devices) < args.replicas:
         raise UsageError(
-            f"{args.replicas} replicas asked for, but this process sees "
-            f"{len(devices)} device(s)"
+            f"{args.replicas} replicas asked for, but this process sees {len(devices)} device(s)"
         )
     return tf.distribute.MirroredStrategy(devices[: args.replicas])
 
@@ -120,9 +119,7 @@ def run(args):
     """Trains one replica count; returns the process exit status."""
     import tensorflow as tf
 
-    from keras_scaling import callbacks
-    from keras_scaling import compat
-    from keras_scaling import data
+    from keras_scaling import callbacks, compat, data
     from keras_scaling.cli import _models
 
     strategy = _configure_tensorflow(args)
@@ -131,9 +128,7 @@ def run(args):
         model = _models.build_model(args.model)
         _models.compile_for_bench(model, args.model, args.steps_per_execution)
     global_batch_size = args.per_replica_batch * args.replicas
-    x, y = _models.synthetic_data(
-        model, global_batch_size * _DISTINCT_BATCHES, seed=args.seed
-    )
+    x, y = _models.synthetic_data(model, global_batch_size * _DISTINCT_BATCHES, seed=args.seed)
     dataset = data.distribute(
         (x, y),
         strategy=strategy,

@@ -37,9 +37,7 @@ def check_spec(spec):
 def _import_function(spec):
     module_name, _, function_name = spec.partition(":")
     if not module_name or not function_name:
-        raise UsageError(
-            f"--model {spec!r} must have the form package.module:function"
-        )
+        raise UsageError(f"--model {spec!r} must have the form package.module:function")
     if "" not in sys.path and "." not in sys.path:
         sys.path.insert(0, "")
     try:
@@ -52,8 +50,7 @@ def _import_function(spec):
     function = getattr(module, function_name, None)
     if function is None:
         raise UsageError(
-            f"--model {spec!r}: module {module_name!r} has no attribute "
-            f"{function_name!r}"
+            f"--model {spec!r}: module {module_name!r} has no attribute {function_name!r}"
         )
     if not callable(function):
         raise UsageError(
@@ -117,9 +114,7 @@ def compile_for_bench(model, spec, steps_per_execution):
             )
         return
     if spec in PRESETS:
-        loss = keras.losses.SparseCategoricalCrossentropy(
-            from_logits=spec != "resnet50"
-        )
+        loss = keras.losses.SparseCategoricalCrossentropy(from_logits=spec != "resnet50")
     else:
         loss = "mean_squared_error"
     model.compile(

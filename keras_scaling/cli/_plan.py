@@ -39,9 +39,7 @@ def _parse_positive_list(text, option, example):
                 f"such as {example}; got {text!r}"
             ) from None
         if number < 1:
-            raise UsageError(
-                f"{option} must hold positive integers, got {number} in {text!r}"
-            )
+            raise UsageError(f"{option} must hold positive integers, got {number} in {text!r}")
         numbers.add(number)
     return tuple(sorted(numbers))
 
@@ -118,8 +116,7 @@ def plan_batches(replica_counts, per_replica_batch_size=None, global_batch_size=
             f"{math.lcm(*replica_counts) * 32})"
         )
     return [
-        SweepPoint(count, global_batch_size // count, global_batch_size)
-        for count in replica_counts
+        SweepPoint(count, global_batch_size // count, global_batch_size) for count in replica_counts
     ]
 
 

@@ -44,8 +44,10 @@ def scaling_figure(rows, title, by_batch=False):
     measured = [row for row in rows if not math.isnan(row.speedup)]
     if by_batch:
         series = [
-            (f"per-replica batch {batch}",
-             [row for row in measured if row.per_replica_batch_size == batch])
+            (
+                f"per-replica batch {batch}",
+                [row for row in measured if row.per_replica_batch_size == batch],
+            )
             for batch in sorted({row.per_replica_batch_size for row in measured})
         ]
     else:

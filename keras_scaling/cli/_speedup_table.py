@@ -22,8 +22,7 @@ import math
 import os
 import re
 
-from keras_scaling import _run_record
-from keras_scaling import utilization
+from keras_scaling import _run_record, utilization
 
 THROUGHPUT_FILE = _run_record.THROUGHPUT_JSON
 
@@ -84,9 +83,7 @@ class Summary:
 def read_run(path, name):
     """Reads one `throughput.json`; raises ValueError saying what is wrong."""
     throughput = _run_record.read_throughput_json(path, parameter="file")
-    _run_record.measured_samples_per_sec(
-        throughput, path, "the run was too short to measure"
-    )
+    _run_record.measured_samples_per_sec(throughput, path, "the run was too short to measure")
     return Run(name=name, path=os.path.abspath(path), throughput=throughput)
 
 
@@ -221,8 +218,7 @@ def summary_to_json(summary, **setup):
         "baseline_samples_per_sec": summary.baseline_samples_per_sec,
         "baseline_source": summary.baseline_source,
         "rows": [
-            {key: clean(value) for key, value in row.to_json().items()}
-            for row in summary.rows
+            {key: clean(value) for key, value in row.to_json().items()} for row in summary.rows
         ],
         "notes": list(summary.notes),
     }

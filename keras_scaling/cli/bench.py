@@ -11,10 +11,7 @@ import subprocess
 import sys
 import time
 
-from keras_scaling.cli import _bench_worker
-from keras_scaling.cli import _models
-from keras_scaling.cli import _plan
-from keras_scaling.cli import _speedup_table
+from keras_scaling.cli import _bench_worker, _models, _plan, _speedup_table
 from keras_scaling.cli._arguments import positive_int
 from keras_scaling.cli._errors import UsageError
 from keras_scaling.cli._plot import efficiency_plot_png, scaling_plot_png
@@ -92,8 +89,7 @@ def add_parser(subparsers):
     parser.add_argument(
         "--replicas",
         metavar="LIST",
-        help="replica counts, such as 1,2,4 (default: 1, then powers of two up "
-        "to all devices)",
+        help="replica counts, such as 1,2,4 (default: 1, then powers of two up to all devices)",
     )
     parser.add_argument(
         "--cpu-devices",
@@ -105,8 +101,7 @@ def add_parser(subparsers):
         "--model",
         default="mlp",
         metavar="PRESET|package.module:function",
-        help=f"the model: {', '.join(_models.PRESETS)} or package.module:function "
-        "(default: mlp)",
+        help=f"the model: {', '.join(_models.PRESETS)} or package.module:function (default: mlp)",
     )
     batch = parser.add_mutually_exclusive_group()
     batch.add_argument(
@@ -187,8 +182,10 @@ class _Sweep:
         if self.batch_sweep is None:
             return [("", self.points)]
         return [
-            (_BATCH_DIR.format(batch) + "/",
-             [point for point in self.points if point.per_replica_batch_size == batch])
+            (
+                _BATCH_DIR.format(batch) + "/",
+                [point for point in self.points if point.per_replica_batch_size == batch],
+            )
             for batch in self.batch_sweep
         ]
 
@@ -218,9 +215,7 @@ def run(args):
         runs = []
         for point in points:
             index += 1
-            run_or_status = _run_point(
-                args, sweep, point, index, log_dir, baseline, prefix
-            )
+            run_or_status = _run_point(args, sweep, point, index, log_dir, baseline, prefix)
             if isinstance(run_or_status, int):
                 return run_or_status
             runs.append(run_or_status)
@@ -271,7 +266,8 @@ def _plan_sweep(args):
     if args.global_batch is None:
         batches = (
             _plan.parse_batch_sizes(args.per_replica_batch)
-            if args.per_replica_batch else (_DEFAULT_PER_REPLICA_BATCH,)
+            if args.per_replica_batch
+            else (_DEFAULT_PER_REPLICA_BATCH,)
         )
         points = [
             point
@@ -438,7 +434,7 @@ def _run_point(args, sweep, point, index, log_dir, baseline, prefix=""):
         try:
             for line in process.stdout:
                 if line.startswith(_bench_worker.PROGRESS_PREFIX):
-                    done, steps = line[len(_bench_worker.PROGRESS_PREFIX):].split()
+                    done, steps = line[len(_bench_worker.PROGRESS_PREFIX) :].split()
                     progress.update(int(done), int(steps))
                 else:
                     log.write(line)
@@ -465,7 +461,7 @@ def _run_point(args, sweep, point, index, log_dir, baseline, prefix=""):
     progress.abort()
     lines = _tail(log_path)
     usage = [
-        line[len(_bench_worker.USAGE_PREFIX):]
+        line[len(_bench_worker.USAGE_PREFIX) :]
         for line in lines
         if line.startswith(_bench_worker.USAGE_PREFIX)
     ]
@@ -508,8 +504,7 @@ class _Progress:
     def __init__(self, index, total, point, steps):
         self._interactive = sys.stdout.isatty()
         self._label = (
-            f"[{index}/{total}] {point.replicas} replica(s), "
-            f"global batch {point.global_batch_size}"
+            f"[{index}/{total}] {point.replicas} replica(s), global batch {point.global_batch_size}"
         )
         self._last = ""
         if self._interactive:
@@ -572,15 +567,16 @@ def _write_results(log_dir, summary, table, args, sweep):
     with open(os.path.join(log_dir, "scaling.png"), "wb") as file:
         file.write(png)
     text = f"{table}\n\nSpeedup over {summary.baseline_source}."
-    _tensorboard.write_image(
-        log_dir, 0, "scaling/speedup_vs_replicas", png, run=SUMMARY_RUN
-    )
+    _tensorboard.write_image(log_dir, 0, "scaling/speedup_vs_replicas", png, run=SUMMARY_RUN)
     if sweep.batch_sweep is not None:
         efficiency_png = efficiency_plot_png(summary.rows, title, _EFFICIENT)
         with open(os.path.join(log_dir, "efficiency.png"), "wb") as file:
             file.write(efficiency_png)
         _tensorboard.write_image(
-            log_dir, 0, "scaling/efficiency_vs_per_replica_batch", efficiency_png,
+            log_dir,
+            0,
+            "scaling/efficiency_vs_per_replica_batch",
+            efficiency_png,
             run=SUMMARY_RUN,
         )
         text += f"\n\n{_efficient_batch_line(summary.rows)}"

@@ -3,8 +3,7 @@
 import argparse
 import sys
 
-from keras_scaling import _isolation
-from keras_scaling import launcher
+from keras_scaling import _isolation, launcher
 from keras_scaling.cli._arguments import non_negative_int, positive_int
 
 _DESCRIPTION = """\
@@ -108,9 +107,7 @@ def _seconds(text):
     except ValueError:
         value = -1.0
     if not value >= 0:
-        raise argparse.ArgumentTypeError(
-            f"must be a number of seconds >= 0, got {text!r}"
-        )
+        raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0, got {text!r}")
     return value
 
 

@@ -23,15 +23,15 @@ import logging
 import os
 import threading
 
-from keras_scaling import _probes
-from keras_scaling import _topology
-from keras_scaling import _versions
-from keras_scaling.compat import _keras_trainer
-from keras_scaling.compat import _multi_worker_epoch
-from keras_scaling.compat import _probe
-from keras_scaling.compat import _scalar_reduce
-from keras_scaling.compat import _steps_per_execution
-from keras_scaling.compat import _symbolic_build
+from keras_scaling import _probes, _topology, _versions
+from keras_scaling.compat import (
+    _keras_trainer,
+    _multi_worker_epoch,
+    _probe,
+    _scalar_reduce,
+    _steps_per_execution,
+    _symbolic_build,
+)
 
 __all__ = [
     "CompatStatus",
@@ -156,8 +156,7 @@ def _env_disables():
     if value in ("1", "true", "yes"):
         return True
     raise ValueError(
-        f"{NO_COMPAT_ENV} must be 1 (keep Keras untouched) or 0, got "
-        f"{os.environ[NO_COMPAT_ENV]!r}"
+        f"{NO_COMPAT_ENV} must be 1 (keep Keras untouched) or 0, got {os.environ[NO_COMPAT_ENV]!r}"
     )
 
 
@@ -172,8 +171,7 @@ def _fix_named(name):
         if fix.NAME == name:
             return fix
     raise ValueError(
-        f"name must be one of {', '.join(map(repr, _FIX_NAMES))} or None, "
-        f"got {name!r}"
+        f"name must be one of {', '.join(map(repr, _FIX_NAMES))} or None, got {name!r}"
     )
 
 
@@ -181,9 +179,7 @@ def _log_env_notice_once():
     global _env_notice_logged
     if not _env_notice_logged:
         _env_notice_logged = True
-        logger.info(
-            "keras_scaling.compat: %s=1, Keras is left unpatched", NO_COMPAT_ENV
-        )
+        logger.info("keras_scaling.compat: %s=1, Keras is left unpatched", NO_COMPAT_ENV)
 
 
 def _apply(fixes):
@@ -294,9 +290,7 @@ def disable(name=None):
             setattr(owner, attribute, original)
             restored.append(fix_name)
         if restored:
-            logger.info(
-                "keras_scaling.compat: restored Keras' own %s", ", ".join(restored)
-            )
+            logger.info("keras_scaling.compat: restored Keras' own %s", ", ".join(restored))
         return status()
 
 
@@ -341,10 +335,7 @@ def enable_for(strategy, model=None):
     import tensorflow as tf
 
     if not isinstance(strategy, tf.distribute.Strategy):
-        raise TypeError(
-            "strategy must be a tf.distribute.Strategy, got "
-            f"{type(strategy).__name__}"
-        )
+        raise TypeError(f"strategy must be a tf.distribute.Strategy, got {type(strategy).__name__}")
     if _topology.num_replicas(strategy) < 2:
         return status()
     _warn_about_multi_worker_metrics(strategy)
@@ -387,9 +378,7 @@ def _rebuild_functions_built_without_fix(model):
         ("test_function", "make_test_function"),
     ):
         function = getattr(model, attribute, None)
-        if function is not None and not getattr(
-            function, _steps_per_execution.BUILT_BY_FIX, False
-        ):
+        if function is not None and not getattr(function, _steps_per_execution.BUILT_BY_FIX, False):
             getattr(model, make)(force=True)
 
 

@@ -10,8 +10,7 @@ found; they then report themselves as unavailable.
 
 import importlib
 
-from keras_scaling import _probes
-from keras_scaling import _topology
+from keras_scaling import _probes, _topology
 
 _TRAINER_MODULE = "keras.src.backend.tensorflow.trainer"
 _DATASET_ADAPTER_MODULE = "keras.src.trainers.data_adapters.tf_dataset_adapter"
@@ -33,9 +32,10 @@ def _find_trainer_class(module):
     import keras
 
     for candidate in keras.Model.__mro__:
-        if candidate.__module__ == module.__name__ and module.__dict__.get(
-            candidate.__name__
-        ) is candidate:
+        if (
+            candidate.__module__ == module.__name__
+            and module.__dict__.get(candidate.__name__) is candidate
+        ):
             return candidate
     raise AttributeError(
         f"keras.Model inherits from no class of {_TRAINER_MODULE} (Keras 3.8 to "

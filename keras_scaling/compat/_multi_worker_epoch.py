@@ -27,8 +27,7 @@ import functools
 import tensorflow as tf
 
 from keras_scaling import _topology
-from keras_scaling.compat import _keras_trainer
-from keras_scaling.compat import _probe
+from keras_scaling.compat import _keras_trainer, _probe
 
 NAME = "multi_worker_epoch"
 ISSUE = "no upstream issue"
@@ -52,8 +51,7 @@ def probe():
     iterator = _keras_trainer.module_function("TFEpochIterator")
     if not isinstance(iterator, type) or "__init__" not in iterator.__dict__:
         return False, (
-            "TFEpochIterator.__init__ is gone: the iterator this fix adjusts "
-            "no longer exists"
+            "TFEpochIterator.__init__ is gone: the iterator this fix adjusts no longer exists"
         )
     num_batches = adapter.__dict__.get("num_batches")
     sources = [
@@ -68,8 +66,7 @@ def probe():
     num_batches_source, init_source = sources
     if _probe.contains(r"auto_shard|num_workers", num_batches_source + init_source):
         return False, (
-            "Keras now looks at sharding or workers when it counts the steps "
-            "of a tf.data.Dataset"
+            "Keras now looks at sharding or workers when it counts the steps of a tf.data.Dataset"
         )
     if _probe.contains(r"cardinality", num_batches_source):
         return True, (
@@ -93,9 +90,9 @@ def steps_per_batch(strategy, dataset):
     Returns:
         int.
     """
-    if not isinstance(
-        strategy, tf.distribute.MultiWorkerMirroredStrategy
-    ) or not isinstance(dataset, tf.data.Dataset):
+    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) or not isinstance(
+        dataset, tf.data.Dataset
+    ):
         return 1
     workers = _topology.num_workers(strategy)
     if workers < 2:
@@ -106,7 +103,7 @@ def steps_per_batch(strategy, dataset):
     return workers
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _worker_share_adapter_class(keras_adapter_class):
     """A subclass of Keras' dataset adapter whose epoch lasts the steps it takes."""
 
@@ -139,9 +136,7 @@ def make_replacement(original_init):
             getattr(self, "_distribute_strategy", None), adapter.get_tf_dataset()
         )
         if factor > 1:
-            self.data_adapter = _worker_share_adapter_class(keras_adapter_class)(
-                adapter, factor
-            )
+            self.data_adapter = _worker_share_adapter_class(keras_adapter_class)(adapter, factor)
             self._num_batches = self.data_adapter.num_batches
 
     return __init__

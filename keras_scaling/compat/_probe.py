@@ -12,9 +12,7 @@ import keras
 
 # The newest Keras release in which every defect was reproduced.
 LAST_VERIFIED_KERAS = "3.16.0.dev2026102704"
-TRAINER_NOT_FOUND = (
-    "Keras' TensorFlow trainer class was not found where this fix expects it"
-)
+TRAINER_NOT_FOUND = "Keras' TensorFlow trainer class was not found where this fix expects it"
 
 
 def source_of(obj):

@@ -10,8 +10,7 @@ scalars, which have no axis 0: "Invalid reduction dimension 0 for input with
 import keras
 
 from keras_scaling import _topology
-from keras_scaling.compat import _keras_trainer
-from keras_scaling.compat import _probe
+from keras_scaling.compat import _keras_trainer, _probe
 
 NAME = "scalar_reduce"
 ISSUE = "tensorflow/tensorflow#72388"
@@ -33,22 +32,18 @@ def probe():
     reduce_per_replica = _keras_trainer.module_function("reduce_per_replica")
     if reduce_per_replica is None:
         return False, (
-            "keras' reduce_per_replica is gone: the reduction this fix "
-            "replaces no longer exists"
+            "keras' reduce_per_replica is gone: the reduction this fix replaces no longer exists"
         )
     source = _probe.source_of(reduce_per_replica)
     if source is None:
         return _probe.by_version("the axis=0 reduction of scalars")
-    if _probe.contains(
-        r"strategy\.reduce\(\s*[\"']MEAN[\"']\s*,\s*v\s*,\s*axis=0\s*\)", source
-    ):
+    if _probe.contains(r"strategy\.reduce\(\s*[\"']MEAN[\"']\s*,\s*v\s*,\s*axis=0\s*\)", source):
         return True, (
             "reduce_per_replica averages every output with axis=0 under "
             "MultiWorkerMirroredStrategy, scalars included"
         )
     return False, (
-        "reduce_per_replica no longer reduces with axis=0 under "
-        "MultiWorkerMirroredStrategy"
+        "reduce_per_replica no longer reduces with axis=0 under MultiWorkerMirroredStrategy"
     )
 
 

@@ -19,8 +19,7 @@ strategies, one replica, `run_eagerly` and `jit_compile` keep Keras' loop.
 import tensorflow as tf
 
 from keras_scaling import _topology
-from keras_scaling.compat import _keras_trainer
-from keras_scaling.compat import _probe
+from keras_scaling.compat import _keras_trainer, _probe
 
 NAME = "steps_per_execution"
 ISSUE = "keras-team/keras#19246"
@@ -51,17 +50,16 @@ def probe():
     source = _probe.source_of(trainer._make_function)
     if source is None:
         return _probe.by_version("the nested per-step function")
-    nested = _probe.contains(
-        r"one_step_on_data\s*=\s*tf\.function\(", source
-    ) and _probe.contains(r"tf\.cond\(", source)
+    nested = _probe.contains(r"one_step_on_data\s*=\s*tf\.function\(", source) and _probe.contains(
+        r"tf\.cond\(", source
+    )
     if nested:
         return True, (
             f"{trainer.__name__}._make_function calls the per-step tf.function "
             "inside tf.cond in its steps_per_execution loop"
         )
     return False, (
-        f"{trainer.__name__}._make_function no longer calls a per-step "
-        "tf.function inside tf.cond"
+        f"{trainer.__name__}._make_function no longer calls a per-step tf.function inside tf.cond"
     )
 
 
@@ -156,14 +154,10 @@ def _fused_function(self, step_function, keras_function):
         optional_outputs._element_spec = empty_outputs.element_spec
         return optional_outputs
 
-    multi_step_on_iterator = tf.function(
-        multi_step_on_iterator, reduce_retracing=True
-    )
+    multi_step_on_iterator = tf.function(multi_step_on_iterator, reduce_retracing=True)
 
     def function(iterator):
-        if isinstance(
-            iterator, (tf.data.Iterator, tf.distribute.DistributedIterator)
-        ):
+        if isinstance(iterator, (tf.data.Iterator, tf.distribute.DistributedIterator)):
             optional_outputs = multi_step_on_iterator(iterator)
             if not optional_outputs.has_value():
                 raise StopIteration

@@ -12,8 +12,7 @@ import keras
 import tensorflow as tf
 
 from keras_scaling import _topology
-from keras_scaling.compat import _keras_trainer
-from keras_scaling.compat import _probe
+from keras_scaling.compat import _keras_trainer, _probe
 
 NAME = "symbolic_build"
 ISSUE = "keras-team/keras#20585"

@@ -13,9 +13,7 @@ import numbers
 import tensorflow as tf
 
 from keras_scaling import devices
-from keras_scaling.data import _pipeline
-from keras_scaling.data import _plan
-from keras_scaling.data import _sources
+from keras_scaling.data import _pipeline, _plan, _sources
 from keras_scaling.data._plan import InputPlan
 
 __all__ = ["InputPlan", "describe", "distribute", "global_batch_size", "plan_of"]
@@ -394,14 +392,10 @@ def _make_plan(
     _plan.check_shard(shard)
     if shuffle is not None and not isinstance(shuffle, bool):
         raise TypeError(f"shuffle must be True, False or None, got {shuffle!r}.")
-    if seed is not None and (
-        isinstance(seed, bool) or not isinstance(seed, numbers.Integral)
-    ):
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
         raise TypeError(f"seed must be an integer or None, got {seed!r}.")
     if not (cache is False or cache is True or isinstance(cache, str)):
-        raise TypeError(
-            f"cache must be False, True (in memory) or a file path, got {cache!r}."
-        )
+        raise TypeError(f"cache must be False, True (in memory) or a file path, got {cache!r}.")
     _sources.check_num_samples(num_samples)
     if per_replica_batch_size is not None or global_batch_size is not None:
         # Wrong sizes are reported before any data is read or counted.
@@ -430,8 +424,7 @@ def _make_plan(
         file_assignment = _plan.assign_files(source.file_sizes, info.num_workers)
     if file_assignment is not None:
         worker_sizes = [
-            sum(source.file_sizes[index] for index in files)
-            for files in file_assignment
+            sum(source.file_sizes[index] for index in files) for files in file_assignment
         ]
     else:
         worker_sizes = [
@@ -441,9 +434,7 @@ def _make_plan(
     schedule = _plan.schedule_epoch(worker_sizes, global_size, last_batch)
     if shuffle is None:
         shuffle = source.default_shuffle
-    notes = _source_notes(
-        source, shuffle, per_replica_batch_size, global_batch_size, per_replica
-    )
+    notes = _source_notes(source, shuffle, per_replica_batch_size, global_batch_size, per_replica)
     warnings = tuple(
         message
         for message in (
@@ -469,9 +460,7 @@ def _make_plan(
         shuffle=shuffle,
         seed=DEFAULT_SEED if seed is None else int(seed),
         num_files=source.num_files,
-        worker_files=(
-            len(file_assignment[info.worker_index]) if file_assignment else None
-        ),
+        worker_files=(len(file_assignment[info.worker_index]) if file_assignment else None),
         device_kind=info.device_kind,
         strategy=info.kind,
         warnings=warnings,

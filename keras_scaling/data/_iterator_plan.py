@@ -8,7 +8,7 @@ import logging
 
 import tensorflow as tf
 
-from keras_scaling import _validation
+from keras_scaling import _tf_data_internals, _validation
 
 logger = logging.getLogger("keras_scaling")
 
@@ -43,7 +43,10 @@ def global_batch_size(given, iterator, element_spec, num_replicas):
             logger.warning(
                 "ThroughputLogger: global_batch_size=%d, but the data's batches "
                 "hold %d samples per replica x %d replicas = %d",
-                given, per_replica, num_replicas, per_replica * num_replicas,
+                given,
+                per_replica,
+                num_replicas,
+                per_replica * num_replicas,
             )
         size = given
     else:
@@ -81,8 +84,6 @@ def static_batch_size(element_spec):
         return None
     (size,) = sizes
     return size
-
-from keras_scaling import _tf_data_internals
 
 
 def planned_global_batch_size(iterator):

@@ -2,8 +2,7 @@
 
 import tensorflow as tf
 
-from keras_scaling.data import _py_dataset
-from keras_scaling.data import _sources
+from keras_scaling.data import _py_dataset, _sources
 
 # Datasets and records are shuffled through a buffer of at most this many
 # elements (arrays get a full permutation of their row indices instead): a
@@ -16,20 +15,14 @@ def build(source, *, plan, schedule, file_assignment, parse_fn, cache):
     if isinstance(source, _sources.ArraySource) and parse_fn is None:
         dataset = _batched_array_rows(source, plan, schedule)
     else:
-        dataset = _batched_elements(
-            source, plan, schedule, file_assignment, parse_fn, cache
-        )
+        dataset = _batched_elements(source, plan, schedule, file_assignment, parse_fn, cache)
     dataset = dataset.apply(
-        tf.data.experimental.assert_cardinality(
-            _batches_per_worker(plan, schedule)
-        )
+        tf.data.experimental.assert_cardinality(_batches_per_worker(plan, schedule))
     )
     options = tf.data.Options()
     # The split between workers is done above; TensorFlow must not split again
     # (AUTO would read every file on every worker: tensorflow#49048).
-    options.experimental_distribute.auto_shard_policy = (
-        tf.data.experimental.AutoShardPolicy.OFF
-    )
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
     return dataset.with_options(options).prefetch(tf.data.AUTOTUNE)
 
 
@@ -44,9 +37,7 @@ def _drop_remainder(plan):
 
 
 def _shuffle(dataset, plan, buffer_size):
-    return dataset.shuffle(
-        buffer_size, seed=plan.seed, reshuffle_each_iteration=True
-    )
+    return dataset.shuffle(buffer_size, seed=plan.seed, reshuffle_each_iteration=True)
 
 
 def _batched_array_rows(source, plan, schedule):
@@ -65,16 +56,12 @@ def _batched_array_rows(source, plan, schedule):
         plan,
         padding=tf.data.Dataset.from_tensors(tf.constant(-1, tf.int64)),
     )
-    positions = positions.batch(
-        plan.global_batch_size, drop_remainder=_drop_remainder(plan)
-    )
+    positions = positions.batch(plan.global_batch_size, drop_remainder=_drop_remainder(plan))
     arrays = source.arrays
     padded = plan.last_batch == "pad"
 
     def gather(indices):
-        rows = tf.nest.map_structure(
-            lambda array: tf.gather(array, tf.maximum(indices, 0)), arrays
-        )
+        rows = tf.nest.map_structure(lambda array: tf.gather(array, tf.maximum(indices, 0)), arrays)
         if not padded:
             return rows
         return _with_padding_weights(rows, tf.cast(indices >= 0, tf.float32))
@@ -128,9 +115,7 @@ def _batched_elements(source, plan, schedule, file_assignment, parse_fn, cache):
     padded = plan.last_batch == "pad"
     if padded:
         stream = stream.map(lambda *element: (_unpack(element), 1.0))
-        padding = _first_sample(source, raw, load).map(
-            lambda *element: (_unpack(element), 0.0)
-        )
+        padding = _first_sample(source, raw, load).map(lambda *element: (_unpack(element), 0.0))
     else:
         padding = None
     stream = _keep_or_pad(
@@ -164,9 +149,7 @@ def _raw_elements(source, plan, file_assignment):
         arrays = source.arrays
         positions = tf.data.Dataset.range(source.num_examples)
         rows = positions.map(
-            lambda index: tf.nest.map_structure(
-                lambda array: tf.gather(array, index), arrays
-            )
+            lambda index: tf.nest.map_structure(lambda array: tf.gather(array, index), arrays)
         )
         return rows, source.num_examples
     if isinstance(source, _sources.DatasetSource):
@@ -177,9 +160,7 @@ def _raw_elements(source, plan, file_assignment):
             if plan.shard_mode == "item"
             else range(source.num_files)
         )
-        samples = _py_dataset.sample_stream(
-            source, items, shuffle=plan.shuffle, seed=plan.seed
-        )
+        samples = _py_dataset.sample_stream(source, items, shuffle=plan.shuffle, seed=plan.seed)
         return samples, sum(source.item_sizes[index] for index in items)
     if isinstance(source, _sources.DirectorySource):
         if plan.shard_mode == "element":

@@ -169,8 +169,7 @@ def choose_shard_mode(shard, num_workers, num_files=None, unit="files"):
     if num_files is not None and num_files >= num_workers and shard != "element":
         return (
             mode,
-            f"{num_files} {unit} >= {num_workers} workers: each worker reads only "
-            f"its own {unit}",
+            f"{num_files} {unit} >= {num_workers} workers: each worker reads only its own {unit}",
             None,
         )
     if shard == "file":
@@ -183,8 +182,7 @@ def choose_shard_mode(shard, num_workers, num_files=None, unit="files"):
     if num_files is None:
         return (
             "element",
-            "in-memory data or dataset: each worker keeps one element in "
-            f"{num_workers}",
+            f"in-memory data or dataset: each worker keeps one element in {num_workers}",
             None,
         )
     if shard == "element":
@@ -348,13 +346,9 @@ def schedule_epoch(worker_sizes, global_batch_size, last_batch):
         examples = tuple(kept for _ in worker_sizes)
         padding = tuple(0 for _ in worker_sizes)
     else:
-        batches_per_worker = max(
-            math.ceil(size / global_batch_size) for size in worker_sizes
-        )
+        batches_per_worker = max(math.ceil(size / global_batch_size) for size in worker_sizes)
         examples = tuple(worker_sizes)
-        padding = tuple(
-            batches_per_worker * global_batch_size - size for size in worker_sizes
-        )
+        padding = tuple(batches_per_worker * global_batch_size - size for size in worker_sizes)
     return EpochSchedule(
         steps_per_epoch=batches_per_worker * num_workers,
         examples_per_worker=examples,
@@ -472,26 +466,20 @@ class InputPlan:
         lines = [
             f"Input plan ({self.strategy}, {self.device_kind}):",
             f"  replicas:         {self.num_replicas} on {self.num_workers} "
-            f"{workers}" + (
-                f" (this is worker {self.worker_index})" if self.num_workers > 1 else ""
-            ),
+            f"{workers}"
+            + (f" (this is worker {self.worker_index})" if self.num_workers > 1 else ""),
             f"  batch:            {self.per_replica_batch_size} per replica x "
             f"{self.num_replicas} replica{'' if self.num_replicas == 1 else 's'} = "
             f"{self.global_batch_size} global",
             f"  data:             {self.source_kind}",
             f"  samples:          {self.num_examples}"
-            + (
-                f" in {self.num_files} {self.file_unit}"
-                if self.num_files is not None
-                else ""
-            ),
+            + (f" in {self.num_files} {self.file_unit}" if self.num_files is not None else ""),
             f"  shard:            {self.shard_mode} ({self.shard_reason})",
             f"  steps per epoch:  {self.steps_per_epoch}",
             f"  last batch:       {self.last_batch}: "
             f"{self.samples_dropped_per_epoch} dropped, "
             f"{self.samples_padded_per_epoch} padded per epoch",
-            "  shuffle:          "
-            + (f"every epoch, seed {self.seed}" if self.shuffle else "no"),
+            "  shuffle:          " + (f"every epoch, seed {self.seed}" if self.shuffle else "no"),
         ]
         if self.num_workers > 1:
             files = (

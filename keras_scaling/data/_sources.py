@@ -14,10 +14,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_scaling import _validation
-from keras_scaling.data import _counting
-from keras_scaling.data import _plan
-from keras_scaling.data import _py_dataset
-from keras_scaling.data import _tf_internals
+from keras_scaling.data import _counting, _py_dataset, _tf_internals
 
 
 @dataclasses.dataclass
@@ -130,9 +127,7 @@ def _is_file_list(data):
     if _is_path(data):
         return True
     return (
-        isinstance(data, (list, tuple))
-        and len(data) > 0
-        and all(_is_path(item) for item in data)
+        isinstance(data, (list, tuple)) and len(data) > 0 and all(_is_path(item) for item in data)
     )
 
 
@@ -197,10 +192,7 @@ def _check_count(source, num_samples, found_from="the data"):
 
 
 def _check_finite(dataset):
-    if any(
-        isinstance(spec, tf.data.DatasetSpec)
-        for spec in tf.nest.flatten(dataset.element_spec)
-    ):
+    if any(isinstance(spec, tf.data.DatasetSpec) for spec in tf.nest.flatten(dataset.element_spec)):
         raise ValueError(
             "data yields datasets (as from .window()), not tensors: flatten it "
             "first, e.g. dataset.flat_map(lambda w: w)."
@@ -232,7 +224,9 @@ def _inspect_dataset(dataset, num_samples, kind="tf.data.Dataset"):
     count, note = _declared_or_counted(dataset, num_samples, batched=False)
     return DatasetSource(
         dataset.apply(tf.data.experimental.assert_cardinality(count)),
-        count, kind=kind, notes=(note,),
+        count,
+        kind=kind,
+        notes=(note,),
     )
 
 
@@ -277,14 +271,19 @@ def _inspect_batched(dataset, batch, cardinality, num_samples):
     if samples is not None:
         source = DatasetSource(
             samples_dataset.apply(tf.data.experimental.assert_cardinality(samples)),
-            samples, batch_size=batch_size, kind=kind,
+            samples,
+            batch_size=batch_size,
+            kind=kind,
             notes=(f"{samples} samples from {found_from}",),
         )
         return _check_count(source, num_samples, found_from=found_from)
     count, note = _declared_or_counted(dataset, num_samples, batched=True)
     return DatasetSource(
         samples_dataset.apply(tf.data.experimental.assert_cardinality(count)),
-        count, batch_size=batch_size, kind=kind, notes=(note,),
+        count,
+        batch_size=batch_size,
+        kind=kind,
+        notes=(note,),
     )
 
 
@@ -293,9 +292,7 @@ def _batched_count(batch, cardinality, file_paths):
     if not batch.one_batch_per_element or cardinality < 0:
         return None, None
     if batch.drop_remainder and batch.batch_size:
-        return cardinality * batch.batch_size, (
-            f"{cardinality} full batches of {batch.batch_size}"
-        )
+        return cardinality * batch.batch_size, (f"{cardinality} full batches of {batch.batch_size}")
     if batch.samples is not None and batch.samples >= 0:
         return batch.samples, f"the {batch.samples} elements before {batch.transformation}"
     if file_paths is not None:
@@ -346,8 +343,7 @@ def _inspect_files(data, parse_fn):
     total = sum(file_sizes)
     if total == 0:
         raise ValueError(
-            f"data's {len(paths)} file(s) hold no records: there is nothing to "
-            "train on."
+            f"data's {len(paths)} file(s) hold no records: there is nothing to train on."
         )
     return FileSource(paths, file_sizes, total)
 
@@ -398,8 +394,7 @@ def _inspect_arrays(data):
         shape = np.shape(leaf)
         if len(shape) == 0:
             raise ValueError(
-                f"data's {name} is a scalar: arrays need a first dimension "
-                "that counts the samples."
+                f"data's {name} is a scalar: arrays need a first dimension that counts the samples."
             )
         lengths[name] = shape[0]
     if len(set(lengths.values())) > 1:

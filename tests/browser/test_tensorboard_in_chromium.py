@@ -71,15 +71,40 @@ def tensorboard_url(tmp_path_factory):
     processes = []
     try:
         run = _start(
-            [sys.executable, "examples/mirrored_fit.py", "--cpu-devices", "2",
-             "--epochs", "2", "--samples", "2048", "--log-dir", str(logs / "run")],
+            [
+                sys.executable,
+                "examples/mirrored_fit.py",
+                "--cpu-devices",
+                "2",
+                "--epochs",
+                "2",
+                "--samples",
+                "2048",
+                "--log-dir",
+                str(logs / "run"),
+            ],
             root / "run.log",
         )
         processes.append(run)
         bench = _start(
-            [sys.executable, "-m", "keras_scaling", "bench", "--cpu-devices", "2",
-             "--replicas", "1,2", "--model", "mlp", "--per-replica-batch", "32",
-             "--steps", "30", "--logdir", str(logs / "bench")],
+            [
+                sys.executable,
+                "-m",
+                "keras_scaling",
+                "bench",
+                "--cpu-devices",
+                "2",
+                "--replicas",
+                "1,2",
+                "--model",
+                "mlp",
+                "--per-replica-batch",
+                "32",
+                "--steps",
+                "30",
+                "--logdir",
+                str(logs / "bench"),
+            ],
             root / "bench.log",
         )
         processes.append(bench)
@@ -88,14 +113,28 @@ def tensorboard_url(tmp_path_factory):
 
         (port,) = launcher.free_ports(1)
         server = _start(
-            [sys.executable, "-m", "tensorboard.main", "--logdir", str(logs),
-             "--host", "127.0.0.1", "--port", str(port)],
+            [
+                sys.executable,
+                "-m",
+                "tensorboard.main",
+                "--logdir",
+                str(logs),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+            ],
             root / "tensorboard.log",
         )
         processes.append(server)
         url = f"http://127.0.0.1:{port}"
-        expected_runs = {"run/train", "run/scaling", "bench/summary",
-                         "bench/replicas_1/scaling", "bench/replicas_2/scaling"}
+        expected_runs = {
+            "run/train",
+            "run/scaling",
+            "bench/summary",
+            "bench/replicas_1/scaling",
+            "bench/replicas_2/scaling",
+        }
         deadline = time.monotonic() + _SERVER_TIMEOUT_S
         runs = set()
         while time.monotonic() < deadline and server.poll() is None:
@@ -208,9 +247,7 @@ def test_text_dashboard_shows_the_setup_table(page, tensorboard_url, tmp_path):
         cell = page.locator("td", has_text="per-replica batch").first
         cell.wait_for(timeout=_UI_TIMEOUT_MS)
         page.locator("td", has_text="MirroredStrategy").first.wait_for(timeout=_UI_TIMEOUT_MS)
-        page.get_by_text("Speedup over the 1-replica run").first.wait_for(
-            timeout=_UI_TIMEOUT_MS
-        )
+        page.get_by_text("Speedup over the 1-replica run").first.wait_for(timeout=_UI_TIMEOUT_MS)
 
     screenshots.check("text", setup_table_is_shown)
 

@@ -17,11 +17,9 @@ import time
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 
 import keras_scaling
-from keras_scaling import _backup
-from keras_scaling import _probes, _tensorboard
+from keras_scaling import _backup, _probes, _tensorboard
 from keras_scaling.callbacks.backup_and_restore import EXIT_PREEMPTED
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -45,9 +43,7 @@ def run_worker(tmp_path, name, *extra, backup="backup"):
         *extra,
     ]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    result = subprocess.run(
-        command, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=env
-    )
+    result = subprocess.run(command, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=env)
     return result, out
 
 
@@ -87,7 +83,10 @@ def sigterm_at_50(tmp_path_factory):
     """
     directory = tmp_path_factory.mktemp("sigterm_at_50")
     reference, reference_out = run_worker(
-        directory, "reference", "--log-dir", str(directory / "reference_logs"),
+        directory,
+        "reference",
+        "--log-dir",
+        str(directory / "reference_logs"),
         backup="reference_backup",
     )
     assert reference.returncode == 0, reference.stderr[-3000:]
@@ -122,9 +121,7 @@ def test_sigterm_mid_epoch_then_resume_is_bitwise_identical_to_a_run_never_stopp
 @pytest.mark.timeout(4 * RUN_TIMEOUT_S)
 def test_resume_is_bitwise_identical_with_steps_per_execution(tmp_path):
     common = ("--steps-per-execution", "4")
-    reference, reference_out = run_worker(
-        tmp_path, "reference", *common, backup="reference_backup"
-    )
+    reference, reference_out = run_worker(tmp_path, "reference", *common, backup="reference_backup")
     assert reference.returncode == 0, reference.stderr[-3000:]
     stop_and_resume(tmp_path, *common, sigterm_at=52)
 
@@ -183,9 +180,7 @@ def test_replica_sync_check_and_throughput_logger_continue_across_a_resume(sigte
 
 def _model(units=4, seed=0):
     keras.utils.set_random_seed(seed)
-    model = keras.Sequential(
-        [keras.Input((3,)), keras.layers.Dense(units), keras.layers.Dense(1)]
-    )
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(units), keras.layers.Dense(1)])
     model.compile(optimizer="adam", loss="mse")
     return model
 
@@ -210,9 +205,7 @@ def _backup_of_one_epoch(backup_dir):
 
 
 def _fit_resuming(model, data, backup_dir):
-    model.fit(
-        data, epochs=2, verbose=0, callbacks=[keras_scaling.BackupAndRestore(backup_dir)]
-    )
+    model.fit(data, epochs=2, verbose=0, callbacks=[keras_scaling.BackupAndRestore(backup_dir)])
 
 
 def test_backup_of_another_model_raises_naming_the_directory_and_overwrites_nothing(tmp_path):
@@ -279,9 +272,7 @@ def test_save_every_n_steps_saves_at_the_first_batch_end_past_each_multiple(tmp_
         epochs=1,
         verbose=0,
         callbacks=[
-            keras_scaling.BackupAndRestore(
-                tmp_path, save_every_n_steps=3, delete_checkpoint=False
-            ),
+            keras_scaling.BackupAndRestore(tmp_path, save_every_n_steps=3, delete_checkpoint=False),
             ReadBackup(),
         ],
     )

@@ -18,11 +18,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import keras_scaling
-from keras_scaling import _tensorboard
-from keras_scaling import replica_state
-from keras_scaling.callbacks.replica_sync import ReplicaDivergenceError
-from keras_scaling.callbacks.replica_sync import ReplicaSyncCheck
+from keras_scaling import _tensorboard, replica_state
+from keras_scaling.callbacks.replica_sync import ReplicaDivergenceError, ReplicaSyncCheck
 
 pytestmark = pytest.mark.logical_cpus(2)
 
@@ -85,7 +82,10 @@ class LastBatchMean(keras.layers.Layer):
 
     def build(self, input_shape):
         self.last_mean = self.add_weight(
-            shape=(), initializer="zeros", trainable=False, aggregation="none",
+            shape=(),
+            initializer="zeros",
+            trainable=False,
+            aggregation="none",
             name="last_mean",
         )
 
@@ -218,7 +218,9 @@ def test_a_one_ulp_change_of_one_element_is_caught(strategy):
     (diverged,) = _checked(model).divergences
     assert diverged.path == kernel.path
     assert diverged.difference.num_differing_elements == 1
-    assert diverged.difference.max_abs_diff == pytest.approx(abs(float(value[2, 1]) - float(before)))
+    assert diverged.difference.max_abs_diff == pytest.approx(
+        abs(float(value[2, 1]) - float(before))
+    )
 
 
 def test_a_nan_on_one_replica_is_counted_and_blamed_on_that_replica(strategy):
@@ -308,7 +310,9 @@ def test_per_replica_state_ignore_leaves_it_out(strategy):
     check = ReplicaSyncCheck(every_n_steps=1, per_replica_state="ignore")
     model.fit(x, y, batch_size=8, callbacks=[check], verbose=0)
     assert check.last_report.variables == ()
-    assert check.last_report.num_variables == len(model.variables) + len(model.optimizer.variables) - 2
+    assert (
+        check.last_report.num_variables == len(model.variables) + len(model.optimizer.variables) - 2
+    )
 
 
 # --- repairs, warnings, tolerance, logs ---------------------------------------
@@ -369,14 +373,42 @@ def test_differences_within_tolerance_are_float_drift_not_divergence(strategy, c
     "kwargs, error, message",
     [
         ({"every_n_steps": 0}, ValueError, "every_n_steps must be an integer >= 1, got 0$"),
-        ({"every_n_steps": 2.5}, TypeError, "every_n_steps must be an integer >= 1, got float 2.5$"),
-        ({"every_n_steps": True}, TypeError, "every_n_steps must be an integer >= 1, got bool True$"),
-        ({"on_divergence": "panic"}, ValueError, "on_divergence must be one of 'raise', 'warn', 'resync', got 'panic'$"),
+        (
+            {"every_n_steps": 2.5},
+            TypeError,
+            "every_n_steps must be an integer >= 1, got float 2.5$",
+        ),
+        (
+            {"every_n_steps": True},
+            TypeError,
+            "every_n_steps must be an integer >= 1, got bool True$",
+        ),
+        (
+            {"on_divergence": "panic"},
+            ValueError,
+            "on_divergence must be one of 'raise', 'warn', 'resync', got 'panic'$",
+        ),
         ({"on_divergence": None}, TypeError, "on_divergence must be one of .*, got None$"),
-        ({"per_replica_state": "sum"}, ValueError, "per_replica_state must be one of 'warn', 'ignore', 'error', 'average', got 'sum'$"),
-        ({"atol": -1e-3}, ValueError, r"atol must be a number >= 0, got -0.001. 0 means bitwise equality$"),
-        ({"rtol": float("nan")}, ValueError, r"rtol must be a number >= 0, got nan. 0 means bitwise equality$"),
-        ({"rtol": "0.1"}, TypeError, r"rtol must be a number >= 0, got str '0.1'. 0 means bitwise equality$"),
+        (
+            {"per_replica_state": "sum"},
+            ValueError,
+            "per_replica_state must be one of 'warn', 'ignore', 'error', 'average', got 'sum'$",
+        ),
+        (
+            {"atol": -1e-3},
+            ValueError,
+            r"atol must be a number >= 0, got -0.001. 0 means bitwise equality$",
+        ),
+        (
+            {"rtol": float("nan")},
+            ValueError,
+            r"rtol must be a number >= 0, got nan. 0 means bitwise equality$",
+        ),
+        (
+            {"rtol": "0.1"},
+            TypeError,
+            r"rtol must be a number >= 0, got str '0.1'. 0 means bitwise equality$",
+        ),
         ({"log_dir": 3}, TypeError, "log_dir must be a path .*, got int"),
     ],
 )
@@ -469,8 +501,20 @@ def test_a_divergence_on_one_worker_gives_every_worker_the_same_verdict_and_repa
     script = tmp_path / "worker.py"
     script.write_text(_WORKER)
     command = [
-        sys.executable, "-m", "keras_scaling", "launch", "--workers", "2", "--cpu-devices", "2",
-        "--grace-period", "2", "--", sys.executable, str(script), str(tmp_path),
+        sys.executable,
+        "-m",
+        "keras_scaling",
+        "launch",
+        "--workers",
+        "2",
+        "--cpu-devices",
+        "2",
+        "--grace-period",
+        "2",
+        "--",
+        sys.executable,
+        str(script),
+        str(tmp_path),
     ]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO)
     launcher = subprocess.Popen(

@@ -22,9 +22,8 @@ import tensorflow as tf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import keras_scaling
-from keras_scaling import _tensorboard
+from keras_scaling import _tensorboard, launcher
 from keras_scaling import baseline as baseline_lib
-from keras_scaling import launcher
 
 NUM_FEATURES = 8
 
@@ -82,9 +81,7 @@ def _tags(log_dir):
 
 def _tensors(log_dir, tag):
     """The tensor events of a non-scalar tag (text, layout) in keras_scaling's run."""
-    accumulator = EventAccumulator(
-        _tensorboard.run_dir(log_dir), size_guidance={"tensors": 0}
-    )
+    accumulator = EventAccumulator(_tensorboard.run_dir(log_dir), size_guidance={"tensors": 0})
     accumulator.Reload()
     if tag not in accumulator.Tags()["tensors"]:
         return []
@@ -92,8 +89,7 @@ def _tensors(log_dir, tag):
 
 
 def _texts(log_dir, tag):
-    return [tf.make_ndarray(event.tensor_proto).item().decode()
-            for event in _tensors(log_dir, tag)]
+    return [tf.make_ndarray(event.tensor_proto).item().decode() for event in _tensors(log_dir, tag)]
 
 
 class FakeClock:
@@ -134,9 +130,7 @@ def two_replica_run(mirrored, tmp_path_factory):
         epochs=2,
         verbose=0,
         callbacks=[
-            keras_scaling.ThroughputLogger(
-                log_dir, baseline=1000.0, update_freq=3, warmup_steps=2
-            ),
+            keras_scaling.ThroughputLogger(log_dir, baseline=1000.0, update_freq=3, warmup_steps=2),
             recorder,
             keras.callbacks.CSVLogger(csv_path),
         ],
@@ -234,8 +228,9 @@ def test_epoch_samples_per_sec_is_the_epochs_entry_in_throughput_json(two_replic
     assert [entry["samples_per_sec"] for entry in epochs] == (
         two_replica_run.history.history["samples_per_sec"]
     )
-    assert sum(entry["steps_measured"] for entry in epochs) == (
-        _json(two_replica_run.log_dir)["steps_measured"]
+    assert (
+        sum(entry["steps_measured"] for entry in epochs)
+        == (_json(two_replica_run.log_dir)["steps_measured"])
     )
 
 
@@ -243,8 +238,13 @@ def test_epoch_samples_per_sec_is_the_epochs_entry_in_throughput_json(two_replic
 def test_setup_text_and_speedup_chart_are_written(two_replica_run):
     log_dir = two_replica_run.log_dir
     (text,) = _texts(log_dir, "throughput/setup")
-    for fact in ("MirroredStrategy", "| replicas | 2 |", "| global batch | 32 |",
-                 "| per-replica batch | 16 |", "1000.0 samples/sec (given)"):
+    for fact in (
+        "MirroredStrategy",
+        "| replicas | 2 |",
+        "| global batch | 32 |",
+        "| per-replica batch | 16 |",
+        "1000.0 samples/sec (given)",
+    ):
         assert fact in text
     lines = text.splitlines()
     assert lines[0] == "| setting | value |"
@@ -252,13 +252,13 @@ def test_setup_text_and_speedup_chart_are_written(two_replica_run):
     from tensorboard.plugins.custom_scalar import layout_pb2
 
     (layout_event,) = _tensors(log_dir, "custom_scalars__config__")
-    layout = layout_pb2.Layout.FromString(
-        tf.make_ndarray(layout_event.tensor_proto).item()
-    )
+    layout = layout_pb2.Layout.FromString(tf.make_ndarray(layout_event.tensor_proto).item())
     charts = {chart.title: chart for chart in layout.category[0].chart}
     (series,) = charts["speedup vs ideal (band up to ideal)"].margin.series
     assert (series.value, series.lower, series.upper) == (
-        "scaling/speedup", "scaling/speedup", "scaling/ideal_speedup"
+        "scaling/speedup",
+        "scaling/speedup",
+        "scaling/ideal_speedup",
     )
     assert list(charts["ideal speedup"].multiline.tag) == ["^scaling/ideal_speedup$"]
 
@@ -270,9 +270,7 @@ def test_setup_text_and_speedup_chart_are_written(two_replica_run):
 def test_steps_per_execution_counts_optimizer_steps(mirrored, tmp_path):
     model = _model(mirrored, steps_per_execution=4)
     recorder = IterationsRecorder()
-    logger = keras_scaling.ThroughputLogger(
-        tmp_path, baseline=None, update_freq=8, warmup_steps=4
-    )
+    logger = keras_scaling.ThroughputLogger(tmp_path, baseline=None, update_freq=8, warmup_steps=4)
     model.fit(_dataset(1024, 32), epochs=1, verbose=0, callbacks=[logger, recorder])
     assert recorder.iterations == list(range(4, 33, 4))
     written = _scalars(tmp_path, "throughput/steps_per_sec")
@@ -400,9 +398,7 @@ def test_measure_baseline_leaves_training_as_it_would_be(mirrored, tmp_path, cap
         return model
 
     plain = train([])
-    measured = train(
-        [keras_scaling.ThroughputLogger(tmp_path, baseline="measure", update_freq=2)]
-    )
+    measured = train([keras_scaling.ThroughputLogger(tmp_path, baseline="measure", update_freq=2)])
     assert int(measured.optimizer.iterations.numpy()) == 16
     for expected, actual in zip(plain.get_weights(), measured.get_weights()):
         np.testing.assert_allclose(actual, expected, rtol=1e-6)
@@ -412,9 +408,7 @@ def test_measure_baseline_leaves_training_as_it_would_be(mirrored, tmp_path, cap
     assert record["baseline_samples_per_sec"] > 0
     speedup = dict(_scalars(tmp_path, "scaling/speedup"))
     for step, value in _scalars(tmp_path, "throughput/samples_per_sec"):
-        assert speedup[step] == pytest.approx(
-            value / record["baseline_samples_per_sec"], rel=1e-5
-        )
+        assert speedup[step] == pytest.approx(value / record["baseline_samples_per_sec"], rel=1e-5)
     # Logical CPUs share the cores the one-replica copy had to itself: said
     # once in the log and in the set-up table.
     notes = [r for r in caplog.records if "keras-scaling bench" in r.getMessage()]
@@ -429,12 +423,17 @@ def test_dynamic_batch_size_needs_global_batch_size(mirrored, tmp_path, caplog):
     dataset = _dataset(96, 32, drop_remainder=False)
     unknown_dir = tmp_path / "unknown"
     history = model.fit(
-        dataset, epochs=2, verbose=0,
+        dataset,
+        epochs=2,
+        verbose=0,
         callbacks=[keras_scaling.ThroughputLogger(unknown_dir, baseline=100.0)],
     )
     assert len(history.history["loss"]) == 2  # training goes on
-    warnings = [r.getMessage() for r in caplog.records
-                if "ThroughputLogger(global_batch_size=" in r.getMessage()]
+    warnings = [
+        r.getMessage()
+        for r in caplog.records
+        if "ThroughputLogger(global_batch_size=" in r.getMessage()
+    ]
     assert len(warnings) == 1 and "measures nothing in this fit" in warnings[0]
     assert not (unknown_dir / "throughput.json").exists()
     logger = keras_scaling.ThroughputLogger(
@@ -468,7 +467,8 @@ def test_arrays_with_a_partial_last_batch_ask_for_global_batch_size(mirrored, tm
     assert not (tmp_path / "unknown" / "throughput.json").exists()
     assert "arrays or a dataset whose last batch is partial" in caplog.text
     logger = keras_scaling.ThroughputLogger(
-        tmp_path, baseline=None, update_freq=2, global_batch_size=np.int64(32))
+        tmp_path, baseline=None, update_freq=2, global_batch_size=np.int64(32)
+    )
     model.fit(x, y, batch_size=32, epochs=2, verbose=0, callbacks=[logger])
     record = _json(tmp_path)
     assert (record["global_batch_size"], record["per_replica_batch_size"]) == (32, 16)
@@ -481,7 +481,8 @@ def test_one_replica_auto_is_its_own_baseline_and_advises_once(tmp_path, caplog)
     caplog.set_level(logging.WARNING, logger="keras_scaling")
     model = _model()
     logger = keras_scaling.ThroughputLogger(
-        tmp_path, update_freq=2, warmup_steps=1, clock=FakeClock())
+        tmp_path, update_freq=2, warmup_steps=1, clock=FakeClock()
+    )
     model.fit(_dataset(512, 16), epochs=2, verbose=0, callbacks=[logger])
     record = _json(tmp_path)
     assert record["baseline_samples_per_sec"] == record["samples_per_sec"]
@@ -492,9 +493,7 @@ def test_one_replica_auto_is_its_own_baseline_and_advises_once(tmp_path, caplog)
     advice = [r.getMessage() for r in caplog.records if "steps_per_execution=" in r.getMessage()]
     assert len(advice) == 1
     # The same sentence, once, in the Text dashboard.
-    assert _texts(tmp_path, "throughput/advice") == [
-        advice[0].removeprefix("ThroughputLogger: ")
-    ]
+    assert _texts(tmp_path, "throughput/advice") == [advice[0].removeprefix("ThroughputLogger: ")]
 
 
 def test_traces_of_the_train_step_are_counted_without_reaching_into_keras(tmp_path):
@@ -567,8 +566,12 @@ def test_bad_arguments_are_refused_in_the_constructor(tmp_path, kwargs, error, m
 
 def test_numpy_integers_are_accepted(tmp_path):
     logger = keras_scaling.ThroughputLogger(
-        tmp_path, global_batch_size=np.int64(32), update_freq=np.int32(4),
-        warmup_steps=np.int64(0), baseline=np.float64(100.0))
+        tmp_path,
+        global_batch_size=np.int64(32),
+        update_freq=np.int32(4),
+        warmup_steps=np.int64(0),
+        baseline=np.float64(100.0),
+    )
     assert (logger.global_batch_size, logger.update_freq, logger.warmup_steps) == (32, 4, 0)
     assert type(logger.global_batch_size) is int
 
@@ -609,14 +612,16 @@ def test_callback_error_loses_nothing_in_a_live_process(tmp_path):
     logger = keras_scaling.ThroughputLogger(tmp_path, baseline=None, update_freq=4)
     # Keras skips on_train_end when another callback raises.
     with pytest.raises(RuntimeError, match="interrupted"):
-        model.fit(
-            _dataset(1024, 16), epochs=1, verbose=0, callbacks=[logger, _StopAt(0, 40)]
-        )
+        model.fit(_dataset(1024, 16), epochs=1, verbose=0, callbacks=[logger, _StopAt(0, 40)])
     raised_s = time.monotonic()
     while time.monotonic() - raised_s < 5:
         steps = _steps(tmp_path)
-        if steps and steps[-1] == 40 and (tmp_path / "throughput.json").exists() \
-                and _json(tmp_path)["steps_measured"] == 40 - 6:
+        if (
+            steps
+            and steps[-1] == 40
+            and (tmp_path / "throughput.json").exists()
+            and _json(tmp_path)["steps_measured"] == 40 - 6
+        ):
             break
         time.sleep(0.2)
     # Every interval up to the last one (steps 37 to 40) is in the event file
@@ -630,9 +635,7 @@ def test_callback_error_is_saved_when_the_model_trains_again(tmp_path):
     model = _model()
     failed = keras_scaling.ThroughputLogger(tmp_path / "failed", baseline=None, update_freq=4)
     with pytest.raises(RuntimeError, match="interrupted"):
-        model.fit(
-            _dataset(1024, 16), epochs=1, verbose=0, callbacks=[failed, _StopAt(0, 40)]
-        )
+        model.fit(_dataset(1024, 16), epochs=1, verbose=0, callbacks=[failed, _StopAt(0, 40)])
     later = keras_scaling.ThroughputLogger(tmp_path / "later", baseline=None)
     model.fit(_dataset(64, 16), epochs=1, verbose=0, callbacks=[later])
     record = _json(tmp_path / "failed")
@@ -705,9 +708,7 @@ def test_ctrl_c_writes_throughput_json(tmp_path):
     assert "KeyboardInterrupt" in stderr
     record = _json(tmp_path)
     assert record["steps_measured"] >= 25
-    assert record["steps_measured"] == pytest.approx(
-        sum(1 for _ in _steps(tmp_path)) * 5, abs=5
-    )
+    assert record["steps_measured"] == pytest.approx(sum(1 for _ in _steps(tmp_path)) * 5, abs=5)
 
 
 def test_callback_raising_mid_epoch_writes_throughput_json_at_exit(tmp_path):
@@ -735,8 +736,17 @@ def test_tensorboard_server_serves_the_speedup(tmp_path):
     tensorboard = os.path.join(os.path.dirname(sys.executable), "tensorboard")
     (port,) = launcher.free_ports(1)
     server = subprocess.Popen(
-        [tensorboard, "--logdir", str(tmp_path), "--host", "127.0.0.1", "--port", str(port),
-         "--load_fast", "false"],
+        [
+            tensorboard,
+            "--logdir",
+            str(tmp_path),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--load_fast",
+            "false",
+        ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

@@ -10,8 +10,7 @@ import pytest
 import tensorflow as tf
 
 import keras_scaling
-from keras_scaling import _tensorboard
-from keras_scaling import flops
+from keras_scaling import _tensorboard, flops
 
 NUM_FEATURES = 8
 FLOPS_PER_SAMPLE = 5.0e6
@@ -34,9 +33,11 @@ def _fit(strategy, log_dir, layers, **logger_kwargs):
         dataset.batch(32, drop_remainder=True),
         epochs=2,
         verbose=0,
-        callbacks=[keras_scaling.ThroughputLogger(
-            log_dir, baseline=1000.0, update_freq=3, warmup_steps=2, **logger_kwargs
-        )],
+        callbacks=[
+            keras_scaling.ThroughputLogger(
+                log_dir, baseline=1000.0, update_freq=3, warmup_steps=2, **logger_kwargs
+            )
+        ],
     )
     return model
 
@@ -58,8 +59,13 @@ def _record(log_dir):
 @pytest.fixture(scope="module")
 def given_run(mirrored, tmp_path_factory):
     log_dir = str(tmp_path_factory.mktemp("given"))
-    _fit(mirrored, log_dir, [keras.layers.Dense(16)],
-         flops_per_sample=FLOPS_PER_SAMPLE, peak_flops=PEAK_FLOPS)
+    _fit(
+        mirrored,
+        log_dir,
+        [keras.layers.Dense(16)],
+        flops_per_sample=FLOPS_PER_SAMPLE,
+        peak_flops=PEAK_FLOPS,
+    )
     return log_dir
 
 
@@ -103,8 +109,9 @@ def test_setup_text_shows_flops_and_peak(given_run):
 
 @pytest.mark.logical_cpus(2)
 def test_auto_counts_one_replica_batch_once_before_measuring(mirrored, tmp_path):
-    model = _fit(mirrored, str(tmp_path), [keras.layers.Dense(64, activation="relu")],
-                 peak_flops=None)
+    model = _fit(
+        mirrored, str(tmp_path), [keras.layers.Dense(64, activation="relu")], peak_flops=None
+    )
     record = _record(str(tmp_path))
     expected = flops.training_flops_per_sample(
         model, sample=(tf.TensorSpec([16, NUM_FEATURES]), tf.TensorSpec([16, 1]))
@@ -121,8 +128,12 @@ def test_auto_counts_one_replica_batch_once_before_measuring(mirrored, tmp_path)
 def test_rnn_model_gets_no_flops_and_no_mfu_with_the_reason(mirrored, tmp_path, caplog):
     log_dir = str(tmp_path)
     with caplog.at_level(logging.WARNING, logger="keras_scaling"):
-        _fit(mirrored, log_dir,
-             [keras.layers.Reshape((4, 2)), keras.layers.SimpleRNN(4)], peak_flops=PEAK_FLOPS)
+        _fit(
+            mirrored,
+            log_dir,
+            [keras.layers.Reshape((4, 2)), keras.layers.SimpleRNN(4)],
+            peak_flops=PEAK_FLOPS,
+        )
     record = _record(log_dir)
     assert record["flops_per_sample"] is None
     assert record["flops_source"].startswith("not counted: the model runs a loop")
@@ -142,21 +153,37 @@ def test_high_efficiency_with_low_mfu_advises_once_naming_the_batch(mirrored, tm
             model.compile(optimizer="sgd", loss="mse")
         x = np.ones((512, NUM_FEATURES), "float32")
         dataset = tf.data.Dataset.from_tensor_slices((x, x[:, :1])).batch(32, drop_remainder=True)
-        model.fit(dataset, epochs=2, verbose=0, callbacks=[keras_scaling.ThroughputLogger(
-            str(tmp_path), baseline=1.0, update_freq=2, warmup_steps=1,
-            flops_per_sample=FLOPS_PER_SAMPLE, peak_flops=1e18,
-        )])
-    advice = [r.getMessage() for r in caplog.records if "every replica is underused" in r.getMessage()]
+        model.fit(
+            dataset,
+            epochs=2,
+            verbose=0,
+            callbacks=[
+                keras_scaling.ThroughputLogger(
+                    str(tmp_path),
+                    baseline=1.0,
+                    update_freq=2,
+                    warmup_steps=1,
+                    flops_per_sample=FLOPS_PER_SAMPLE,
+                    peak_flops=1e18,
+                )
+            ],
+        )
+    advice = [
+        r.getMessage() for r in caplog.records if "every replica is underused" in r.getMessage()
+    ]
     assert len(advice) == 1
     assert "A per-replica batch of 16" in advice[0]
 
 
-@pytest.mark.parametrize("kwargs, error, message", [
-    ({"flops_per_sample": 0}, ValueError, "flops_per_sample must be a positive number"),
-    ({"flops_per_sample": "count"}, ValueError, "got 'count'"),
-    ({"peak_flops": -1e12}, ValueError, "peak_flops must be a positive number"),
-    ({"peak_flops": "datasheet"}, ValueError, "got 'datasheet'"),
-])
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        ({"flops_per_sample": 0}, ValueError, "flops_per_sample must be a positive number"),
+        ({"flops_per_sample": "count"}, ValueError, "got 'count'"),
+        ({"peak_flops": -1e12}, ValueError, "peak_flops must be a positive number"),
+        ({"peak_flops": "datasheet"}, ValueError, "got 'datasheet'"),
+    ],
+)
 def test_bad_flops_arguments_are_refused_in_the_constructor(tmp_path, kwargs, error, message):
     with pytest.raises(error, match=message):
         keras_scaling.ThroughputLogger(str(tmp_path), **kwargs)
@@ -172,9 +199,15 @@ def test_a_device_without_a_peak_is_named_once_per_process(tmp_path, caplog):
     dataset = tf.data.Dataset.from_tensor_slices((x, x[:, :1])).batch(32, drop_remainder=True)
     with caplog.at_level(logging.WARNING, logger="keras_scaling"):
         for run in ("a", "b"):
-            model.fit(dataset, verbose=0, callbacks=[
-                keras_scaling.ThroughputLogger(str(tmp_path / run), update_freq=2, warmup_steps=1)
-            ])
+            model.fit(
+                dataset,
+                verbose=0,
+                callbacks=[
+                    keras_scaling.ThroughputLogger(
+                        str(tmp_path / run), update_freq=2, warmup_steps=1
+                    )
+                ],
+            )
     assert caplog.text.count("MFU needs peak_flops=") == 1
     record = _record(str(tmp_path / "b"))
     assert record["flops_source"] == "counted"

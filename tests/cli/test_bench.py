@@ -53,10 +53,14 @@ def test_weak_scaling_grows_the_global_batch_and_strong_scaling_splits_it():
     strong = _plan.plan_batches((1, 2, 4), global_batch_size=256)
 
     assert [(p.per_replica_batch_size, p.global_batch_size) for p in weak] == [
-        (64, 64), (64, 128), (64, 256)
+        (64, 64),
+        (64, 128),
+        (64, 256),
     ]
     assert [(p.per_replica_batch_size, p.global_batch_size) for p in strong] == [
-        (256, 256), (128, 256), (64, 256)
+        (256, 256),
+        (128, 256),
+        (64, 256),
     ]
     with pytest.raises(UsageError, match="does not divide by 4 replicas"):
         _plan.plan_batches((1, 2, 4), global_batch_size=250)
@@ -141,7 +145,10 @@ def test_a_model_without_known_input_shapes_is_refused():
         (["--cpu-devices", "2", "--replicas", "1,4"], "asks for 4 replicas but there are 2"),
         (["--per-replica-batch", "0"], "--per-replica-batch must hold positive integers, got 0"),
         (["--per-replica-batch", "16,x"], "--per-replica-batch must be a comma-separated list"),
-        (["--peak-flops", "fast"], "--peak-flops must be a positive number (FLOPs/sec of one replica), 'auto', 'measure' or None, got 'fast'"),
+        (
+            ["--peak-flops", "fast"],
+            "--peak-flops must be a positive number (FLOPs/sec of one replica), 'auto', 'measure' or None, got 'fast'",
+        ),
         (["--peak-flops=-1e12"], "--peak-flops must be a positive number"),
         (["--global-batch", "-8"], "--global-batch: must be a positive integer"),
         (["--steps", "0"], "--steps: must be a positive integer"),
@@ -161,8 +168,15 @@ def test_a_model_function_that_returns_no_model_exits_2(tmp_path):
     (tmp_path / "not_a_model.py").write_text("def build():\n    return None\n")
 
     result = _bench(
-        "--cpu-devices", "1", "--model", "not_a_model:build", "--steps", "2",
-        "--logdir", tmp_path / "logs", cwd=tmp_path,
+        "--cpu-devices",
+        "1",
+        "--model",
+        "not_a_model:build",
+        "--steps",
+        "2",
+        "--logdir",
+        tmp_path / "logs",
+        cwd=tmp_path,
     )
 
     assert result.returncode == 2, result.stdout + result.stderr
@@ -181,8 +195,17 @@ def test_a_failing_replica_count_is_named_with_its_stderr_tail(tmp_path):
     )
 
     result = _bench(
-        "--cpu-devices", "2", "--replicas", "2", "--model", "broken_model:build",
-        "--steps", "2", "--logdir", tmp_path / "logs", cwd=tmp_path,
+        "--cpu-devices",
+        "2",
+        "--replicas",
+        "2",
+        "--model",
+        "broken_model:build",
+        "--steps",
+        "2",
+        "--logdir",
+        tmp_path / "logs",
+        cwd=tmp_path,
     )
 
     assert result.returncode == 1
@@ -192,8 +215,14 @@ def test_a_failing_replica_count_is_named_with_its_stderr_tail(tmp_path):
 
 def test_too_few_steps_to_measure_exits_2_asking_for_more(tmp_path):
     result = _bench(
-        "--cpu-devices", "1", "--steps", "3", "--per-replica-batch", "8",
-        "--logdir", tmp_path / "logs",
+        "--cpu-devices",
+        "1",
+        "--steps",
+        "3",
+        "--per-replica-batch",
+        "8",
+        "--logdir",
+        tmp_path / "logs",
     )
 
     assert result.returncode == 2, result.stdout + result.stderr
@@ -219,8 +248,18 @@ def test_an_earlier_bench_in_logdir_is_not_overwritten_without_asking(tmp_path):
 def sweep(tmp_path_factory):
     log_dir = tmp_path_factory.mktemp("bench") / "logs"
     result = _bench(
-        "--cpu-devices", "2", "--replicas", "1,2", "--model", "mlp",
-        "--per-replica-batch", "32", "--steps", "30", "--logdir", log_dir,
+        "--cpu-devices",
+        "2",
+        "--replicas",
+        "1,2",
+        "--model",
+        "mlp",
+        "--per-replica-batch",
+        "32",
+        "--steps",
+        "30",
+        "--logdir",
+        log_dir,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     return log_dir, result
@@ -244,8 +283,15 @@ def test_sweep_prints_the_table_with_a_row_per_replica_count(sweep):
     lines = _table_lines(result.stdout)
 
     assert _cells(lines[0]) == [
-        "replicas", "global batch", "samples/sec", "speedup", "efficiency", "ideal",
-        "TFLOP/s", "MFU", "run",
+        "replicas",
+        "global batch",
+        "samples/sec",
+        "speedup",
+        "efficiency",
+        "ideal",
+        "TFLOP/s",
+        "MFU",
+        "run",
     ]
     assert [_cells(line)[0] for line in lines[2:]] == ["1", "2"]
     assert [_cells(line)[1] for line in lines[2:]] == ["32", "64"]
@@ -328,7 +374,9 @@ def _drawn_scaling_figure():
 
 def _inside(text, bounds):
     box = text.get_window_extent()
-    return bounds.x0 <= box.x0 and box.x1 <= bounds.x1 and bounds.y0 <= box.y0 and box.y1 <= bounds.y1
+    return (
+        bounds.x0 <= box.x0 and box.x1 <= bounds.x1 and bounds.y0 <= box.y0 and box.y1 <= bounds.y1
+    )
 
 
 def test_efficiency_labels_stay_inside_the_axes():
@@ -344,9 +392,15 @@ def test_efficiency_labels_stay_inside_the_axes():
 def test_no_text_of_the_plot_is_clipped_by_the_image():
     figure = _drawn_scaling_figure()
     (axes,) = figure.axes
-    texts = [axes.title, axes.xaxis.label, axes.yaxis.label, *axes.texts,
-             *axes.get_xticklabels(), *axes.get_yticklabels(),
-             *axes.get_legend().get_texts()]
+    texts = [
+        axes.title,
+        axes.xaxis.label,
+        axes.yaxis.label,
+        *axes.texts,
+        *axes.get_xticklabels(),
+        *axes.get_yticklabels(),
+        *axes.get_legend().get_texts(),
+    ]
 
     for text in texts:
         if text.get_visible() and text.get_text():
@@ -409,9 +463,18 @@ def test_each_replica_count_logs_its_throughput_in_its_own_run(sweep):
 def test_report_on_the_sweep_reproduces_its_table(sweep):
     log_dir, result = sweep
     report = subprocess.run(
-        [sys.executable, "-m", "keras_scaling", "report", str(log_dir),
-         "--output", str(log_dir / "report.png")],
-        capture_output=True, text=True, timeout=_TIMEOUT_S,
+        [
+            sys.executable,
+            "-m",
+            "keras_scaling",
+            "report",
+            str(log_dir),
+            "--output",
+            str(log_dir / "report.png"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=_TIMEOUT_S,
     )
 
     assert report.returncode == 0, report.stderr
@@ -427,17 +490,28 @@ def _row(replicas, batch, efficiency):
     from keras_scaling.cli import _speedup_table
 
     return _speedup_table.Row(
-        run="r", replicas=replicas, per_replica_batch_size=batch,
-        global_batch_size=batch * replicas, samples_per_sec=1.0,
-        speedup=efficiency * replicas, efficiency=efficiency, ideal_speedup=replicas,
+        run="r",
+        replicas=replicas,
+        per_replica_batch_size=batch,
+        global_batch_size=batch * replicas,
+        samples_per_sec=1.0,
+        speedup=efficiency * replicas,
+        efficiency=efficiency,
+        ideal_speedup=replicas,
     )
 
 
 def test_smallest_efficient_batch_is_read_at_the_largest_replica_count():
     from keras_scaling.cli import _speedup_table
 
-    rows = [_row(1, 16, 1.0), _row(2, 16, 0.95), _row(4, 16, 0.7),
-            _row(2, 32, 0.97), _row(4, 32, 0.91), _row(4, 64, 0.96)]
+    rows = [
+        _row(1, 16, 1.0),
+        _row(2, 16, 0.95),
+        _row(4, 16, 0.7),
+        _row(2, 32, 0.97),
+        _row(4, 32, 0.91),
+        _row(4, 64, 0.96),
+    ]
     assert _speedup_table.smallest_efficient_batch(rows) == (32, 4)
     assert _speedup_table.smallest_efficient_batch(rows[:3]) == (None, 4)
 
@@ -446,9 +520,20 @@ def test_smallest_efficient_batch_is_read_at_the_largest_replica_count():
 def batch_sweep(tmp_path_factory):
     log_dir = tmp_path_factory.mktemp("batch_sweep") / "logs"
     result = _bench(
-        "--cpu-devices", "2", "--replicas", "2", "--model", "mlp",
-        "--per-replica-batch", "8,32", "--steps", "30", "--peak-flops", "measure",
-        "--logdir", log_dir,
+        "--cpu-devices",
+        "2",
+        "--replicas",
+        "2",
+        "--model",
+        "mlp",
+        "--per-replica-batch",
+        "8,32",
+        "--steps",
+        "30",
+        "--peak-flops",
+        "measure",
+        "--logdir",
+        log_dir,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     return log_dir, result
@@ -478,7 +563,8 @@ def test_batch_sweep_with_measured_peak_has_mfu(batch_sweep):
         record = _read_json(log_dir / f"batch_{batch}" / "replicas_2" / "throughput.json")
         assert record["peak_source"].startswith("measured: 2048x2048 float32 matmul")
         assert record["mfu"] == pytest.approx(
-            record["flops_per_sample"] * record["samples_per_sec"]
+            record["flops_per_sample"]
+            * record["samples_per_sec"]
             / (record["peak_flops_per_replica"] * 2)
         )
     mfu_cells = [_cells(line)[7] for line in _table_lines(result.stdout) if "replicas_2" in line]

@@ -16,9 +16,18 @@ from keras_scaling.cli import _speedup_table
 from keras_scaling.cli._table import format_table
 
 
-def _write_run(directory, replicas, samples_per_sec, per_replica_batch_size=32,
-               baseline_samples_per_sec=None, speedup=None, efficiency=None,
-               flops_per_sample=None, mfu=None, baseline_num_replicas=None):
+def _write_run(
+    directory,
+    replicas,
+    samples_per_sec,
+    per_replica_batch_size=32,
+    baseline_samples_per_sec=None,
+    speedup=None,
+    efficiency=None,
+    flops_per_sample=None,
+    mfu=None,
+    baseline_num_replicas=None,
+):
     os.makedirs(directory, exist_ok=True)
     record = {
         "version": 1,
@@ -79,7 +88,9 @@ def test_speedup_is_relative_to_the_one_replica_run(sweep):
     assert [row.global_batch_size for row in summary.rows] == [32, 64, 128]
     assert summary.baseline_samples_per_sec == 1000.0
     assert [row.run for row in summary.rows] == [
-        "replicas_1", "replicas_2", os.path.join("more", "replicas_4")
+        "replicas_1",
+        "replicas_2",
+        os.path.join("more", "replicas_4"),
     ]
 
 
@@ -87,8 +98,9 @@ def test_without_a_one_replica_run_each_run_uses_its_recorded_baseline(tmp_path)
     _write_run(tmp_path / "a", 2, 1500.0, baseline_samples_per_sec=1000.0)
     _write_run(tmp_path / "b", 4, 2000.0, baseline_samples_per_sec=800.0)
     _write_run(tmp_path / "c", 8, 4000.0)
-    _write_run(tmp_path / "d", 16, 6000.0, baseline_samples_per_sec=500.0,
-               speedup=12.0, efficiency=0.75)
+    _write_run(
+        tmp_path / "d", 16, 6000.0, baseline_samples_per_sec=500.0, speedup=12.0, efficiency=0.75
+    )
 
     summary = _speedup_table.summarize(_speedup_table.find_runs(tmp_path)[0])
 
@@ -103,8 +115,7 @@ def test_without_a_one_replica_run_each_run_uses_its_recorded_baseline(tmp_path)
 
 def test_report_shows_the_ideal_and_efficiency_over_a_multi_replica_baseline(tmp_path):
     # 8 replicas over a 2-replica baseline: ideal 4, as ThroughputLogger writes it.
-    _write_run(tmp_path / "a", 8, 3400.0, baseline_samples_per_sec=1000.0,
-               baseline_num_replicas=2)
+    _write_run(tmp_path / "a", 8, 3400.0, baseline_samples_per_sec=1000.0, baseline_num_replicas=2)
 
     (row,) = _speedup_table.summarize(_speedup_table.find_runs(tmp_path)[0]).rows
 
@@ -117,17 +128,35 @@ def test_table_prints_every_column_and_a_dash_for_no_speedup(tmp_path):
     _write_run(tmp_path / "replicas_1", 1, 1000.0)
     _write_run(tmp_path / "replicas_2", 2, 1900.0)
     rows = list(_speedup_table.summarize(_speedup_table.find_runs(tmp_path)[0]).rows)
-    rows.append(rows[1].__class__(**{**rows[1].to_json(), "speedup": math.nan,
-                                      "efficiency": math.nan, "run": "x"}))
+    rows.append(
+        rows[1].__class__(
+            **{**rows[1].to_json(), "speedup": math.nan, "efficiency": math.nan, "run": "x"}
+        )
+    )
 
     lines = format_table(rows).splitlines()
 
     assert [cell.strip() for cell in lines[0].strip("|").split("|")] == [
-        "replicas", "global batch", "samples/sec", "speedup", "efficiency",
-        "ideal", "TFLOP/s", "MFU", "run",
+        "replicas",
+        "global batch",
+        "samples/sec",
+        "speedup",
+        "efficiency",
+        "ideal",
+        "TFLOP/s",
+        "MFU",
+        "run",
     ]
     assert [cell.strip() for cell in lines[3].strip("|").split("|")] == [
-        "2", "64", "1900.0", "1.90x", "95%", "2x", "-", "-", "replicas_2",
+        "2",
+        "64",
+        "1900.0",
+        "1.90x",
+        "95%",
+        "2x",
+        "-",
+        "-",
+        "replicas_2",
     ]
     assert [cell.strip() for cell in lines[4].strip("|").split("|")][3:5] == ["-", "-"]
 
@@ -141,7 +170,7 @@ def test_report_shows_tflops_and_mfu_from_throughput_json(tmp_path):
     lines = [line for line in result.stdout.splitlines() if line.startswith("|")]
     cells = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines]
     assert cells[0][6:8] == ["TFLOP/s", "MFU"]
-    assert cells[2][6:8] == ["4", "12.5%"]   # 4e9 FLOPs x 1000 samples/sec
+    assert cells[2][6:8] == ["4", "12.5%"]  # 4e9 FLOPs x 1000 samples/sec
     assert cells[3][6:8] == ["7.6", "-"]
 
 
@@ -180,7 +209,9 @@ def test_a_run_too_short_to_measure_is_skipped_with_the_reason(sweep):
     runs, problems = _speedup_table.find_runs(sweep)
 
     assert [run.name for run in runs] == [
-        os.path.join("more", "replicas_4"), "replicas_1", "replicas_2"
+        os.path.join("more", "replicas_4"),
+        "replicas_1",
+        "replicas_2",
     ]
     assert len(problems) == 1 and "holds no measured samples_per_sec" in problems[0]
 

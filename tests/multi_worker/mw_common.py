@@ -49,9 +49,7 @@ class IdRecorder:
 
     def record(self, ids):
         with self._lock:
-            self.ids_by_epoch.setdefault(self.epoch, []).extend(
-                int(value) for value in ids.numpy()
-            )
+            self.ids_by_epoch.setdefault(self.epoch, []).extend(int(value) for value in ids.numpy())
 
 
 def build_model(recorder=None, jit_compile=False):
@@ -87,8 +85,7 @@ def local_copies(strategy, variables):
     """`{path: [this worker's copy on each local replica, as NumPy]}`."""
     return {
         variable.path: [
-            np.asarray(copy.numpy())
-            for copy in strategy.experimental_local_results(variable.value)
+            np.asarray(copy.numpy()) for copy in strategy.experimental_local_results(variable.value)
         ]
         for variable in variables
     }

@@ -23,9 +23,7 @@ def read_one_epoch(strategy, dataset, name):
     steps, ids, replica_batch_sizes = 0, [], set()
     for x, y, weights in strategy.experimental_distribute_dataset(dataset):
         steps += 1
-        for parts in zip(
-            *(strategy.experimental_local_results(part) for part in (x, y, weights))
-        ):
+        for parts in zip(*(strategy.experimental_local_results(part) for part in (x, y, weights))):
             x_part, y_part, weights_part = (part.numpy() for part in parts)
             replica_batch_sizes.add(len(y_part))
             real = weights_part > 0
@@ -53,9 +51,7 @@ def main():
         with strategy.scope():
             model = sources.make_model(name)
         counter = sources.CountSteps()
-        history = model.fit(
-            sources.for_fit(name, train), epochs=1, verbose=0, callbacks=[counter]
-        )
+        history = model.fit(sources.for_fit(name, train), epochs=1, verbose=0, callbacks=[counter])
         report["sources"][name] = {
             "steps": steps,
             "planned_steps": plan.steps_per_epoch,

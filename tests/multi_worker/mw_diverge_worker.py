@@ -11,10 +11,10 @@ before it has recorded its own verdict.
 import argparse
 import os
 
+import mw_common
+
 import keras_scaling
 from keras_scaling import data
-
-import mw_common
 
 
 def main():

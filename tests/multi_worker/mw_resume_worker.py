@@ -13,11 +13,10 @@ import signal
 import time
 
 import keras
+import mw_common
 
 import keras_scaling
 from keras_scaling import data
-
-import mw_common
 
 
 class _KillSelf(keras.callbacks.Callback):
@@ -89,9 +88,7 @@ def main():
             os.path.join(args.backup_dir, f"worker-{info.worker_index}")
         ),
         start,
-        keras_scaling.ThroughputLogger(
-            args.log_dir, baseline=None, update_freq=steps_per_epoch
-        ),
+        keras_scaling.ThroughputLogger(args.log_dir, baseline=None, update_freq=steps_per_epoch),
     ]
     if args.kill_at_epoch is not None and info.worker_index == 1:
         callbacks.append(_KillSelf(args.kill_at_epoch, 1, args.out_dir))

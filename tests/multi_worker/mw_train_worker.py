@@ -9,12 +9,11 @@ import argparse
 import os
 
 import keras
+import mw_common
 import numpy as np
 
 import keras_scaling
 from keras_scaling import data
-
-import mw_common
 
 
 class _EpochSteps(keras.callbacks.Callback):
@@ -78,9 +77,7 @@ def main():
     )
     evaluation = model.evaluate(validation, return_dict=True, verbose=0)
 
-    copies = mw_common.local_copies(
-        strategy, model.variables + model.optimizer.variables
-    )
+    copies = mw_common.local_copies(strategy, model.variables + model.optimizer.variables)
     np.savez(
         os.path.join(args.out_dir, f"{name}_weights.npz"),
         **{
@@ -104,9 +101,7 @@ def main():
             "local_devices": list(info.local_devices),
             "steps_per_epoch": plan.steps_per_epoch,
             "global_batch_size": plan.global_batch_size,
-            "ids_by_epoch": {
-                str(epoch): ids for epoch, ids in recorder.ids_by_epoch.items()
-            },
+            "ids_by_epoch": {str(epoch): ids for epoch, ids in recorder.ids_by_epoch.items()},
             "steps_by_epoch": {
                 str(epoch): steps for epoch, steps in epoch_steps.steps_by_epoch.items()
             },

@@ -38,10 +38,26 @@ pytestmark = pytest.mark.timeout(3 * LAUNCH_TIMEOUT_S + 60)
 def launch(tmp_path, name, *extra, backup="backup"):
     out = tmp_path / f"{name}.npz"
     command = [
-        sys.executable, "-m", "keras_scaling", "launch", "--workers", "2",
-        "--cpu-devices", "2", "--grace-period", "20", "--",
-        sys.executable, WORKER, "--backup-dir", str(tmp_path / backup),
-        "--out", str(out), "--pid-dir", str(tmp_path / "pids"), *extra,
+        sys.executable,
+        "-m",
+        "keras_scaling",
+        "launch",
+        "--workers",
+        "2",
+        "--cpu-devices",
+        "2",
+        "--grace-period",
+        "20",
+        "--",
+        sys.executable,
+        WORKER,
+        "--backup-dir",
+        str(tmp_path / backup),
+        "--out",
+        str(out),
+        "--pid-dir",
+        str(tmp_path / "pids"),
+        *extra,
     ]
     try:
         return run_command(command, timeout_s=LAUNCH_TIMEOUT_S), out
@@ -58,9 +74,7 @@ def test_sigterm_to_one_worker_then_resume_is_bitwise_identical_to_a_job_never_s
     (code, out, err), reference = launch(tmp_path, "reference", backup="reference_backup")
     assert code == 0, details(code, out, err)
 
-    (code, out, err), _ = launch(
-        tmp_path, "resumed", "--sigterm-at", "30", "--sigterm-worker", "1"
-    )
+    (code, out, err), _ = launch(tmp_path, "resumed", "--sigterm-at", "30", "--sigterm-worker", "1")
     assert code == EXIT_PREEMPTED, details(code, out, err)
     # Both workers stop after the same step, the one TensorFlow agreed on.
     chief_steps = re.findall(
@@ -96,14 +110,32 @@ def test_sigterm_to_launch_makes_the_workers_save_and_the_same_command_resumes(t
     marks = tmp_path / "marks"
     marks.mkdir()
     command = [
-        sys.executable, "-m", "keras_scaling", "launch", "--workers", "2",
-        "--cpu-devices", "2", "--grace-period", "60", "--",
-        sys.executable, WORKER, "--backup-dir", str(tmp_path / "backup"),
-        "--out", str(tmp_path / "out.npz"), "--pid-dir", str(tmp_path / "pids"),
+        sys.executable,
+        "-m",
+        "keras_scaling",
+        "launch",
+        "--workers",
+        "2",
+        "--cpu-devices",
+        "2",
+        "--grace-period",
+        "60",
+        "--",
+        sys.executable,
+        WORKER,
+        "--backup-dir",
+        str(tmp_path / "backup"),
+        "--out",
+        str(tmp_path / "out.npz"),
+        "--pid-dir",
+        str(tmp_path / "pids"),
     ]
     process = subprocess.Popen(
         command + ["--mark-dir", str(marks), "--sleep-per-step", "0.2"],
-        cwd=REPO, env=worker_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        cwd=REPO,
+        env=worker_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
     )
     try:

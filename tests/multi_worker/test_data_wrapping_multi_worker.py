@@ -11,7 +11,6 @@ import os
 import sys
 
 import pytest
-
 from test_multi_worker_training import LAUNCH_TIMEOUT_S, details, launch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "workers"))

@@ -23,6 +23,7 @@ LAUNCH_TIMEOUT_S = 180
 
 pytestmark = pytest.mark.timeout(2 * LAUNCH_TIMEOUT_S + 60)
 
+
 def worker_env():
     env = dict(os.environ)
     env["TF_CPP_MIN_LOG_LEVEL"] = "2"
@@ -80,10 +81,20 @@ def run_command(command, cwd=REPO, timeout_s=LAUNCH_TIMEOUT_S):
 
 def launch(script, *script_args, workers=2, cpu_devices=2):
     command = [
-        sys.executable, "-m", "keras_scaling", "launch",
-        "--workers", str(workers), "--cpu-devices", str(cpu_devices),
-        "--grace-period", "2", "--",
-        sys.executable, os.path.join(HERE, script), *script_args,
+        sys.executable,
+        "-m",
+        "keras_scaling",
+        "launch",
+        "--workers",
+        str(workers),
+        "--cpu-devices",
+        str(cpu_devices),
+        "--grace-period",
+        "2",
+        "--",
+        sys.executable,
+        os.path.join(HERE, script),
+        *script_args,
     ]
     return run_command(command)
 
@@ -166,10 +177,7 @@ def test_every_worker_runs_the_same_number_of_steps(trained):
 
 
 def test_every_copy_of_every_weight_is_bitwise_identical_on_both_workers(trained):
-    copies = [
-        np.load(os.path.join(trained["out_dir"], f"worker{i}_weights.npz"))
-        for i in (0, 1)
-    ]
+    copies = [np.load(os.path.join(trained["out_dir"], f"worker{i}_weights.npz")) for i in (0, 1)]
     assert sorted(copies[0].files) == sorted(copies[1].files)
     paths = {name.split("#")[0] for name in copies[0].files}
     assert any("kernel" in path for path in paths)
@@ -240,9 +248,7 @@ def test_a_divergence_on_worker_1_stops_both_workers_at_the_same_step(tmp_path):
 
 
 def test_a_killed_worker_stops_the_launch_and_a_relaunch_resumes(tmp_path):
-    out_dir, log_dir, backup_dir = (
-        str(tmp_path), str(tmp_path / "logs"), str(tmp_path / "backup")
-    )
+    out_dir, log_dir, backup_dir = (str(tmp_path), str(tmp_path / "logs"), str(tmp_path / "backup"))
     common = ["--out-dir", out_dir, "--log-dir", log_dir, "--backup-dir", backup_dir]
     try:
         returncode, out, err = launch(
@@ -279,7 +285,7 @@ def test_a_killed_worker_stops_the_launch_and_a_relaunch_resumes(tmp_path):
     all_steps = [step for step, _ in scalar_events(log_dir, tag)]
     assert all_steps == sorted(set(all_steps)), f"steps overlap: {all_steps}"
     # Event files are read in name order, which is the order they were opened.
-    run_2_steps = all_steps[len(run_1_steps):]
+    run_2_steps = all_steps[len(run_1_steps) :]
     assert run_2_steps, "the resumed run logged no throughput"
     assert min(run_2_steps) > 2 * steps_per_epoch
     assert max(run_2_steps) <= 4 * steps_per_epoch
@@ -312,10 +318,7 @@ def test_the_readme_multi_worker_example_runs_as_written(tmp_path):
     returncode, out, err = run_command(["bash", "-c", command], cwd=str(tmp_path))
     assert returncode == 0, details(returncode, out, err)
     for index in (0, 1):
-        assert (
-            f"[worker {index}] MultiWorkerMirroredStrategy: 2 workers, 4 replicas on CPU"
-            in out
-        )
+        assert f"[worker {index}] MultiWorkerMirroredStrategy: 2 workers, 4 replicas on CPU" in out
     assert re.search(r"\[worker 0\] validation mae: \d", out), out[-3000:]
     logs = glob.glob(str(tmp_path / "**" / "throughput.json"), recursive=True)
     assert len(logs) == 1, logs

@@ -81,7 +81,11 @@ def main():
     class SigtermAt(keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
             step = int(self.model.optimizer.iterations.numpy())
-            if args.sigterm_at is not None and step == args.sigterm_at and index == args.sigterm_worker:
+            if (
+                args.sigterm_at is not None
+                and step == args.sigterm_at
+                and index == args.sigterm_worker
+            ):
                 os.kill(os.getpid(), signal.SIGTERM)
             if args.mark_dir and step == 5:
                 open(os.path.join(args.mark_dir, f"step5-{index}"), "w").close()

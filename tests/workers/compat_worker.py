@@ -128,8 +128,10 @@ def run_on_worker_shares(strategy):
 
     ids = np.arange(NUM_IDS, dtype="float32").reshape(-1, 1)
     train = data.distribute(
-        (ids, ids), strategy=strategy,
-        per_replica_batch_size=PER_REPLICA_BATCH_SIZE, last_batch="pad",
+        (ids, ids),
+        strategy=strategy,
+        per_replica_batch_size=PER_REPLICA_BATCH_SIZE,
+        last_batch="pad",
     )
     plan = data.plan_of(train)
     report = {
@@ -140,14 +142,15 @@ def run_on_worker_shares(strategy):
     }
 
     validation = data.distribute(
-        (ids, ids), strategy=strategy, shuffle=False,
-        per_replica_batch_size=PER_REPLICA_BATCH_SIZE, last_batch="pad",
+        (ids, ids),
+        strategy=strategy,
+        shuffle=False,
+        per_replica_batch_size=PER_REPLICA_BATCH_SIZE,
+        last_batch="pad",
     )
     model = make_identity_model(strategy)
     steps = steps_per_epoch_recorder()
-    history = model.fit(
-        train, validation_data=validation, epochs=2, verbose=0, callbacks=[steps]
-    )
+    history = model.fit(train, validation_data=validation, epochs=2, verbose=0, callbacks=[steps])
     report["fit_steps_per_epoch"] = steps.steps
     report["fit_announced_steps"] = steps.announced_steps
     report["fit_history"] = history.history
@@ -155,12 +158,11 @@ def run_on_worker_shares(strategy):
 
     # A dataset split between workers by hand, as users do, is counted the same.
     import tensorflow as tf
+
     from keras_scaling import devices
 
     options = tf.data.Options()
-    options.experimental_distribute.auto_shard_policy = (
-        tf.data.experimental.AutoShardPolicy.OFF
-    )
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
     own_shards = (
         tf.data.Dataset.from_tensor_slices((ids, ids, np.ones(NUM_IDS, "float32")))
         .shard(devices.num_workers(strategy), devices.worker_index(strategy))
@@ -170,8 +172,11 @@ def run_on_worker_shares(strategy):
     report["evaluate_own_shards"] = model.evaluate(own_shards, verbose=0, return_dict=True)
 
     inputs = data.distribute(
-        ids, strategy=strategy, shuffle=False,
-        per_replica_batch_size=PER_REPLICA_BATCH_SIZE, last_batch="pad",
+        ids,
+        strategy=strategy,
+        shuffle=False,
+        per_replica_batch_size=PER_REPLICA_BATCH_SIZE,
+        last_batch="pad",
     )
     report["predict"] = model.predict(inputs, verbose=0)[:, 0].round().tolist()
     return model, train, report
@@ -199,17 +204,13 @@ def main(out_dir):
     }
 
     model = make_model(strategy, STEPS_PER_EXECUTION)
-    history = model.fit(
-        x, y, batch_size=GLOBAL_BATCH_SIZE, epochs=2, shuffle=False, verbose=0
-    )
+    history = model.fit(x, y, batch_size=GLOBAL_BATCH_SIZE, epochs=2, shuffle=False, verbose=0)
     report["loss"] = history.history["loss"]
     report["iterations"] = int(model.optimizer.iterations.numpy())
     report["evaluate"] = model.evaluate(
         x, y, batch_size=GLOBAL_BATCH_SIZE, verbose=0, return_dict=True
     )
-    report["predict_shape"] = list(
-        model.predict(x, batch_size=GLOBAL_BATCH_SIZE, verbose=0).shape
-    )
+    report["predict_shape"] = list(model.predict(x, batch_size=GLOBAL_BATCH_SIZE, verbose=0).shape)
     for number, weight in enumerate(model.get_weights()):
         np.save(os.path.join(out_dir, f"worker{index}_weight{number}.npy"), weight)
 
@@ -217,9 +218,7 @@ def main(out_dir):
     # fail while tracing or building, the same way on every worker, before
     # any collective runs.
     def fit_once():
-        make_model(strategy, 1).fit(
-            x, y, batch_size=GLOBAL_BATCH_SIZE, epochs=1, verbose=0
-        )
+        make_model(strategy, 1).fit(x, y, batch_size=GLOBAL_BATCH_SIZE, epochs=1, verbose=0)
 
     report["defects"] = {}
     for name in ("symbolic_build", "scalar_reduce"):

@@ -90,11 +90,13 @@ def _text_ids(x):
 # name: (samples in one epoch, the ids of a batch's samples from its (x, y))
 SOURCES = {
     "image_dataset_from_directory": (
-        NUM_IMAGES, lambda x, y: x[:, 0, 0, 0].round().astype(int).tolist()
+        NUM_IMAGES,
+        lambda x, y: x[:, 0, 0, 0].round().astype(int).tolist(),
     ),
     "text_dataset_from_directory": (NUM_TEXTS, lambda x, y: _text_ids(x)),
     "timeseries_dataset_from_array": (
-        NUM_SERIES - SEQUENCE_LENGTH + 1, lambda x, y: y.astype(int).tolist()
+        NUM_SERIES - SEQUENCE_LENGTH + 1,
+        lambda x, y: y.astype(int).tolist(),
     ),
     "batched_pipeline": (NUM_BATCHED, lambda x, y: y.astype(int).tolist()),
     "py_dataset": (

@@ -22,12 +22,10 @@ import os
 import re
 import sys
 
+import keras  # noqa: E402
 import numpy as np
 
 import keras_scaling
-
-import keras  # noqa: E402
-
 from keras_scaling import compat, data  # noqa: E402
 
 
@@ -60,8 +58,11 @@ def mlp(strategy, features=4, steps_per_execution=1):
     keras.utils.set_random_seed(1)
     with strategy.scope():
         model = keras.Sequential(
-            [keras.Input((features,)), keras.layers.Dense(8, activation="relu"),
-             keras.layers.Dense(1)]
+            [
+                keras.Input((features,)),
+                keras.layers.Dense(8, activation="relu"),
+                keras.layers.Dense(1),
+            ]
         )
         model.compile(optimizer="adam", loss="mse", steps_per_execution=steps_per_execution)
     return model

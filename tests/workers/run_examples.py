@@ -15,12 +15,7 @@ import os
 import sys
 import traceback
 
-PREAMBLE = (
-    "import keras\n"
-    "import numpy as np\n"
-    "import tensorflow as tf\n"
-    "import keras_scaling\n"
-)
+PREAMBLE = "import keras\nimport numpy as np\nimport tensorflow as tf\nimport keras_scaling\n"
 
 
 def main():
