@@ -175,7 +175,7 @@ def test_speedup_over_a_multi_replica_baseline_compares_replica_ratios():
         ((0.0, 1000.0, 2), "samples_per_sec must be a positive"),
         ((100.0, -1.0, 2), "baseline_samples_per_sec must be a positive"),
         ((100.0, float("nan"), 2), "baseline_samples_per_sec must be a positive"),
-        ((100.0, 100.0, 0), "num_replicas must be an integer >= 1"),
+        ((100.0, 100.0, 0), "num_replicas must be a positive integer"),
     ],
 )
 def test_speedup_refuses_nonsense(args, message):

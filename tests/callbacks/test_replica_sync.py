@@ -372,16 +372,16 @@ def test_differences_within_tolerance_are_float_drift_not_divergence(strategy, c
 @pytest.mark.parametrize(
     "kwargs, error, message",
     [
-        ({"every_n_steps": 0}, ValueError, "every_n_steps must be an integer >= 1, got 0$"),
+        ({"every_n_steps": 0}, ValueError, "every_n_steps must be a positive integer, got 0$"),
         (
             {"every_n_steps": 2.5},
             TypeError,
-            "every_n_steps must be an integer >= 1, got float 2.5$",
+            "every_n_steps must be a positive integer, got float 2.5$",
         ),
         (
             {"every_n_steps": True},
             TypeError,
-            "every_n_steps must be an integer >= 1, got bool True$",
+            "every_n_steps must be a positive integer, got bool True$",
         ),
         (
             {"on_divergence": "panic"},

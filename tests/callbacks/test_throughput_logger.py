@@ -551,12 +551,12 @@ def test_baseline_file_with_another_setup_warns(tmp_path, caplog):
         ({"baseline": 0}, ValueError, "baseline must be a positive number"),
         ({"baseline": -3.5}, ValueError, "baseline must be a positive number"),
         ({"baseline": "/nonexistent/run"}, ValueError, "does not exist"),
-        ({"update_freq": 0}, ValueError, "update_freq must be an integer >= 1, got 0"),
-        ({"update_freq": 2.5}, TypeError, "update_freq must be an integer >= 1, got float"),
+        ({"update_freq": 0}, ValueError, "update_freq must be a positive integer, got 0"),
+        ({"update_freq": 2.5}, TypeError, "update_freq must be a positive integer, got float"),
         ({"update_freq": "often"}, ValueError, "update_freq must be one of 'auto'"),
         ({"warmup_steps": -1}, ValueError, "warmup_steps must be an integer >= 0"),
-        ({"global_batch_size": 0}, ValueError, "global_batch_size must be an integer >= 1"),
-        ({"global_batch_size": "32"}, TypeError, "global_batch_size must be an integer"),
+        ({"global_batch_size": 0}, ValueError, "global_batch_size must be a positive integer"),
+        ({"global_batch_size": "32"}, TypeError, "global_batch_size must be a positive integer"),
     ],
 )
 def test_bad_arguments_are_refused_in_the_constructor(tmp_path, kwargs, error, message):
