@@ -5,13 +5,12 @@ NIGHTLY ?= 3.16.0.dev2026102704
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-# Logical CPUs are fixed once per process, and MirroredStrategy objects in one
-# process clash in their collective all-reduce (different sizes: "joining a
-# group with size 4, but that group has size 2"; same size: "Shape mismatch in
-# the collective instance"). So unmarked tests share one process, and each test
-# file marked logical_cpus(N) runs in a process of its own for each such N;
-# the first process fails, naming the file, for an N not listed here.
+# Device counts of the tests marked logical_cpus(N): tests/run_sessions.py
+# runs each such file in a process split into N logical CPUs, and fails,
+# naming the file, on an N not listed here. TEST_JOBS: processes at a time
+# (default: the number of cores).
 TEST_DEVICE_COUNTS := 2 3 4
+TEST_JOBS ?=
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
 .PHONY: demo test test-versions test-browser lint docs docs-serve dist-check clean
@@ -26,17 +25,8 @@ demo: $(STAMP)
 	$(PY) examples/demo.py
 
 test: $(STAMP)
-	@status=0; failed=""; \
-	run() { $(PY) -m pytest "$$@" $(PYTEST_ARGS); rc=$$?; \
-	  if [ $$rc -ne 0 ] && [ $$rc -ne 5 ]; then status=$$rc; failed="$$failed $$1($$2)"; fi; }; \
-	echo "== tests on 1 device =="; run tests --logical-cpus=1 --device-counts="$(TEST_DEVICE_COUNTS)"; \
-	for n in $(TEST_DEVICE_COUNTS); do \
-	  for file in $$(grep -rl --include='test_*.py' "logical_cpus($$n)" tests | sort); do \
-	    echo "== $$file on $$n logical CPUs =="; run "$$file" --logical-cpus=$$n -q; \
-	  done; \
-	done; \
-	if [ $$status -eq 0 ]; then echo "make test: every session passed"; \
-	else echo "make test: failed sessions:$$failed"; fi; exit $$status
+	$(PY) tests/run_sessions.py --device-counts "$(TEST_DEVICE_COUNTS)" \
+	  $(if $(TEST_JOBS),--jobs $(TEST_JOBS)) $(PYTEST_ARGS)
 
 # The tests that touch Keras and TensorFlow internals, on every supported
 # Keras/TensorFlow pair (cached venvs under .venv-versions/).

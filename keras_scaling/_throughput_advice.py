@@ -6,6 +6,8 @@ the logger logs them once each and writes the same text to TensorBoard.
 
 import math
 
+from keras_scaling.utilization import underuse_advice
+
 # Steps shorter than this are dominated by the training loop's fixed cost per
 # call (Python, callbacks, dispatch), which steps_per_execution amortises.
 SHORT_STEP_S = 0.005
@@ -85,3 +87,78 @@ def shared_cores_baseline(num_replicas):
         "give. For device-like figures run `keras-scaling bench --cpu-devices "
         f"{num_replicas}`, which gives each replica a thread pool of its own."
     )
+
+
+def due(
+    given,
+    *,
+    steady,
+    figures,
+    steps_per_execution,
+    host_cpu_replicas,
+    utilization,
+    per_replica_batch_size,
+    compute_dtype,
+    faster_dtypes,
+    input_samples_per_sec,
+):
+    """The advice a run's figures call for that was not given yet.
+
+    Args:
+        given: set of the kinds of advice already given.
+        steady: the run's `keras_scaling.throughput.SteadyState`.
+        figures: its `keras_scaling.throughput.Speedup`, or None without a baseline.
+        steps_per_execution: int.
+        host_cpu_replicas: whether the replicas are CPU devices of one host.
+        utilization: the run's `keras_scaling.utilization` figures (with
+            `mfu`), or None.
+        per_replica_batch_size: int.
+        compute_dtype: str, the dtype policy's compute dtype.
+        faster_dtypes: `(dtype, times faster)` pairs the device offers.
+        input_samples_per_sec: callable returning the input pipeline's
+            samples/sec alone and, when it could not be timed, why; called
+            only when the advice depends on it (it times the pipeline).
+
+    Returns:
+        list of `(kind, text)`, kind one of `"short_steps"`,
+        `"low_efficiency"` and `"underused"`.
+    """
+    advice = []
+    if "short_steps" not in given:
+        advice.append(("short_steps", short_steps(steady.step_time_p50_s, steps_per_execution)))
+    if figures is None:
+        return [(kind, text) for kind, text in advice if text is not None]
+    if "low_efficiency" not in given and figures.efficiency < LOW_EFFICIENCY:
+        samples_per_sec, reason = input_samples_per_sec()
+        advice.append(
+            (
+                "low_efficiency",
+                low_efficiency(
+                    figures,
+                    steady.samples_per_sec,
+                    samples_per_sec,
+                    reason,
+                    host_cpu_replicas=host_cpu_replicas,
+                ),
+            )
+        )
+    if "underused" not in given and utilization is not None and utilization.mfu is not None:
+        arguments = dict(
+            efficiency=figures.efficiency,
+            mfu=utilization.mfu,
+            per_replica_batch_size=per_replica_batch_size,
+            compute_dtype=compute_dtype,
+            faster_dtypes=faster_dtypes,
+        )
+        if underuse_advice(**arguments) is not None:
+            advice.append(
+                (
+                    "underused",
+                    underuse_advice(
+                        **arguments,
+                        input_samples_per_sec=input_samples_per_sec()[0],
+                        samples_per_sec=steady.samples_per_sec,
+                    ),
+                )
+            )
+    return [(kind, text) for kind, text in advice if text is not None]

@@ -82,3 +82,22 @@ def setup_markdown(rows):
     lines = ["| setting | value |", "|---|---|"]
     lines += [f"| {name} | {value} |" for name, value in rows if value not in (None, "")]
     return "\n".join(lines)
+
+
+def baseline_text(baseline, log_dir):
+    """The set-up table's description of a `keras_scaling.baseline.Baseline`, or None."""
+    if baseline is None:
+        return "none (no scaling/ tags)"
+    if baseline.mode == "self":
+        return baseline.source
+    source = baseline.source
+    if baseline.mode == "file":
+        source = path_for_display(source, log_dir)
+    return f"{baseline.samples_per_sec:.1f} samples/sec ({source})"
+
+
+def points_text(update_freq):
+    """When points are written, as the set-up table says it."""
+    if update_freq != "auto":
+        return f"every {update_freq} steps"
+    return "every 10 steps, then as many as keep reading the counter under 0.5% of a step"

@@ -28,6 +28,7 @@ from keras_scaling._run_record import (
     write_throughput_json,
 )
 from keras_scaling.throughput import ThroughputWindow
+from keras_scaling.throughput import speedup as _speedup
 
 logger = logging.getLogger("keras_scaling")
 
@@ -81,6 +82,28 @@ class Baseline:
     def with_value(self, samples_per_sec, source):
         """A copy with the measured figure filled in."""
         return dataclasses.replace(self, samples_per_sec=samples_per_sec, source=source)
+
+    def speedup(self, samples_per_sec, num_replicas):
+        """The `keras_scaling.throughput.Speedup` of a run's figure, or None while unknown.
+
+        A `"self"` baseline is the run itself: speedup and ideal are 1.
+        """
+        if self.mode == "self":
+            return _speedup(samples_per_sec, samples_per_sec, 1)
+        if self.samples_per_sec is None:
+            return None
+        return _speedup(samples_per_sec, self.samples_per_sec, num_replicas, self.num_replicas)
+
+    def record_fields(self, samples_per_sec):
+        """The `baseline_*` fields of a run record whose figure is `samples_per_sec`."""
+        fields = dict(
+            baseline_source=self.source,
+            baseline_samples_per_sec=self.samples_per_sec,
+            baseline_num_replicas=self.num_replicas,
+        )
+        if self.mode == "self" and samples_per_sec is not None:
+            fields["baseline_samples_per_sec"] = samples_per_sec
+        return fields
 
 
 def resolve_baseline(baseline, parameter="baseline"):

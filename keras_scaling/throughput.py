@@ -16,6 +16,7 @@ from keras_scaling import _validation
 
 __all__ = [
     "Interval",
+    "ReadSchedule",
     "Speedup",
     "SteadyState",
     "ThroughputStats",
@@ -400,3 +401,50 @@ def auto_update_freq(step_time_s, read_cost_s, *, max_share=0.005, floor_steps=1
                 return candidate
         magnitude *= 10
     return steps
+
+
+class ReadSchedule:
+    """When to read the step counter next, without reading it in between.
+
+    Each read of the counter waits for the devices, so between reads the
+    steps taken are only counted up from the calls of the train function,
+    each at most `steps_per_execution` steps. A read is due once that count
+    reaches the next multiple of `every_steps` (or the end of a warm-up), so
+    points fall on regular steps.
+
+    Args:
+        every_steps: int, steps between reads; may be changed at any time
+            (it applies from the next `restart`).
+        steps_per_execution: int, steps of one call of the train function.
+
+    Example:
+
+    ```python
+    from keras_scaling.throughput import ReadSchedule
+    schedule = ReadSchedule(every_steps=10)
+    schedule.restart(iterations=3)   # the counter just read 3
+    [schedule.count_execution() for _ in range(7)]   # due at step 10: the 7th call
+    schedule.restart(iterations=10, warmup_steps=5)  # due at step 15
+    ```
+    """
+
+    def __init__(self, every_steps, steps_per_execution=1):
+        self.every_steps = _validation.positive_int(every_steps, "every_steps")
+        self.steps_per_execution = _validation.positive_int(
+            steps_per_execution, "steps_per_execution"
+        )
+        self.next_read_iterations = None
+        self._upper_bound = 0
+
+    def restart(self, iterations, warmup_steps=0):
+        """Counts from a read of the counter: due after the warm-up, else at the next multiple."""
+        self._upper_bound = iterations
+        if warmup_steps:
+            self.next_read_iterations = iterations + warmup_steps
+        else:
+            self.next_read_iterations = (iterations // self.every_steps + 1) * self.every_steps
+
+    def count_execution(self):
+        """Counts one call of the train function; True when a read is due."""
+        self._upper_bound += self.steps_per_execution
+        return self._upper_bound >= self.next_read_iterations

@@ -2,12 +2,12 @@
 
 TensorFlow fixes its logical devices once per process, and MirroredStrategy
 objects in one process clash in their collective all-reduce. So `make test`
-runs the unmarked tests in one process (`--logical-cpus=1`, the default), and
-each file with tests marked `@pytest.mark.logical_cpus(N)` once more per N, in
-a process of its own (`pytest FILE --logical-cpus=N`), which runs only the
-tests marked for N. `make test` passes its list of N (`--device-counts`) to
-the first process, which fails, naming the files, when a test is marked with
-a count that no process would run.
+(`tests/run_sessions.py`) runs the unmarked tests in one session on one
+device (`--logical-cpus=1`, the default), and each file with tests marked
+`@pytest.mark.logical_cpus(N)` once more per N, in a process of its own
+(`pytest FILE --logical-cpus=N`), which runs only the tests marked for N. A
+plain pytest session given the list of N (`--device-counts`) fails, naming
+the files, when a test is marked with a count that no process would run.
 """
 
 import pytest

@@ -1,15 +1,20 @@
 """`make test`'s split into processes cannot silently skip a marked test file.
 
-Runs pytest on a copy of `tests/conftest.py` and one marked test file, as
-`make test` runs its first process (`--device-counts` with its list).
+Runs pytest on a copy of `tests/conftest.py` and one marked test file, as a
+plain pytest session with `--device-counts`, and asks `tests/run_sessions.py`
+(what `make test` runs) for its sessions.
 """
 
+import importlib.util
 import os
 import shutil
 import subprocess
 import sys
 
-CONFTEST = os.path.join(os.path.dirname(os.path.abspath(__file__)), "conftest.py")
+import pytest
+
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+CONFTEST = os.path.join(TESTS_DIR, "conftest.py")
 TIMEOUT_S = 120
 
 
@@ -53,3 +58,37 @@ def test_a_file_marked_with_an_unlisted_device_count_fails_naming_it(tmp_path):
 def test_a_file_marked_with_a_listed_device_count_is_collected_for_its_process(tmp_path):
     result = run_first_session(tmp_path, 3)
     assert result.returncode == 5, result.stdout + result.stderr  # 5: none selected here
+
+
+def _run_sessions_module():
+    spec = importlib.util.spec_from_file_location(
+        "run_sessions", os.path.join(TESTS_DIR, "run_sessions.py")
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _marked_file(tmp_path, *counts):
+    marks = "".join(
+        f"@pytest.mark.logical_cpus({count})\ndef test_on_{count}():\n    pass\n\n\n"
+        for count in counts
+    )
+    (tmp_path / "test_marked.py").write_text(f"import pytest\n\n\n{marks}")
+    return _run_sessions_module()
+
+
+def test_make_test_refuses_an_unlisted_count_before_running_anything(tmp_path):
+    run_sessions = _marked_file(tmp_path, 2, 7)
+    marked = run_sessions.marked_counts(tmp_path)
+    with pytest.raises(
+        ValueError, match=r"test_marked.py \(logical_cpus\(7\)\).*TEST_DEVICE_COUNTS"
+    ):
+        run_sessions.logical_cpu_sessions(marked, [2, 3, 4])
+
+
+def test_make_test_runs_a_marked_file_once_per_count_in_processes_of_their_own(tmp_path):
+    run_sessions = _marked_file(tmp_path, 1, 2, 4)
+    sessions = run_sessions.logical_cpu_sessions(run_sessions.marked_counts(tmp_path), [2, 3, 4])
+    assert [arguments[1] for _, arguments in sessions] == ["--logical-cpus=2", "--logical-cpus=4"]
+    assert all(arguments[0].endswith("test_marked.py") for _, arguments in sessions)

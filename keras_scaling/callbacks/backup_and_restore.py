@@ -10,7 +10,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_scaling import _backup, _resume, _topology, _validation
+from keras_scaling import _backup, _resume, _topology, _train_function_hook, _validation
 
 logger = logging.getLogger("keras_scaling")
 
@@ -224,6 +224,7 @@ class BackupAndRestore(keras.callbacks.Callback):
             self._after_execution()
             return logs
 
+        _train_function_hook.mark_wrapper(train_function, original)
         self._wrapped, self._wrapper = original, train_function
         self.model.train_function = train_function
 

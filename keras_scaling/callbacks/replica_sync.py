@@ -15,6 +15,7 @@ from keras_scaling import (
     _tensorboard,
     _topology,
     _tracked_variables,
+    _train_function_hook,
     _validation,
     compat,
     devices,
@@ -191,6 +192,7 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
         self._last_written_step = None
         self._said_single_replica = False
         self._warned_per_replica_state = False
+        self._hook = None
 
     # Hooks.
 
@@ -202,20 +204,34 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         devices.warn_if_keras_distribution_set()
+        _train_function_hook.abandon_other_fits(self.model, self.params)
         compat.enable_for(self._strategy())
         self._check_and_act()
+        if not self._single_replica():
+            self._hook = _train_function_hook.TrainFunctionHook(
+                self.model,
+                after=self._after_execution,
+                owner=self.params,
+                on_abandoned=self._detach,
+            )
+            self._hook.attach()
 
-    def on_train_batch_end(self, batch, logs=None):
-        if self._single_replica():
-            return
+    def on_epoch_begin(self, epoch, logs=None):
+        if self._hook is not None:
+            self._hook.attach()  # again, in case the train function was rebuilt
+
+    def _after_execution(self):
+        """Runs after each call of the train function (there is no batch hook).
+
+        A batch hook would make Keras wait for every step to finish before
+        dispatching the next (see `keras_scaling._train_function_hook`).
+        """
         last = self._last_checked_step
         if last is not None:
-            # One hook call covers at most `steps_per_execution` batches,
-            # each at most one optimizer step (fewer with gradient
-            # accumulation): the counter is read (tens of microseconds) only
-            # once this upper bound reaches the next multiple. The batch
-            # index is no measure: Keras 3.10 and older pass the first batch
-            # of the execution, later releases the last.
+            # One call covers at most `steps_per_execution` batches, each at
+            # most one optimizer step (fewer with gradient accumulation): the
+            # counter is read (tens of microseconds) only once this upper
+            # bound reaches the next multiple.
             self._step_upper_bound += self._steps_per_execution()
             if self._step_upper_bound // self.every_n_steps <= last // self.every_n_steps:
                 return
@@ -228,12 +244,18 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
         return max(1, int(getattr(self.model, "steps_per_execution", 1) or 1))
 
     def on_train_end(self, logs=None):
+        self._detach()
         if self._single_replica():
             return
         if self._current_step() != self._last_checked_step:
             self._check_and_act(find_variables=False)
         if self.log_dir is not None:
             _tensorboard.flush(self.log_dir)
+
+    def _detach(self):
+        if self._hook is not None:
+            self._hook.detach()
+            self._hook = None
 
     # Public API.
 

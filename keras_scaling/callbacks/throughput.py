@@ -1,14 +1,13 @@
 """`ThroughputLogger`: throughput, speedup and scaling efficiency in TensorBoard."""
 
 import atexit
+import functools
 import logging
 import os
 import threading
 import time
-import weakref
 
 import keras
-import tensorflow as tf
 
 from keras_scaling import (
     _background_save,
@@ -16,6 +15,8 @@ from keras_scaling import (
     _run_record,
     _tensorboard,
     _throughput_flops,
+    _trace_count,
+    _train_function_hook,
     _validation,
     devices,
 )
@@ -25,10 +26,10 @@ from keras_scaling import baseline as baseline_lib
 from keras_scaling import utilization as utilization_lib
 from keras_scaling.data import _iterator_plan
 from keras_scaling.throughput import (
+    ReadSchedule,
     ThroughputStats,
     ThroughputWindow,
     auto_update_freq,
-    speedup,
 )
 
 logger = logging.getLogger("keras_scaling")
@@ -39,6 +40,7 @@ DEFAULT_WARMUP_STEPS = 5
 _AUTO_MAX_SHARE = 0.005
 _AUTO_FLOOR_STEPS = 10
 _ADVICE_AFTER_INTERVALS = 3
+_RECORD_EVERY_S = 2.0
 # Set before TensorFlow starts, each logical CPU has a thread pool of its own
 # (tensorflow/core/common_runtime/local_device.cc), as `keras-scaling bench` does.
 _THREADPOOL_ENV = "TF_OVERRIDE_GLOBAL_THREADPOOL"
@@ -98,11 +100,12 @@ class ThroughputLogger(keras.callbacks.Callback):
       The same figure is the epoch's entry in `throughput.json`.
     - `log_dir/throughput.json` (steady-state median samples/sec over the
       whole run, step time percentiles, set-up, baseline, speedup, ideal and
-      efficiency, each epoch's figure) is written at the end of every epoch
-      and of training. Within 2 seconds of each new figure a thread of its
-      own flushes the event files and rewrites `throughput.json`, so nothing
-      measured is lost however training stops (another callback raising,
-      Ctrl-C, a notebook that lives on).
+      efficiency, each epoch's figure) is written before `fit` returns. While
+      it trains, a thread of its own writes each new point to the event file,
+      rewrites `throughput.json` and flushes, within a fraction of a second
+      of each new figure or epoch (2 seconds at most), so `fit`'s loop does
+      no file writes and nothing measured is lost however training stops
+      (another callback raising, Ctrl-C, a notebook that lives on).
     - Under `MultiWorkerMirroredStrategy` only the chief writes, and the
       figure is the measured global throughput: all workers step together,
       so global batch times steps over the chief's wall time.
@@ -224,9 +227,10 @@ class ThroughputLogger(keras.callbacks.Callback):
         if not callable(clock):
             raise TypeError(f"clock must be a callable returning seconds, got {clock!r}")
         self._clock = clock
-        self._read_every_steps = _AUTO_FLOOR_STEPS if update_freq == "auto" else update_freq
+        self._schedule = ReadSchedule(_AUTO_FLOOR_STEPS if update_freq == "auto" else update_freq)
         self._calibrated = update_freq != "auto"
         self._stats = ThroughputStats()
+        self._epoch_stats = ThroughputStats()
         self._window = ThroughputWindow()
         self._epochs = []
         self._setup = None
@@ -234,70 +238,101 @@ class ThroughputLogger(keras.callbacks.Callback):
         self._startup_time_s = None
         self._baseline_note = None
         self._last_written_step = None
+        self._last_step = 0
         self._advised = set()
         self._finished = True
-        self._guard = None
+        self._hook = None
+        # Writes to the event file wait here for the saver's thread, off
+        # fit's loop (see `_background_save`).
         self._saver = None
-        # Held while figures change and while they are saved: the background
-        # saver reads them from another thread.
+        self._pending_writes = []
+        # Figures change with each revision; throughput.json is rewritten
+        # in the background at most every `_RECORD_EVERY_S` seconds (and after
+        # each epoch), and at the end of `fit` only when it is behind.
+        self._revision = 0
+        self._saved_revision = None
+        self._record_due = False
+        self._record_saved_s = None
+        # Held while figures change and while the saver takes them.
         self._lock = threading.RLock()
+        # Held while saving: the saver's thread and the end of `fit`.
+        self._save_lock = threading.Lock()
 
-    # Keras hooks: gather inputs, hand them to the core and the writers.
+    # Keras hooks: gather inputs, hand them to the core and the writers. There
+    # is no batch hook (see `_train_function_hook`): the work of each step is
+    # done after each call of the train function.
 
     def set_model(self, model):
         super().set_model(model)
         _enable_compat(model)
-        _count_traces(model)
+        _trace_count.count_traces(model)
 
     def on_train_begin(self, logs=None):
         devices.warn_if_keras_distribution_set()
-        self._finish_left_over_fits()
+        # Finishes a logger (this one too) whose fit raised outside a step.
+        _train_function_hook.abandon_other_fits(self.model, self.params)
         _enable_compat(self.model)
         self._info = devices.describe_strategy(self.model.distribute_strategy)
         self._train_begin_s = self._clock()
+        self._record_saved_s = time.monotonic()
         self._fit_started = False
         self._finished = False
         self._window.close()
-        self._steps_per_execution = int(getattr(self.model, "steps_per_execution", 1) or 1)
+        self._schedule.steps_per_execution = int(getattr(self.model, "steps_per_execution", 1) or 1)
         self._iterations_variable = None
         self._element_spec = None
         self._iterator = None
-        self._attach_guard()
+        self._hook = _train_function_hook.TrainFunctionHook(
+            self.model,
+            after=self._after_execution,
+            before=self._see_iterator,
+            on_error=self._finish,
+            owner=self.params,
+            on_abandoned=self._finish,
+        )
+        self._hook.attach()
         atexit.register(self._finish_at_exit)
         if self._info.is_chief:
-            self._saver = _background_save.BackgroundSave(self._save)
+            self._saver = _background_save.BackgroundSave(self._save_in_background)
 
     def on_epoch_begin(self, epoch, logs=None):
         self._window.close()
         self._epoch_stats = ThroughputStats()
+        if self._hook is not None:
+            self._hook.attach()  # again, in case the train function was rebuilt
 
     def on_test_begin(self, logs=None):
         self._window.close()
 
-    def on_train_batch_end(self, batch, logs=None):
-        if self._finished:
-            return
-        if not self._window.is_open:
-            self._open_window_or_finish()
-            return
-        self._executions_since_read += 1
-        if (
-            self._iterations_at_read + self._executions_since_read * self._steps_per_execution
-        ) >= self._next_read_iterations:
-            self._measure()
-
     def on_epoch_end(self, epoch, logs=None):
-        steady = getattr(self, "_epoch_stats", ThroughputStats()).steady_state()
+        steady = self._epoch_stats.steady_state()
         if steady is not None:
             if logs is not None:
                 logs["samples_per_sec"] = steady.samples_per_sec
             with self._lock:
                 self._epochs.append((epoch, steady))
+                self._revision += 1
+        self._record_due = True
         self._advise()
-        self._save()
+        self._save_soon()
 
     def on_train_end(self, logs=None):
         self._finish()
+
+    # Around each call of the train function.
+
+    def _see_iterator(self, iterator):
+        if self._element_spec is None and not self._finished:
+            self._element_spec = getattr(iterator, "element_spec", None)
+            self._iterator = iterator
+
+    def _after_execution(self):
+        if self._finished:
+            return
+        if not self._window.is_open:
+            self._open_window_or_finish()
+        elif self._schedule.count_execution():
+            self._measure()
 
     # Measuring.
 
@@ -346,61 +381,47 @@ class ThroughputLogger(keras.callbacks.Callback):
             samples=self._samples(iterations),
             warmup_steps=warmup_steps,
         )
-        self._traces_at_read = _traces(self.model)
-        self._schedule_read(iterations, warmup_steps)
-
-    def _schedule_read(self, iterations, warmup_steps=0):
-        """The next read: after the warm-up, else at the next multiple of the spacing."""
-        self._iterations_at_read = iterations
-        self._executions_since_read = 0
-        if warmup_steps:
-            self._next_read_iterations = iterations + warmup_steps
-        else:
-            every = self._read_every_steps
-            self._next_read_iterations = (iterations // every + 1) * every
+        self._traces_at_read = _trace_count.traces(self.model)
+        self._schedule.restart(iterations, warmup_steps)
 
     def _measure(self):
         iterations = self._read_iterations()
         now_s = self._clock()
-        traces = _traces(self.model)
+        traces = _trace_count.traces(self.model)
+        point = dict(time_s=now_s, iterations=iterations, samples=self._samples(iterations))
         if traces != self._traces_at_read:
             # The step function was traced again within this interval.
             self._traces_at_read = traces
-            self._window.restart(
-                time_s=now_s, iterations=iterations, samples=self._samples(iterations)
-            )
-            self._schedule_read(iterations)
+            self._window.restart(**point)
+            self._schedule.restart(iterations)
             return
-        interval = self._window.update(
-            time_s=now_s, iterations=iterations, samples=self._samples(iterations)
-        )
-        if interval is None:
-            self._schedule_read(iterations)
-            return
+        interval = self._window.update(**point)
+        if interval is not None:
+            self._add(interval)
+            if not self._calibrated:
+                self._calibrate(interval.step_time_s, work_start_s=now_s)
+        self._schedule.restart(iterations)
+        if interval is not None and len(self._stats) == _ADVICE_AFTER_INTERVALS:
+            self._advise()
+
+    def _add(self, interval):
+        samples_per_sec = interval.samples_per_sec
         scalars = {
-            "throughput/samples_per_sec": interval.samples_per_sec,
+            "throughput/samples_per_sec": samples_per_sec,
             "throughput/steps_per_sec": interval.steps_per_sec,
-            "throughput/samples_per_sec_per_replica": (
-                interval.samples_per_sec / self._setup["num_replicas"]
-            ),
+            "throughput/samples_per_sec_per_replica": samples_per_sec / self._setup["num_replicas"],
         }
-        figures = self._speedup(interval.samples_per_sec)
+        figures = self._speedup(samples_per_sec)
         if figures is not None:
             scalars["scaling/speedup"] = figures.speedup
             scalars["scaling/efficiency"] = figures.efficiency
             scalars["scaling/ideal_speedup"] = figures.ideal_speedup
-        scalars.update(self._flops.scalars(interval.samples_per_sec))
+        scalars.update(self._flops.scalars(samples_per_sec))
         with self._lock:
             self._stats.add(interval)
             self._epoch_stats.add(interval)
-            self._write(scalars, interval.end_iterations)
-        if self._saver is not None:
-            self._saver.news()
-        if not self._calibrated:
-            self._calibrate(interval.step_time_s, work_start_s=now_s)
-        self._schedule_read(iterations)
-        if len(self._stats) == _ADVICE_AFTER_INTERVALS:
-            self._advise()
+            self._revision += 1
+        self._write(scalars, interval.end_iterations)
 
     def _calibrate(self, step_time_s, work_start_s):
         """Spaces the reads of `update_freq="auto"` by what one measurement costs.
@@ -414,7 +435,7 @@ class ThroughputLogger(keras.callbacks.Callback):
         read_start_s = self._clock()
         self._read_iterations()
         read_s = self._clock() - read_start_s
-        self._read_every_steps = auto_update_freq(
+        self._schedule.every_steps = auto_update_freq(
             step_time_s,
             work_s + read_s,
             max_share=_AUTO_MAX_SHARE,
@@ -423,21 +444,11 @@ class ThroughputLogger(keras.callbacks.Callback):
 
     def _speedup(self, samples_per_sec):
         """`Speedup` of a throughput figure, or None without a baseline."""
-        baseline = self._baseline
-        if baseline is None:
+        if self._baseline is None:
             return None
-        if baseline.mode == "self":
-            return speedup(samples_per_sec, samples_per_sec, 1)
-        if baseline.samples_per_sec is None:
-            return None
-        return speedup(
-            samples_per_sec,
-            baseline.samples_per_sec,
-            self._setup["num_replicas"],
-            baseline.num_replicas,
-        )
+        return self._baseline.speedup(samples_per_sec, self._setup["num_replicas"])
 
-    # Set-up: batch sizes, baseline, summary.
+    # Set-up: batch sizes, baseline, FLOPs, and the set-up table.
 
     def _set_up(self, iterations):
         info = self._info
@@ -469,110 +480,120 @@ class ThroughputLogger(keras.callbacks.Callback):
                 and os.environ.get(_THREADPOOL_ENV) != "1"
             ),
         )
-        if info.is_chief:
-            self._flops = _throughput_flops.resolve(
-                self.model,
-                flops_per_sample=self.flops_per_sample,
-                peak_flops=self.peak_flops,
-                element_spec=self._element_spec,
-                setup=self._setup,
-                device=info.local_devices[0],
-            )
-        else:
+        if not info.is_chief:
             self._flops = _throughput_flops.ModelFlops(num_replicas=info.num_replicas)
-        if info.is_chief:
-            with self._lock:
-                _tensorboard.write_custom_scalars_layout(
-                    self.log_dir, dashboard.custom_scalars_layout()
-                )
-                _tensorboard.write_text(
-                    self.log_dir,
-                    iterations,
-                    dashboard.SETUP_TAG,
-                    dashboard.setup_markdown(self._setup_rows()),
-                )
-
-    def _setup_rows(self):
-        setup = self._setup
-        baseline = self._baseline
-        if baseline is None:
-            baseline_text = "none (no scaling/ tags)"
-        elif baseline.mode == "self":
-            baseline_text = baseline.source
-        else:
-            source = baseline.source
-            if baseline.mode == "file":
-                source = dashboard.path_for_display(source, self.log_dir)
-            baseline_text = f"{baseline.samples_per_sec:.1f} samples/sec ({source})"
-        return [
-            ("strategy", setup["strategy"]),
-            ("workers", setup["num_workers"]),
-            ("replicas", setup["num_replicas"]),
-            ("device kind", setup["device_kind"]),
-            ("per-replica batch", setup["per_replica_batch_size"]),
-            ("global batch", setup["global_batch_size"]),
-            ("dtype policy", setup["dtype_policy"]),
-            ("steps per execution", self._steps_per_execution),
-            ("baseline", baseline_text),
+            return
+        self._flops = _throughput_flops.resolve(
+            self.model,
+            flops_per_sample=self.flops_per_sample,
+            peak_flops=self.peak_flops,
+            element_spec=self._element_spec,
+            setup=self._setup,
+            device=info.local_devices[0],
+        )
+        rows = [
+            ("strategy", info.kind),
+            ("workers", info.num_workers),
+            ("replicas", info.num_replicas),
+            ("device kind", info.device_kind),
+            ("per-replica batch", self._setup["per_replica_batch_size"]),
+            ("global batch", global_batch_size),
+            ("dtype policy", self._setup["dtype_policy"]),
+            ("steps per execution", self._schedule.steps_per_execution),
+            ("baseline", dashboard.baseline_text(self._baseline, self.log_dir)),
             ("what the speedup means", self._baseline_note),
             *self._flops.setup_rows(),
             ("warm-up", f"first execution of each fit + {self.warmup_steps} steps"),
-            (
-                "points",
-                (
-                    f"every {self.update_freq} steps"
-                    if self.update_freq != "auto"
-                    else "every 10 steps, then as many as keep reading the counter "
-                    "under 0.5% of a step"
-                ),
-            ),
+            ("points", dashboard.points_text(self.update_freq)),
         ]
+        layout = dashboard.custom_scalars_layout()
+        text = dashboard.setup_markdown(rows)
 
-    # Writing.
+        def write_setup():
+            _tensorboard.write_custom_scalars_layout(self.log_dir, layout)
+            _tensorboard.write_text(self.log_dir, iterations, dashboard.SETUP_TAG, text)
+
+        self._queue_write(write_setup)
+
+    # Writing and saving.
 
     def _write(self, scalars, step):
-        """Writes scalars at `step` unless that step was written before."""
+        """Writes scalars at `step` soon, unless that step was written before."""
         if not self._info.is_chief:
             return
-        with self._lock:
+        self._last_step = max(self._last_step, step)
+
+        def write_scalars():
             if self._last_written_step is None:
                 _tensorboard.flush(self.log_dir)
                 self._last_written_step = _tensorboard.last_step_written(
                     self.log_dir, dashboard.SCALAR_TAGS
                 )
-            if step <= self._last_written_step:
-                return
-            _tensorboard.write_scalars_fast(self.log_dir, step, scalars)
-            self._last_written_step = step
+            if step > self._last_written_step:
+                _tensorboard.write_scalars_fast(self.log_dir, step, scalars)
+                self._last_written_step = step
+
+        self._queue_write(write_scalars)
+
+    def _queue_write(self, write):
+        """Has `write()` run by the saver's thread soon, or now when there is none."""
+        with self._lock:
+            self._pending_writes.append(write)
+        self._save_soon()
+
+    def _save_soon(self):
+        if self._saver is not None:
+            self._saver.news()
+        else:
+            self._save()
 
     def _record(self):
         steady = self._stats.steady_state()
-        baseline = self._baseline
+        samples_per_sec = steady.samples_per_sec if steady is not None else None
         baseline_fields = {}
-        if baseline is not None:
-            baseline_fields = dict(
-                baseline_source=baseline.source,
-                baseline_samples_per_sec=baseline.samples_per_sec,
-                baseline_num_replicas=baseline.num_replicas,
-            )
-            if baseline.mode == "self" and steady is not None:
-                baseline_fields["baseline_samples_per_sec"] = steady.samples_per_sec
+        if self._baseline is not None:
+            baseline_fields = self._baseline.record_fields(samples_per_sec)
         return _run_record.build_record(
             self._setup,
             steady=steady,
             startup_time_s=self._startup_time_s,
             epochs=self._epochs,
-            flops=self._flops.record_fields(steady.samples_per_sec if steady else None),
+            flops=self._flops.record_fields(samples_per_sec),
             **baseline_fields,
         )
 
-    def _save(self):
-        """Writes throughput.json and flushes the event files (chief only)."""
+    def _save(self, record_now=True):
+        """Runs the pending writes, rewrites throughput.json if behind, and flushes.
+
+        Returns False when `record_now` is False and throughput.json was left
+        behind, to be rewritten later.
+        """
         if self._setup is None or not self._info.is_chief:
-            return
-        with self._lock:
-            _run_record.write_throughput_json(self.log_dir, self._record())
+            return True
+        with self._save_lock:
+            with self._lock:
+                writes, self._pending_writes = self._pending_writes, []
+                behind = self._saved_revision != self._revision
+                if behind and record_now:
+                    record, revision = self._record(), self._revision
+            for write in writes:
+                write()
+            if behind and record_now:
+                _run_record.write_throughput_json(self.log_dir, record)
+                self._saved_revision = revision
+                self._record_saved_s = time.monotonic()
             _tensorboard.flush(self.log_dir)
+            return record_now or not behind
+
+    def _save_in_background(self):
+        record_now = self._record_due or time.monotonic() - self._record_saved_s >= _RECORD_EVERY_S
+        self._record_due = False
+        return self._save(record_now)
+
+    # Keras does not call on_train_end when fit raises (it has no
+    # try/finally): the train function's hook finishes when a step raises,
+    # Ctrl-C included; the background saver and atexit cover an error raised
+    # elsewhere, and the next fit of the model finishes what was left.
 
     def _finish(self):
         if self._finished:
@@ -581,7 +602,9 @@ class ThroughputLogger(keras.callbacks.Callback):
         if self._saver is not None:
             self._saver.stop()
             self._saver = None
-        self._detach_guard()
+        if self._hook is not None:
+            self._hook.detach()
+            self._hook = None
         atexit.unregister(self._finish_at_exit)
         self._save()
         if self._setup is not None and not self._stats and self._info.is_chief:
@@ -590,7 +613,7 @@ class ThroughputLogger(keras.callbacks.Callback):
                 "+ %d steps, then a figure every %d steps); %s has no throughput. "
                 "Train for more steps, or lower warmup_steps or update_freq.",
                 self.warmup_steps,
-                self._read_every_steps,
+                self._schedule.every_steps,
                 _run_record.THROUGHPUT_JSON,
             )
         self._iterator = None
@@ -601,54 +624,6 @@ class ThroughputLogger(keras.callbacks.Callback):
         except Exception:
             logger.exception("ThroughputLogger: could not save at exit")
 
-    # Keras does not call on_train_end when fit raises (it has no
-    # try/finally), so a wrapper around the train function saves what was
-    # measured when a step raises, Ctrl-C included; the background saver and
-    # atexit cover an error raised elsewhere.
-
-    def _finish_left_over_fits(self):
-        """Finishes loggers whose fit raised outside a step, now it is over.
-
-        A fit of this model is starting, so any guard still wrapping its train
-        function belongs to a fit that ended by an exception, unless it is
-        another logger of this same fit (its callbacks share `params`).
-        """
-        while True:
-            top = self.model.train_function
-            owner = getattr(top, "_keras_scaling_logger", None)
-            if owner is None or (owner is not self and owner.params is self.params):
-                return
-            owner._finish()
-            if self.model.train_function is top:
-                return
-
-    def _attach_guard(self):
-        original = self.model.train_function
-        self._guard_original = original
-        if original is None:
-            return
-
-        def guarded_train_function(iterator):
-            if self._element_spec is None and not self._finished:
-                self._element_spec = getattr(iterator, "element_spec", None)
-                self._iterator = iterator
-            try:
-                return original(iterator)
-            except (StopIteration, tf.errors.OutOfRangeError):
-                raise  # the end of the data, not a failure
-            except BaseException:
-                self._finish()
-                raise
-
-        guarded_train_function._keras_scaling_logger = self
-        self._guard = guarded_train_function
-        self.model.train_function = guarded_train_function
-
-    def _detach_guard(self):
-        if self._guard is not None and self.model.train_function is self._guard:
-            self.model.train_function = self._guard_original
-        self._guard = None
-
     # Advice: the sentences are _throughput_advice's; each is logged and
     # written to the Text dashboard once.
 
@@ -656,41 +631,30 @@ class ThroughputLogger(keras.callbacks.Callback):
         if len(self._stats) < _ADVICE_AFTER_INTERVALS or not self._info.is_chief:
             return
         steady = self._stats.steady_state()
-        if "short_steps" not in self._advised:
-            self._give(
-                "short_steps",
-                advice_lib.short_steps(steady.step_time_p50_s, self._steps_per_execution),
-            )
-        figures = self._speedup(steady.samples_per_sec)
-        if figures is None:
-            return
-        if "low_efficiency" not in self._advised and figures.efficiency < advice_lib.LOW_EFFICIENCY:
-            input_samples_per_sec, reason = self._input_samples_per_sec()
-            self._give(
-                "low_efficiency",
-                advice_lib.low_efficiency(
-                    figures,
-                    steady.samples_per_sec,
-                    input_samples_per_sec,
-                    reason,
-                    host_cpu_replicas=(
-                        self._setup["device_kind"] == "CPU" and self._info.replicas_per_worker > 1
-                    ),
-                ),
-            )
-        if "underused" not in self._advised:
-            self._give(
-                "underused", self._underuse_advice(steady.samples_per_sec, figures.efficiency)
-            )
-
-    def _give(self, kind, text):
-        if text is None:
-            return
-        self._advised.add(kind)
-        logger.warning("ThroughputLogger: %s", text)
-        with self._lock:
-            _tensorboard.write_text(
-                self.log_dir, max(0, self._last_written_step or 0), dashboard.ADVICE_TAG, text
+        for kind, text in advice_lib.due(
+            self._advised,
+            steady=steady,
+            figures=self._speedup(steady.samples_per_sec),
+            steps_per_execution=self._schedule.steps_per_execution,
+            host_cpu_replicas=(
+                self._setup["device_kind"] == "CPU" and self._info.replicas_per_worker > 1
+            ),
+            utilization=self._flops.utilization(steady.samples_per_sec),
+            per_replica_batch_size=self._setup["per_replica_batch_size"],
+            compute_dtype=_throughput_flops.compute_dtype(self.model),
+            faster_dtypes=self._flops.faster_dtypes,
+            input_samples_per_sec=self._input_samples_per_sec,
+        ):
+            self._advised.add(kind)
+            logger.warning("ThroughputLogger: %s", text)
+            self._queue_write(
+                functools.partial(
+                    _tensorboard.write_text,
+                    self.log_dir,
+                    self._last_step,
+                    dashboard.ADVICE_TAG,
+                    text,
+                )
             )
 
     def _input_samples_per_sec(self):
@@ -700,58 +664,8 @@ class ThroughputLogger(keras.callbacks.Callback):
             samples_per_sec *= self._setup["num_workers"]
         return samples_per_sec, reason
 
-    def _underuse_advice(self, samples_per_sec, efficiency):
-        figures = self._flops.utilization(samples_per_sec)
-        if figures is None or figures.mfu is None:
-            return None
-        arguments = dict(
-            efficiency=efficiency,
-            mfu=figures.mfu,
-            per_replica_batch_size=self._setup["per_replica_batch_size"],
-            compute_dtype=_throughput_flops.compute_dtype(self.model),
-            faster_dtypes=self._flops.faster_dtypes,
-        )
-        if utilization_lib.underuse_advice(**arguments) is None:
-            return None
-        input_samples_per_sec, _ = self._input_samples_per_sec()
-        return utilization_lib.underuse_advice(
-            **arguments,
-            input_samples_per_sec=input_samples_per_sec,
-            samples_per_sec=samples_per_sec,
-        )
-
 
 def _enable_compat(model):
     from keras_scaling import compat
 
     compat.enable_for(model.distribute_strategy)
-
-
-# Keras gives a callback no handle on tracing, but a model's public
-# `train_step` runs in Python only while Keras traces its train function, and
-# callbacks get the model (`set_model`) before `fit` makes that function.
-_trace_counts = weakref.WeakKeyDictionary()
-
-
-def _count_traces(model):
-    """Makes `model.train_step` count its calls, once per model."""
-    if model in _trace_counts or "train_step" in vars(model):
-        return
-    _trace_counts[model] = 0
-    train_step = model.train_step
-    model_ref = weakref.ref(model)
-
-    def counting_train_step(data):
-        owner = model_ref()
-        if owner is not None:
-            _trace_counts[owner] = _trace_counts.get(owner, 0) + 1
-        return train_step(data)
-
-    model.train_step = counting_train_step
-
-
-def _traces(model):
-    """How often `model`'s train step was traced, 0 when eager or not counted."""
-    if model.run_eagerly:
-        return 0  # nothing is traced: train_step runs at every step
-    return _trace_counts.get(model, 0)

@@ -22,7 +22,7 @@ import tensorflow as tf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import keras_scaling
-from keras_scaling import _tensorboard, launcher
+from keras_scaling import _tensorboard, _train_function_hook, launcher
 from keras_scaling import baseline as baseline_lib
 
 NUM_FEATURES = 8
@@ -497,16 +497,16 @@ def test_one_replica_auto_is_its_own_baseline_and_advises_once(tmp_path, caplog)
 
 
 def test_traces_of_the_train_step_are_counted_without_reaching_into_keras(tmp_path):
-    from keras_scaling.callbacks import throughput as throughput_callback
+    from keras_scaling import _trace_count
 
     model = _model()
     logger = keras_scaling.ThroughputLogger(tmp_path, baseline=None, update_freq=2)
     model.fit(_dataset(256, 16), epochs=2, verbose=0, callbacks=[logger])
-    traced_once = throughput_callback._traces(model)
+    traced_once = _trace_count.traces(model)
     # Another batch shape: Keras traces its train function again.
     model.fit(_dataset(256, 32), epochs=1, verbose=0, callbacks=[logger])
     assert traced_once >= 1
-    assert throughput_callback._traces(model) > traced_once
+    assert _trace_count.traces(model) > traced_once
 
 
 def test_baseline_none_writes_no_scaling_tags(tmp_path):
@@ -604,7 +604,7 @@ def test_error_in_a_step_still_writes_throughput_json(tmp_path):
     assert max(_steps(tmp_path)) <= 125
     # The train function is Keras' own again.
     assert model.train_function is not None
-    assert model.train_function.__name__ != "guarded_train_function"
+    assert not hasattr(model.train_function, _train_function_hook._HOOK)
 
 
 def test_callback_error_loses_nothing_in_a_live_process(tmp_path):

@@ -156,11 +156,22 @@ def test_a_model_without_known_input_shapes_is_refused():
         (["--cpu-devices", "2", "--replicas", "1,x"], "--replicas must be a comma-separated"),
     ],
 )
-def test_bad_input_exits_2_with_a_message(tmp_path, args, message):
-    result = _bench(*args, "--logdir", tmp_path / "logs")
+def test_bad_input_exits_2_with_a_message(tmp_path, capsys, args, message):
+    # In this process: each message is checked before any replica runs.
+    from keras_scaling.cli import main
+
+    status = main(["bench", *map(str, args), "--logdir", str(tmp_path / "logs")])
+
+    assert status == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "logs").exists()
+
+
+def test_bad_input_to_the_command_exits_2_without_a_traceback(tmp_path):
+    result = _bench("--model", "nosuch", "--logdir", tmp_path / "logs")
 
     assert result.returncode == 2, result.stdout + result.stderr
-    assert message in result.stderr
+    assert "neither a preset (mlp, cnn, resnet50)" in result.stderr
     assert "Traceback" not in result.stderr
 
 
