@@ -387,23 +387,42 @@ def _baseline_timer(copy, duration_s, min_steps, clock):
     """A callback that times `copy.fit` from the end of its first execution."""
     import keras
 
+    from keras_scaling import _train_function_hook
+
     class BaselineTimer(keras.callbacks.Callback):
+        # No batch hook: one would make Keras wait for every step to finish
+        # before dispatching the next, as the timed training does not.
         def __init__(self):
             super().__init__()
             self._window = ThroughputWindow()
             self._start_time_s = None
-            self._start_batch = None
+            self._steps = 0
+            self._start_steps = None
             self._interval = None
+            self._hook = None
 
-        def on_train_batch_end(self, batch, logs=None):
+        def on_train_begin(self, logs=None):
+            self._hook = _train_function_hook.TrainFunctionHook(
+                self.model, after=self._after_execution, owner=self.params
+            )
+            self._hook.attach()
+
+        def on_train_end(self, logs=None):
+            self._hook.detach()
+
+        def _after_execution(self):
+            self._steps += copy.steps_per_execution
             if self._start_time_s is None:
                 iterations = int(copy.optimizer.iterations.numpy())
-                self._start_time_s, self._start_batch = clock(), batch
+                self._start_time_s, self._start_steps = clock(), self._steps
                 self._window.restart(time_s=self._start_time_s, iterations=iterations, samples=0)
                 return
             # The host clock alone decides when to stop; the counter read
             # below waits for the device, so the timed figure is exact.
-            if clock() - self._start_time_s < duration_s or batch - self._start_batch < min_steps:
+            if (
+                clock() - self._start_time_s < duration_s
+                or self._steps - self._start_steps < min_steps
+            ):
                 return
             iterations = int(copy.optimizer.iterations.numpy())
             self._interval = self._window.update(time_s=clock(), iterations=iterations, samples=0)

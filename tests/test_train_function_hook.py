@@ -1,5 +1,6 @@
 """The hook around a model's train function that replaces batch hooks."""
 
+import time
 import types
 
 import keras
@@ -24,17 +25,33 @@ def _recording_hook(model, events, name, **kwargs):
     return TrainFunctionHook(model, after=lambda: events.append(name), **kwargs)
 
 
+def _bench_progress_class():
+    from keras_scaling.cli import _bench_worker
+
+    return type(_bench_worker._progress_callback(100))
+
+
+def _baseline_timer_class():
+    from keras_scaling import baseline
+
+    return type(baseline._baseline_timer(None, 1.0, 10, time.perf_counter))
+
+
 @pytest.mark.parametrize(
     "callback_class",
     [
-        keras_scaling.ThroughputLogger,
-        keras_scaling.ReplicaSyncCheck,
-        keras_scaling.BackupAndRestore,
+        lambda: keras_scaling.ThroughputLogger,
+        lambda: keras_scaling.ReplicaSyncCheck,
+        lambda: keras_scaling.BackupAndRestore,
+        _bench_progress_class,
+        _baseline_timer_class,
     ],
+    ids=["ThroughputLogger", "ReplicaSyncCheck", "BackupAndRestore", "bench progress", "baseline"],
 )
 def test_callbacks_leave_keras_batch_hooks_alone(callback_class):
     # A batch hook of any callback makes Keras convert every step's logs in
     # fit's loop, waiting for each step before dispatching the next.
+    callback_class = callback_class()
     for hook in ("on_batch_begin", "on_batch_end", "on_train_batch_begin", "on_train_batch_end"):
         assert getattr(callback_class, hook) is getattr(keras.callbacks.Callback, hook), hook
 

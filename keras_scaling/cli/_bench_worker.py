@@ -91,11 +91,26 @@ def _progress_callback(total_steps):
 
     every = max(1, total_steps // 50)
 
+    from keras_scaling import _train_function_hook
+
     class _Progress(keras.callbacks.Callback):
-        def on_train_batch_end(self, batch, logs=None):
-            done = batch + 1
-            if done % every == 0 or done == total_steps:
-                print(f"{PROGRESS_PREFIX}{done} {total_steps}", flush=True)
+        # No batch hook: one would make Keras wait for every step to finish
+        # before dispatching the next, and slow the steps being measured.
+        def on_train_begin(self, logs=None):
+            self._done = 0
+            self._hook = _train_function_hook.TrainFunctionHook(
+                self.model, after=self._after_execution, owner=self.params
+            )
+            self._hook.attach()
+
+        def on_train_end(self, logs=None):
+            self._hook.detach()
+
+        def _after_execution(self):
+            before = self._done
+            self._done = min(total_steps, before + self.model.steps_per_execution)
+            if self._done // every > before // every or self._done == total_steps:
+                print(f"{PROGRESS_PREFIX}{self._done} {total_steps}", flush=True)
 
     return _Progress()
 
