@@ -1,7 +1,6 @@
 """`ThroughputLogger`: throughput, speedup and scaling efficiency in TensorBoard."""
 
 import atexit
-import functools
 import logging
 import os
 import threading
@@ -10,7 +9,6 @@ import time
 import keras
 
 from keras_scaling import (
-    _background_save,
     _input_probe,
     _run_record,
     _tensorboard,
@@ -24,6 +22,7 @@ from keras_scaling import _throughput_advice as advice_lib
 from keras_scaling import _throughput_dashboard as dashboard
 from keras_scaling import baseline as baseline_lib
 from keras_scaling import utilization as utilization_lib
+from keras_scaling._throughput_writer import ThroughputWriter
 from keras_scaling.data import _iterator_plan
 from keras_scaling.throughput import (
     ReadSchedule,
@@ -40,7 +39,6 @@ DEFAULT_WARMUP_STEPS = 5
 _AUTO_MAX_SHARE = 0.005
 _AUTO_FLOOR_STEPS = 10
 _ADVICE_AFTER_INTERVALS = 3
-_RECORD_EVERY_S = 2.0
 # Set before TensorFlow starts, each logical CPU has a thread pool of its own
 # (tensorflow/core/common_runtime/local_device.cc), as `keras-scaling bench` does.
 _THREADPOOL_ENV = "TF_OVERRIDE_GLOBAL_THREADPOOL"
@@ -237,26 +235,12 @@ class ThroughputLogger(keras.callbacks.Callback):
         self._flops = None
         self._startup_time_s = None
         self._baseline_note = None
-        self._last_written_step = None
-        self._last_step = 0
         self._advised = set()
         self._finished = True
         self._hook = None
-        # Writes to the event file wait here for the saver's thread, off
-        # fit's loop (see `_background_save`).
-        self._saver = None
-        self._pending_writes = []
-        # Figures change with each revision; throughput.json is rewritten
-        # in the background at most every `_RECORD_EVERY_S` seconds (and after
-        # each epoch), and at the end of `fit` only when it is behind.
-        self._revision = 0
-        self._saved_revision = None
-        self._record_due = False
-        self._record_saved_s = None
-        # Held while figures change and while the saver takes them.
+        # Held while figures change and while the writer's thread takes them.
         self._lock = threading.RLock()
-        # Held while saving: the saver's thread and the end of `fit`.
-        self._save_lock = threading.Lock()
+        self._writer = None  # the chief's, once the first fit starts
 
     # Keras hooks: gather inputs, hand them to the core and the writers. There
     # is no batch hook (see `_train_function_hook`): the work of each step is
@@ -274,7 +258,6 @@ class ThroughputLogger(keras.callbacks.Callback):
         _enable_compat(self.model)
         self._info = devices.describe_strategy(self.model.distribute_strategy)
         self._train_begin_s = self._clock()
-        self._record_saved_s = time.monotonic()
         self._fit_started = False
         self._finished = False
         self._window.close()
@@ -293,7 +276,9 @@ class ThroughputLogger(keras.callbacks.Callback):
         self._hook.attach()
         atexit.register(self._finish_at_exit)
         if self._info.is_chief:
-            self._saver = _background_save.BackgroundSave(self._save_in_background)
+            if self._writer is None:
+                self._writer = ThroughputWriter(self.log_dir, self._record, self._lock)
+            self._writer.start()
 
     def on_epoch_begin(self, epoch, logs=None):
         self._window.close()
@@ -311,10 +296,11 @@ class ThroughputLogger(keras.callbacks.Callback):
                 logs["samples_per_sec"] = steady.samples_per_sec
             with self._lock:
                 self._epochs.append((epoch, steady))
-                self._revision += 1
-        self._record_due = True
         self._advise()
-        self._save_soon()
+        if self._writer is not None:
+            with self._lock:
+                self._writer.changed(epoch_ended=True)
+            self._writer.save_soon()
 
     def on_train_end(self, logs=None):
         self._finish()
@@ -420,7 +406,8 @@ class ThroughputLogger(keras.callbacks.Callback):
         with self._lock:
             self._stats.add(interval)
             self._epoch_stats.add(interval)
-            self._revision += 1
+            if self._writer is not None:
+                self._writer.changed()
         self._write(scalars, interval.end_iterations)
 
     def _calibrate(self, step_time_s, work_start_s):
@@ -506,48 +493,21 @@ class ThroughputLogger(keras.callbacks.Callback):
             ("warm-up", f"first execution of each fit + {self.warmup_steps} steps"),
             ("points", dashboard.points_text(self.update_freq)),
         ]
-        layout = dashboard.custom_scalars_layout()
-        text = dashboard.setup_markdown(rows)
-
-        def write_setup():
-            _tensorboard.write_custom_scalars_layout(self.log_dir, layout)
-            _tensorboard.write_text(self.log_dir, iterations, dashboard.SETUP_TAG, text)
-
-        self._queue_write(write_setup)
+        with self._lock:
+            self._writer.changed()
+        self._writer.layout(dashboard.custom_scalars_layout())
+        self._writer.text(iterations, dashboard.SETUP_TAG, dashboard.setup_markdown(rows))
 
     # Writing and saving.
 
     def _write(self, scalars, step):
-        """Writes scalars at `step` soon, unless that step was written before."""
-        if not self._info.is_chief:
-            return
-        self._last_step = max(self._last_step, step)
-
-        def write_scalars():
-            if self._last_written_step is None:
-                _tensorboard.flush(self.log_dir)
-                self._last_written_step = _tensorboard.last_step_written(
-                    self.log_dir, dashboard.SCALAR_TAGS
-                )
-            if step > self._last_written_step:
-                _tensorboard.write_scalars_fast(self.log_dir, step, scalars)
-                self._last_written_step = step
-
-        self._queue_write(write_scalars)
-
-    def _queue_write(self, write):
-        """Has `write()` run by the saver's thread soon, or now when there is none."""
-        with self._lock:
-            self._pending_writes.append(write)
-        self._save_soon()
-
-    def _save_soon(self):
-        if self._saver is not None:
-            self._saver.news()
-        else:
-            self._save()
+        if self._writer is not None:
+            self._writer.scalars(step, scalars)
 
     def _record(self):
+        """The `throughput.json` record so far, or None before the set-up."""
+        if self._setup is None:
+            return None
         steady = self._stats.steady_state()
         samples_per_sec = steady.samples_per_sec if steady is not None else None
         baseline_fields = {}
@@ -562,34 +522,6 @@ class ThroughputLogger(keras.callbacks.Callback):
             **baseline_fields,
         )
 
-    def _save(self, record_now=True):
-        """Runs the pending writes, rewrites throughput.json if behind, and flushes.
-
-        Returns False when `record_now` is False and throughput.json was left
-        behind, to be rewritten later.
-        """
-        if self._setup is None or not self._info.is_chief:
-            return True
-        with self._save_lock:
-            with self._lock:
-                writes, self._pending_writes = self._pending_writes, []
-                behind = self._saved_revision != self._revision
-                if behind and record_now:
-                    record, revision = self._record(), self._revision
-            for write in writes:
-                write()
-            if behind and record_now:
-                _run_record.write_throughput_json(self.log_dir, record)
-                self._saved_revision = revision
-                self._record_saved_s = time.monotonic()
-            _tensorboard.flush(self.log_dir)
-            return record_now or not behind
-
-    def _save_in_background(self):
-        record_now = self._record_due or time.monotonic() - self._record_saved_s >= _RECORD_EVERY_S
-        self._record_due = False
-        return self._save(record_now)
-
     # Keras does not call on_train_end when fit raises (it has no
     # try/finally): the train function's hook finishes when a step raises,
     # Ctrl-C included; the background saver and atexit cover an error raised
@@ -599,14 +531,12 @@ class ThroughputLogger(keras.callbacks.Callback):
         if self._finished:
             return
         self._finished = True
-        if self._saver is not None:
-            self._saver.stop()
-            self._saver = None
+        if self._writer is not None:
+            self._writer.stop()
         if self._hook is not None:
             self._hook.detach()
             self._hook = None
         atexit.unregister(self._finish_at_exit)
-        self._save()
         if self._setup is not None and not self._stats and self._info.is_chief:
             logger.warning(
                 "ThroughputLogger: no step was measured (warm-up: first execution "
@@ -647,15 +577,7 @@ class ThroughputLogger(keras.callbacks.Callback):
         ):
             self._advised.add(kind)
             logger.warning("ThroughputLogger: %s", text)
-            self._queue_write(
-                functools.partial(
-                    _tensorboard.write_text,
-                    self.log_dir,
-                    self._last_step,
-                    dashboard.ADVICE_TAG,
-                    text,
-                )
-            )
+            self._writer.text(self._writer.last_step, dashboard.ADVICE_TAG, text)
 
     def _input_samples_per_sec(self):
         """The input pipeline's samples/sec over all workers, or (None, why not)."""

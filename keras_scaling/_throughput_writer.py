@@ -1,0 +1,131 @@
+"""Where `ThroughputLogger`'s figures go: the event file and `throughput.json`, off `fit`'s loop.
+
+Writes wait in a queue for a thread of its own (`_background_save`), which
+runs them soon after they arrive, rewrites `throughput.json` after each epoch
+and at most every `record_every_s` seconds, and flushes; `fit`'s loop only
+appends to the queue. `stop()` at the end of a `fit` runs what is left and
+leaves `throughput.json` complete.
+"""
+
+import threading
+import time
+
+from keras_scaling import _background_save, _run_record, _tensorboard
+from keras_scaling import _throughput_dashboard as dashboard
+
+
+class ThroughputWriter:
+    """Writes one logger's points, texts and run record.
+
+    Args:
+        log_dir: str, the run's log directory.
+        record: callable returning the current `throughput.json` record, or
+            None while there is none; called with `lock` held.
+        lock: the lock its caller holds while the figures change.
+        record_every_s: float, the longest time between rewrites of
+            `throughput.json` while there is news.
+    """
+
+    def __init__(self, log_dir, record, lock, *, record_every_s=2.0):
+        self.log_dir = log_dir
+        self._record = record
+        self._lock = lock
+        self._record_every_s = record_every_s
+        self._pending = []
+        self._revision = 0
+        self._saved_revision = None
+        self._record_due = False
+        self._record_saved_s = time.monotonic()
+        self._last_written_step = None
+        self.last_step = 0
+        self._saver = None
+        # Held while saving: by the thread, and at the end of a fit.
+        self._save_lock = threading.Lock()
+
+    def start(self):
+        """Starts the thread for a `fit`."""
+        self._record_saved_s = time.monotonic()
+        self._saver = _background_save.BackgroundSave(self._save_in_background)
+
+    def stop(self):
+        """Stops the thread and saves what is left, throughput.json included."""
+        if self._saver is not None:
+            self._saver.stop()
+            self._saver = None
+        self.save()
+
+    def changed(self, epoch_ended=False):
+        """The figures changed (call with the lock held): throughput.json is behind."""
+        self._revision += 1
+        self._record_due = self._record_due or epoch_ended
+
+    def scalars(self, step, scalars):
+        """Writes `{tag: value}` at `step`, unless that step was written before.
+
+        Steps written by an earlier run in this `log_dir` (before a resume)
+        count too.
+        """
+        self.last_step = max(self.last_step, step)
+
+        def write():
+            if self._last_written_step is None:
+                _tensorboard.flush(self.log_dir)
+                self._last_written_step = _tensorboard.last_step_written(
+                    self.log_dir, dashboard.SCALAR_TAGS
+                )
+            if step > self._last_written_step:
+                _tensorboard.write_scalars_fast(self.log_dir, step, scalars)
+                self._last_written_step = step
+
+        self._queue(write)
+
+    def text(self, step, tag, markdown):
+        """Writes a text summary."""
+        self._queue(lambda: _tensorboard.write_text(self.log_dir, step, tag, markdown))
+
+    def layout(self, layout):
+        """Writes the Custom Scalars layout."""
+        self._queue(lambda: _tensorboard.write_custom_scalars_layout(self.log_dir, layout))
+
+    def save_soon(self):
+        """Has the thread save soon, or saves now when no fit is running."""
+        if self._saver is not None:
+            self._saver.news()
+        else:
+            self.save()
+
+    def save(self, record_now=True):
+        """Runs the pending writes, rewrites throughput.json if behind, and flushes.
+
+        Returns False when `record_now` is False and throughput.json was left
+        behind, to be rewritten later.
+        """
+        with self._save_lock:
+            with self._lock:
+                writes, self._pending = self._pending, []
+                revision = self._revision
+                behind = self._saved_revision != revision
+                record = self._record() if behind and record_now else None
+            for write in writes:
+                write()
+            if record is not None:
+                _run_record.write_throughput_json(self.log_dir, record)
+                self._saved_revision = revision
+                self._record_saved_s = time.monotonic()
+            elif behind and record_now:
+                self._saved_revision = revision  # nothing to write yet
+            if writes or record is not None:
+                _tensorboard.flush(self.log_dir)
+            return record_now or not behind
+
+    def _queue(self, write):
+        with self._lock:
+            self._pending.append(write)
+        self.save_soon()
+
+    def _save_in_background(self):
+        record_now = (
+            self._record_due or time.monotonic() - self._record_saved_s >= self._record_every_s
+        )
+        self._record_due = False
+        return self.save(record_now)

@@ -1,0 +1,88 @@
+"""ThroughputLogger's writer: points and throughput.json written by a thread of its own."""
+
+import threading
+import time
+
+from keras_scaling import _run_record, _tensorboard
+from keras_scaling._throughput_writer import ThroughputWriter
+
+SETUP = {
+    "strategy": "_DefaultDistributionStrategy",
+    "num_workers": 1,
+    "num_replicas": 1,
+    "device_kind": "CPU",
+    "per_replica_batch_size": 32,
+    "global_batch_size": 32,
+    "dtype_policy": "float32",
+}
+
+
+class _Figures:
+    """A caller's figures: a startup time that changes, as measured ones do."""
+
+    def __init__(self):
+        self.lock = threading.RLock()
+        self.startup_time_s = None
+
+    def record(self):
+        if self.startup_time_s is None:
+            return None
+        return _run_record.build_record(SETUP, startup_time_s=self.startup_time_s)
+
+
+def _wait_for(condition, timeout_s=5.0):
+    start_s = time.monotonic()
+    while not condition() and time.monotonic() - start_s < timeout_s:
+        time.sleep(0.05)
+    return condition()
+
+
+def _points(log_dir):
+    scalars = _tensorboard.read_scalars(_tensorboard.run_dir(log_dir))
+    return scalars.get("throughput/samples_per_sec", [])
+
+
+def _startup_in_json(log_dir):
+    path = log_dir / "throughput.json"
+    return path.exists() and _run_record.read_throughput_json(path)["startup_time_s"]
+
+
+def test_points_reach_the_event_file_from_the_thread_while_the_fit_runs(tmp_path):
+    figures = _Figures()
+    writer = ThroughputWriter(str(tmp_path), figures.record, figures.lock)
+    writer.start()
+    try:
+        writer.scalars(10, {"throughput/samples_per_sec": 100.0})
+        writer.scalars(20, {"throughput/samples_per_sec": 200.0})
+        assert _wait_for(lambda: [step for step, _ in _points(tmp_path)] == [10, 20])
+    finally:
+        writer.stop()
+
+
+def test_the_record_is_rewritten_after_an_epoch_and_complete_on_stop(tmp_path):
+    figures = _Figures()
+    writer = ThroughputWriter(str(tmp_path), figures.record, figures.lock, record_every_s=60)
+    writer.start()
+    with figures.lock:
+        figures.startup_time_s = 1.5
+        writer.changed(epoch_ended=True)
+    writer.save_soon()
+    assert _wait_for(lambda: _startup_in_json(tmp_path) == 1.5)
+    with figures.lock:
+        figures.startup_time_s = 2.5
+        writer.changed()  # not an epoch: the record waits (up to a minute here)
+    writer.save_soon()
+    time.sleep(0.5)
+    assert _startup_in_json(tmp_path) == 1.5
+    writer.stop()
+    assert _startup_in_json(tmp_path) == 2.5
+
+
+def test_a_step_written_by_an_earlier_run_is_not_written_again(tmp_path):
+    figures = _Figures()
+    earlier = ThroughputWriter(str(tmp_path), figures.record, figures.lock)
+    earlier.scalars(30, {"throughput/samples_per_sec": 1.0})  # no fit running: now
+    resumed = ThroughputWriter(str(tmp_path), figures.record, figures.lock)
+    resumed.scalars(20, {"throughput/samples_per_sec": 2.0})
+    resumed.scalars(40, {"throughput/samples_per_sec": 4.0})
+    assert _points(tmp_path) == [(30, 1.0), (40, 4.0)]
