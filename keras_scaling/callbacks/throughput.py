@@ -524,7 +524,7 @@ class ThroughputLogger(keras.callbacks.Callback):
 
     # Keras does not call on_train_end when fit raises (it has no
     # try/finally): the train function's hook finishes when a step raises,
-    # Ctrl-C included; the background saver and atexit cover an error raised
+    # Ctrl-C included; the writer's thread and atexit cover an error raised
     # elsewhere, and the next fit of the model finishes what was left.
 
     def _finish(self):
