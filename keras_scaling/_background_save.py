@@ -40,11 +40,17 @@ class BackgroundSave:
         self._has_news = True
         self._wake.set()
 
-    def stop(self):
-        """Stops the thread, without a last save (the caller saves itself)."""
+    def stop(self, wait=True):
+        """Stops the thread, without a last save (the caller saves itself).
+
+        Args:
+            wait: bool, whether to wait for the thread to end. A caller whose
+                `save` takes a lock of its own need not: a save in progress
+                ends before the caller's last one starts.
+        """
         self._stopped.set()
         self._wake.set()
-        if self._thread is not threading.current_thread():
+        if wait and self._thread is not threading.current_thread():
             self._thread.join(timeout=30)
 
     def _run(self):

@@ -50,7 +50,8 @@ class ThroughputWriter:
     def stop(self):
         """Stops the thread and saves what is left, throughput.json included."""
         if self._saver is not None:
-            self._saver.stop()
+            # No wait for the thread: `save` holds the lock its saves take.
+            self._saver.stop(wait=False)
             self._saver = None
         self.save()
 
