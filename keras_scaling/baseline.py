@@ -16,6 +16,7 @@ import logging
 import numbers
 import os
 import time
+import weakref
 
 from keras_scaling import _threads, _validation
 from keras_scaling._run_record import (
@@ -165,13 +166,18 @@ def resolve_baseline(baseline, parameter="baseline"):
     )
 
 
+# model -> {(one replica's batch spec, device, dtype policy): samples/sec}
+_MEASURED = weakref.WeakKeyDictionary()
+
+
 def for_run(baseline, setup, *, model, one_replica_spec, device, measures=True, shared_cores=False):
     """The baseline of a run once its set-up is known, and what its speedup means.
 
     A file's set-up is compared with the run's (a warning names each
     difference); `"auto"` with one replica becomes the run itself; `"auto"`
     with several and `"measure"` time a copy of `model` alone on `device`
-    (where `measures`, the chief; elsewhere the figure stays unknown).
+    (where `measures`, the chief; elsewhere the figure stays unknown), once
+    per model, batch spec and device in a process.
 
     Args:
         baseline: a `Baseline` from `resolve_baseline`, or None.
@@ -229,13 +235,21 @@ def for_run(baseline, setup, *, model, one_replica_spec, device, measures=True, 
         return Baseline(mode="self", source="this run (one replica is its own baseline)"), None
     if baseline.mode not in ("auto", "measure") or not measures:
         return baseline, None
-    try:
-        samples_per_sec = measure_samples_per_sec(model, one_replica_spec, device)
-    except ValueError as error:
-        if baseline.mode == "measure":
-            raise
-        logger.warning("ThroughputLogger: no baseline, so no scaling/ tags: %s", error)
-        return None, None
+    # Timed once per model, batch spec and device: a later fit of the same
+    # model (a loop of fits, a notebook cell run again) reuses the figure.
+    key = (repr(one_replica_spec), str(device), setup["dtype_policy"])
+    measured = _MEASURED.setdefault(model, {})
+    if key in measured:
+        samples_per_sec = measured[key]
+    else:
+        try:
+            samples_per_sec = measure_samples_per_sec(model, one_replica_spec, device)
+        except ValueError as error:
+            if baseline.mode == "measure":
+                raise
+            logger.warning("ThroughputLogger: no baseline, so no scaling/ tags: %s", error)
+            return None, None
+        measured[key] = samples_per_sec
     note = None
     if shared_cores:
         note = _throughput_advice.shared_cores_baseline(setup["num_replicas"])

@@ -778,3 +778,17 @@ def test_tensorboard_server_serves_the_speedup(tmp_path):
     assert [step for _, step, _ in served] == [step for step, _ in expected]
     for (_, _, value), (_, expected_value) in zip(served, expected):
         assert value == pytest.approx(expected_value, rel=1e-6)
+
+
+def test_measure_times_the_baseline_once_per_model_and_batch(tmp_path):
+    model = _model()
+    for run, batch_size in (("first", 16), ("again", 16), ("other_batch", 32)):
+        logger = keras_scaling.ThroughputLogger(tmp_path / run, baseline="measure")
+        model.fit(_dataset(256, batch_size), epochs=1, verbose=0, callbacks=[logger])
+    baselines = {
+        run: _json(tmp_path / run)["baseline_samples_per_sec"]
+        for run in ("first", "again", "other_batch")
+    }
+    # A later fit of the same model and batch reuses the timed figure.
+    assert baselines["again"] == baselines["first"]
+    assert baselines["other_batch"] != baselines["first"]
