@@ -119,7 +119,7 @@ class ThroughputLogger(keras.callbacks.Callback):
     differs). `"measure"` times a copy of the model (`clone_model`, same
     compile config) alone on the first device on synthetic batches of one
     replica's size before the first measured step, without touching the
-    trained model. On logical CPUs that copy has all of the host's cores
+    trained model, once per model, batch and device in a process. On logical CPUs that copy has all of the host's cores
     while the replicas share them, so speedup reads low; a warning and the
     set-up table say so and point to `keras-scaling bench`. `"auto"` is the
     run itself with one replica (speedup 1.0) and `"measure"` with several.
