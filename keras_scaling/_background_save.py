@@ -40,17 +40,11 @@ class BackgroundSave:
         self._has_news = True
         self._wake.set()
 
-    def stop(self, wait=True):
-        """Stops the thread, without a last save (the caller saves itself).
-
-        Args:
-            wait: bool, whether to wait for the thread to end. A caller whose
-                `save` takes a lock of its own need not: a save in progress
-                ends before the caller's last one starts.
-        """
+    def stop(self):
+        """Stops the thread and waits for it, without a last save (the caller saves itself)."""
         self._stopped.set()
         self._wake.set()
-        if wait and self._thread is not threading.current_thread():
+        if self._thread is not threading.current_thread():
             self._thread.join(timeout=30)
 
     def _run(self):

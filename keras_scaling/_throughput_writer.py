@@ -50,8 +50,9 @@ class ThroughputWriter:
     def stop(self):
         """Stops the thread and saves what is left, throughput.json included."""
         if self._saver is not None:
-            # No wait for the thread: `save` holds the lock its saves take.
-            self._saver.stop(wait=False)
+            # Waits for the thread to end, so that no save of it runs on
+            # while the process exits (after Ctrl-C, for one).
+            self._saver.stop()
             self._saver = None
         self.save()
 
