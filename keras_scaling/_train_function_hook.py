@@ -130,3 +130,24 @@ def abandon_other_fits(model, owner):
         hook._deactivate()
         if hook._on_abandoned is not None:
             hook._on_abandoned()
+
+
+def execution_callback(after_execution):
+    """A Keras callback that calls `after_execution(model)` after each call of the train function.
+
+    For callbacks whose only work of each step is that call: no batch hook,
+    attached at the start of each `fit` and detached at its end.
+    """
+    import keras
+
+    class ExecutionCallback(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            self._hook = TrainFunctionHook(
+                self.model, after=lambda: after_execution(self.model), owner=self.params
+            )
+            self._hook.attach()
+
+        def on_train_end(self, logs=None):
+            self._hook.detach()
+
+    return ExecutionCallback()

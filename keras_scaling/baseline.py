@@ -383,7 +383,7 @@ def measure_samples_per_sec(
                 ) from error
             batch = tf.nest.map_structure(synthetic, element_spec)
             dataset = tf.data.Dataset.from_tensors(batch).repeat()
-            timer = _baseline_timer(copy, duration_s, min_steps, clock)
+            timer = _baseline_timer(duration_s, min_steps, clock)
             copy.fit(
                 dataset,
                 epochs=1,
@@ -397,56 +397,41 @@ def measure_samples_per_sec(
     return _threads.run_outside_strategy(run, "baseline")
 
 
-def _baseline_timer(copy, duration_s, min_steps, clock):
-    """A callback that times `copy.fit` from the end of its first execution."""
-    import keras
+def _baseline_timer(duration_s, min_steps, clock):
+    """A callback that times the `fit` it is given to from the end of its first execution."""
 
     from keras_scaling import _train_function_hook
 
-    class BaselineTimer(keras.callbacks.Callback):
-        # No batch hook: one would make Keras wait for every step to finish
-        # before dispatching the next, as the timed training does not.
-        def __init__(self):
-            super().__init__()
-            self._window = ThroughputWindow()
-            self._start_time_s = None
-            self._steps = 0
-            self._start_steps = None
-            self._interval = None
-            self._hook = None
+    window = ThroughputWindow()
+    state = {"steps": 0, "start_time_s": None, "start_steps": None, "interval": None}
 
-        def on_train_begin(self, logs=None):
-            self._hook = _train_function_hook.TrainFunctionHook(
-                self.model, after=self._after_execution, owner=self.params
+    # No batch hook: one would make Keras wait for every step to finish
+    # before dispatching the next, as the timed training does not.
+    def after_execution(model):
+        state["steps"] += model.steps_per_execution
+        if state["start_time_s"] is None:
+            iterations = int(model.optimizer.iterations.numpy())
+            state["start_time_s"], state["start_steps"] = clock(), state["steps"]
+            window.restart(time_s=state["start_time_s"], iterations=iterations, samples=0)
+            return
+        # The host clock alone decides when to stop; the counter read below
+        # waits for the device, so the timed figure is exact.
+        if (
+            clock() - state["start_time_s"] < duration_s
+            or state["steps"] - state["start_steps"] < min_steps
+        ):
+            return
+        iterations = int(model.optimizer.iterations.numpy())
+        state["interval"] = window.update(time_s=clock(), iterations=iterations, samples=0)
+        model.stop_training = True
+
+    def steps_per_sec():
+        if state["interval"] is None:
+            raise RuntimeError(
+                "baseline='measure' ran out of steps before it could time the copy of the model"
             )
-            self._hook.attach()
+        return state["interval"].steps_per_sec
 
-        def on_train_end(self, logs=None):
-            self._hook.detach()
-
-        def _after_execution(self):
-            self._steps += copy.steps_per_execution
-            if self._start_time_s is None:
-                iterations = int(copy.optimizer.iterations.numpy())
-                self._start_time_s, self._start_steps = clock(), self._steps
-                self._window.restart(time_s=self._start_time_s, iterations=iterations, samples=0)
-                return
-            # The host clock alone decides when to stop; the counter read
-            # below waits for the device, so the timed figure is exact.
-            if (
-                clock() - self._start_time_s < duration_s
-                or self._steps - self._start_steps < min_steps
-            ):
-                return
-            iterations = int(copy.optimizer.iterations.numpy())
-            self._interval = self._window.update(time_s=clock(), iterations=iterations, samples=0)
-            copy.stop_training = True
-
-        def steps_per_sec(self):
-            if self._interval is None:
-                raise RuntimeError(
-                    "baseline='measure' ran out of steps before it could time the copy of the model"
-                )
-            return self._interval.steps_per_sec
-
-    return BaselineTimer()
+    timer = _train_function_hook.execution_callback(after_execution)
+    timer.steps_per_sec = steps_per_sec
+    return timer

@@ -34,7 +34,7 @@ def _bench_progress_class():
 def _baseline_timer_class():
     from keras_scaling import baseline
 
-    return type(baseline._baseline_timer(None, 1.0, 10, time.perf_counter))
+    return type(baseline._baseline_timer(1.0, 10, time.perf_counter))
 
 
 @pytest.mark.parametrize(

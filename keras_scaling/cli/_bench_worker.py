@@ -87,32 +87,22 @@ def _configure_tensorflow(args):
 
 
 def _progress_callback(total_steps):
-    import keras
 
     every = max(1, total_steps // 50)
 
     from keras_scaling import _train_function_hook
 
-    class _Progress(keras.callbacks.Callback):
-        # No batch hook: one would make Keras wait for every step to finish
-        # before dispatching the next, and slow the steps being measured.
-        def on_train_begin(self, logs=None):
-            self._done = 0
-            self._hook = _train_function_hook.TrainFunctionHook(
-                self.model, after=self._after_execution, owner=self.params
-            )
-            self._hook.attach()
+    done = [0]
 
-        def on_train_end(self, logs=None):
-            self._hook.detach()
+    # No batch hook: one would make Keras wait for every step to finish
+    # before dispatching the next, and slow the steps being measured.
+    def after_execution(model):
+        before = done[0]
+        done[0] = min(total_steps, before + model.steps_per_execution)
+        if done[0] // every > before // every or done[0] == total_steps:
+            print(f"{PROGRESS_PREFIX}{done[0]} {total_steps}", flush=True)
 
-        def _after_execution(self):
-            before = self._done
-            self._done = min(total_steps, before + self.model.steps_per_execution)
-            if self._done // every > before // every or self._done == total_steps:
-                print(f"{PROGRESS_PREFIX}{self._done} {total_steps}", flush=True)
-
-    return _Progress()
+    return _train_function_hook.execution_callback(after_execution)
 
 
 def _baseline(text):
