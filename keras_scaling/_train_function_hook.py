@@ -44,10 +44,6 @@ class TrainFunctionHook:
         self._on_abandoned = on_abandoned
         self._wrapper = None
 
-    @property
-    def attached(self):
-        return self._wrapper is not None
-
     def attach(self):
         """Wraps the model's train function, unless this hook already wraps it.
 
