@@ -21,7 +21,9 @@ _RIGHT_MARGIN = 0.12
 def scaling_plot_png(rows, title, by_batch=False):
     """Draws measured speedup and ideal speedup against replicas; returns PNG bytes.
 
-    Each measured point is labelled with its efficiency. With `by_batch`, one
+    The ideal of each run is the table's: its replicas over its baseline's
+    replicas (the replicas themselves over a 1-replica baseline). Each
+    measured point is labelled with its efficiency. With `by_batch`, one
     line per per-replica batch. Uses matplotlib's object API with the Agg
     canvas, so it needs no display and leaves pyplot's global state alone.
 
@@ -40,7 +42,19 @@ def scaling_figure(rows, title, by_batch=False):
     """The matplotlib `Figure` that `scaling_plot_png` draws."""
     figure, axes = _figure()
     replicas = sorted({row.replicas for row in rows})
-    axes.plot(replicas, replicas, linestyle="--", color="grey", label="ideal (= replicas)")
+    # The ideal of each run is its replicas over its baseline's, as in the table.
+    ideal = sorted(
+        {(row.replicas, row.ideal_speedup) for row in rows if not math.isnan(row.ideal_speedup)}
+    )
+    over_one_replica = all(speedup == count for count, speedup in ideal)
+    if ideal:
+        axes.plot(
+            [count for count, _ in ideal],
+            [speedup for _, speedup in ideal],
+            linestyle="--",
+            color="grey",
+            label="ideal (= replicas)" if over_one_replica else "ideal (replicas / baseline's)",
+        )
     measured = [row for row in rows if not math.isnan(row.speedup)]
     if by_batch:
         series = [
@@ -70,12 +84,12 @@ def scaling_figure(rows, title, by_batch=False):
                 fontsize=_FONT_SIZE_PT - 1,
                 color=lines[0].get_color(),
             )
-    highest = max([max(replicas)] + [row.speedup for row in measured])
+    highest = max([1] + [speedup for _, speedup in ideal] + [row.speedup for row in measured])
     axes.set_xticks(replicas)
     axes.set_xlim(0, max(replicas) * (1 + _RIGHT_MARGIN))
     axes.set_ylim(0, highest * _HEADROOM)
     axes.set_xlabel("replicas")
-    axes.set_ylabel("speedup over 1 replica")
+    axes.set_ylabel("speedup over 1 replica" if over_one_replica else "speedup over the baseline")
     _finish(axes, f"{title}\nlabels: scaling efficiency", legend="upper left")
     return figure
 

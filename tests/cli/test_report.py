@@ -230,3 +230,31 @@ def test_report_on_a_missing_directory_exits_2(tmp_path):
     assert result.returncode == 2
     assert "is not a directory" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_report_plots_the_ideal_of_a_multi_replica_baseline():
+    from keras_scaling.cli import _plot
+
+    def row(replicas, ideal_speedup):
+        return _speedup_table.Row(
+            run=f"replicas_{replicas}",
+            replicas=replicas,
+            per_replica_batch_size=32,
+            global_batch_size=32 * replicas,
+            samples_per_sec=100.0 * replicas,
+            speedup=0.9 * ideal_speedup,
+            efficiency=0.9,
+            ideal_speedup=ideal_speedup,
+        )
+
+    over_two = _plot.scaling_figure([row(4, 2.0), row(8, 4.0)], "over a 2-replica baseline")
+    over_one = _plot.scaling_figure([row(1, 1.0), row(4, 4.0)], "over 1 replica")
+
+    ((axes_two,), (axes_one,)) = over_two.axes, over_one.axes
+    ideal_two = next(line for line in axes_two.lines if line.get_label().startswith("ideal"))
+    ideal_one = next(line for line in axes_one.lines if line.get_label().startswith("ideal"))
+    assert list(ideal_two.get_xydata().tolist()) == [[4, 2.0], [8, 4.0]]
+    assert axes_two.get_ylabel() == "speedup over the baseline"
+    assert list(ideal_one.get_xydata().tolist()) == [[1, 1.0], [4, 4.0]]
+    assert ideal_one.get_label() == "ideal (= replicas)"
+    assert axes_one.get_ylabel() == "speedup over 1 replica"
