@@ -267,9 +267,11 @@ class _EventFile:
             f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}"
             f".{os.getpid()}.{next(_event_file_ids)}"
         )
-        self._records = tf.io.TFRecordWriter(os.path.join(directory, name))
+        self.path = os.path.join(directory, name)
+        self._records = tf.io.TFRecordWriter(self.path)
         self._lock = threading.Lock()
         self._tags_seen = set()
+        self._last_step = {}  # tag: the largest step written
         self._flushed_at = time.monotonic()
         self._write(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2"))
         self.flush()
@@ -290,6 +292,7 @@ class _EventFile:
                     )
                     self._tags_seen.add(tag)
                 values.append(value)
+                self._last_step[tag] = max(self._last_step.get(tag, -1), int(step))
             self._write(
                 event_pb2.Event(
                     wall_time=time.time(),
@@ -297,6 +300,11 @@ class _EventFile:
                     summary=summary_pb2.Summary(value=values),
                 )
             )
+
+    def last_step(self, tags):
+        """The largest step at which any of `tags` was written to this file, or -1."""
+        with self._lock:
+            return max((self._last_step.get(tag, -1) for tag in tags), default=-1)
 
     def _write(self, event):
         self._records.write(event.SerializeToString())
@@ -356,11 +364,19 @@ def read_summaries(run_dir):
         dict from tag to a list of `Point`s: each file's points in the order
         written, the files in name order.
     """
+    return _read_summaries(_event_file_paths(run_dir))
+
+
+def _event_file_paths(run_dir):
+    return sorted(glob.glob(os.path.join(os.fspath(run_dir), "events.out.tfevents.*")))
+
+
+def _read_summaries(paths):
     from tensorboard.backend.event_processing import event_file_loader
 
     points = {}
     metadata_of = {}
-    for path in sorted(glob.glob(os.path.join(os.fspath(run_dir), "events.out.tfevents.*"))):
+    for path in paths:
         for event in event_file_loader.EventFileLoader(path).Load():
             if not event.HasField("summary"):
                 continue
@@ -451,5 +467,19 @@ def last_step_written(log_dir, tags, run=RUN):
     Returns:
         int.
     """
-    points = read_scalars(run_dir(log_dir, run))
-    return max((step for tag in tags for step, _ in points.get(tag, ())), default=-1)
+    directory = os.path.abspath(run_dir(log_dir, run))
+    with _lock:
+        own = _event_files.get(directory)
+    steps = [-1]
+    if own is not None:  # known without reading it back
+        steps.append(own.last_step(tags))
+    others = [path for path in _event_file_paths(directory) if own is None or path != own.path]
+    if others:
+        points = _read_summaries(others)
+        steps += [
+            point.step
+            for tag in tags
+            for point in points.get(tag, ())
+            if isinstance(point.value, float)
+        ]
+    return max(steps)

@@ -1,7 +1,7 @@
 """Where `ThroughputLogger`'s figures go: the event file and `throughput.json`, off `fit`'s loop.
 
-Writes wait in a queue for a thread of its own (`_background_save`), which
-runs them soon after they arrive, rewrites `throughput.json` after each epoch
+Writes wait in a queue for the process's save thread (`_background_save`),
+which runs them soon after they arrive, rewrites `throughput.json` after each epoch
 and at most every `record_every_s` seconds, and flushes; `fit`'s loop only
 appends to the queue. `stop()` at the end of a `fit` runs what is left and
 leaves `throughput.json` complete.
@@ -43,14 +43,14 @@ class ThroughputWriter:
         self._save_lock = threading.Lock()
 
     def start(self):
-        """Starts the thread for a `fit`."""
+        """Starts saving in the background for a `fit`."""
         self._record_saved_s = time.monotonic()
         self._saver = _background_save.BackgroundSave(self._save_in_background)
 
     def stop(self):
-        """Stops the thread and saves what is left, throughput.json included."""
+        """Stops saving in the background and saves what is left, throughput.json included."""
         if self._saver is not None:
-            # Waits for the thread to end, so that no save of it runs on
+            # Waits for a background save in progress, so that none runs on
             # while the process exits (after Ctrl-C, for one).
             self._saver.stop()
             self._saver = None
@@ -71,7 +71,6 @@ class ThroughputWriter:
 
         def write():
             if self._last_written_step is None:
-                _tensorboard.flush(self.log_dir)
                 self._last_written_step = _tensorboard.last_step_written(
                     self.log_dir, dashboard.SCALAR_TAGS
                 )

@@ -161,6 +161,32 @@ def test_last_step_written_is_the_largest_step_of_the_given_tags(tmp_path):
     assert _tensorboard.last_step_written(tmp_path, {"scaling/speedup"}) == -1
 
 
+def test_last_step_written_counts_unflushed_writes_and_the_files_of_earlier_runs(tmp_path):
+    directory = _tensorboard.run_dir(tmp_path)
+    # An event file left by an earlier process, which this process did not open.
+    earlier = _tensorboard._EventFile(directory)
+    earlier.write_values(12, [("throughput/samples_per_sec", _float_tensor(1.0))], _no_metadata)
+    earlier.flush()
+    tags = {"throughput/samples_per_sec"}
+
+    _tensorboard.write_scalars(tmp_path, 4, {"throughput/samples_per_sec": 1.0})
+    assert _tensorboard.last_step_written(tmp_path, tags) == 12
+    _tensorboard.write_scalars(tmp_path, 15, {"throughput/samples_per_sec": 1.0})
+    assert _tensorboard.last_step_written(tmp_path, tags) == 15  # not flushed yet
+
+
+def _float_tensor(value):
+    from tensorboard.compat.proto import tensor_pb2, types_pb2
+
+    return tensor_pb2.TensorProto(dtype=types_pb2.DT_FLOAT, float_val=[value])
+
+
+def _no_metadata(display_name, description):
+    from tensorboard.compat.proto import summary_pb2
+
+    return summary_pb2.SummaryMetadata()
+
+
 def test_bytes_that_are_not_a_png_are_refused_naming_the_parameter(tmp_path):
     with pytest.raises(ValueError, match="png_bytes must be the bytes of a PNG file"):
         _tensorboard.write_image(tmp_path, 0, "scaling/speedup_vs_replicas", b"GIF89a")

@@ -321,3 +321,39 @@ def test_background_save_saves_after_news_only():
         assert calls == [1]  # once per news
     finally:
         saver.stop()
+
+
+def test_background_saves_share_one_thread_and_stop_waits_for_a_save_in_progress():
+    import threading
+    import time
+
+    from keras_scaling import _background_save
+
+    threads = []
+    started = threading.Event()
+    finished = []
+
+    def quick():
+        threads.append(threading.get_ident())
+
+    def slow():
+        threads.append(threading.get_ident())
+        started.set()
+        time.sleep(0.3)
+        finished.append(1)
+
+    first = _background_save.BackgroundSave(quick, min_gap_s=0.0)
+    second = _background_save.BackgroundSave(slow, min_gap_s=0.0)
+    try:
+        first.news()
+        second.news()
+        assert started.wait(5)
+        second.stop()
+        assert finished == [1]  # stop returned only after the save in progress
+        second.news()
+        time.sleep(0.3)
+        assert finished == [1]  # a stopped saver saves no more
+        assert len(threads) == 2 and threads[0] == threads[1] != threading.get_ident()
+    finally:
+        first.stop()
+        second.stop()

@@ -424,7 +424,6 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
         if self._last_written_step is None:
             # A resumed run (BackupAndRestore) checks again at the step where
             # the run it resumes may have written already.
-            _tensorboard.flush(self.log_dir)
             self._last_written_step = _tensorboard.last_step_written(self.log_dir, _SCALAR_TAGS)
         if report.step <= self._last_written_step:
             return

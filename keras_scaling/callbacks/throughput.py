@@ -99,7 +99,7 @@ class ThroughputLogger(keras.callbacks.Callback):
     - `log_dir/throughput.json` (steady-state median samples/sec over the
       whole run, step time percentiles, set-up, baseline, speedup, ideal and
       efficiency, each epoch's figure) is written before `fit` returns. While
-      it trains, a thread of its own writes each new point to the event file,
+      it trains, a background thread writes each new point to the event file,
       rewrites `throughput.json` and flushes, within a fraction of a second
       of each new figure or epoch (2 seconds at most), so `fit`'s loop does
       no file writes and nothing measured is lost however training stops
