@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 
-from keras_scaling.cli import _bench_worker, _models, _plan, _speedup_table
+from keras_scaling.cli import _bench_worker, _models, _speedup_table, _sweep_plan
 from keras_scaling.cli._arguments import positive_int
 from keras_scaling.cli._errors import UsageError
 from keras_scaling.cli._plot import efficiency_plot_png, scaling_plot_png
@@ -165,7 +165,7 @@ class _Sweep:
     device_kind: str
     num_devices: int
     scaling_mode: str
-    cpu_threads: _plan.CpuThreads = None
+    cpu_threads: _sweep_plan.CpuThreads = None
 
     @property
     def replica_counts(self):
@@ -258,27 +258,27 @@ def _plan_sweep(args):
     _models.check_spec(args.model)
     num_devices, device_kind = _count_devices(args.cpu_devices)
     if args.replicas is None:
-        replica_counts = _plan.default_replica_counts(num_devices)
+        replica_counts = _sweep_plan.default_replica_counts(num_devices)
     else:
-        replica_counts = _plan.parse_replica_counts(args.replicas)
-        _plan.check_replica_counts(replica_counts, num_devices, device_kind)
+        replica_counts = _sweep_plan.parse_replica_counts(args.replicas)
+        _sweep_plan.check_replica_counts(replica_counts, num_devices, device_kind)
     _check_peak_flops(args)
     if args.global_batch is None:
         batches = (
-            _plan.parse_batch_sizes(args.per_replica_batch)
+            _sweep_plan.parse_batch_sizes(args.per_replica_batch)
             if args.per_replica_batch
             else (_DEFAULT_PER_REPLICA_BATCH,)
         )
         points = [
             point
             for batch in batches
-            for point in _plan.plan_batches(replica_counts, per_replica_batch_size=batch)
+            for point in _sweep_plan.plan_batches(replica_counts, per_replica_batch_size=batch)
         ]
     else:
-        points = _plan.plan_batches(replica_counts, global_batch_size=args.global_batch)
+        points = _sweep_plan.plan_batches(replica_counts, global_batch_size=args.global_batch)
     cpu_threads = None
     if args.cpu_devices:
-        cpu_threads = _plan.plan_cpu_threads(replica_counts, _plan.available_cores())
+        cpu_threads = _sweep_plan.plan_cpu_threads(replica_counts, _sweep_plan.available_cores())
     return _Sweep(
         points=points,
         device_kind=device_kind,

@@ -13,8 +13,8 @@ import numbers
 import tensorflow as tf
 
 from keras_scaling import devices
-from keras_scaling.data import _pipeline, _plan, _sources
-from keras_scaling.data._plan import InputPlan
+from keras_scaling.data import _input_plan, _pipeline, _sources
+from keras_scaling.data._input_plan import InputPlan
 
 __all__ = ["InputPlan", "describe", "distribute", "global_batch_size", "plan_of"]
 
@@ -49,7 +49,7 @@ def global_batch_size(per_replica_batch_size, strategy=None):
     ```
     """
     info, _ = _describe_strategy(strategy)
-    return _plan.resolve_batch_sizes(
+    return _input_plan.resolve_batch_sizes(
         info.num_replicas, per_replica_batch_size=per_replica_batch_size
     )[1]
 
@@ -384,12 +384,12 @@ def _make_plan(
     num_samples=None,
     output_signature=None,
 ):
-    _plan.check_last_batch(
+    _input_plan.check_last_batch(
         last_batch,
         num_workers=info.num_workers,
         static_shapes_required=static_shapes_required,
     )
-    _plan.check_shard(shard)
+    _input_plan.check_shard(shard)
     if shuffle is not None and not isinstance(shuffle, bool):
         raise TypeError(f"shuffle must be True, False or None, got {shuffle!r}.")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
@@ -399,7 +399,7 @@ def _make_plan(
     _sources.check_num_samples(num_samples)
     if per_replica_batch_size is not None or global_batch_size is not None:
         # Wrong sizes are reported before any data is read or counted.
-        _plan.resolve_batch_sizes(
+        _input_plan.resolve_batch_sizes(
             info.num_replicas,
             per_replica_batch_size=per_replica_batch_size,
             global_batch_size=global_batch_size,
@@ -407,31 +407,31 @@ def _make_plan(
     source = _sources.inspect_data(
         data, parse_fn, num_samples=num_samples, output_signature=output_signature
     )
-    per_replica, global_size = _plan.resolve_batch_sizes(
+    per_replica, global_size = _input_plan.resolve_batch_sizes(
         info.num_replicas,
         per_replica_batch_size=per_replica_batch_size,
         global_batch_size=global_batch_size,
         data_batch_size=source.batch_size,
     )
     unit = getattr(source, "unit", "files")
-    shard_mode, shard_reason, shard_warning = _plan.choose_shard_mode(
+    shard_mode, shard_reason, shard_warning = _input_plan.choose_shard_mode(
         shard, info.num_workers, source.num_files, unit=unit
     )
     file_assignment = None
     if shard_mode == "item":
-        file_assignment = _plan.assign_items(source.num_files, info.num_workers)
+        file_assignment = _input_plan.assign_items(source.num_files, info.num_workers)
     elif shard_mode == "file":
-        file_assignment = _plan.assign_files(source.file_sizes, info.num_workers)
+        file_assignment = _input_plan.assign_files(source.file_sizes, info.num_workers)
     if file_assignment is not None:
         worker_sizes = [
             sum(source.file_sizes[index] for index in files) for files in file_assignment
         ]
     else:
         worker_sizes = [
-            len(_plan.element_share(source.num_examples, info.num_workers, worker))
+            len(_input_plan.element_share(source.num_examples, info.num_workers, worker))
             for worker in range(info.num_workers)
         ]
-    schedule = _plan.schedule_epoch(worker_sizes, global_size, last_batch)
+    schedule = _input_plan.schedule_epoch(worker_sizes, global_size, last_batch)
     if shuffle is None:
         shuffle = source.default_shuffle
     notes = _source_notes(source, shuffle, per_replica_batch_size, global_batch_size, per_replica)
@@ -439,7 +439,7 @@ def _make_plan(
         message
         for message in (
             shard_warning,
-            _plan.small_batch_warning(per_replica, info.device_kind),
+            _input_plan.small_batch_warning(per_replica, info.device_kind),
         )
         if message
     )

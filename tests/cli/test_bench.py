@@ -13,7 +13,7 @@ import textwrap
 
 import pytest
 
-from keras_scaling.cli import _plan
+from keras_scaling.cli import _sweep_plan
 from keras_scaling.cli._errors import UsageError
 
 _TIMEOUT_S = 300
@@ -34,23 +34,23 @@ def _bench(*args, cwd=None):
 
 
 def test_default_counts_are_one_then_powers_of_two_then_all_devices():
-    assert _plan.default_replica_counts(1) == (1,)
-    assert _plan.default_replica_counts(2) == (1, 2)
-    assert _plan.default_replica_counts(8) == (1, 2, 4, 8)
-    assert _plan.default_replica_counts(6) == (1, 2, 4, 6)
+    assert _sweep_plan.default_replica_counts(1) == (1,)
+    assert _sweep_plan.default_replica_counts(2) == (1, 2)
+    assert _sweep_plan.default_replica_counts(8) == (1, 2, 4, 8)
+    assert _sweep_plan.default_replica_counts(6) == (1, 2, 4, 6)
 
 
 def test_replica_list_is_parsed_sorted_and_deduplicated():
-    assert _plan.parse_replica_counts("4, 1,2,2") == (1, 2, 4)
+    assert _sweep_plan.parse_replica_counts("4, 1,2,2") == (1, 2, 4)
     with pytest.raises(UsageError, match="got 0"):
-        _plan.parse_replica_counts("0,1")
+        _sweep_plan.parse_replica_counts("0,1")
     with pytest.raises(UsageError, match="'1,two'"):
-        _plan.parse_replica_counts("1,two")
+        _sweep_plan.parse_replica_counts("1,two")
 
 
 def test_weak_scaling_grows_the_global_batch_and_strong_scaling_splits_it():
-    weak = _plan.plan_batches((1, 2, 4), per_replica_batch_size=64)
-    strong = _plan.plan_batches((1, 2, 4), global_batch_size=256)
+    weak = _sweep_plan.plan_batches((1, 2, 4), per_replica_batch_size=64)
+    strong = _sweep_plan.plan_batches((1, 2, 4), global_batch_size=256)
 
     assert [(p.per_replica_batch_size, p.global_batch_size) for p in weak] == [
         (64, 64),
@@ -63,11 +63,11 @@ def test_weak_scaling_grows_the_global_batch_and_strong_scaling_splits_it():
         (64, 256),
     ]
     with pytest.raises(UsageError, match="does not divide by 4 replicas"):
-        _plan.plan_batches((1, 2, 4), global_batch_size=250)
+        _sweep_plan.plan_batches((1, 2, 4), global_batch_size=250)
 
 
 def test_each_replica_gets_the_same_share_of_the_cores_in_every_run():
-    threads = _plan.plan_cpu_threads((1, 2, 4), cores=8)
+    threads = _sweep_plan.plan_cpu_threads((1, 2, 4), cores=8)
 
     assert threads.intra_op_threads() == 2
     assert [threads.inter_op_threads(n) for n in (1, 2, 4)] == [1, 2, 4]
@@ -76,7 +76,7 @@ def test_each_replica_gets_the_same_share_of_the_cores_in_every_run():
 
 
 def test_more_replicas_than_cores_is_flagged_not_meaningful():
-    threads = _plan.plan_cpu_threads((1, 2, 4), cores=2)
+    threads = _sweep_plan.plan_cpu_threads((1, 2, 4), cores=2)
 
     assert threads.intra_op_threads() == 1
     assert threads.oversubscribed
@@ -494,7 +494,7 @@ def test_report_on_the_sweep_reproduces_its_table(sweep):
 
 
 def test_batch_list_is_parsed_sorted_and_deduplicated():
-    assert _plan.parse_batch_sizes("64,16,64") == (16, 64)
+    assert _sweep_plan.parse_batch_sizes("64,16,64") == (16, 64)
 
 
 def _row(replicas, batch, efficiency):
