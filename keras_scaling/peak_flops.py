@@ -335,7 +335,8 @@ def resolve(peak_flops, *, device_kind, device, compute_dtype):
         import tensorflow as tf
 
         try:
-            gpu = tf.config.list_physical_devices("GPU")[_device_index(device)]
+            index = tf.DeviceSpec.from_string(device or "").device_index or 0
+            gpu = tf.config.list_physical_devices("GPU")[index]
             details = tf.config.experimental.get_device_details(gpu)
         except (IndexError, ValueError, RuntimeError):
             details = {}
@@ -360,8 +361,3 @@ def resolve(peak_flops, *, device_kind, device, compute_dtype):
             "MFU needs peak_flops=<FLOPs/sec of one replica>"
         )
     return peak, None
-
-
-def _device_index(device):
-    match = re.search(r"(\d+)$", device or "")
-    return int(match.group(1)) if match else 0
