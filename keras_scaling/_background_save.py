@@ -3,8 +3,10 @@
 Keras skips `on_train_end` when another callback raises, and a notebook's
 process lives on: without this, figures measured so far would stay in a
 buffer. Saving here also keeps file writes off `fit`'s loop: a save runs
-soon after it is told there is news, at most once per `min_gap_s` seconds,
-so a run with short steps costs its loop a flag and an event.
+`min_gap_s` (a second) after it is told there is news, and again at most
+once per `min_gap_s` seconds, so a run with short steps costs its loop a
+flag and an event, and news within the same second is saved in one go (a
+`fit` shorter than that saves only once, at its end).
 
 One daemon thread per process runs every `BackgroundSave`: starting a thread
 for each `fit` cost the loop about a millisecond, waiting for it to start.
@@ -27,16 +29,17 @@ class BackgroundSave:
             is called again after `period_s` seconds without news.
         period_s: float, the time after which a save that returned False is
             tried again.
-        min_gap_s: float, the shortest time between two saves.
+        min_gap_s: float, the time from the start to the first save, and
+            the shortest time between two saves.
     """
 
-    def __init__(self, save, *, period_s=2.0, min_gap_s=0.25):
+    def __init__(self, save, *, period_s=2.0, min_gap_s=1.0):
         self._save = save
         self._period_s = period_s
         self._min_gap_s = min(min_gap_s, period_s)
         self._has_news = False
         self._retry_s = None  # when to save again without news
-        self._not_before_s = 0.0
+        self._not_before_s = time.monotonic() + self._min_gap_s
         self._stopped = False
         self._saving = threading.Lock()  # held while its save runs
         _save_thread.add(self)

@@ -102,7 +102,7 @@ class ModelFlops:
         return [("model FLOPs per sample", flops_text), ("peak FLOPs", peak_text)]
 
 
-def resolve(model, *, flops_per_sample, peak_flops, element_spec, setup, device):
+def resolve(model, *, flops_per_sample, peak_flops, one_replica_spec, setup, device):
     """Counts or takes the FLOPs per sample and looks up the peak; a `ModelFlops`.
 
     Never raises: a figure that cannot be had is left out with the reason.
@@ -111,8 +111,8 @@ def resolve(model, *, flops_per_sample, peak_flops, element_spec, setup, device)
         model: the Keras model being trained.
         flops_per_sample: `"auto"`, a number or None (the logger's argument).
         peak_flops: `"auto"`, `"measure"`, a number or None.
-        element_spec: the spec of the data `fit` trains on.
-        setup: dict with `per_replica_batch_size`, `num_replicas`, `device_kind`.
+        one_replica_spec: one replica's batch spec (`one_replica_spec()`).
+        setup: dict with `num_replicas` and `device_kind`.
         device: str, one replica's device.
     """
     from keras_scaling import flops as flops_lib
@@ -124,7 +124,7 @@ def resolve(model, *, flops_per_sample, peak_flops, element_spec, setup, device)
     elif flops_per_sample != "auto":
         resolved.flops_per_sample, resolved.flops_source = flops_per_sample, "given"
     else:
-        sample = _training_sample(one_replica_spec(element_spec, setup["per_replica_batch_size"]))
+        sample = _training_sample(one_replica_spec)
         key = repr(sample)
         if key in _COUNTED.get(model, {}):
             counted, reason = _COUNTED[model][key]

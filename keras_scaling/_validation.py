@@ -17,12 +17,20 @@ def _suffix(fix):
     return f". {fix}" if fix else ""
 
 
+# Checked on the training path: Python numbers take the first test and skip
+# the slower abstract-base-class checks.
+
+
 def _is_integer(value):
-    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
+    return type(value) is int or (
+        isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
+    )
 
 
 def _is_real(value):
-    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
+    return type(value) in (float, int) or (
+        isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
+    )
 
 
 def integer_wording(minimum):

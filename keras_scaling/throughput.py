@@ -363,7 +363,7 @@ def speedup(samples_per_sec, baseline_samples_per_sec, num_replicas, baseline_nu
     return Speedup(speedup=ratio, ideal_speedup=ideal_speedup, efficiency=ratio / ideal_speedup)
 
 
-def auto_update_freq(step_time_s, read_cost_s, *, max_share=0.005, floor_steps=10):
+def auto_update_freq(step_time_s, read_cost_s, *, max_share=0.0025, floor_steps=10):
     """Steps between counter reads so that reading costs at most `max_share` of training.
 
     Each read of the step counter waits for the devices and costs
@@ -374,7 +374,8 @@ def auto_update_freq(step_time_s, read_cost_s, *, max_share=0.005, floor_steps=1
     Args:
         step_time_s: float, seconds per optimizer step.
         read_cost_s: float, seconds one measurement costs the training loop.
-        max_share: float, the largest share of step time measuring may take.
+        max_share: float, the largest share of step time measuring may take;
+            default 0.0025 (0.25%).
         floor_steps: int, the fewest steps between reads.
 
     Returns:
@@ -384,7 +385,7 @@ def auto_update_freq(step_time_s, read_cost_s, *, max_share=0.005, floor_steps=1
 
     ```python
     from keras_scaling.throughput import auto_update_freq
-    auto_update_freq(0.0005, 0.0002)   # 0.2 ms per read over 0.5 ms steps: 100
+    auto_update_freq(0.0005, 0.0002)   # 0.2 ms per read over 0.5 ms steps: 200
     auto_update_freq(0.010, 0.0002)    # long steps: the floor, 10
     ```
     """

@@ -80,3 +80,18 @@ def test_tf_config_worker_count_counts_chief_and_workers(monkeypatch):
     cluster = {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2", "127.0.0.1:3"]}
     monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": cluster, "task": {}}))
     assert devices._tf_config_worker_count() == 3
+
+
+def test_read_int_reads_a_step_counter_with_one_op_and_anything_else_with_numpy():
+    import keras
+
+    from keras_scaling import _topology
+
+    optimizer = keras.optimizers.SGD()
+    optimizer.build([keras.Variable(1.0)])
+    counter = _topology.local_copy(optimizer.iterations, tf.distribute.get_strategy())
+    counter.assign(41)
+    counter.assign_add(1)
+    assert _topology.read_int(counter) == 42
+    assert isinstance(_topology.read_int(counter), int)
+    assert _topology.read_int(tf.constant(7, tf.int64)) == 7  # no handle: numpy()

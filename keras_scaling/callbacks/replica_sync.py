@@ -332,7 +332,7 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
             counter = _tracked_variables.step_counter(optimizer, self._strategy())
             self._step_counter = (optimizer, *counter)
         _, counter, accumulation_steps = self._step_counter
-        step = int(counter.numpy())
+        step = _topology.read_int(counter)
         return step // accumulation_steps if accumulation_steps else step
 
     def _get_checker(self, strategy, find_variables):

@@ -13,6 +13,7 @@ from keras_scaling import (
     _run_record,
     _tensorboard,
     _throughput_flops,
+    _topology,
     _trace_count,
     _train_function_hook,
     _validation,
@@ -36,7 +37,7 @@ logger = logging.getLogger("keras_scaling")
 DEFAULT_WARMUP_STEPS = 5
 # update_freq="auto": reads of the step counter cost at most this share of
 # the measured step time, and are at least this many steps apart.
-_AUTO_MAX_SHARE = 0.005
+_AUTO_MAX_SHARE = 0.0025
 _AUTO_FLOOR_STEPS = 10
 _ADVICE_AFTER_INTERVALS = 3
 # Set before TensorFlow starts, each logical CPU has a thread pool of its own
@@ -82,7 +83,7 @@ class ThroughputLogger(keras.callbacks.Callback):
       at every multiple of `update_freq` steps, so points fall on regular
       steps. `"auto"` starts at 10 steps and, after the first measured
       interval, widens the spacing to a round number of steps at which the
-      reads cost at most 0.5% of the measured step time.
+      reads cost at most 0.25% of the measured step time.
     - Only time between train batches of one epoch counts: validation,
       checkpoints saved at the end of an epoch and the first execution of
       every epoch are left out. The first execution of each `fit` call,
@@ -99,11 +100,12 @@ class ThroughputLogger(keras.callbacks.Callback):
     - `log_dir/throughput.json` (steady-state median samples/sec over the
       whole run, step time percentiles, set-up, baseline, speedup, ideal and
       efficiency, each epoch's figure) is written before `fit` returns. While
-      it trains, a background thread writes each new point to the event file,
-      rewrites `throughput.json` and flushes, within a fraction of a second
-      of each new figure or epoch (2 seconds at most), so `fit`'s loop does
-      no file writes and nothing measured is lost however training stops
-      (another callback raising, Ctrl-C, a notebook that lives on).
+      it trains, a background thread writes the new points to the event
+      file and flushes about a second after each new figure, and rewrites
+      `throughput.json` a second after each epoch and every 2 seconds
+      while figures change, so `fit`'s loop does no file writes and nothing
+      measured is lost however training stops (another callback raising,
+      Ctrl-C, a notebook that lives on).
     - Under `MultiWorkerMirroredStrategy` only the chief writes, and the
       figure is the measured global throughput: all workers step together,
       so global batch times steps over the chief's wall time.
@@ -325,14 +327,12 @@ class ThroughputLogger(keras.callbacks.Callback):
     def _read_iterations(self):
         """The optimizer's step counter; reading it waits for the devices."""
         if self._iterations_variable is None:
-            variable = self.model.optimizer.iterations
-            variable = getattr(variable, "value", variable)
             # One replica's copy: all copies are equal, and reading a mirrored
             # variable as a whole costs several times more.
-            self._iterations_variable = self.model.distribute_strategy.experimental_local_results(
-                variable
-            )[0]
-        return int(self._iterations_variable.numpy())
+            self._iterations_variable = _topology.local_copy(
+                self.model.optimizer.iterations, self.model.distribute_strategy
+            )
+        return _topology.read_int(self._iterations_variable)
 
     def _samples(self, iterations):
         return iterations * self._setup["global_batch_size"]
@@ -442,13 +442,15 @@ class ThroughputLogger(keras.callbacks.Callback):
         global_batch_size = _iterator_plan.global_batch_size(
             self.global_batch_size, self._iterator, self._element_spec, info.num_replicas
         )
+        per_replica_batch_size = global_batch_size // info.num_replicas
+        spec = _throughput_flops.one_replica_spec(self._element_spec, per_replica_batch_size)
         policy = getattr(self.model, "dtype_policy", None)
         self._setup = {
             "strategy": info.kind,
             "num_workers": info.num_workers,
             "num_replicas": info.num_replicas,
             "device_kind": info.device_kind,
-            "per_replica_batch_size": global_batch_size // info.num_replicas,
+            "per_replica_batch_size": per_replica_batch_size,
             "global_batch_size": global_batch_size,
             "dtype_policy": getattr(policy, "name", str(policy)),
         }
@@ -456,9 +458,7 @@ class ThroughputLogger(keras.callbacks.Callback):
             self._baseline,
             self._setup,
             model=self.model,
-            one_replica_spec=_throughput_flops.one_replica_spec(
-                self._element_spec, self._setup["per_replica_batch_size"]
-            ),
+            one_replica_spec=spec,
             device=info.local_devices[0],
             measures=info.is_chief,
             shared_cores=(
@@ -474,7 +474,7 @@ class ThroughputLogger(keras.callbacks.Callback):
             self.model,
             flops_per_sample=self.flops_per_sample,
             peak_flops=self.peak_flops,
-            element_spec=self._element_spec,
+            one_replica_spec=spec,
             setup=self._setup,
             device=info.local_devices[0],
         )
