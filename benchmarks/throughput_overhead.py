@@ -3,13 +3,13 @@
 Run: `python benchmarks/throughput_overhead.py [--quick] [--replicas N]`
 
 One process, one compiled model per step length, alternating rounds. In each
-round, every arm trains one whole `fit` of `--steps` steps (the order of the
-arms rotates from round to round), each followed by a plain `fit` without
-callbacks:
+round, every arm (in an order that rotates from round to round) runs three
+whole `fit` calls of `--steps` steps in a row: a plain `fit` without
+callbacks (the reference), the arm's `fit`, and a plain `fit` after it.
+The arms:
 
-- no callback
-- no callback again: what two identical arms differ by on this machine,
-  the smallest difference the run can resolve
+- no callback: the same `fit` as its reference, so its ratio shows what
+  two identical fits differ by on this machine (the noise floor)
 - `ThroughputLogger` at its defaults (`update_freq="auto"`)
 - `ReplicaSyncCheck` at its default frequency
 - `keras.callbacks.TensorBoard(update_freq=1)`, for reference
@@ -17,15 +17,15 @@ callbacks:
 at two step lengths: a tiny MLP (steps under 1 ms) and a wider one (about
 10 ms a step on a laptop CPU). The wall-clock time of each whole `fit`
 (start-up and `on_train_end` included, so a fixed cost per `fit` shows) is
-divided by the no-callback `fit` of the same round; the table prints the
-median of those ratios and their spread (smallest and largest). The plain
-`fit` after each arm is divided the same way by the plain `fit` after the
-no-callback one: anything an arm leaves behind that slows a later `fit`
-shows there.
+divided by its reference, the `fit` just before it, so that drifts of the
+machine's speed cancel out; the table prints the median of those ratios
+with their quartiles and extremes. The plain `fit` after each arm is divided
+by the same reference: anything an arm leaves behind that slows a later
+`fit` shows there.
 
 Goal: each of keras_scaling's callbacks within 1% of no callback (median
-ratio at most 1.01) in every row. The "no callback, again" row shows how
-far from 1.0 a median lands with no difference at all: a verdict within that
+ratio at most 1.01) in every row. The "no callback" row shows how far from
+1.0 a median lands with no difference at all: a verdict within that
 distance of 1.01 is noise, not a measurement. Each step length also prints
 the time spent inside `ThroughputLogger`'s hooks as a share of its whole
 `fit` (the waits of its counter reads included), which load distorts far less.
@@ -107,7 +107,6 @@ def main(argv=None):
 
     arms = {
         "no callback": lambda: [],
-        "no callback, again": lambda: [],
         "ThroughputLogger": lambda: [TimedLogger(fresh_dir())],
         "ReplicaSyncCheck": lambda: [keras_scaling.ReplicaSyncCheck()],
         "TensorBoard(update_freq=1)": lambda: [
@@ -133,8 +132,8 @@ def main(argv=None):
     info = keras_scaling.describe_strategy(strategy)
     print(f"# {info}")
     print(
-        f"# {args.rounds} alternating rounds; whole fit wall-clock time; ratios to "
-        "the no-callback fit of the same round: median [min, max]"
+        f"# {args.rounds} alternating rounds; whole fit wall-clock time; each fit "
+        "divided by the plain fit just before it"
     )
     print("# the machine may be shared with other work: read the medians with their spread")
     verdicts = []
@@ -151,44 +150,54 @@ def main(argv=None):
             return time.perf_counter() - start_s
 
         fit([])  # tracing
-        TimedLogger.hook_s = 0.0
+        hook_shares = []
+        reference = {name: [] for name in arms}
         with_arm = {name: [] for name in arms}
         after_arm = {name: [] for name in arms}
         names = list(arms)
         for round_index in range(args.rounds):
             shift = round_index % len(names)
             for name in names[shift:] + names[:shift]:
+                reference[name].append(fit([]))
+                TimedLogger.hook_s = 0.0
                 with_arm[name].append(fit(arms[name]()))
+                if name == "ThroughputLogger":
+                    hook_shares.append(TimedLogger.hook_s / with_arm[name][-1])
                 after_arm[name].append(fit([]))
-        hook_share = TimedLogger.hook_s / sum(with_arm["ThroughputLogger"])
-        step_ms = statistics.median(with_arm["no callback"]) / steps * 1e3
+        step_ms = statistics.median(sum(reference.values(), [])) / steps * 1e3
         print(
             f"\n## {label}: {step_ms:.2f} ms per step with no callback "
             f"(whole fit / steps), {steps} steps per fit"
         )
-        print(f"{'arm':34} {'fit (s)':>8}  {'ratio: median [min, max]':>28}  goal")
+        print(
+            f"{'arm':44} {'fit (s)':>7}  {'ratio to the fit before':>23}  "
+            f"{'[p25, p75]':>16}  {'[min, max]':>16}  goal"
+        )
         for name in names:
             for row, times in ((name, with_arm), (f"plain fit after {name}", after_arm)):
-                base = times["no callback"]
-                ratios = [t / b for t, b in zip(times[name], base)]
+                ratios = [t / b for t, b in zip(times[name], reference[name])]
                 median = statistics.median(ratios)
+                quartiles = statistics.quantiles(ratios, n=4, method="inclusive")
                 goal = ""
                 if name in ours:
                     met = median <= _GOAL_RATIO
                     goal = "met" if met else "NOT met"
                     verdicts.append((label, row, median, met))
-                elif name == "no callback, again":
+                elif row == "no callback":
                     goal = "(noise floor)"
                     noise_floor.append(abs(median - 1))
-                elif name != "no callback":
+                elif row != f"plain fit after {names[0]}":
                     goal = "(reference)"
                 print(
-                    f"{row:34} {statistics.median(times[name]):8.3f}  "
-                    f"{median:8.4f} [{min(ratios):.4f}, {max(ratios):.4f}]  {goal}"
+                    f"{row:44} {statistics.median(times[name]):7.3f}  {median:23.4f}  "
+                    f"[{quartiles[0]:.3f}, {quartiles[2]:.3f}]  "
+                    f"[{min(ratios):.3f}, {max(ratios):.3f}]  {goal}"
                 )
         print(
-            f"time inside ThroughputLogger's hooks: {hook_share:.2%} of its fits "
-            "(its set-up at the first step included)"
+            f"time inside ThroughputLogger's hooks, share of its fit: median "
+            f"{statistics.median(hook_shares):.2%} [{min(hook_shares):.2%}, "
+            f"{max(hook_shares):.2%}]; the first fit of the model, which counts its "
+            f"FLOPs once: {hook_shares[0]:.2%}"
         )
     missed = [v for v in verdicts if not v[3]]
     print(
