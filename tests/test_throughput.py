@@ -324,6 +324,23 @@ def test_background_save_saves_after_news_only():
         saver.stop()
 
 
+def test_background_save_waits_its_gap_before_the_first_save_so_news_is_saved_together():
+    import time
+
+    from keras_scaling import _background_save
+
+    calls = []
+    saver = _background_save.BackgroundSave(lambda: calls.append(1), min_gap_s=30.0)
+    try:
+        saver.news()
+        saver.news()
+        time.sleep(0.3)
+        assert calls == []  # a fit shorter than the gap saves only at its end
+    finally:
+        saver.stop()
+    assert calls == []  # stop() leaves the last save to its caller
+
+
 def test_background_saves_share_one_thread_and_stop_waits_for_a_save_in_progress():
     import threading
     import time
