@@ -82,7 +82,7 @@ def test_tf_config_worker_count_counts_chief_and_workers(monkeypatch):
     assert devices._tf_config_worker_count() == 3
 
 
-def test_read_int_reads_a_step_counter_with_one_op_and_anything_else_with_numpy():
+def test_read_int_reads_a_step_counter_and_a_tensor_without_a_handle():
     import keras
 
     from keras_scaling import _topology
