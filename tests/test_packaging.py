@@ -54,10 +54,10 @@ def test_tensorflow_is_an_extra_so_pip_keeps_an_installed_tensorflow_build():
     assert project["optional-dependencies"]["tensorflow-cpu"] == ["tensorflow-cpu>=2.18"]
 
 
-def test_import_loads_neither_tensorflow_nor_matplotlib():
+def test_import_loads_neither_tensorflow_nor_pillow():
     result = _python(
         "import sys, keras_scaling, keras_scaling.cli; "
-        "print(sorted(name for name in ('tensorflow', 'matplotlib', 'keras') "
+        "print(sorted(name for name in ('tensorflow', 'PIL', 'keras') "
         "if name in sys.modules))"
     )
 

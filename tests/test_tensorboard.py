@@ -26,14 +26,11 @@ _SERVER_CATCH_UP_TIMEOUT_S = 90
 _HTTP_TIMEOUT_S = 10
 
 
-def _png(width=3, height=2):
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+def _png(width=30, height=20):
+    from PIL import Image
 
-    figure = Figure(figsize=(width, height), dpi=10)
-    FigureCanvasAgg(figure)
     buffer = io.BytesIO()
-    figure.savefig(buffer, format="png")
+    Image.new("RGB", (width, height), (31, 119, 180)).save(buffer, format="PNG")
     return buffer.getvalue()
 
 
@@ -95,7 +92,7 @@ def test_every_summary_reads_back_as_written(tmp_path):
 def test_an_image_is_served_with_its_width_and_height(tmp_path):
     from tensorboard.backend.event_processing import event_accumulator
 
-    _tensorboard.write_image(tmp_path, 0, "scaling/speedup_vs_replicas", _png(3, 2))
+    _tensorboard.write_image(tmp_path, 0, "scaling/speedup_vs_replicas", _png(30, 20))
     accumulator = event_accumulator.EventAccumulator(
         _tensorboard.run_dir(tmp_path), size_guidance={event_accumulator.TENSORS: 0}
     )
