@@ -128,9 +128,9 @@ def tick_text(value):
 
 def render(chart):
     """Draws `chart`; returns a `Rendered` with a 640 x 480 PNG."""
-    from PIL import Image, ImageDraw
+    from PIL import Image
 
-    canvas = _Canvas(Image, ImageDraw)
+    canvas = _Canvas()
     layout = _Layout(chart, canvas)
     layout.draw()
     image = canvas.image.resize((WIDTH_PX, HEIGHT_PX), Image.Resampling.LANCZOS)
@@ -146,15 +146,13 @@ def render(chart):
 class _Canvas:
     """A white image twice the size of the PNG; records where each text lands."""
 
-    def __init__(self, image_module, draw_module):
-        from PIL import ImageFont
+    def __init__(self):
+        from PIL import Image, ImageDraw, ImageFont
 
-        self._image_module = image_module
-        self._draw_module = draw_module
-        self.image = image_module.new(
+        self.image = Image.new(
             "RGB", (WIDTH_PX * _SUPERSAMPLING, HEIGHT_PX * _SUPERSAMPLING), _WHITE
         )
-        self.draw = draw_module.Draw(self.image)
+        self.draw = ImageDraw.Draw(self.image)
         self._fonts = {
             size: ImageFont.load_default(size=size * _SUPERSAMPLING)
             for size in (FONT_PX, SMALL_FONT_PX)
@@ -175,10 +173,12 @@ class _Canvas:
 
     def vertical_text(self, centre, text, size_px, role):
         """`text` turned a quarter left (read bottom to top), centred on `centre`."""
+        from PIL import Image, ImageDraw
+
         font = self._fonts[size_px]
         left, top, right, bottom = self.draw.textbbox((0, 0), text, font=font, anchor="la")
-        strip = self._image_module.new("L", (right - left, bottom - top), 0)
-        self._draw_module.Draw(strip).text((-left, -top), text, font=font, fill=255, anchor="la")
+        strip = Image.new("L", (right - left, bottom - top), 0)
+        ImageDraw.Draw(strip).text((-left, -top), text, font=font, fill=255, anchor="la")
         strip = strip.rotate(90, expand=True)
         corner = (round(centre[0] - strip.width / 2), round(centre[1] - strip.height / 2))
         self.image.paste(
@@ -216,11 +216,12 @@ class _Layout:
         x_tick_height = max(
             [canvas.text_size(text, FONT_PX)[1] for _, text in chart.x_ticks] or [0]
         )
-        _, y_label_thickness = canvas.text_size(chart.y_label or " ", FONT_PX)
+        # Turned a quarter, the y label is as wide as a line of text is high.
+        _, self._y_label_width = canvas.text_size(chart.y_label, FONT_PX)
         last_x_tick_half = max(
             [canvas.text_size(text, FONT_PX)[0] / 2 for _, text in chart.x_ticks[-1:]] or [0]
         )
-        left = (_MARGIN_PX + _GAP_PX + _TICK_PX + _GAP_PX) * s + y_label_thickness + y_tick_width
+        left = (_MARGIN_PX + _GAP_PX + _TICK_PX + _GAP_PX) * s + self._y_label_width + y_tick_width
         top = (_MARGIN_PX + _GAP_PX) * s + title_height
         right = WIDTH_PX * s - _MARGIN_PX * s - last_x_tick_half
         bottom = (
@@ -287,7 +288,7 @@ class _Layout:
             role="x label",
         )
         canvas.vertical_text(
-            (_MARGIN_PX * s + self._text_height(chart.y_label) / 2, (top + bottom) / 2),
+            (_MARGIN_PX * s + self._y_label_width / 2, (top + bottom) / 2),
             chart.y_label,
             FONT_PX,
             role="y label",
@@ -297,23 +298,22 @@ class _Layout:
         )
         self._draw_legend()
 
-    def _text_height(self, text):
-        return self.canvas.text_size(text, FONT_PX)[1]
-
     def _draw_line(self, line):
-        s = _SUPERSAMPLING
         points = [(self.x(x), self.y(y)) for x, y in line.points]
+        self._stroke(points, line, markers_at=points)
+
+    def _stroke(self, points, line, markers_at):
+        """`points` joined in `line`'s style; its markers, if it has them, at `markers_at`."""
+        draw, width = self.canvas.draw, _LINE_PX * _SUPERSAMPLING
         if line.dashed:
             for start, end in zip(points, points[1:]):
-                _dashes(self.canvas.draw, start, end, line.color, _LINE_PX * s)
+                _dashes(draw, start, end, line.color, width)
         elif len(points) > 1:
-            self.canvas.draw.line(points, fill=line.color, width=_LINE_PX * s, joint="curve")
+            draw.line(points, fill=line.color, width=width, joint="curve")
         if line.markers:
-            radius = _MARKER_RADIUS_PX * s
-            for x, y in points:
-                self.canvas.draw.ellipse(
-                    [x - radius, y - radius, x + radius, y + radius], fill=line.color
-                )
+            radius = _MARKER_RADIUS_PX * _SUPERSAMPLING
+            for x, y in markers_at:
+                draw.ellipse([x - radius, y - radius, x + radius, y + radius], fill=line.color)
 
     def _draw_legend(self):
         entries = [line for line in self.chart.lines if line.label]
@@ -340,16 +340,7 @@ class _Layout:
         for index, line in enumerate(entries):
             middle = corner[1] + pad + row_height * index + (row_height - _GAP_PX * s) / 2
             start, end = (corner[0] + pad, middle), (corner[0] + pad + sample, middle)
-            if line.dashed:
-                _dashes(canvas.draw, start, end, line.color, _LINE_PX * s)
-            else:
-                canvas.draw.line([start, end], fill=line.color, width=_LINE_PX * s)
-            if line.markers:
-                radius = _MARKER_RADIUS_PX * s
-                x = (start[0] + end[0]) / 2
-                canvas.draw.ellipse(
-                    [x - radius, middle - radius, x + radius, middle + radius], fill=line.color
-                )
+            self._stroke([start, end], line, markers_at=[((start[0] + end[0]) / 2, middle)])
             canvas.text(
                 (end[0] + pad, middle), line.label, SMALL_FONT_PX, anchor="lm", role="legend"
             )
