@@ -6,7 +6,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 # Device counts of the tests marked logical_cpus(N): tests/run_sessions.py
-# runs each such file in a process split into N logical CPUs, and fails,
+# runs the files marked with each N in processes split into N logical CPUs,
+# and fails,
 # naming the file, on an N not listed here. TEST_JOBS: processes at a time
 # (default: the number of cores).
 TEST_DEVICE_COUNTS := 2 3 4

@@ -1,16 +1,28 @@
 """Runs each test in a pytest process split into the logical CPUs it needs.
 
-TensorFlow fixes its logical devices once per process, and MirroredStrategy
-objects in one process clash in their collective all-reduce. So `make test`
+TensorFlow fixes its logical devices once per process. So `make test`
 (`tests/run_sessions.py`) runs the unmarked tests in one session on one
-device (`--logical-cpus=1`, the default), and each file with tests marked
-`@pytest.mark.logical_cpus(N)` once more per N, in a process of its own
-(`pytest FILE --logical-cpus=N`), which runs only the tests marked for N. A
-plain pytest session given the list of N (`--device-counts`) fails, naming
-the files, when a test is marked with a count that no process would run.
+device (`--logical-cpus=1`, the default), and the files with tests marked
+`@pytest.mark.logical_cpus(N)` once more per N, in processes split into N
+logical CPUs (`pytest FILES --logical-cpus=N`), which run only the tests
+marked for N. A plain pytest session given the list of N (`--device-counts`)
+fails, naming the files, when a test is marked with a count that no process
+would run.
+
+MirroredStrategy objects in one process clash in their collective
+all-reduce: each numbers its collective groups and instances from the same
+start ("Shape mismatch in the collective instance 100"; "joining a group with
+size 4, but that group has size 2"). The strategies of each test module here
+number theirs from a start of their own, so the modules can share a process.
 """
 
+import itertools
+
 import pytest
+
+# Apart enough for the collective groups of every strategy a module builds.
+_COLLECTIVE_KEYS_PER_MODULE = 1000
+_collective_key_bases = itertools.count(_COLLECTIVE_KEYS_PER_MODULE, _COLLECTIVE_KEYS_PER_MODULE)
 
 
 def pytest_addoption(parser):
@@ -29,12 +41,30 @@ def pytest_addoption(parser):
     )
 
 
+def _runs_tests(config):
+    """False in the controller of a pytest-xdist session, which only hands out tests."""
+    return hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None)
+
+
 def pytest_configure(config):
     count = config.getoption("--logical-cpus")
-    if count > 1:
+    if count > 1 and _runs_tests(config):
         import keras_scaling
 
         keras_scaling.use_logical_cpus(count)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _collective_keys_of_its_own(request):
+    """Has the MirroredStrategy objects this module builds number their collective keys apart.
+
+    `_collective_key_base` is the class attribute TensorFlow's own tests set
+    for this; each MirroredStrategy reads it when it is built.
+    """
+    if request.config.getoption("--logical-cpus") > 1:
+        import tensorflow as tf
+
+        tf.distribute.MirroredStrategy._collective_key_base = next(_collective_key_bases)
 
 
 def _check_device_counts(config, items):

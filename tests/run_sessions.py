@@ -1,26 +1,24 @@
 """Runs the whole test suite as `make test` does: each test in a process split into the CPUs it needs.
 
-TensorFlow fixes its logical devices once per process, and MirroredStrategy
-objects in one process clash in their collective all-reduce (different
-sizes: "joining a group with size 4, but that group has size 2"; same size:
-"Shape mismatch in the collective instance"). So:
+TensorFlow fixes its logical devices once per process. So:
 
 1. the unmarked tests run in one pytest session on one device, spread over
    `--jobs` worker processes a file at a time (pytest-xdist);
-2. each test file marked `logical_cpus(N)` runs once more per N, in a
-   process of its own split into N logical CPUs, `--jobs` processes at a
-   time, the longest first. A file marked with a count not in
+2. then, for each count N, the test files marked `logical_cpus(N)` run in one
+   more session, in up to `--jobs` worker processes split into N logical
+   CPUs, a file at a time. A file marked with a count not in
    `--device-counts` fails the run, named, before anything runs.
 
-Most tests wait on processes of their own or on Python, about one core's
-work at a time, so `--jobs` defaults to the number of cores. Each session's
-output is printed whole when it ends; the run fails when any session failed.
+Starting TensorFlow costs each process seconds of CPU time, so the files of
+a count share their processes (tests/conftest.py keeps their
+MirroredStrategy objects from clashing). Most tests wait on processes of
+their own or on Python, about one core's work at a time, so `--jobs`
+defaults to the number of cores. The run fails when any session failed.
 
 Usage: python tests/run_sessions.py [--jobs N] [--device-counts "2 3 4"] [PYTEST ARGS...]
 """
 
 import argparse
-import concurrent.futures
 import os
 import re
 import subprocess
@@ -50,7 +48,7 @@ def marked_counts(tests_dir):
 
 
 def logical_cpu_sessions(marked, device_counts):
-    """`(name, pytest arguments)` of each file's session on each of its counts.
+    """`[(N, [test files marked logical_cpus(N)])]`, one per count N above 1, in order of N.
 
     Raises:
         ValueError: a file is marked with a count not in `device_counts`
@@ -69,25 +67,23 @@ def logical_cpu_sessions(marked, device_counts):
             f"{', '.join(unlisted)}. Add the count to TEST_DEVICE_COUNTS in the "
             "Makefile, or mark the tests with a listed one."
         )
-    return [
-        (f"{path} on {count} logical CPUs", [path, f"--logical-cpus={count}", "-q"])
-        for path, counts in sorted(marked.items())
-        for count in counts
-        if count != 1
-    ]
+    files = {}
+    for path, counts in sorted(marked.items()):
+        for count in counts:
+            if count != 1:
+                files.setdefault(count, []).append(path)
+    return sorted(files.items())
 
 
-def _pytest(arguments, extra, capture):
-    command = [sys.executable, "-m", "pytest", *arguments, *extra]
+def _workers(jobs):
+    """pytest-xdist's arguments for `jobs` processes taking a file at a time, if more than one."""
+    return ["-n", str(jobs), "--dist", "loadfile"] if jobs > 1 else []
+
+
+def _pytest(arguments, extra):
     start_s = time.monotonic()
-    result = subprocess.run(
-        command,
-        cwd=ROOT,
-        stdout=subprocess.PIPE if capture else None,
-        stderr=subprocess.STDOUT if capture else None,
-        text=True,
-    )
-    return result.returncode, result.stdout or "", time.monotonic() - start_s
+    result = subprocess.run([sys.executable, "-m", "pytest", *arguments, *extra], cwd=ROOT)
+    return result.returncode, time.monotonic() - start_s
 
 
 def _passed(returncode):
@@ -103,36 +99,33 @@ def main(argv=None):
         parser.error(f"--jobs must be a positive integer, got {args.jobs}")
     device_counts = [int(n) for n in args.device_counts.replace(",", " ").split()]
     try:
-        sessions = logical_cpu_sessions(marked_counts(TESTS_DIR), device_counts)
+        marked_sessions = logical_cpu_sessions(marked_counts(TESTS_DIR), device_counts)
     except ValueError as error:
         print(f"make test: {error}", file=sys.stderr)
         return 2
     failed = []
     run_start_s = time.monotonic()
 
-    print("== tests on 1 device ==", flush=True)
-    workers = ["-n", str(args.jobs), "--dist", "loadfile"] if args.jobs > 1 else []
-    returncode, _, duration_s = _pytest(
-        ["tests", "--logical-cpus=1", f"--device-counts={args.device_counts}", *workers],
-        pytest_args,
-        capture=False,
-    )
-    print(f"== tests on 1 device took {duration_s:.0f} s ==", flush=True)
-    if not _passed(returncode):
-        failed.append("tests on 1 device")
-
-    # Files with more tests first, so that the longest sessions start early.
-    sessions.sort(key=lambda session: -os.path.getsize(os.path.join(ROOT, session[1][0])))
-    with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
-        futures = {
-            pool.submit(_pytest, arguments, pytest_args, True): name for name, arguments in sessions
-        }
-        for future in concurrent.futures.as_completed(futures):
-            name = futures[future]
-            returncode, output, duration_s = future.result()
-            print(f"== {name} ({duration_s:.0f} s) ==\n{output}", flush=True)
-            if not _passed(returncode):
-                failed.append(name)
+    sessions = [
+        (
+            "tests on 1 device",
+            ["tests", "--logical-cpus=1", f"--device-counts={args.device_counts}"],
+            args.jobs,
+        )
+    ] + [
+        (
+            f"tests on {count} logical CPUs",
+            [*files, f"--logical-cpus={count}", "-q"],
+            min(args.jobs, len(files)),
+        )
+        for count, files in marked_sessions
+    ]
+    for name, arguments, jobs in sessions:
+        print(f"== {name} ==", flush=True)
+        returncode, duration_s = _pytest([*arguments, *_workers(jobs)], pytest_args)
+        print(f"== {name} took {duration_s:.0f} s ==", flush=True)
+        if not _passed(returncode):
+            failed.append(name)
 
     total_s = time.monotonic() - run_start_s
     if failed:

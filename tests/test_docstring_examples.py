@@ -7,9 +7,8 @@ the module it is documented in, plus the imports a reader is assumed to have
 made (`import keras, numpy as np, tensorflow as tf, keras_scaling`); in a process started for the purpose
 (`tests/workers/run_examples.py`) with its working directory in a temporary
 directory: examples that split the CPU (`use_logical_cpus(N)`) or build a
-`MirroredStrategy` run in a process with N (default 2) logical CPUs, one
-process per N, and one process each for those that train on several
-replicas; the others in one process with one device.
+`MirroredStrategy` in a process with N (default 2) logical CPUs, one process
+per N; the others in one process with one device.
 """
 
 import importlib
@@ -114,15 +113,11 @@ def outcomes(tmp_path_factory):
     """{example name: None, or the error it raised}, one process per CPU count."""
     groups = {}
     for name, module, code in EXAMPLES:
-        count = logical_cpus_for(code)
-        # Two MirroredStrategy objects that both train in one process clash in
-        # their collective all-reduce, so such an example gets a process of its own.
-        alone = count > 1 and ".fit(" in code
-        groups.setdefault((count, name if alone else ""), []).append(
+        groups.setdefault(logical_cpus_for(code), []).append(
             {"name": name, "module": module, "code": code}
         )
     found = {}
-    for (count, _), group in sorted(groups.items()):
+    for count, group in sorted(groups.items()):
         directory = tmp_path_factory.mktemp(f"examples_{count}_cpus")
         path = directory / "examples.json"
         path.write_text(json.dumps(group))

@@ -87,8 +87,12 @@ def test_make_test_refuses_an_unlisted_count_before_running_anything(tmp_path):
         run_sessions.logical_cpu_sessions(marked, [2, 3, 4])
 
 
-def test_make_test_runs_a_marked_file_once_per_count_in_processes_of_their_own(tmp_path):
+def test_make_test_runs_a_marked_file_once_per_count_in_a_session_per_count(tmp_path):
     run_sessions = _marked_file(tmp_path, 1, 2, 4)
+    (tmp_path / "test_also_marked.py").write_text(
+        "import pytest\n\n\n@pytest.mark.logical_cpus(4)\ndef test_on_4():\n    pass\n"
+    )
     sessions = run_sessions.logical_cpu_sessions(run_sessions.marked_counts(tmp_path), [2, 3, 4])
-    assert [arguments[1] for _, arguments in sessions] == ["--logical-cpus=2", "--logical-cpus=4"]
-    assert all(arguments[0].endswith("test_marked.py") for _, arguments in sessions)
+    assert [
+        (count, sorted(os.path.basename(path) for path in files)) for count, files in sessions
+    ] == [(2, ["test_marked.py"]), (4, ["test_also_marked.py", "test_marked.py"])]

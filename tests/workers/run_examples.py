@@ -5,6 +5,10 @@ list of `{"name": ..., "module": ..., "code": ...}`. As in `doctest`, every
 example sees the names of the module it is documented in (a copy of them),
 plus the imports a reader of keras_scaling's docs is assumed to have made
 (`PREAMBLE`). The last line of stdout is `{name: null or the error}`.
+
+The MirroredStrategy objects of each example number their collective keys
+from a start of their own, so that they do not clash with those of the
+examples before it.
 """
 
 import contextlib
@@ -15,6 +19,8 @@ import os
 import sys
 import traceback
 
+# Apart enough for the collective groups of every strategy an example builds.
+COLLECTIVE_KEYS_PER_EXAMPLE = 1000
 PREAMBLE = "import keras\nimport numpy as np\nimport tensorflow as tf\nimport keras_scaling\n"
 
 
@@ -27,7 +33,13 @@ def main():
     with open(path) as file:
         examples = json.load(file)
     outcomes = {}
-    for example in examples:
+    for index, example in enumerate(examples):
+        if logical_cpus > 1:
+            import tensorflow as tf
+
+            tf.distribute.MirroredStrategy._collective_key_base = (
+                COLLECTIVE_KEYS_PER_EXAMPLE * index
+            )
         namespace = dict(vars(importlib.import_module(example["module"])))
         namespace["__name__"] = "__example__"
         try:
