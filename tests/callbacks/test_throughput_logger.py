@@ -645,9 +645,12 @@ def test_callback_error_is_saved_when_the_model_trains_again(tmp_path):
 
 _SCRIPT = textwrap.dedent(
     """
-    import os, signal, sys, time
+    import faulthandler, os, signal, sys, time
     import keras, numpy as np, tensorflow as tf
     import keras_scaling
+
+    # The test asks for every thread's stack (SIGUSR1) when the run hangs.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
 
     # As in a terminal: a test run started in the background (`make test &`)
     # ignores SIGINT, and Python keeps an inherited SIG_IGN.
@@ -699,6 +702,20 @@ def _training_script(tmp_path, mode):
         process.wait()
 
 
+def _stderr_at_exit(process, timeout_s):
+    """The script's stderr once it exits; fails with every thread's stack if it hangs."""
+    try:
+        return process.communicate(timeout=timeout_s)[1]
+    except subprocess.TimeoutExpired:
+        process.send_signal(signal.SIGUSR1)
+        time.sleep(2)
+        process.kill()
+        pytest.fail(
+            f"the script did not exit within {timeout_s} s; its stderr and stacks:\n"
+            + process.communicate()[1][-8000:]
+        )
+
+
 def test_ctrl_c_writes_throughput_json(tmp_path):
     with _training_script(tmp_path, "interrupt") as process:
         deadline = time.monotonic() + 120
@@ -707,7 +724,7 @@ def test_ctrl_c_writes_throughput_json(tmp_path):
             assert time.monotonic() < deadline, "training never got going"
             time.sleep(0.2)
         process.send_signal(signal.SIGINT)
-        _, stderr = process.communicate(timeout=60)
+        stderr = _stderr_at_exit(process, 60)
     assert process.returncode != 0
     assert "KeyboardInterrupt" in stderr
     record = _json(tmp_path)
@@ -717,7 +734,7 @@ def test_ctrl_c_writes_throughput_json(tmp_path):
 
 def test_callback_raising_mid_epoch_writes_throughput_json_at_exit(tmp_path):
     with _training_script(tmp_path, "raise") as process:
-        _, stderr = process.communicate(timeout=120)
+        stderr = _stderr_at_exit(process, 120)
     assert process.returncode != 0
     assert "a callback failed mid-epoch" in stderr
     record = _json(tmp_path)
