@@ -16,10 +16,10 @@ import itertools
 import os
 import socket
 import struct
+import sys
 import threading
 import time
 
-import tensorflow as tf
 from tensorboard.compat.proto import (
     event_pb2,
     summary_pb2,
@@ -248,13 +248,30 @@ def flush(log_dir, run=RUN):
         event_file.flush()
 
 
+def _record_writer(path):
+    """A TFRecord writer of `path`: TensorFlow's, which checksums in C++, once TensorFlow is loaded.
+
+    A process that has not loaded TensorFlow (the parent of `keras-scaling
+    bench`, which writes a plot and a table) frames its few records with
+    TensorBoard's Python writer, rather than spend seconds loading TensorFlow.
+    """
+    if "tensorflow" in sys.modules:
+        import tensorflow as tf
+
+        return tf.io.TFRecordWriter(path)
+    from tensorboard.summary.writer.record_writer import RecordWriter
+
+    return RecordWriter(open(path, "wb"))  # noqa: SIM115 - closed with the event file
+
+
 class _EventFile:
     """One event file, written directly, without a thread of its own.
 
     Event files are TFRecord files, and `tf.io.TFRecordWriter` frames and
     checksums each record in C++. TensorBoard's `EventFileWriter` instead
     hands each event to a writer thread that computes checksums in Python,
-    competing for the GIL with training. It is flushed on a write at least
+    competing for the GIL with training (`_record_writer` says when Python
+    framing is used all the same). It is flushed on a write at least
     `_FLUSH_EVERY_S` seconds after the last flush, so a process that is
     killed loses at most the last seconds of figures.
     """
@@ -268,7 +285,7 @@ class _EventFile:
             f".{os.getpid()}.{next(_event_file_ids)}"
         )
         self.path = os.path.join(directory, name)
-        self._records = tf.io.TFRecordWriter(self.path)
+        self._records = _record_writer(self.path)
         self._lock = threading.Lock()
         self._tags_seen = set()
         self._last_step = {}  # tag: the largest step written

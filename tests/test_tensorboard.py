@@ -89,6 +89,75 @@ def test_every_summary_reads_back_as_written(tmp_path):
     }
 
 
+# Writes a summary of every kind; run as a script, also says whether
+# TensorFlow got loaded.
+_WRITE_EVERY_KIND = """
+import sys
+
+from tensorboard.plugins.custom_scalar import layout_pb2
+
+from keras_scaling import _tensorboard
+
+
+def write(log_dir, png):
+    layout = layout_pb2.Layout(category=[layout_pb2.Category(title="scaling")])
+    _tensorboard.write_custom_scalars_layout(log_dir, layout)
+    _tensorboard.write_text(log_dir, 3, "throughput/setup", "| strategy | Mirrored |")
+    _tensorboard.write_image(log_dir, 0, "scaling/speedup_vs_replicas", png)
+    _tensorboard.write_scalars(log_dir, 5, {"scaling/speedup": 1.5})
+    _tensorboard.flush(log_dir)
+
+
+if __name__ == "__main__":
+    write(sys.argv[1], open(sys.argv[2], "rb").read())
+    print("tensorflow" in sys.modules)
+"""
+
+
+def _records(run_dir):
+    """The records of the one event file in `run_dir`, read by TensorFlow, which checks checksums."""
+    import tensorflow as tf
+
+    (name,) = _event_files(run_dir)
+    return [record.numpy() for record in tf.data.TFRecordDataset(os.path.join(run_dir, name))]
+
+
+def _without_wall_time(record):
+    from tensorboard.compat.proto import event_pb2
+
+    event = event_pb2.Event.FromString(record)
+    event.wall_time = 0
+    return event.SerializeToString()
+
+
+def test_a_process_without_tensorflow_writes_the_same_events_without_loading_it(tmp_path):
+    import tensorflow as tf  # noqa: F401 - this process writes with TensorFlow's writer
+
+    png = _png()
+    (tmp_path / "plot.png").write_bytes(png)
+    (tmp_path / "write.py").write_text(_WRITE_EVERY_KIND)
+    result = subprocess.run(
+        [sys.executable, "write.py", "without_tensorflow", "plot.png"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip() == "False", "the writing process loaded TensorFlow"
+    namespace = {"__name__": "write"}
+    exec(compile(_WRITE_EVERY_KIND, "write.py", "exec"), namespace)
+    namespace["write"](tmp_path / "with_tensorflow", png)
+
+    without = _records(_tensorboard.run_dir(tmp_path / "without_tensorflow"))
+    with_tensorflow = _records(_tensorboard.run_dir(tmp_path / "with_tensorflow"))
+    # The file version, the layout, the text, the image and the scalar.
+    assert len(without) == 5
+    assert [_without_wall_time(r) for r in without] == [
+        _without_wall_time(r) for r in with_tensorflow
+    ]
+
+
 def test_an_image_is_served_with_its_width_and_height(tmp_path):
     from tensorboard.backend.event_processing import event_accumulator
 

@@ -20,9 +20,9 @@ from keras_scaling.cli._errors import UsageError
 _TIMEOUT_S = 300
 
 
-def _bench(*args, cwd=None):
+def _bench(*args, cwd=None, python_options=()):
     return subprocess.run(
-        [sys.executable, "-m", "keras_scaling", "bench", *map(str, args)],
+        [sys.executable, *python_options, "-m", "keras_scaling", "bench", *map(str, args)],
         capture_output=True,
         text=True,
         timeout=_TIMEOUT_S,
@@ -272,9 +272,23 @@ def sweep(tmp_path_factory):
         "30",
         "--logdir",
         log_dir,
+        # Lists on stderr the modules that the command's own process imports.
+        python_options=("-X", "importtime"),
     )
     assert result.returncode == 0, result.stdout + result.stderr
     return log_dir, result
+
+
+def test_only_the_runs_load_tensorflow_not_the_command_that_starts_them(sweep):
+    log_dir, result = sweep
+    imported = [
+        line.rsplit("|", 1)[1].strip()
+        for line in result.stderr.splitlines()
+        if line.startswith("import time:")
+    ]
+    assert "keras_scaling.cli.bench" in imported
+    assert "tensorflow" not in imported
+    assert (log_dir / "replicas_2" / "throughput.json").exists()
 
 
 def _table_lines(stdout):
