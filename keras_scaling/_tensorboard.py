@@ -261,7 +261,7 @@ def _record_writer(path):
         return tf.io.TFRecordWriter(path)
     from tensorboard.summary.writer.record_writer import RecordWriter
 
-    return RecordWriter(open(path, "wb"))  # noqa: SIM115 - closed with the event file
+    return RecordWriter(open(path, "wb"))
 
 
 class _EventFile:
