@@ -5,6 +5,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 
 import keras
 
@@ -266,7 +267,7 @@ class ThroughputLogger(keras.callbacks.Callback):
         self._schedule.steps_per_execution = int(getattr(self.model, "steps_per_execution", 1) or 1)
         self._iterations_variable = None
         self._element_spec = None
-        self._iterator = None
+        self._iterator = _no_iterator
         self._hook = _train_function_hook.TrainFunctionHook(
             self.model,
             after=self._after_execution,
@@ -310,9 +311,13 @@ class ThroughputLogger(keras.callbacks.Callback):
     # Around each call of the train function.
 
     def _see_iterator(self, iterator):
-        if self._element_spec is None and not self._finished:
-            self._element_spec = getattr(iterator, "element_spec", None)
-            self._iterator = iterator
+        # Held weakly: each epoch's iterator is freed when Keras drops it, as
+        # it would be without this callback. Freeing an iterator can wait up
+        # to a minute for tf.data's autotuning thread to wake.
+        if self._iterator() is None and not self._finished:
+            if self._element_spec is None:
+                self._element_spec = getattr(iterator, "element_spec", None)
+            self._iterator = _weak_reference(iterator)
 
     def _after_execution(self):
         if self._finished:
@@ -440,7 +445,7 @@ class ThroughputLogger(keras.callbacks.Callback):
     def _set_up(self, iterations):
         info = self._info
         global_batch_size = _iterator_plan.global_batch_size(
-            self.global_batch_size, self._iterator, self._element_spec, info.num_replicas
+            self.global_batch_size, self._iterator(), self._element_spec, info.num_replicas
         )
         per_replica_batch_size = global_batch_size // info.num_replicas
         spec = _throughput_flops.one_replica_spec(self._element_spec, per_replica_batch_size)
@@ -546,7 +551,7 @@ class ThroughputLogger(keras.callbacks.Callback):
                 self._schedule.every_steps,
                 _run_record.THROUGHPUT_JSON,
             )
-        self._iterator = None
+        self._iterator = _no_iterator
 
     def _finish_at_exit(self):
         try:
@@ -581,10 +586,22 @@ class ThroughputLogger(keras.callbacks.Callback):
 
     def _input_samples_per_sec(self):
         """The input pipeline's samples/sec over all workers, or (None, why not)."""
-        samples_per_sec, reason = _input_probe.input_samples_per_sec(self._iterator)
+        samples_per_sec, reason = _input_probe.input_samples_per_sec(self._iterator())
         if samples_per_sec is not None:
             samples_per_sec *= self._setup["num_workers"]
         return samples_per_sec, reason
+
+
+def _no_iterator():
+    return None
+
+
+def _weak_reference(iterator):
+    """A callable returning `iterator` while it lives, then None."""
+    try:
+        return weakref.ref(iterator)
+    except TypeError:  # a type without weak references: held until the fit ends
+        return lambda: iterator
 
 
 def _enable_compat(model):

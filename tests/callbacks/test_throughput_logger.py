@@ -2,6 +2,7 @@
 
 import contextlib
 import csv
+import gc
 import itertools
 import json
 import logging
@@ -14,6 +15,7 @@ import time
 import types
 import urllib.parse
 import urllib.request
+import weakref
 
 import keras
 import numpy as np
@@ -507,6 +509,49 @@ def test_traces_of_the_train_step_are_counted_without_reaching_into_keras(tmp_pa
     model.fit(_dataset(256, 32), epochs=1, verbose=0, callbacks=[logger])
     assert traced_once >= 1
     assert _trace_count.traces(model) > traced_once
+
+
+class EpochIterators(keras.callbacks.Callback):
+    """Weak references to the iterator of each epoch, and which were freed by the next one."""
+
+    def __init__(self):
+        super().__init__()
+        self.iterators = []
+        self.alive_at_epoch_begin = []
+
+    def on_train_begin(self, logs=None):
+        self._hook = _train_function_hook.TrainFunctionHook(
+            self.model, after=lambda: None, before=self._see, owner=self.params
+        )
+        self._hook.attach()
+
+    def _see(self, iterator):
+        if not self.iterators or self.iterators[-1]() is not iterator:
+            self.iterators.append(weakref.ref(iterator))
+
+    def on_epoch_begin(self, epoch, logs=None):
+        gc.collect()
+        self.alive_at_epoch_begin.append([ref() is not None for ref in self.iterators])
+
+    def on_train_end(self, logs=None):
+        self._hook.detach()
+
+
+def test_the_iterators_of_ended_epochs_are_freed_during_the_fit(tmp_path):
+    # Freeing an old tf.data iterator waits for its autotuning thread: the
+    # logger must not keep the iterators of ended epochs until on_train_end.
+    model = _model()
+    logger = keras_scaling.ThroughputLogger(tmp_path, baseline=None, update_freq=2)
+    iterators = EpochIterators()
+    model.fit(_dataset(256, 16), epochs=4, verbose=0, callbacks=[logger, iterators])
+    assert len(iterators.iterators) == 4  # one per epoch, as Keras makes them
+    # fit's loop variable holds the last epoch's iterator until the next is used.
+    assert iterators.alive_at_epoch_begin[1:] == [
+        [True],
+        [False, True],
+        [False, False, True],
+    ]
+    assert _json(tmp_path)["global_batch_size"] == 16
 
 
 def test_baseline_none_writes_no_scaling_tags(tmp_path):
