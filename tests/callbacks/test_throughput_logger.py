@@ -554,6 +554,18 @@ def test_the_iterators_of_ended_epochs_are_freed_during_the_fit(tmp_path):
     assert _json(tmp_path)["global_batch_size"] == 16
 
 
+def test_an_iterator_without_weak_references_is_held_until_the_fit_ends():
+    from keras_scaling.callbacks import throughput
+
+    iterator = iter(_dataset(64, 16))
+    reference = throughput._weak_reference(iterator)
+    del iterator
+    gc.collect()
+    assert reference() is None
+    held = throughput._weak_reference(iter([1, 2]))  # list iterators take no weak references
+    assert next(held()) == 1
+
+
 def test_baseline_none_writes_no_scaling_tags(tmp_path):
     model = _model()
     logger = keras_scaling.ThroughputLogger(tmp_path, baseline=None, update_freq=2)
