@@ -538,7 +538,7 @@ class EpochIterators(keras.callbacks.Callback):
 
 
 def test_the_iterators_of_ended_epochs_are_freed_during_the_fit(tmp_path):
-    # Freeing an old tf.data iterator waits for its autotuning thread: the
+    # Freeing an old tf.data iterator can wait for its autotuning thread: the
     # logger must not keep the iterators of ended epochs until on_train_end.
     model = _model()
     logger = keras_scaling.ThroughputLogger(tmp_path, baseline=None, update_freq=2)
@@ -554,7 +554,7 @@ def test_the_iterators_of_ended_epochs_are_freed_during_the_fit(tmp_path):
     assert _json(tmp_path)["global_batch_size"] == 16
 
 
-def test_an_iterator_without_weak_references_is_held_until_the_fit_ends():
+def test_iterators_are_held_weakly_where_their_type_allows():
     from keras_scaling.callbacks import throughput
 
     iterator = iter(_dataset(64, 16))
