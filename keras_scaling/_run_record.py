@@ -277,8 +277,7 @@ def write_throughput_json(log_dir, record):
     path = os.path.join(os.fspath(log_dir), THROUGHPUT_JSON)
     temporary = f"{path}.tmp{os.getpid()}"
     with open(temporary, "w", encoding="utf-8") as file:
-        json.dump(record, file, indent=2, sort_keys=False)
-        file.write("\n")
+        file.write(json.dumps(record, indent=2, sort_keys=False) + "\n")
     os.replace(temporary, path)
     return path
 

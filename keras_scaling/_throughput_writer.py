@@ -75,18 +75,20 @@ class ThroughputWriter:
                     self.log_dir, dashboard.SCALAR_TAGS
                 )
             if step > self._last_written_step:
-                _tensorboard.write_scalars_fast(self.log_dir, step, scalars)
+                _tensorboard.write_scalars(self.log_dir, step, scalars)
                 self._last_written_step = step
 
         self._queue(write)
 
     def text(self, step, tag, markdown):
         """Writes a text summary."""
-        self._queue(lambda: _tensorboard.write_text(self.log_dir, step, tag, markdown))
+        self._queue(lambda: _tensorboard.write_text(self.log_dir, step, tag, markdown, flush=False))
 
     def layout(self, layout):
         """Writes the Custom Scalars layout."""
-        self._queue(lambda: _tensorboard.write_custom_scalars_layout(self.log_dir, layout))
+        self._queue(
+            lambda: _tensorboard.write_custom_scalars_layout(self.log_dir, layout, flush=False)
+        )
 
     def save_soon(self):
         """Has the thread save soon, or saves now when no fit is running."""

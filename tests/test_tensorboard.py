@@ -54,7 +54,7 @@ def test_scalars_text_image_and_layout_share_one_event_file(tmp_path):
     _tensorboard.write_custom_scalars_layout(log_dir, _layout())
     _tensorboard.write_text(log_dir, 0, "throughput/setup", "| a | b |")
     _tensorboard.write_scalars(log_dir, 1, {"throughput/samples_per_sec": 10.0})
-    _tensorboard.write_scalars_fast(log_dir, 2, {"throughput/samples_per_sec": 20.0})
+    _tensorboard.write_scalars(log_dir, 2, {"throughput/samples_per_sec": 20.0})
     _tensorboard.write_image(log_dir, 0, "scaling/speedup_vs_replicas", _png())
     _tensorboard.flush(log_dir)
 
@@ -87,6 +87,50 @@ def test_every_summary_reads_back_as_written(tmp_path):
     assert _tensorboard.read_scalars(_tensorboard.run_dir(tmp_path)) == {
         "scaling/speedup": [(5, 1.5)]
     }
+
+
+def _protobuf_scalar_event(wall_time, step, scalars, described):
+    """The event `write_scalars` writes, built with protobuf's own classes."""
+    from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, types_pb2
+    from tensorboard.plugins.scalar import metadata
+
+    values = []
+    for tag, number in scalars.items():
+        value = summary_pb2.Summary.Value(
+            tag=tag, tensor=tensor_pb2.TensorProto(dtype=types_pb2.DT_FLOAT, float_val=[number])
+        )
+        if tag in described:
+            value.metadata.CopyFrom(
+                metadata.create_summary_metadata(
+                    display_name=None, description=_tensorboard.TAG_DESCRIPTIONS.get(tag)
+                )
+            )
+        values.append(value)
+    return event_pb2.Event(
+        wall_time=wall_time, step=step, summary=summary_pb2.Summary(value=values)
+    )
+
+
+def test_scalar_events_are_the_events_protobuf_builds(tmp_path):
+    from tensorboard.compat.proto import event_pb2
+
+    first = {"throughput/samples_per_sec": 1234.5, "scaling/speedup": 1.75, "my/tag": -0.25}
+    later = {"throughput/samples_per_sec": 3.0e39, "scaling/speedup": float("nan"), "é/tag": 2.0}
+    _tensorboard.write_scalars(tmp_path, 7, first)
+    _tensorboard.write_scalars(tmp_path, 300, later)
+    _tensorboard.write_scalars(tmp_path, 2**40 + 3, {"my/tag": 1.0})
+    _tensorboard.flush(tmp_path)
+
+    header, *events = _records(_tensorboard.run_dir(tmp_path))
+    parsed = [event_pb2.Event.FromString(record) for record in events]
+    expected = [
+        _protobuf_scalar_event(parsed[0].wall_time, 7, first, described=set(first)),
+        _protobuf_scalar_event(parsed[1].wall_time, 300, later, described={"é/tag"}),
+        _protobuf_scalar_event(parsed[2].wall_time, 2**40 + 3, {"my/tag": 1.0}, described=()),
+    ]
+    assert events == [event.SerializeToString() for event in expected]
+    assert parsed[1].summary.value[0].tensor.float_val[0] == float("inf")
+    assert abs(time.time() - parsed[0].wall_time) < 60
 
 
 # Writes a summary of every kind; run as a script, also says whether
