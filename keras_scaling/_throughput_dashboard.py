@@ -100,4 +100,4 @@ def points_text(update_freq):
     """When points are written, as the set-up table says it."""
     if update_freq != "auto":
         return f"every {update_freq} steps"
-    return "every 10 steps, then as many as keep reading the counter under 0.25% of a step"
+    return "every 10 steps, then as many as keep reading the counter under 0.1% of a step"

@@ -26,7 +26,9 @@ class TrainFunctionHook:
     Args:
         model: the Keras model.
         after: callable without arguments, run after each call that returned.
-        before: callable taking the call's iterator, run before each call, or None.
+        before: callable taking the call's iterator, run before each call, or
+            None. It is the attribute `before`, which may be set (to None
+            too) while the hook is attached.
         on_error: callable without arguments, run when a call raises anything
             but the end of the data (Ctrl-C included), or None.
         owner: the fit that attached the hook (the `params` dict its callbacks
@@ -38,7 +40,7 @@ class TrainFunctionHook:
     def __init__(self, model, *, after, before=None, on_error=None, owner=None, on_abandoned=None):
         self.model = model
         self._after = after
-        self._before = before
+        self.before = before
         self._on_error = on_error
         self.owner = owner
         self._on_abandoned = on_abandoned
@@ -61,8 +63,9 @@ class TrainFunctionHook:
         def train_function(iterator):
             if hook._wrapper is not train_function:
                 return original(iterator)
-            if hook._before is not None:
-                hook._before(iterator)
+            before = hook.before
+            if before is not None:
+                before(iterator)
             try:
                 logs = original(iterator)
             except (StopIteration, tf.errors.OutOfRangeError):

@@ -426,6 +426,7 @@ class ReadSchedule:
     schedule.restart(iterations=3)   # the counter just read 3
     [schedule.count_execution() for _ in range(7)]   # due at step 10: the 7th call
     schedule.restart(iterations=10, warmup_steps=5)  # due at step 15
+    schedule.executions_until_due()   # 5 calls of one step each
     ```
     """
 
@@ -449,3 +450,12 @@ class ReadSchedule:
         """Counts one call of the train function; True when a read is due."""
         self._upper_bound += self.steps_per_execution
         return self._upper_bound >= self.next_read_iterations
+
+    def executions_until_due(self):
+        """Calls of the train function from here until a read is due: at least 1.
+
+        The `count_execution` that returns True is the one this many calls on;
+        a caller that only counts down need not call it for the calls before.
+        """
+        remaining = self.next_read_iterations - self._upper_bound
+        return max(1, -(-remaining // self.steps_per_execution))

@@ -4,6 +4,7 @@ import pytest
 
 from keras_scaling.throughput import (
     Interval,
+    ReadSchedule,
     ThroughputStats,
     ThroughputWindow,
     auto_update_freq,
@@ -19,6 +20,23 @@ class FakeClock:
     def advance(self, seconds):
         self.now_s += seconds
         return self.now_s
+
+
+@pytest.mark.parametrize("steps_per_execution", [1, 3, 7])
+@pytest.mark.parametrize("every_steps", [1, 10, 25])
+@pytest.mark.parametrize(("iterations", "warmup_steps"), [(0, 0), (4, 0), (10, 0), (3, 5), (3, 1)])
+def test_executions_until_due_is_the_call_at_which_count_execution_is_due(
+    steps_per_execution, every_steps, iterations, warmup_steps
+):
+    schedule = ReadSchedule(every_steps, steps_per_execution=steps_per_execution)
+    schedule.restart(iterations, warmup_steps)
+    countdown = schedule.executions_until_due()
+    calls = 1
+    while not schedule.count_execution():
+        calls += 1
+    assert countdown == calls
+    # Once due, the next read is due at once.
+    assert schedule.executions_until_due() == 1
 
 
 def test_interval_figures_come_from_steps_samples_and_time():

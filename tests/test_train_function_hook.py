@@ -71,6 +71,20 @@ def test_after_runs_once_per_call_and_before_sees_the_iterator():
     assert model.train_function is _keras_train_function
 
 
+def test_before_can_be_switched_off_and_on_while_attached():
+    seen = []
+    model = _model_with(_keras_train_function)
+    hook = TrainFunctionHook(model, after=lambda: None, before=seen.append)
+    hook.attach()
+    first, second, third = iter([1.0]), iter([2.0]), iter([3.0])
+    model.train_function(first)
+    hook.before = None
+    model.train_function(second)
+    hook.before = seen.append
+    model.train_function(third)
+    assert seen == [first, third]
+
+
 def test_errors_are_reported_but_the_end_of_the_data_is_not():
     errors = []
     model = _model_with(_keras_train_function)
