@@ -150,7 +150,7 @@ def check_log_dir(log_dir, parameter="log_dir", run=RUN):
 def write_scalars(log_dir, step, scalars, run=RUN):
     """Writes `{tag: number}` at `step` to `log_dir/scaling`, in one event.
 
-    The event is encoded in Python and written in this thread (a few
+    The event is encoded in Python and written in this thread (about twenty
     microseconds, where a `tf.summary.scalar` op costs about a millisecond),
     as the scalar plugin's float tensors. A tag's first event in the file
     carries its description from `TAG_DESCRIPTIONS`.
@@ -366,8 +366,8 @@ def _float_tensor(value):
 
 
 # Scalar events are encoded here rather than built as protobuf messages: in
-# Python, building an event of six scalars costs about 30 microseconds, its
-# bytes about 5. The layout is protobuf's wire format for the fields used,
+# Python, writing a point of six scalars took about 45 microseconds built
+# from protobuf's classes, and takes about 19 encoded here. The layout is protobuf's wire format for the fields used,
 # in field-number order (as protobuf writes them):
 #   Event: wall_time = 1 (double), step = 2 (varint), summary = 5
 #   Summary: value = 1 (repeated)

@@ -88,7 +88,7 @@ class ThroughputLogger(keras.callbacks.Callback):
       interval, widens the spacing to a round number of steps at which the
       reads take at most 0.1% of the measured step time (a read also idles
       the devices while the next step is dispatched: on steps of about a
-      millisecond, measuring costs about 0.3% in all).
+      millisecond, measuring costs at most about 0.3% in all).
     - Only time between train batches of one epoch counts: validation,
       checkpoints saved at the end of an epoch and the first execution of
       every epoch are left out. The first execution of each `fit` call,
