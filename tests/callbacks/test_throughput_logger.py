@@ -279,10 +279,12 @@ def test_steps_per_execution_counts_optimizer_steps(mirrored, tmp_path):
     assert [step for step, _ in written] == [16, 24, 32]
     times = dict((iterations, time_s) for time_s, iterations in recorder.points)
     # An independent clock over the same steps: counting executions instead
-    # of steps would be 4 times off.
+    # of steps would be 4 times off. The two clocks read a few milliseconds
+    # apart over intervals of a few milliseconds, so under load (other test
+    # processes beside this one) they can differ by more than half.
     for (previous, _), (step, steps_per_sec) in zip([(12, None)] + written, written):
         independent = (step - previous) / (times[step] - times[previous])
-        assert steps_per_sec == pytest.approx(independent, rel=0.5)
+        assert independent / 2 < steps_per_sec < independent * 2
     assert "scaling/speedup" not in _tags(tmp_path)
 
 
