@@ -2,11 +2,11 @@
 
 Keras skips `on_train_end` when another callback raises, and a notebook's
 process lives on: without this, figures measured so far would stay in a
-buffer. Saving here also keeps file writes off `fit`'s loop: a save runs
-`min_gap_s` (a second) after it is told there is news, and again at most
-once per `min_gap_s` seconds, so a run with short steps costs its loop a
-flag and an event, and news within the same second is saved in one go (a
-`fit` shorter than that saves only once, at its end).
+buffer. Saving here also keeps file writes off `fit`'s loop: the first save
+runs `first_gap_s` after the start, the next ones at least `min_gap_s` (a
+second) apart, each once there is news, so a run with short steps costs its
+loop a flag (and one wake of the thread per save), and news within the same
+second is saved in one go.
 
 One daemon thread per process runs every `BackgroundSave`: starting a thread
 for each `fit` cost the loop about a millisecond, waiting for it to start.
@@ -29,25 +29,29 @@ class BackgroundSave:
             is called again after `period_s` seconds without news.
         period_s: float, the time after which a save that returned False is
             tried again.
-        min_gap_s: float, the time from the start to the first save, and
-            the shortest time between two saves.
+        min_gap_s: float, the shortest time between two saves.
+        first_gap_s: float, the time from the start to the first save;
+            default None means `min_gap_s`.
     """
 
-    def __init__(self, save, *, period_s=2.0, min_gap_s=1.0):
+    def __init__(self, save, *, period_s=2.0, min_gap_s=1.0, first_gap_s=None):
         self._save = save
         self._period_s = period_s
         self._min_gap_s = min(min_gap_s, period_s)
         self._has_news = False
         self._retry_s = None  # when to save again without news
-        self._not_before_s = time.monotonic() + self._min_gap_s
+        if first_gap_s is None:
+            first_gap_s = self._min_gap_s
+        self._not_before_s = time.monotonic() + first_gap_s
         self._stopped = False
         self._saving = threading.Lock()  # held while its save runs
         _save_thread.add(self)
 
     def news(self):
-        """Marks that there is something new to save, and wakes the thread."""
-        self._has_news = True
-        _save_thread.wake()
+        """Marks that there is something new to save, and wakes the thread unless it knows."""
+        if not self._has_news:
+            self._has_news = True
+            _save_thread.wake()
 
     def stop(self):
         """Stops the saves and waits for one in progress, without a last save (the caller saves itself)."""

@@ -3,8 +3,10 @@
 Writes wait in a queue for the process's save thread (`_background_save`),
 which runs them soon after they arrive, rewrites `throughput.json` after each epoch
 and at most every `record_every_s` seconds, and flushes; `fit`'s loop only
-appends to the queue. `stop()` at the end of a `fit` runs what is left and
-leaves `throughput.json` complete.
+appends to the queue. The first save of each `fit` runs at once: it creates
+the event file and writes the set-up while training goes on, rather than
+leave those file operations to the end of a short `fit`. `stop()` at the end
+of a `fit` runs what is left and leaves `throughput.json` complete.
 """
 
 import threading
@@ -45,7 +47,7 @@ class ThroughputWriter:
     def start(self):
         """Starts saving in the background for a `fit`."""
         self._record_saved_s = time.monotonic()
-        self._saver = _background_save.BackgroundSave(self._save_in_background)
+        self._saver = _background_save.BackgroundSave(self._save_in_background, first_gap_s=0.0)
 
     def stop(self):
         """Stops saving in the background and saves what is left, throughput.json included."""
@@ -84,10 +86,12 @@ class ThroughputWriter:
         """Writes a text summary."""
         self._queue(lambda: _tensorboard.write_text(self.log_dir, step, tag, markdown, flush=False))
 
-    def layout(self, layout):
-        """Writes the Custom Scalars layout."""
+    def layout(self):
+        """Writes the Custom Scalars layout of `_throughput_dashboard`, built in the save thread."""
         self._queue(
-            lambda: _tensorboard.write_custom_scalars_layout(self.log_dir, layout, flush=False)
+            lambda: _tensorboard.write_custom_scalars_layout(
+                self.log_dir, dashboard.custom_scalars_layout(), flush=False
+            )
         )
 
     def save_soon(self):

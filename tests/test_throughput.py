@@ -356,6 +356,31 @@ def test_background_save_waits_its_gap_before_the_first_save_so_news_is_saved_to
     assert calls == []  # stop() leaves the last save to its caller
 
 
+def test_background_save_runs_its_first_save_after_first_gap_s_and_the_next_after_min_gap_s():
+    import threading
+    import time
+
+    from keras_scaling import _background_save
+
+    calls = []
+    saved = threading.Event()
+
+    def save():
+        calls.append(time.monotonic())
+        saved.set()
+
+    saver = _background_save.BackgroundSave(save, min_gap_s=30.0, first_gap_s=0.0)
+    try:
+        saver.news()
+        assert saved.wait(5)  # at once, not after the 30 s gap
+        saver.news()
+        saver.news()
+        time.sleep(0.3)
+        assert len(calls) == 1  # the next news waits for the gap
+    finally:
+        saver.stop()
+
+
 def test_background_saves_share_one_thread_and_stop_waits_for_a_save_in_progress():
     import threading
     import time

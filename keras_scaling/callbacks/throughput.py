@@ -105,8 +105,8 @@ class ThroughputLogger(keras.callbacks.Callback):
     - `log_dir/throughput.json` (steady-state median samples/sec over the
       whole run, step time percentiles, set-up, baseline, speedup, ideal and
       efficiency, each epoch's figure) is written before `fit` returns. While
-      it trains, a background thread writes the new points to the event
-      file and flushes about a second after each new figure, and rewrites
+      it trains, a background thread writes the set-up to the event file at
+      once, the new points about a second after each new figure, and rewrites
       `throughput.json` a second after each epoch and every 2 seconds
       while figures change, so `fit`'s loop does no file writes and nothing
       measured is lost however training stops (another callback raising,
@@ -518,7 +518,7 @@ class ThroughputLogger(keras.callbacks.Callback):
         ]
         with self._lock:
             self._writer.changed()
-        self._writer.layout(dashboard.custom_scalars_layout())
+        self._writer.layout()
         self._writer.text(iterations, dashboard.SETUP_TAG, dashboard.setup_markdown(rows))
 
     # Writing and saving.
