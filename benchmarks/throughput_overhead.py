@@ -35,8 +35,9 @@ decides a fit's time far more than any callback (see `_AUTOTUNE`).
 Goal: each of keras_scaling's callbacks within 1% of no callback in every
 row: "met" when the whole confidence interval of the median ratio is at
 most 1.01, "NOT met" when it is all above, "undecided" when it straddles
-1.01 (more rounds narrow it). The "no callback" row shows how far from 1.0
-a median lands with no difference at all. Each step length also prints the
+1.01 (more rounds narrow it), and "too few rounds" below 10 rounds (such as
+`--quick`), whose interval says nothing. The "no callback" row shows how far
+from 1.0 a median lands with no difference at all. Each step length also prints the
 time spent inside `ThroughputLogger`'s hooks as a share of its whole `fit`
 (the waits of its counter reads included), which load distorts far less,
 timed in fits of their own after the rounds, so that timing the hooks does
@@ -54,11 +55,13 @@ _GOAL_RATIO = 1.01
 # The pipeline has nothing for tf.data to tune. With autotuning on, freeing
 # each fit's iterator at the end of the fit waits for the autotuning thread's
 # next wake, whose period doubles from 10 ms: here a fit of 1.6 to 1.8 s
-# returned at 2.55 s (10 ms x (2^8 - 1)) in about half of the fits, with or
+# returned at 2.55 s (10 ms x (2^8 - 1)) in 9 to 11 of 16 fits, with or
 # without a callback, and a fit a little longer or shorter than another
 # lands on either side of such a boundary, which swamps a 1% difference.
 _AUTOTUNE = False
 _BOOTSTRAP_RESAMPLES = 2000
+# A bootstrap interval of fewer ratios than this says nothing (--quick runs 2).
+_FEWEST_ROUNDS_FOR_A_VERDICT = 10
 
 
 def parse_args(argv):
@@ -227,7 +230,7 @@ def main(argv=None):
                 quartiles = statistics.quantiles(ratios, n=4, method="inclusive")
                 goal = ""
                 if name in ours:
-                    goal = verdict(low, high)
+                    goal = verdict(low, high, len(ratios))
                     verdicts.append((label, row, median, low, high, goal))
                 elif row == "no callback":
                     goal = "(noise floor)"
@@ -270,8 +273,10 @@ def median_confidence_interval(ratios, seed=0):
     return medians[int(0.025 * len(medians))], medians[int(0.975 * len(medians)) - 1]
 
 
-def verdict(low, high):
+def verdict(low, high, rounds):
     """The goal's verdict ("met", "NOT met" or "undecided") from a median ratio's confidence interval."""
+    if rounds < _FEWEST_ROUNDS_FOR_A_VERDICT:
+        return "too few rounds"
     if high <= _GOAL_RATIO:
         return "met"
     if low > _GOAL_RATIO:
