@@ -234,7 +234,7 @@ def main(argv=None):
                     verdicts.append((label, row, median, low, high, goal))
                 elif row == "no callback":
                     goal = "(noise floor)"
-                    noise_floor.append(abs(median - 1))
+                    noise_floor.append((abs(median - 1), (high - low) / 2))
                 elif row != f"plain fit after {names[0]}":
                     goal = "(reference)"
                 print(
@@ -251,7 +251,10 @@ def main(argv=None):
         )
     print(
         f"\nnoise floor: the no-callback arm against itself landed up to "
-        f"{max(noise_floor):.1%} from 1.0"
+        f"{max(offset for offset, _ in noise_floor):.1%} from 1.0, with 95% intervals "
+        f"of up to ±{max(half_width for _, half_width in noise_floor):.1%}: a row whose "
+        f"interval is as wide cannot be decided at {_GOAL_RATIO - 1:.0%}; more rounds "
+        "or a quieter machine narrow it"
     )
     open_rows = [v for v in verdicts if v[5] != "met"]
     summary = "met in every row"
