@@ -234,7 +234,7 @@ def main(argv=None):
                     verdicts.append((label, row, median, low, high, goal))
                 elif row == "no callback":
                     goal = "(noise floor)"
-                    noise_floor.append((abs(median - 1), (high - low) / 2))
+                    noise_floor.append((label, abs(median - 1), (high - low) / 2))
                 elif row != f"plain fit after {names[0]}":
                     goal = "(reference)"
                 print(
@@ -249,12 +249,12 @@ def main(argv=None):
             f"{max(hook_shares):.2%}] over {len(hook_shares)} fits after the rounds; the "
             f"model's first fit with it, which counts its FLOPs once: {first_fit_share:.2%}"
         )
+    widths = ", ".join(f"±{half_width:.1%} ({label})" for label, _, half_width in noise_floor)
     print(
         f"\nnoise floor: the no-callback arm against itself landed up to "
-        f"{max(offset for offset, _ in noise_floor):.1%} from 1.0, with 95% intervals "
-        f"of up to ±{max(half_width for _, half_width in noise_floor):.1%}: a row whose "
-        f"interval is as wide cannot be decided at {_GOAL_RATIO - 1:.0%}; more rounds "
-        "or a quieter machine narrow it"
+        f"{max(offset for _, offset, _ in noise_floor):.1%} from 1.0, with 95% intervals "
+        f"of {widths}: a row about as wide is met only when its median is below "
+        f"{_GOAL_RATIO} minus that width (more rounds or a quieter machine narrow it)"
     )
     open_rows = [v for v in verdicts if v[5] != "met"]
     summary = "met in every row"
