@@ -277,7 +277,11 @@ def median_confidence_interval(ratios, seed=0):
 
 
 def verdict(low, high, rounds):
-    """The goal's verdict ("met", "NOT met" or "undecided") from a median ratio's confidence interval."""
+    """The goal's verdict from a median ratio's confidence interval and the rounds behind it.
+
+    "met", "NOT met", "undecided", or "too few rounds" when the interval
+    comes from fewer than `_FEWEST_ROUNDS_FOR_A_VERDICT` ratios.
+    """
     if rounds < _FEWEST_ROUNDS_FOR_A_VERDICT:
         return "too few rounds"
     if high <= _GOAL_RATIO:
