@@ -1,5 +1,6 @@
 """What `ThroughputLogger` shows in TensorBoard besides its scalars: charts and text."""
 
+import functools
 import os
 
 SCALAR_TAGS = frozenset(
@@ -20,11 +21,13 @@ SETUP_TAG = "throughput/setup"
 ADVICE_TAG = "throughput/advice"
 
 
+@functools.cache
 def custom_scalars_layout():
     """The Custom Scalars dashboard: speedup within its ideal, efficiency, throughput.
 
     Speedup is a margin chart whose band reaches up to the ideal speedup, so
     the two cannot be confused at a glance; ideal has a chart of its own too.
+    Built once per process (every run's is the same): do not modify it.
     """
     from tensorboard.plugins.custom_scalar import layout_pb2
 

@@ -4,8 +4,8 @@ Writes wait in a queue for the process's save thread (`_background_save`),
 which runs them soon after they arrive, rewrites `throughput.json` after each epoch
 and at most every `record_every_s` seconds, and flushes; `fit`'s loop only
 appends to the queue. The first save of each `fit` runs at once: it creates
-the event file and writes the set-up while training goes on, rather than
-leave those file operations to the end of a short `fit`. `stop()` at the end
+the run directory and the event file and writes the set-up while training
+goes on, rather than leave those file operations to the end of a short `fit`. `stop()` at the end
 of a `fit` runs what is left and leaves `throughput.json` complete.
 """
 
@@ -40,6 +40,9 @@ class ThroughputWriter:
         self._record_saved_s = time.monotonic()
         self._last_written_step = None
         self.last_step = 0
+        # Whether the run directory was there before the first save made it:
+        # only then can it hold steps written by an earlier run.
+        self._run_dir_was_there = None
         self._saver = None
         # Held while saving: by the thread, and at the end of a fit.
         self._save_lock = threading.Lock()
@@ -74,7 +77,7 @@ class ThroughputWriter:
         def write():
             if self._last_written_step is None:
                 self._last_written_step = _tensorboard.last_step_written(
-                    self.log_dir, dashboard.SCALAR_TAGS
+                    self.log_dir, dashboard.SCALAR_TAGS, earlier_files=self._run_dir_was_there
                 )
             if step > self._last_written_step:
                 _tensorboard.write_scalars(self.log_dir, step, scalars)
@@ -113,6 +116,8 @@ class ThroughputWriter:
                 revision = self._revision
                 behind = self._saved_revision != revision
                 record = self._record() if behind and record_now else None
+            if (writes or record is not None) and self._run_dir_was_there is None:
+                self._run_dir_was_there = not _tensorboard.make_run_dir(self.log_dir)
             for write in writes:
                 write()
             if record is not None:

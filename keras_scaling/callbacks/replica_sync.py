@@ -200,12 +200,12 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
         super().set_model(model)
         self._num_replicas = None
         self._step_counter = None
-        compat.enable_for(self._strategy())
+        compat._enable_for_quietly(self._strategy())
 
     def on_train_begin(self, logs=None):
         devices.warn_if_keras_distribution_set()
         _train_function_hook.abandon_other_fits(self.model, self.params)
-        compat.enable_for(self._strategy())
+        compat._enable_for_quietly(self._strategy())
         self._check_and_act()
         if not self._single_replica():
             self._hook = _train_function_hook.TrainFunctionHook(

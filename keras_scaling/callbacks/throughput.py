@@ -208,7 +208,7 @@ class ThroughputLogger(keras.callbacks.Callback):
         clock=time.perf_counter,
     ):
         super().__init__()
-        self.log_dir = _tensorboard.check_log_dir(log_dir)
+        self.log_dir = _tensorboard.check_log_dir_can_be_made(log_dir)
         if isinstance(update_freq, str):
             update_freq = _validation.one_of(update_freq, "update_freq", ("auto",))
         else:
@@ -625,4 +625,4 @@ def _weak_reference(iterator):
 def _enable_compat(model):
     from keras_scaling import compat
 
-    compat.enable_for(model.distribute_strategy)
+    compat._enable_for_quietly(model.distribute_strategy)

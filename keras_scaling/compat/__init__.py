@@ -332,22 +332,35 @@ def enable_for(strategy, model=None):
             )
     ```
     """
+    _enable_for_quietly(strategy, model)
+    return status()
+
+
+def _enable_for_quietly(strategy, model=None):
+    """`enable_for` without building its `CompatStatus`, for the callbacks, which discard it.
+
+    Probing every fix for the status costs tens of microseconds, paid at
+    every `fit` by the callbacks, which call this instead.
+
+    Args:
+        strategy: a `tf.distribute.Strategy`.
+        model: a Keras model, or `None` (the default).
+    """
     import tensorflow as tf
 
     if not isinstance(strategy, tf.distribute.Strategy):
         raise TypeError(f"strategy must be a tf.distribute.Strategy, got {type(strategy).__name__}")
     if _topology.num_replicas(strategy) < 2:
-        return status()
+        return
     _warn_about_multi_worker_metrics(strategy)
     with _lock:
         if _env_disables():
             _log_env_notice_once()
-            return status()
+            return
         wanted = [fix for fix in _FIXES if fix.NAME not in _disabled_by_user]
         _log_applied(_apply(wanted))
         if model is not None:
             _rebuild_functions_built_without_fix(model)
-        return status()
 
 
 _MULTI_WORKER_METRICS_WARNING = (
