@@ -285,6 +285,37 @@ def test_last_step_written_counts_unflushed_writes_and_the_files_of_earlier_runs
     assert _tensorboard.last_step_written(tmp_path, tags) == 15  # not flushed yet
 
 
+def test_last_step_written_without_earlier_files_counts_only_this_process(tmp_path):
+    directory = _tensorboard.run_dir(tmp_path)
+    earlier = _tensorboard._EventFile(directory)  # as if left by an earlier process
+    earlier.write_values(12, [("throughput/samples_per_sec", _float_tensor(1.0))], _no_metadata)
+    earlier.flush()
+    tags = {"throughput/samples_per_sec"}
+    _tensorboard.write_scalars(tmp_path, 4, {"throughput/samples_per_sec": 1.0})
+
+    assert _tensorboard.last_step_written(tmp_path, tags, earlier_files=False) == 4
+    assert _tensorboard.last_step_written(tmp_path, tags) == 12
+
+
+def test_a_log_dir_is_checked_without_being_made_then_made_once(tmp_path):
+    log_dir = tmp_path / "new" / "logs"
+
+    assert _tensorboard.check_log_dir_can_be_made(log_dir) == str(log_dir)
+    assert not (tmp_path / "new").exists()
+    assert _tensorboard.make_run_dir(log_dir) is True
+    assert os.path.isdir(_tensorboard.run_dir(log_dir))
+    assert _tensorboard.make_run_dir(log_dir) is False
+
+
+def test_a_log_dir_under_a_file_is_refused_before_anything_is_made(tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    with pytest.raises(ValueError, match=r"log_dir=.*cannot be created \(Not a directory\)"):
+        _tensorboard.check_log_dir_can_be_made(blocker / "logs")
+    with pytest.raises(TypeError, match="log_dir must be a path"):
+        _tensorboard.check_log_dir_can_be_made(3)
+
+
 def _float_tensor(value):
     from tensorboard.compat.proto import tensor_pb2, types_pb2
 

@@ -86,3 +86,37 @@ def test_a_step_written_by_an_earlier_run_is_not_written_again(tmp_path):
     resumed.scalars(20, {"throughput/samples_per_sec": 2.0})
     resumed.scalars(40, {"throughput/samples_per_sec": 4.0})
     assert _points(tmp_path) == [(30, 1.0), (40, 4.0)]
+
+
+def test_a_step_in_a_run_directory_left_by_another_process_is_not_written_again(tmp_path):
+    # An event file this process did not open: the writer finds the directory
+    # there and reads it back.
+    left = _tensorboard._EventFile(_tensorboard.run_dir(tmp_path))
+    left.write_values(30, [("throughput/samples_per_sec", _float_tensor(1.0))], _no_metadata)
+    left.flush()
+    figures = _Figures()
+    resumed = ThroughputWriter(str(tmp_path), figures.record, figures.lock)
+    resumed.scalars(20, {"throughput/samples_per_sec": 2.0})
+    resumed.scalars(40, {"throughput/samples_per_sec": 4.0})
+    assert _points(tmp_path) == [(30, 1.0), (40, 4.0)]
+
+
+def test_the_first_save_makes_the_run_directory(tmp_path):
+    log_dir = tmp_path / "logs"
+    figures = _Figures()
+    writer = ThroughputWriter(str(log_dir), figures.record, figures.lock)
+    assert not log_dir.exists()
+    writer.scalars(10, {"throughput/samples_per_sec": 1.0})
+    assert _points(log_dir) == [(10, 1.0)]
+
+
+def _float_tensor(value):
+    from tensorboard.compat.proto import tensor_pb2, types_pb2
+
+    return tensor_pb2.TensorProto(dtype=types_pb2.DT_FLOAT, float_val=[value])
+
+
+def _no_metadata(display_name, description):
+    from tensorboard.compat.proto import summary_pb2
+
+    return summary_pb2.SummaryMetadata()

@@ -642,6 +642,18 @@ def test_unwritable_log_dir_is_refused(tmp_path):
         keras_scaling.ThroughputLogger(blocker / "logs")
 
 
+def test_a_new_log_dir_is_made_by_the_fit_not_by_the_constructor(tmp_path):
+    log_dir = tmp_path / "new" / "logs"
+    logger = keras_scaling.ThroughputLogger(
+        log_dir, baseline=None, update_freq=5, global_batch_size=16
+    )
+    assert not (tmp_path / "new").exists()
+    x, y = _arrays(512)
+    _model().fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[logger])
+    assert _json(log_dir)["samples_per_sec"] > 0
+    assert _tensorboard.read_scalars(_tensorboard.run_dir(log_dir))["throughput/samples_per_sec"]
+
+
 def test_error_in_a_step_still_writes_throughput_json(tmp_path):
     x, y = _arrays(4096)
 
