@@ -5,8 +5,9 @@ which runs them soon after they arrive, rewrites `throughput.json` after each ep
 and at most every `record_every_s` seconds, and flushes; `fit`'s loop only
 appends to the queue. The first save of each `fit` runs at once: it creates
 the run directory and the event file and writes the set-up while training
-goes on, rather than leave those file operations to the end of a short `fit`. `stop()` at the end
-of a `fit` runs what is left and leaves `throughput.json` complete.
+goes on, rather than leave those file operations to the end of a short
+`fit`. `stop()` at the end of a `fit` runs what is left and leaves
+`throughput.json` complete.
 """
 
 import threading
@@ -40,8 +41,8 @@ class ThroughputWriter:
         self._record_saved_s = time.monotonic()
         self._last_written_step = None
         self.last_step = 0
-        # Whether the run directory was there before the first save made it:
-        # only then can it hold steps written by an earlier run.
+        # Whether the run directory existed before the first save (None until
+        # then): only then can it hold steps written by an earlier run.
         self._run_dir_was_there = None
         self._saver = None
         # Held while saving: by the thread, and at the end of a fit.
