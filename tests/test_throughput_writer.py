@@ -1,5 +1,6 @@
 """ThroughputLogger's writer: points and throughput.json written by a thread of its own."""
 
+import os
 import threading
 import time
 
@@ -101,13 +102,19 @@ def test_a_step_in_a_run_directory_left_by_another_process_is_not_written_again(
     assert _points(tmp_path) == [(30, 1.0), (40, 4.0)]
 
 
-def test_the_first_save_makes_the_run_directory(tmp_path):
+def test_the_first_save_makes_the_log_directory_even_for_the_record_alone(tmp_path):
+    # No point written: nothing but the writer's first save makes the
+    # directory that throughput.json goes to.
     log_dir = tmp_path / "logs"
     figures = _Figures()
     writer = ThroughputWriter(str(log_dir), figures.record, figures.lock)
     assert not log_dir.exists()
-    writer.scalars(10, {"throughput/samples_per_sec": 1.0})
-    assert _points(log_dir) == [(10, 1.0)]
+    with figures.lock:
+        figures.startup_time_s = 1.5
+        writer.changed()
+    writer.save()
+    assert _startup_in_json(log_dir) == 1.5
+    assert os.path.isdir(_tensorboard.run_dir(log_dir))
 
 
 def _float_tensor(value):
