@@ -198,6 +198,22 @@ def read_int(variable):
     return int(variable.numpy())
 
 
+def work_done_on_return(device_kind):
+    """Whether a call of a `tf.function` on `device_kind` devices returns only once their work is done.
+
+    CPU kernels run within the call under eager's synchronous execution (the
+    default), so a read right after it waits for nothing; a GPU or TPU call
+    returns once its work is queued, and the next read waits for that work.
+
+    Args:
+        device_kind: `"CPU"`, `"GPU"` or `"TPU"`, as in `describe_strategy`.
+
+    Returns:
+        bool.
+    """
+    return device_kind == "CPU" and tf.config.experimental.get_synchronous_execution()
+
+
 def step_counter(model):
     """The optimizer's step counter of a compiled `model`, read from one copy.
 

@@ -394,6 +394,7 @@ class ThroughputLogger(keras.callbacks.Callback):
         self._schedule.restart(iterations, warmup_steps)
 
     def _measure(self):
+        read_start_s = None if self._calibrated else self._clock()
         iterations = self._read_iterations()
         now_s = self._clock()
         traces = _trace_count.traces(self.model)
@@ -408,7 +409,7 @@ class ThroughputLogger(keras.callbacks.Callback):
         if interval is not None:
             self._add(interval)
             if not self._calibrated:
-                self._calibrate(interval.step_time_s, work_start_s=now_s)
+                self._calibrate(interval.step_time_s, read_start_s, work_start_s=now_s)
         self._schedule.restart(iterations)
         if interval is not None and len(self._stats) == _ADVICE_AFTER_INTERVALS:
             self._advise()
@@ -433,18 +434,23 @@ class ThroughputLogger(keras.callbacks.Callback):
                 self._writer.changed()
         self._write(scalars, interval.end_iterations)
 
-    def _calibrate(self, step_time_s, work_start_s):
+    def _calibrate(self, step_time_s, read_start_s, work_start_s):
         """Spaces the reads of `update_freq="auto"` by what one measurement costs.
 
-        The first read of a measurement waits for the devices' queued work,
-        which is training, not cost; a second read right after it costs what
-        a read costs.
+        A measurement costs its read of the step counter and the work after
+        it. Where the devices are done when the train function returns (CPU),
+        the measurement's own read costs what a read costs. Elsewhere that
+        read also waits for the devices' queued work, which is training, not
+        cost, so a second read right after it is timed.
         """
         self._calibrated = True
         work_s = self._clock() - work_start_s
-        read_start_s = self._clock()
-        self._read_iterations()
-        read_s = self._clock() - read_start_s
+        if _topology.work_done_on_return(self._info.device_kind):
+            read_s = work_start_s - read_start_s
+        else:
+            read_start_s = self._clock()
+            self._read_iterations()
+            read_s = self._clock() - read_start_s
         self._schedule.every_steps = auto_update_freq(
             step_time_s,
             work_s + read_s,

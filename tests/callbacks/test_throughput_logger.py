@@ -481,6 +481,44 @@ def test_arrays_with_a_partial_last_batch_ask_for_global_batch_size(mirrored, tm
 # --- one replica ------------------------------------------------------------------
 
 
+def _counter_reads(monkeypatch):
+    """The values of the step counter that `ThroughputLogger` reads, in order."""
+    from keras_scaling import _topology
+
+    reads = []
+    read_int = _topology.read_int
+
+    def counted(variable):
+        reads.append(read_int(variable))
+        return reads[-1]
+
+    monkeypatch.setattr(_topology, "read_int", counted)
+    return reads
+
+
+@pytest.mark.parametrize("synchronous", [True, False], ids=["synchronous", "asynchronous"])
+def test_auto_update_freq_times_a_second_read_only_where_the_first_waits_for_queued_work(
+    tmp_path, monkeypatch, synchronous
+):
+    # Under eager's synchronous execution, a CPU step is done when the train
+    # function returns: the measuring read costs what a read costs. Without
+    # it, that read waits for the step, and a second read is timed.
+    reads = _counter_reads(monkeypatch)
+    model = _model()
+    logger = keras_scaling.ThroughputLogger(tmp_path, baseline=None, clock=FakeClock())
+    tf.config.experimental.set_synchronous_execution(synchronous)
+    try:
+        model.fit(_dataset(512, 8), epochs=1, verbose=0, callbacks=[logger])
+    finally:
+        tf.config.experimental.set_synchronous_execution(True)
+    # Reads: the first execution, the end of the warm-up (5 steps), the first
+    # point on the floor of 10 steps; then the calibrated spacing, which the
+    # fake clock's 1 ms per reading makes longer than this fit.
+    first_point = [1, 6, 10]
+    assert reads == (first_point if synchronous else first_point + [10])
+    assert _steps(tmp_path) == [10]
+
+
 def test_one_replica_auto_is_its_own_baseline_and_advises_once(tmp_path, caplog):
     caplog.set_level(logging.WARNING, logger="keras_scaling")
     model = _model()
