@@ -96,16 +96,18 @@ def parse_args(argv):
 
 def main(argv=None):
     args = parse_args(argv)
-    import keras_scaling
-
-    if args.replicas > 1:
-        keras_scaling.use_logical_cpus(args.replicas)
     import keras
     import tensorflow as tf
 
+    import keras_scaling
+
+    # Before the logical CPUs: making them initialises TensorFlow's runtime,
+    # whose thread pools are fixed from then on.
     if args.threads:
         tf.config.threading.set_intra_op_parallelism_threads(args.threads)
         tf.config.threading.set_inter_op_parallelism_threads(args.threads)
+    if args.replicas > 1:
+        keras_scaling.use_logical_cpus(args.replicas)
     strategy = keras_scaling.auto_strategy()
     scratch = tempfile.mkdtemp(prefix="throughput_overhead_")
     run_index = [0]

@@ -7,6 +7,7 @@ TensorBoard scalars).
 """
 
 import logging
+import weakref
 
 import keras
 import tensorflow as tf
@@ -28,6 +29,12 @@ logger = logging.getLogger("keras_scaling")
 
 ON_DIVERGENCE_MODES = ("raise", "warn", "resync")
 _SCALAR_TAGS = frozenset({"replica_sync/max_abs_diff", "replica_sync/diverged_variables"})
+# The checker of each model, shared by the callbacks that check it with the
+# same settings, so that its compiled function is traced once per model rather
+# than once per callback (a new callback in each `fit` would pay it at each
+# start). Keyed weakly: a checker holds the variables and the strategy, not
+# the model.
+_checkers_by_model = weakref.WeakKeyDictionary()
 
 
 class ReplicaDivergenceError(RuntimeError):
@@ -88,7 +95,10 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
       compiled function (any change of a single element, even by one ulp,
       changes the fingerprint); only the small table of fingerprints crosses
       to the host, and only variables whose fingerprints differ are
-      gathered in full to measure how they differ.
+      gathered in full to measure how they differ. The compiled function is
+      traced at a model's first check and shared by every `ReplicaSyncCheck`
+      of that model with the same settings, so a new callback in each `fit`
+      does not trace it again.
 
     Under `MultiWorkerMirroredStrategy` the fingerprint table is gathered
     across workers, so every worker reaches the same verdict at the same
@@ -193,6 +203,7 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
         self._said_single_replica = False
         self._warned_per_replica_state = False
         self._hook = None
+        self._execution_steps = 1
 
     # Hooks.
 
@@ -208,6 +219,9 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
         compat._enable_for_quietly(self._strategy())
         self._check_and_act()
         if not self._single_replica():
+            # Read once: reading a model's attribute costs microseconds, and
+            # the hook runs at every call.
+            self._execution_steps = self._steps_per_execution()
             self._hook = _train_function_hook.TrainFunctionHook(
                 self.model,
                 after=self._after_execution,
@@ -218,6 +232,7 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch, logs=None):
         if self._hook is not None:
+            self._execution_steps = self._steps_per_execution()
             self._hook.attach()  # again, in case the train function was rebuilt
 
     def _after_execution(self):
@@ -232,7 +247,7 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
             # most one optimizer step (fewer with gradient accumulation): the
             # counter is read (tens of microseconds) only once this upper
             # bound reaches the next multiple.
-            self._step_upper_bound += self._steps_per_execution()
+            self._step_upper_bound += self._execution_steps
             if self._step_upper_bound // self.every_n_steps <= last // self.every_n_steps:
                 return
         step = self._current_step()
@@ -343,16 +358,28 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
             # listing them again walks every layer at every check.
             return self._checker
         variables = replica_state.tracked_variables(self.model, optimizer)
-        key = tuple(id(v.variable) for v in variables)
+        # The checker holds the variables and the strategy, so their ids stay
+        # theirs while it is kept.
+        key = (
+            tuple(id(v.variable) for v in variables),
+            id(strategy),
+            self.atol,
+            self.rtol,
+            self.per_replica_state,
+        )
         self._checker_optimizer = optimizer
         if key != self._checker_key:
-            self._checker = replica_state.ReplicaStateChecker(
-                strategy,
-                variables,
-                atol=self.atol,
-                rtol=self.rtol,
-                per_replica_state=self.per_replica_state,
-            )
+            shared_key, checker = _checkers_by_model.get(self.model, (None, None))
+            if shared_key != key:
+                checker = replica_state.ReplicaStateChecker(
+                    strategy,
+                    variables,
+                    atol=self.atol,
+                    rtol=self.rtol,
+                    per_replica_state=self.per_replica_state,
+                )
+                _checkers_by_model[self.model] = (key, checker)
+            self._checker = checker
             self._checker_key = key
             single = _tracked_variables.single_copy_paths(self.model, optimizer)
             if single:

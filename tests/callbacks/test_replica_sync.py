@@ -5,6 +5,7 @@ Divergences are injected by assigning to one replica's copy of a variable
 a layer that assigns to an aggregation-"none" weight in `call`.
 """
 
+import gc
 import json
 import logging
 import os
@@ -12,6 +13,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import weakref
 
 import keras
 import numpy as np
@@ -19,6 +21,7 @@ import pytest
 import tensorflow as tf
 
 from keras_scaling import _tensorboard, replica_state
+from keras_scaling.callbacks import replica_sync
 from keras_scaling.callbacks.replica_sync import ReplicaDivergenceError, ReplicaSyncCheck
 
 pytestmark = pytest.mark.logical_cpus(2)
@@ -157,6 +160,56 @@ def test_later_fits_reuse_the_traced_check_and_the_train_function(strategy):
     assert check._checker._fingerprint_function is fingerprint_function
     assert fingerprint_function.experimental_get_tracing_count() == 1
     assert check.last_report.step == 8 and check.last_report.ok
+
+
+def test_a_new_callback_on_the_same_model_reuses_its_traced_check_and_still_sees_changes(
+    strategy,
+):
+    model = _mlp(strategy, optimizer="adam")
+    x, y = _regression_data(32)
+    first = ReplicaSyncCheck(every_n_steps=2)
+    model.fit(x, y, batch_size=8, callbacks=[first], verbose=0)
+    fingerprint_function = first._checker._fingerprint_function
+    second = ReplicaSyncCheck(every_n_steps=3)
+    model.fit(x, y, batch_size=8, callbacks=[second], verbose=0)
+    assert second._checker is first._checker
+    assert fingerprint_function.experimental_get_tracing_count() == 1
+    assert second.last_report.step == 8 and second.last_report.ok
+    # The shared function reads the copies as they are now.
+    bias = model.layers[-1].bias
+    strategy.experimental_local_results(bias.value)[1].assign([0.25])
+    report = second.check()
+    assert [v.path for v in report.divergences] == [bias.path]
+    assert fingerprint_function.experimental_get_tracing_count() == 1
+
+
+def test_other_settings_and_other_models_get_checkers_of_their_own(strategy):
+    model = _mlp(strategy)
+    x, y = _regression_data(32)
+    bitwise = ReplicaSyncCheck()
+    model.fit(x, y, batch_size=8, callbacks=[bitwise], verbose=0)
+    tolerant = ReplicaSyncCheck(atol=1e-6)
+    model.fit(x, y, batch_size=8, callbacks=[tolerant], verbose=0)
+    assert tolerant._checker is not bitwise._checker
+    assert (tolerant._checker.atol, bitwise._checker.atol) == (1e-6, 0.0)
+    other_model = _mlp(strategy)
+    other = ReplicaSyncCheck()
+    other_model.fit(x, y, batch_size=8, callbacks=[other], verbose=0)
+    assert other._checker is not bitwise._checker
+    assert {id(v.variable) for v in other._checker.variables}.isdisjoint(
+        id(v.variable) for v in bitwise._checker.variables
+    )
+
+
+def test_the_shared_checker_does_not_keep_its_model_alive(strategy):
+    model = _mlp(strategy)
+    x, y = _regression_data(32)
+    model.fit(x, y, batch_size=8, callbacks=[ReplicaSyncCheck()], verbose=0)
+    assert model in replica_sync._checkers_by_model
+    model_reference = weakref.ref(model)
+    del model
+    gc.collect()
+    assert model_reference() is None
 
 
 # --- injected divergences are caught and named --------------------------------
