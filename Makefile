@@ -6,11 +6,11 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 # Device counts of the tests marked logical_cpus(N): tests/run_sessions.py
-# runs the files marked with each N in processes split into N logical CPUs,
-# and fails,
-# naming the file, on an N not listed here. TEST_JOBS: processes at a time
-# (default: the number of cores).
-TEST_DEVICE_COUNTS := 2 3 4
+# runs the files marked with each N in a process split into N logical CPUs,
+# beside the tests on one device, and fails, naming the file, on an N not
+# listed here (a test that needs 3 replicas uses 3 of the 4). TEST_JOBS:
+# processes for the tests on one device (default: the number of cores).
+TEST_DEVICE_COUNTS := 2 4
 TEST_JOBS ?=
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 

@@ -41,7 +41,7 @@ def pytest_addoption(parser):
     parser.addoption(
         "--device-counts",
         default=None,
-        help="the counts N that other processes run (such as '2 3 4'): a test "
+        help="the counts N that other processes run (such as '2 4'): a test "
         "marked logical_cpus(N) with another N is an error",
     )
 

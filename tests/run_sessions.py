@@ -4,18 +4,20 @@ TensorFlow fixes its logical devices once per process. So:
 
 1. the unmarked tests run in one pytest session on one device, spread over
    `--jobs` worker processes a file at a time (pytest-xdist);
-2. then, for each count N, the test files marked `logical_cpus(N)` run in one
-   more session, in up to `--jobs` worker processes split into N logical
-   CPUs, a file at a time. A file marked with a count not in
-   `--device-counts` fails the run, named, before anything runs.
+2. beside it, for each count N in turn, the test files marked
+   `logical_cpus(N)` run in one more session, in one process split into N
+   logical CPUs. Their output is shown when the first session ends. A file
+   marked with a count not in `--device-counts` fails the run, named, before
+   anything runs.
 
 Starting TensorFlow costs each process seconds of CPU time, so the files of
-a count share their processes (tests/conftest.py keeps their
-MirroredStrategy objects from clashing). Most tests wait on processes of
-their own or on Python, about one core's work at a time, so `--jobs`
-defaults to the number of cores. The run fails when any session failed.
+a count share their process (tests/conftest.py keeps their MirroredStrategy
+objects from clashing). Many tests of the first session wait on processes
+of their own or sleep, so `--jobs` defaults to the number of cores and the
+marked sessions take the cores those waits leave idle. The run fails when
+any session failed.
 
-Usage: python tests/run_sessions.py [--jobs N] [--device-counts "2 3 4"] [PYTEST ARGS...]
+Usage: python tests/run_sessions.py [--jobs N] [--device-counts "2 4"] [PYTEST ARGS...]
 """
 
 import argparse
@@ -23,6 +25,8 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -80,10 +84,26 @@ def _workers(jobs):
     return ["-n", str(jobs), "--dist", "loadfile"] if jobs > 1 else []
 
 
-def _pytest(arguments, extra):
+def _pytest(arguments, extra, output=None):
     start_s = time.monotonic()
-    result = subprocess.run([sys.executable, "-m", "pytest", *arguments, *extra], cwd=ROOT)
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", *arguments, *extra],
+        cwd=ROOT,
+        stdout=output,
+        stderr=subprocess.STDOUT if output is not None else None,
+    )
     return result.returncode, time.monotonic() - start_s
+
+
+def _run_in_turn(sessions, extra, results, stop):
+    """Runs `sessions` one after another until `stop` is set, appending (name, status, s, output) to `results`."""
+    for name, arguments in sessions:
+        if stop.is_set():
+            return
+        with tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace") as output:
+            returncode, duration_s = _pytest(arguments, extra, output)
+            output.seek(0)
+            results.append((name, returncode, duration_s, output.read()))
 
 
 def _passed(returncode):
@@ -93,7 +113,7 @@ def _passed(returncode):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--device-counts", default="2 3 4")
+    parser.add_argument("--device-counts", default="2 4")
     args, pytest_args = parser.parse_known_args(argv)
     if args.jobs < 1:
         parser.error(f"--jobs must be a positive integer, got {args.jobs}")
@@ -106,26 +126,39 @@ def main(argv=None):
     failed = []
     run_start_s = time.monotonic()
 
-    sessions = [
-        (
-            "tests on 1 device",
-            ["tests", "--logical-cpus=1", f"--device-counts={args.device_counts}"],
-            args.jobs,
-        )
-    ] + [
-        (
-            f"tests on {count} logical CPUs",
-            [*files, f"--logical-cpus={count}", "-q"],
-            min(args.jobs, len(files)),
-        )
+    marked = [
+        (f"tests on {count} logical CPUs", [*files, f"--logical-cpus={count}", "-q"])
         for count, files in marked_sessions
     ]
-    for name, arguments, jobs in sessions:
-        print(f"== {name} ==", flush=True)
-        returncode, duration_s = _pytest([*arguments, *_workers(jobs)], pytest_args)
+    marked_results, stop = [], threading.Event()
+    marked_lane = threading.Thread(
+        target=_run_in_turn, args=(marked, pytest_args, marked_results, stop), daemon=True
+    )
+    marked_lane.start()
+    name = "tests on 1 device"
+    print(f"== {name} ==", flush=True)
+    try:
+        returncode, duration_s = _pytest(
+            [
+                "tests",
+                "--logical-cpus=1",
+                f"--device-counts={args.device_counts}",
+                *_workers(args.jobs),
+            ],
+            pytest_args,
+        )
         print(f"== {name} took {duration_s:.0f} s ==", flush=True)
         if not _passed(returncode):
             failed.append(name)
+        marked_lane.join()
+    finally:
+        stop.set()
+    for name, returncode, duration_s, output in marked_results:
+        print(f"== {name} ==\n{output}== {name} took {duration_s:.0f} s ==", flush=True)
+        if not _passed(returncode):
+            failed.append(name)
+    # A session the lane did not finish (it raised) fails the run too.
+    failed += [name for name, _ in marked[len(marked_results) :]]
 
     total_s = time.monotonic() - run_start_s
     if failed:

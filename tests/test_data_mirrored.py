@@ -1,4 +1,8 @@
-"""distribute() under a real MirroredStrategy over 2, 3 and 4 logical CPUs."""
+"""distribute() under a real MirroredStrategy of 2, 3 and 4 replicas.
+
+The 3-replica strategies use 3 of the 4 logical CPUs of the process that
+runs the tests marked logical_cpus(4).
+"""
 
 import keras
 import numpy as np
@@ -73,14 +77,14 @@ def test_every_sample_once_on_4_replicas(last_batch):
     _check_coverage(4, last_batch)
 
 
-@pytest.mark.logical_cpus(3)
+@pytest.mark.logical_cpus(4)
 def test_drop_gives_every_replica_a_full_static_batch():
     plan, steps = _check_coverage(3, "drop", per_replica_batch_size=32)
     assert (plan.steps_per_epoch, plan.samples_dropped_per_epoch) == (10, 41)
     assert {parts[0].shape for replicas in steps for parts in replicas} == {(32,)}
 
 
-@pytest.mark.logical_cpus(3)
+@pytest.mark.logical_cpus(4)
 def test_drop_declares_static_shapes():
     dataset = data.distribute(
         (np.zeros((100, 5)), np.zeros(100)), strategy=_mirrored(3), per_replica_batch_size=8
@@ -88,7 +92,7 @@ def test_drop_declares_static_shapes():
     assert [spec.shape.as_list() for spec in dataset.element_spec] == [[24, 5], [24]]
 
 
-@pytest.mark.logical_cpus(3)
+@pytest.mark.logical_cpus(4)
 def test_pad_fills_the_last_batch_with_zero_weight_rows():
     plan, steps = _check_coverage(3, "pad", per_replica_batch_size=32)
     assert (plan.steps_per_epoch, plan.samples_padded_per_epoch) == (11, 55)
@@ -98,7 +102,7 @@ def test_pad_fills_the_last_batch_with_zero_weight_rows():
     assert {parts[0].shape for replicas in steps for parts in replicas} == {(32,)}
 
 
-@pytest.mark.logical_cpus(3)
+@pytest.mark.logical_cpus(4)
 def test_partial_keeps_the_smaller_last_batch():
     plan, steps = _check_coverage(3, "partial", per_replica_batch_size=32)
     assert plan.steps_per_epoch == 11
@@ -112,7 +116,7 @@ def _linear_model():
     return model
 
 
-@pytest.mark.logical_cpus(3)
+@pytest.mark.logical_cpus(4)
 def test_evaluate_on_padded_data_counts_every_sample_once():
     rng = np.random.default_rng(0)
     x = rng.normal(size=(NUM_EXAMPLES, 4)).astype("float32")
@@ -132,7 +136,7 @@ def test_evaluate_on_padded_data_counts_every_sample_once():
     assert results["loss"] == pytest.approx(true_mse * NUM_EXAMPLES / padded_rows, rel=1e-5)
 
 
-@pytest.mark.logical_cpus(3)
+@pytest.mark.logical_cpus(4)
 def test_fit_evaluate_and_predict_run_under_the_strategy():
     rng = np.random.default_rng(1)
     x = rng.normal(size=(300, 4)).astype("float32")
@@ -156,7 +160,7 @@ def test_fit_evaluate_and_predict_run_under_the_strategy():
     np.testing.assert_allclose(predictions[:300], model(x).numpy(), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.logical_cpus(3)
+@pytest.mark.logical_cpus(4)
 def test_same_seed_same_order_and_new_order_each_epoch():
     strategy = _mirrored(3)
     ids = np.arange(300)
@@ -183,14 +187,14 @@ def test_same_seed_same_order_and_new_order_each_epoch():
     assert epoch_orders(seed=8)[0] != first
 
 
-@pytest.mark.logical_cpus(3)
+@pytest.mark.logical_cpus(4)
 def test_per_replica_batch_is_derived_from_the_global_batch():
     plan = data.describe(np.arange(99), strategy=_mirrored(3), global_batch_size=33)
     assert (plan.per_replica_batch_size, plan.num_replicas, plan.steps_per_epoch) == (11, 3, 3)
     assert data.global_batch_size(11, _mirrored(3)) == 33
 
 
-@pytest.mark.logical_cpus(3)
+@pytest.mark.logical_cpus(4)
 def test_global_batch_not_divisible_by_the_replicas_is_refused():
     with pytest.raises(
         ValueError, match="global_batch_size=100 is not divisible by the 3 replicas"
@@ -198,7 +202,7 @@ def test_global_batch_not_divisible_by_the_replicas_is_refused():
         data.distribute(np.arange(200), strategy=_mirrored(3), global_batch_size=100)
 
 
-@pytest.mark.logical_cpus(3)
+@pytest.mark.logical_cpus(4)
 def test_the_strategy_defaults_to_the_one_in_scope():
     strategy = _mirrored(3)
     with strategy.scope():

@@ -33,17 +33,18 @@ def test_use_logical_cpus_rejects_non_integers(bad):
         keras_scaling.use_logical_cpus(bad)
 
 
-@pytest.mark.logical_cpus(3)
+@pytest.mark.logical_cpus(4)
 def test_auto_strategy_mirrors_over_logical_cpus(caplog):
     caplog.set_level("INFO", logger="keras_scaling")
     strategy = keras_scaling.auto_strategy()
     assert isinstance(strategy, tf.distribute.MirroredStrategy)
-    assert strategy.num_replicas_in_sync == 3
-    assert "3 logical CPUs" in caplog.text
+    assert strategy.num_replicas_in_sync == 4
+    assert "4 logical CPUs" in caplog.text
 
 
-@pytest.mark.logical_cpus(3)
+@pytest.mark.logical_cpus(4)
 def test_describe_strategy_names_devices_and_counts():
+    # Three of the process's four logical CPUs: the strategy's, not the process's.
     strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1", "/cpu:2"])
     info = keras_scaling.describe_strategy(strategy)
     assert (info.kind, info.num_workers, info.num_replicas) == ("MirroredStrategy", 1, 3)
