@@ -249,6 +249,10 @@ def test_processes_started_by_workers_are_stopped_too(tmp_path):
             with open(os.path.join(sys.argv[1], f"child{index}"), "w") as file:
                 file.write(str(child.pid))
             if index == 1:
+                # Fails only once worker 0 has started its child too.
+                child0 = os.path.join(sys.argv[1], "child0")
+                while not (os.path.exists(child0) and os.path.getsize(child0)):
+                    time.sleep(0.05)
                 sys.exit(2)
             child.wait()
             """
