@@ -229,7 +229,10 @@ def test_py_dataset_read_by_processes_gives_every_sample_once():
 
 
 def test_py_dataset_pass_given_up_early_does_not_end_the_epoch():
-    py_dataset = sources.TaggedItems()
+    # Far more items than the pipeline reads ahead (about 10 of these in a
+    # probe), which can reach the end of a smaller dataset before the
+    # peeking iterator is dropped.
+    py_dataset = sources.TaggedItems(num_items=64)
     dataset = data.distribute(py_dataset, global_batch_size=8)
     next(iter(dataset))  # as a model build peeks at a first batch
     list(dataset)

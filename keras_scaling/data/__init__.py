@@ -159,7 +159,10 @@ def distribute(
               `workers`, `use_multiprocessing` and `max_queue_size`; every
               item must have item 0's structure and sample shapes, and all
               but the last its batch size. `on_epoch_begin` and
-              `on_epoch_end` are called around every epoch, as Keras does;
+              `on_epoch_end` are called around every epoch, as Keras does
+              (`on_epoch_end` once every item is read: a pass given up
+              early ends no epoch, unless the pipeline's read-ahead, a few
+              global batches, already read every item of a smaller dataset);
             - a generator function yielding samples, with `output_signature`
               (and best `num_samples`);
             - a list of TFRecord file paths, with `parse_fn`. The files are

@@ -200,7 +200,9 @@ def sample_stream(source, item_indices, *, shuffle, seed):
     called when a pass starts and `on_epoch_end` when a pass has read every
     item, so they come in pairs, once per epoch: a pass given up early (a
     first batch peeked at to build the model) does not end the epoch, and
-    the next pass does not begin another.
+    the next pass does not begin another. The pipeline reads ahead (a few global
+    batches, in buffers): a pass given up early on a smaller dataset may have
+    read every item, and then ends its epoch.
     """
     item_indices = list(item_indices)
     epochs = itertools.count()

@@ -50,18 +50,19 @@ def write_all(directory):
 
 
 class TaggedItems(keras.utils.PyDataset):
-    """NUM_PY_ITEMS batches of ids; counts its epochs as Keras would call them."""
+    """`num_items` batches of ids; counts its epochs as Keras would call them."""
 
-    def __init__(self, **kwargs):
+    def __init__(self, num_items=NUM_PY_ITEMS, **kwargs):
         super().__init__(**kwargs)
+        self.num_items = num_items
         self.epochs_begun = 0
         self.epochs_ended = 0
 
     def __len__(self):
-        return NUM_PY_ITEMS
+        return self.num_items
 
     def __getitem__(self, index):
-        size = PY_LAST_ITEM_SIZE if index == NUM_PY_ITEMS - 1 else PY_ITEM_SIZE
+        size = PY_LAST_ITEM_SIZE if index == self.num_items - 1 else PY_ITEM_SIZE
         ids = np.arange(index * PY_ITEM_SIZE, index * PY_ITEM_SIZE + size)
         return ids.astype("float32")[:, None], ids.astype("float32")
 
