@@ -15,10 +15,10 @@ a count share their process (tests/conftest.py keeps their MirroredStrategy
 objects from clashing). Many tests of the first session wait on processes
 of their own or sleep, so `--jobs` defaults to the number of cores and the
 marked sessions take the cores those waits leave idle. The largest count
-runs first: its session is the shortest and ends waiting on the iterators it
-frees, which leaves a core to the other sessions at the start of the run;
-run last, those waits left a core idle for about 20 s at the end. The run
-fails when any session failed.
+runs first: in this suite its session is the shortest, and it ends waiting
+on the iterators it frees; run first, those waits leave a core to the other
+sessions, while run last they left a core idle for about 20 s at the end.
+The run fails when any session failed.
 
 Usage: python tests/run_sessions.py [--jobs N] [--device-counts "2 4"] [PYTEST ARGS...]
 """
