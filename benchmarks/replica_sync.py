@@ -20,6 +20,12 @@ Runs on a MirroredStrategy over 2 logical CPUs and prints, side by side:
    return of `fit` (where Keras releases the epoch's iterator), with and
    without the callback.
 
+3. The fingerprint itself, today's against the plain sum of 64-bit words
+   it replaced (which did not see permutations or changes that cancel):
+   one compiled function in which each replica fingerprints its copy of
+   every variable of the MLP and of ResNet50 with Adam, the two variants
+   in alternating rounds, median time of each and the ratio of medians.
+
 Goals: the check at least 10 times cheaper than the naive way on ResNet50;
 `fit` with the callback at its default frequency within 1% of `fit`
 without it (ratio of medians), and the plain `fit` after it too. On a
@@ -30,6 +36,7 @@ Usage:
     python benchmarks/replica_sync.py               # full run
     python benchmarks/replica_sync.py --rounds 11   # more rounds
     python benchmarks/replica_sync.py --quick       # smoke run, small sizes
+    python benchmarks/replica_sync.py --fingerprints-only --rounds 15
 """
 
 import argparse
@@ -44,7 +51,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from keras_scaling import replica_state  # noqa: E402
+from keras_scaling import _fingerprint, replica_state  # noqa: E402
 from keras_scaling.callbacks.replica_sync import ReplicaSyncCheck  # noqa: E402
 
 # Goal of the fit rows: within 1% of fit without the callback.
@@ -118,6 +125,60 @@ def compare_check_costs(strategy, name, make_model, repeats):
         f"{naive_s * 1e3:.1f} ms   naive / check: {naive_s / check_s:.1f}x"
     )
     return naive_s / check_s
+
+
+def sum_of_words_table(tensors):
+    """The fingerprint this project used before: the 64-bit words summed, position-blind."""
+    constants = _fingerprint._SharedConstants()
+    return tf.stack(
+        [
+            tf.reduce_sum(_fingerprint._words(tf.convert_to_tensor(t), constants), constants(0))
+            for t in tensors
+        ]
+    )
+
+
+def fingerprint_all_function(strategy, variables, table):
+    """A compiled function in which every replica fingerprints its copy of each variable."""
+    tf_variables = [v.variable for v in variables]
+
+    @tf.function(autograph=False)
+    def fingerprint_all():
+        return strategy.run(lambda: table([tf.identity(v) for v in tf_variables]))
+
+    def run():
+        for row in strategy.experimental_local_results(fingerprint_all()):
+            row.numpy()
+
+    return run
+
+
+def compare_fingerprints(strategy, name, make_model, rounds):
+    """Median time of today's fingerprint and of the sum of words, alternating rounds."""
+    model = build(strategy, make_model)
+    variables = replica_state.tracked_variables(model, model.optimizer)
+    variants = {
+        "sum of words (before)": fingerprint_all_function(strategy, variables, sum_of_words_table),
+        "position-mixed (now)": fingerprint_all_function(
+            strategy, variables, _fingerprint.fingerprint_table
+        ),
+    }
+    times = {label: [] for label in variants}
+    for run in variants.values():
+        run()  # traces and compiles
+    labels = list(variants)
+    for round_index in range(rounds):
+        for label in labels if round_index % 2 == 0 else labels[::-1]:
+            start = time.perf_counter()
+            variants[label]()
+            times[label].append(time.perf_counter() - start)
+    medians = {label: statistics.median(values) for label, values in times.items()}
+    print(f"{name}: fingerprints of {len(variables)} variables on every replica, {rounds} rounds")
+    for label, values in times.items():
+        print(f"  {label:<22} median {medians[label] * 1e3:.2f} ms, spread {spread(values)}")
+    before, now = (medians[label] for label in labels)
+    print(f"  now / before: {now / before:.2f} (ratio of medians)")
+    return now / before
 
 
 class _EndTime(keras.callbacks.Callback):
@@ -208,9 +269,20 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true", help="smoke run with small sizes")
     parser.add_argument("--rounds", type=int, default=None, help="alternating rounds of fit")
     parser.add_argument("--steps", type=int, default=None, help="steps per fit")
+    parser.add_argument(
+        "--fingerprints-only",
+        action="store_true",
+        help="only compare today's fingerprint with the sum of words it replaced",
+    )
     args = parser.parse_args(argv)
     strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
     print(f"{keras_scaling.describe_strategy(strategy)}\n")
+    fingerprint_rounds = args.rounds or (5 if args.quick else 15)
+    compare_fingerprints(strategy, "MLP ~1M", mlp_1m, fingerprint_rounds)
+    if not args.quick:
+        compare_fingerprints(strategy, "ResNet50", resnet50, fingerprint_rounds)
+    if args.fingerprints_only:
+        return
     repeats = 3 if args.quick else 7
     compare_check_costs(strategy, "MLP ~1M", mlp_1m, repeats)
     if not args.quick:

@@ -81,6 +81,50 @@ def test_fingerprint_changes_when_an_element_becomes_nan():
     assert fingerprints[0] != fingerprints[1]
 
 
+def _with_words_changed(array, changes):
+    """`array` with its 64-bit words `{index: delta}` changed by `delta`, modulo 2**64."""
+    changed = np.array(array, copy=True)
+    words = changed.reshape(-1).view(np.uint64)
+    for index, delta in changes.items():
+        words[index] = (int(words[index]) + delta) % 2**64
+    return changed
+
+
+def test_fingerprint_changes_when_two_elements_trade_places():
+    array = np.random.default_rng(3).normal(size=(16, 8)).astype(np.float32)
+    swapped = array.copy()
+    # Both are the low halves of their 64-bit words.
+    swapped[2, 4], swapped[11, 0] = array[11, 0], array[2, 4]
+    # The plain sum of 64-bit words this fingerprint replaced cannot see it.
+    assert array.view(np.uint64).sum(dtype=np.uint64) == swapped.view(np.uint64).sum(
+        dtype=np.uint64
+    )
+    table = _fingerprint.fingerprint_table([tf.constant(array), tf.constant(swapped)])
+    assert table[0] != table[1]
+
+
+@pytest.mark.parametrize("k", [1, 2**20, 2**40 + 7, 2**62])
+def test_fingerprint_changes_when_two_words_change_by_plus_and_minus_k(k):
+    array = np.random.default_rng(4).normal(size=(8, 8)).astype(np.float64)
+    cancelling = _with_words_changed(array, {3: k, 40: -k})
+    table = _fingerprint.fingerprint_table([tf.constant(array), tf.constant(cancelling)])
+    assert table[0] != table[1]
+
+
+def test_fingerprint_sees_every_swap_of_two_elements_of_a_small_kernel():
+    array = np.random.default_rng(5).normal(size=(6, 5)).astype(np.float64)
+    flat = array.reshape(-1)
+    swaps = [(i, j) for i in range(flat.size) for j in range(i + 1, flat.size)]
+    tensors = [tf.constant(array)]
+    for i, j in swaps:
+        swapped = flat.copy()
+        swapped[i], swapped[j] = flat[j], flat[i]
+        tensors.append(tf.constant(swapped.reshape(array.shape)))
+    table = _fingerprint.fingerprint_table(tensors).numpy()
+    assert np.count_nonzero(table[1:] == table[0]) == 0
+    assert len(set(table.tolist())) == len(tensors)
+
+
 # --- comparing copies ---------------------------------------------------------
 
 
@@ -415,6 +459,41 @@ def test_checker_fingerprints_each_replicas_own_copy(strategy):
     index = [v.path for v in variables].index(kernel.path)
     differing = np.flatnonzero(table[0] != table[1])
     assert differing.tolist() == [index]
+
+
+@pytest.mark.logical_cpus(2)
+def test_checker_sees_two_elements_of_a_kernel_swapped_on_one_replica(strategy):
+    model = _model(strategy, synchronized=True)
+    kernel = model.layers[0].kernel
+    copies = strategy.experimental_local_results(kernel.value)
+    values = copies[1].numpy()
+    values[0, 0], values[3, 2] = values[3, 2], values[0, 0]
+    assert values[0, 0] != values[3, 2]
+    copies[1].assign(values)
+    checker = replica_state.ReplicaStateChecker(strategy, replica_state.tracked_variables(model))
+
+    (diverged,) = checker.check(step=3).divergences
+
+    assert diverged.path == kernel.path
+    assert diverged.devices == (strategy.extended.worker_devices[1],)
+
+
+@pytest.mark.logical_cpus(2)
+def test_checker_sees_two_elements_whose_bits_change_by_plus_and_minus_k_on_one_replica(
+    strategy,
+):
+    model = _model(strategy, synchronized=True)
+    kernel = model.layers[0].kernel  # float32 [4, 3]: six 64-bit words
+    copies = strategy.experimental_local_results(kernel.value)
+    k = 2**33 + 5
+    changed = _with_words_changed(copies[1].numpy(), {0: k, 4: -k})
+    copies[1].assign(changed)
+    checker = replica_state.ReplicaStateChecker(strategy, replica_state.tracked_variables(model))
+
+    (diverged,) = checker.check(step=3).divergences
+
+    assert diverged.path == kernel.path
+    assert diverged.difference.num_differing_elements == 4
 
 
 @pytest.mark.logical_cpus(2)
