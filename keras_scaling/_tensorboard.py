@@ -6,10 +6,13 @@ writes: TensorBoard expects one writer per run directory, and its Python
 loader (`--load_fast=false`), watching a run live, moves on to the newest
 event file of a directory and never reads the others again. So every
 summary of a run directory (scalars, text, images, the Custom Scalars layout)
-goes into ONE event file per process, built in Python and written without
-TensorFlow summary ops.
+goes into ONE event file per process at a time, written by TensorBoard's
+own event file writer without TensorFlow summary ops. A callback holds the
+file for the length of a `fit` (`hold`, `release`): the last release closes
+it, and so does the process's exit.
 """
 
+import atexit
 import collections
 import errno
 import glob
@@ -91,8 +94,11 @@ TAG_DESCRIPTIONS = {
     ),
 }
 
-_lock = threading.Lock()
-_event_files = {}
+# Held by every write, flush, open and close of an event file (an RLock: a
+# write may open the file it writes to).
+_lock = threading.RLock()
+_event_files = {}  # run directory: its open _EventFile
+_holds = {}  # run directory: how many holds keep its file open
 _event_file_ids = itertools.count()
 
 
@@ -212,10 +218,9 @@ def _check_writable(directory, parameter, log_dir):
 def write_scalars(log_dir, step, scalars, run=RUN):
     """Writes `{tag: number}` at `step` to `log_dir/scaling`, in one event.
 
-    The event is encoded in Python and written in this thread (about twenty
-    microseconds, where a `tf.summary.scalar` op costs about a millisecond),
-    as the scalar plugin's float tensors. A tag's first event in the file
-    carries its description from `TAG_DESCRIPTIONS`.
+    The values are the scalar plugin's float32 tensors; a tag's first event
+    in the file carries its description from `TAG_DESCRIPTIONS`. The event
+    is queued for the event file's writer thread (see `_EventFile`).
 
     Args:
         log_dir: str or path, the log directory.
@@ -223,7 +228,8 @@ def write_scalars(log_dir, step, scalars, run=RUN):
         scalars: dict from tag to a number.
         run: str, the run directory under `log_dir`; default `"scaling"`.
     """
-    _event_file(log_dir, run).write_scalars(step, scalars)
+    values = [(tag, _float_tensor(value)) for tag, value in scalars.items()]
+    _write_values(log_dir, run, step, values, scalar_metadata.create_summary_metadata)
 
 
 def write_text(log_dir, step, tag, markdown, run=RUN, flush=True):
@@ -241,10 +247,7 @@ def write_text(log_dir, step, tag, markdown, run=RUN, flush=True):
     from tensorboard.plugins.text import metadata
 
     tensor = _string_tensor([markdown.encode("utf-8")], shape=[])
-    event_file = _event_file(log_dir, run)
-    event_file.write_values(step, [(tag, tensor)], metadata.create_summary_metadata)
-    if flush:
-        event_file.flush()
+    _write_values(log_dir, run, step, [(tag, tensor)], metadata.create_summary_metadata, flush)
 
 
 def write_image(log_dir, step, tag, png_bytes, run=RUN):
@@ -267,9 +270,7 @@ def write_image(log_dir, step, tag, png_bytes, run=RUN):
     tensor = _string_tensor(
         [str(width).encode(), str(height).encode(), bytes(png_bytes)], shape=[3]
     )
-    event_file = _event_file(log_dir, run)
-    event_file.write_values(step, [(tag, tensor)], metadata.create_summary_metadata)
-    event_file.flush()
+    _write_values(log_dir, run, step, [(tag, tensor)], metadata.create_summary_metadata, True)
 
 
 def write_custom_scalars_layout(log_dir, layout, run=RUN, flush=True):
@@ -284,73 +285,191 @@ def write_custom_scalars_layout(log_dir, layout, run=RUN, flush=True):
     from tensorboard.plugins.custom_scalar import metadata
 
     tensor = _string_tensor([layout.SerializeToString()], shape=[])
-    event_file = _event_file(log_dir, run)
-    event_file.write_values(
+    _write_values(
+        log_dir,
+        run,
         0,
         [(metadata.CONFIG_SUMMARY_TAG, tensor)],
         lambda display_name, description: metadata.create_summary_metadata(),
+        flush,
     )
-    if flush:
-        event_file.flush()
 
 
 def flush(log_dir, run=RUN):
-    """Flushes the event file of `log_dir/scaling`, if this process opened one.
+    """Flushes the event file of `log_dir/scaling`, if this process has one open.
 
     Args:
         log_dir: str or path, the log directory.
         run: str, the run directory under `log_dir`; default `"scaling"`.
     """
     with _lock:
-        event_file = _event_files.get(os.path.abspath(run_dir(log_dir, run)))
+        event_file = _event_files.get(_key(log_dir, run))
+        if event_file is not None:
+            event_file.flush()
+
+
+def hold(log_dir, run=RUN):
+    """Keeps the event file of `log_dir/run` open until the matching `release`.
+
+    A callback holds its log directory for the length of a `fit` (and
+    releases it when that `fit` ends, however it ends), so that the file
+    opened by the first write of the `fit` is closed at its end. Holds
+    count: the file of a directory two callbacks write to stays open until
+    both released it.
+
+    Args:
+        log_dir: str or path, the log directory.
+        run: str, the run directory under `log_dir`; default `"scaling"`.
+    """
+    key = _key(log_dir, run)
+    with _lock:
+        _holds[key] = _holds.get(key, 0) + 1
+
+
+def release(log_dir, run=RUN):
+    """Ends one `hold` of `log_dir/run`; the last one flushes and closes its event file.
+
+    A release without a hold is ignored, so a callback may release again on
+    every path by which a `fit` ends.
+
+    Args:
+        log_dir: str or path, the log directory.
+        run: str, the run directory under `log_dir`; default `"scaling"`.
+    """
+    key = _key(log_dir, run)
+    with _lock:
+        count = _holds.get(key, 0)
+        if count > 1:
+            _holds[key] = count - 1
+            return
+        _holds.pop(key, None)
+        if count == 1:
+            _close(key)
+
+
+def close_all():
+    """Flushes and closes every event file this process has open (also run at exit)."""
+    with _lock:
+        _holds.clear()
+        for key in list(_event_files):
+            _close(key)
+
+
+def open_event_files():
+    """The paths of the event files this process has open now.
+
+    Returns:
+        A list of str.
+    """
+    with _lock:
+        return [event_file.path for event_file in _event_files.values()]
+
+
+def _close(key):
+    event_file = _event_files.pop(key, None)
     if event_file is not None:
-        event_file.flush()
+        event_file.close()
 
 
-def _record_writer(path):
-    """A TFRecord writer of `path`: TensorFlow's, which checksums in C++, once TensorFlow is loaded.
+def _key(log_dir, run):
+    return os.path.abspath(run_dir(log_dir, run))
+
+
+def _write_values(log_dir, run, step, values, create_metadata, flush=False):
+    """Writes `[(tag, TensorProto)]` as one event, under the lock of every write and flush."""
+    key = _key(log_dir, run)
+    with _lock:
+        event_file = _event_files.get(key)
+        if event_file is None:
+            event_file = _event_files[key] = _EventFile(key)
+        event_file.write_values(step, values, create_metadata)
+        if flush:
+            event_file.flush()
+
+
+class _SynchronousWriter:
+    """TensorBoard's record framing into a file, without TensorFlow and without a thread.
 
     A process that has not loaded TensorFlow (the parent of `keras-scaling
-    bench`, which writes a plot and a table) frames its few records with
-    TensorBoard's Python writer, rather than spend seconds loading TensorFlow.
+    bench`, which writes a plot and a table) writes its few events with it:
+    TensorBoard's `EventFileWriter` opens its file through TensorFlow's file
+    system layer, and so loads TensorFlow, which takes seconds.
     """
-    if "tensorflow" in sys.modules:
-        import tensorflow as tf
 
-        return tf.io.TFRecordWriter(path)
-    from tensorboard.summary.writer.record_writer import RecordWriter
+    def __init__(self, path, flush_secs):
+        from tensorboard.summary.writer.record_writer import RecordWriter
 
-    return RecordWriter(open(path, "wb"))
+        self._records = RecordWriter(open(path, "wb"))
+        self._flush_secs = flush_secs
+        self._flushed_at = time.monotonic()
+        self.add_event(_file_version_event())
+        self.flush()
+
+    def add_event(self, event):
+        self._records.write(event.SerializeToString())
+        if time.monotonic() - self._flushed_at >= self._flush_secs:
+            self.flush()
+
+    def flush(self):
+        self._records.flush()
+        self._flushed_at = time.monotonic()
+
+    def close(self):
+        self._records.flush()
+        self._records.close()
+
+
+def _file_version_event():
+    """The first event of a file, as TensorBoard's `EventFileWriter` writes it."""
+    return event_pb2.Event(
+        wall_time=time.time(),
+        file_version="brain.Event:2",
+        source_metadata=event_pb2.SourceMetadata(
+            writer="tensorboard.summary.writer.event_file_writer"
+        ),
+    )
 
 
 class _EventFile:
-    """One event file, written directly, without a thread of its own.
+    """One event file of this process, written by TensorBoard's own writer.
 
-    Event files are TFRecord files, and `tf.io.TFRecordWriter` frames and
-    checksums each record in C++. TensorBoard's `EventFileWriter` instead
-    hands each event to a writer thread that computes checksums in Python,
-    competing for the GIL with training (`_record_writer` says when Python
-    framing is used all the same). It is flushed on a write at least
-    `_FLUSH_EVERY_S` seconds after the last flush, so a process that is
-    killed loses at most the last seconds of figures.
+    Once TensorFlow is loaded (in every training process) that is
+    `tensorboard.summary.writer.event_file_writer.EventFileWriter`: the
+    caller builds and serializes the event, and TensorBoard's writer thread
+    frames, checksums and writes it, so a write costs its caller a few
+    microseconds whatever thread it is on. Its thread flushes at least every
+    `_FLUSH_EVERY_S` seconds, so a process that is killed loses at most the
+    last seconds of figures. Every write, flush and close happens under the
+    module's `_lock`, so the callbacks that share the file (on `fit`'s thread
+    and on the save thread) never interleave.
     """
 
     _FLUSH_EVERY_S = 5.0
 
     def __init__(self, directory):
         os.makedirs(directory, exist_ok=True)
-        name = (
-            f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}"
-            f".{os.getpid()}.{next(_event_file_ids)}"
-        )
-        self.path = os.path.join(directory, name)
-        self._records = _record_writer(self.path)
-        self._lock = threading.Lock()
+        # A suffix of its own names the file, which EventFileWriter does not
+        # say: last_step_written tells this process's file from earlier ones.
+        suffix = f".keras_scaling.{next(_event_file_ids)}"
+        if "tensorflow" in sys.modules:
+            from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+            self._writer = EventFileWriter(
+                directory,
+                max_queue_size=100,
+                flush_secs=self._FLUSH_EVERY_S,
+                filename_suffix=suffix,
+            )
+            (self.path,) = glob.glob(os.path.join(directory, f"events.out.tfevents.*{suffix}"))
+        else:
+            self.path = os.path.join(
+                directory,
+                f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}"
+                f".{os.getpid()}.0{suffix}",
+            )
+            self._writer = _SynchronousWriter(self.path, self._FLUSH_EVERY_S)
         self._tags_seen = set()
         self._last_step = {}  # tag: the largest step written
-        self._flushed_at = time.monotonic()
-        self._write(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2"))
-        self.flush()
 
     def write_values(self, step, tensors, create_metadata):
         """Writes `[(tag, TensorProto)]` as one event at `step`.
@@ -358,130 +477,35 @@ class _EventFile:
         `create_metadata(display_name=, description=)` gives a tag's plugin
         metadata, which TensorBoard needs on the tag's first event only.
         """
-        with self._lock:
-            values = []
-            for tag, tensor in tensors:
-                value = summary_pb2.Summary.Value(tag=tag, tensor=tensor)
-                if tag not in self._tags_seen:
-                    value.metadata.CopyFrom(
-                        create_metadata(display_name=None, description=TAG_DESCRIPTIONS.get(tag))
-                    )
-                    self._tags_seen.add(tag)
-                values.append(value)
-                self._last_step[tag] = max(self._last_step.get(tag, -1), int(step))
-            self._write(
-                event_pb2.Event(
-                    wall_time=time.time(),
-                    step=int(step),
-                    summary=summary_pb2.Summary(value=values),
-                )
-            )
-
-    def write_scalars(self, step, scalars):
-        """Writes `{tag: number}` as one event at `step`, as float32 scalar tensors."""
-        step = int(step)
-        if step < 0:  # a varint of a negative int64 takes ten bytes: left to protobuf
-            values = [(tag, _float_tensor(value)) for tag, value in scalars.items()]
-            self.write_values(step, values, scalar_metadata.create_summary_metadata)
-            return
-        with self._lock:
-            values = []
-            for tag, value in scalars.items():
-                values.append(
-                    _scalar_value_bytes(tag, value, with_metadata=tag not in self._tags_seen)
+        values = []
+        for tag, tensor in tensors:
+            value = summary_pb2.Summary.Value(tag=tag, tensor=tensor)
+            if tag not in self._tags_seen:
+                value.metadata.CopyFrom(
+                    create_metadata(display_name=None, description=TAG_DESCRIPTIONS.get(tag))
                 )
                 self._tags_seen.add(tag)
-                self._last_step[tag] = max(self._last_step.get(tag, -1), step)
-            self._records.write(_scalar_event_bytes(time.time(), step, values))
-            self._flush_if_due()
+            values.append(value)
+            self._last_step[tag] = max(self._last_step.get(tag, -1), int(step))
+        self._writer.add_event(
+            event_pb2.Event(
+                wall_time=time.time(), step=int(step), summary=summary_pb2.Summary(value=values)
+            )
+        )
 
     def last_step(self, tags):
         """The largest step at which any of `tags` was written to this file, or -1."""
-        with self._lock:
-            return max((self._last_step.get(tag, -1) for tag in tags), default=-1)
-
-    def _write(self, event):
-        self._records.write(event.SerializeToString())
-        self._flush_if_due()
-
-    def _flush_if_due(self):
-        if time.monotonic() - self._flushed_at > self._FLUSH_EVERY_S:
-            self._records.flush()
-            self._flushed_at = time.monotonic()
+        return max((self._last_step.get(tag, -1) for tag in tags), default=-1)
 
     def flush(self):
-        self._records.flush()
-        self._flushed_at = time.monotonic()
+        self._writer.flush()
 
-
-def _event_file(log_dir, run):
-    """The `_EventFile` of `log_dir/run`, one per directory and process."""
-    path = os.path.abspath(run_dir(log_dir, run))
-    with _lock:
-        if path not in _event_files:
-            _event_files[path] = _EventFile(path)
-        return _event_files[path]
+    def close(self):
+        self._writer.close()
 
 
 def _float_tensor(value):
     return tensor_pb2.TensorProto(dtype=types_pb2.DT_FLOAT, float_val=[float(value)])
-
-
-# Scalar events are encoded here rather than built as protobuf messages: in
-# Python, writing a point of six scalars took about 45 microseconds built
-# from protobuf's classes, and takes about 19 encoded here. The layout is protobuf's wire format for the fields used,
-# in field-number order (as protobuf writes them):
-#   Event: wall_time = 1 (double), step = 2 (varint), summary = 5
-#   Summary: value = 1 (repeated)
-#   Summary.Value: tag = 1, tensor = 8, metadata = 9
-#   TensorProto: dtype = 1 (DT_FLOAT = 1), float_val = 5 (packed floats)
-_FLOAT32_MAX = 3.4028234663852886e38
-
-
-def _varint(number):
-    out = bytearray()
-    while number > 0x7F:
-        out.append((number & 0x7F) | 0x80)
-        number >>= 7
-    out.append(number)
-    return bytes(out)
-
-
-def _field(key, payload):
-    """A length-delimited field: its key byte, the payload's length, the payload."""
-    return key + _varint(len(payload)) + payload
-
-
-_scalar_value_prefixes = {}  # (tag, with_metadata): the value's bytes but its float
-
-
-def _scalar_value_bytes(tag, value, with_metadata):
-    """A `Summary.Value` holding `value` as a float32 scalar tensor, encoded."""
-    value = float(value)
-    if abs(value) > _FLOAT32_MAX and value == value:  # as float32: infinite
-        value = value * float("inf")
-    prefix = _scalar_value_prefixes.get((tag, with_metadata))
-    if prefix is None:
-        prefix = _field(b"\x0a", tag.encode("utf-8"))
-        if with_metadata:
-            metadata = scalar_metadata.create_summary_metadata(
-                display_name=None, description=TAG_DESCRIPTIONS.get(tag)
-            )
-            suffix = _field(b"\x4a", metadata.SerializeToString())
-        else:
-            suffix = b""
-        prefix = (prefix, suffix)
-        _scalar_value_prefixes[(tag, with_metadata)] = prefix
-    tensor = b"\x08\x01\x2a\x04" + struct.pack("<f", value)
-    return _field(b"\x0a", prefix[0] + b"\x42\x08" + tensor + prefix[1])
-
-
-def _scalar_event_bytes(wall_time, step, values):
-    """An `Event` at `step` (>= 0) whose summary holds the encoded `values`."""
-    summary = b"".join(values)
-    return (
-        b"\x09" + struct.pack("<d", wall_time) + b"\x10" + _varint(step) + _field(b"\x2a", summary)
-    )
 
 
 def _string_tensor(strings, shape):
@@ -631,9 +655,8 @@ def last_step_written(log_dir, tags, run=RUN, earlier_files=True):
     directory = os.path.abspath(run_dir(log_dir, run))
     with _lock:
         own = _event_files.get(directory)
-    steps = [-1]
-    if own is not None:  # known without reading it back
-        steps.append(own.last_step(tags))
+        own_last_step = own.last_step(tags) if own is not None else -1
+    steps = [own_last_step]  # known without reading it back
     others = []
     if earlier_files:
         others = [path for path in _event_file_paths(directory) if own is None or path != own.path]
@@ -646,3 +669,17 @@ def last_step_written(log_dir, tags, run=RUN, earlier_files=True):
             if isinstance(point.value, float)
         ]
     return max(steps)
+
+
+def _forget_after_fork():
+    # A child does not own its parent's files nor their writer threads, and
+    # the lock may have been held by a thread the child does not have.
+    global _lock
+    _lock = threading.RLock()
+    _event_files.clear()
+    _holds.clear()
+
+
+atexit.register(close_all)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_after_fork)

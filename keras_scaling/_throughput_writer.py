@@ -6,8 +6,9 @@ and at most every `record_every_s` seconds, and flushes; `fit`'s loop only
 appends to the queue. The first save of each `fit` runs at once: it creates
 the run directory and the event file and writes the set-up while training
 goes on, rather than leave those file operations to the end of a short
-`fit`. `stop()` at the end of a `fit` runs what is left and leaves
-`throughput.json` complete.
+`fit`. `stop()` at the end of a `fit` runs what is left, leaves
+`throughput.json` complete and releases the event file, which closes it
+unless `ReplicaSyncCheck` still holds it (`_tensorboard.hold`).
 """
 
 import threading
@@ -47,20 +48,29 @@ class ThroughputWriter:
         self._saver = None
         # Held while saving: by the thread, and at the end of a fit.
         self._save_lock = threading.Lock()
+        self._holds_event_file = False
 
     def start(self):
-        """Starts saving in the background for a `fit`."""
+        """Starts saving in the background for a `fit`, and holds its event file open."""
+        if not self._holds_event_file:
+            _tensorboard.hold(self.log_dir)
+            self._holds_event_file = True
         self._record_saved_s = time.monotonic()
         self._saver = _background_save.BackgroundSave(self._save_in_background, first_gap_s=0.0)
 
     def stop(self):
-        """Stops saving in the background and saves what is left, throughput.json included."""
-        if self._saver is not None:
-            # Waits for a background save in progress, so that none runs on
-            # while the process exits (after Ctrl-C, for one).
-            self._saver.stop()
-            self._saver = None
-        self.save()
+        """Stops saving in the background, saves what is left, throughput.json included, and releases the event file."""
+        try:
+            if self._saver is not None:
+                # Waits for a background save in progress, so that none runs on
+                # while the process exits (after Ctrl-C, for one).
+                self._saver.stop()
+                self._saver = None
+            self.save()
+        finally:
+            if self._holds_event_file:
+                self._holds_event_file = False
+                _tensorboard.release(self.log_dir)
 
     def changed(self, epoch_ended=False):
         """The figures changed (call with the lock held): throughput.json is behind."""
@@ -99,11 +109,18 @@ class ThroughputWriter:
         )
 
     def save_soon(self):
-        """Has the thread save soon, or saves now when no fit is running."""
+        """Has the thread save soon, or saves now when no fit is running.
+
+        Outside a fit the event file is closed again after the save.
+        """
         if self._saver is not None:
             self._saver.news()
-        else:
+            return
+        _tensorboard.hold(self.log_dir)
+        try:
             self.save()
+        finally:
+            _tensorboard.release(self.log_dir)
 
     def save(self, record_now=True):
         """Runs the pending writes, rewrites throughput.json if behind, and flushes.

@@ -1,4 +1,4 @@
-"""`ReplicaSyncCheck`: proves the mirrored copies of every weight stay equal.
+"""`ReplicaSyncCheck`: checks that the mirrored copies of every weight stay equal.
 
 A thin adapter from Keras' training hooks onto `keras_scaling.replica_state`:
 it decides when to compare (from the optimizer's step counter), asks a
@@ -92,8 +92,11 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
       `steps_per_execution > 1` and across several `fit` calls), and at the
       end of training;
     - cheaply: each replica fingerprints its own copies on its device in one
-      compiled function (any change of a single element, even by one ulp,
-      changes the fingerprint); only the small table of fingerprints crosses
+      compiled function: 64 bits per copy, which always change when one
+      element changes (even by one ulp) and when two elements trade places
+      or change by +k and -k, bar the exceptions the replica sync guide
+      lists; other differences escape only if 64 bits collide. Only the
+      small table of fingerprints crosses
       to the host, and only variables whose fingerprints differ are
       gathered in full to measure how they differ. The compiled function is
       traced at a model's first check and shared by every `ReplicaSyncCheck`
@@ -204,6 +207,7 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
         self._warned_per_replica_state = False
         self._hook = None
         self._execution_steps = 1
+        self._holds_log_dir = False
 
     # Hooks.
 
@@ -217,6 +221,7 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
         devices.warn_if_keras_distribution_set()
         _train_function_hook.abandon_other_fits(self.model, self.params)
         compat._enable_for_quietly(self._strategy())
+        self._hold_log_dir()
         self._check_and_act()
         if not self._single_replica():
             # Read once: reading a model's attribute costs microseconds, and
@@ -226,6 +231,7 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
                 self.model,
                 after=self._after_execution,
                 owner=self.params,
+                on_error=self._release_log_dir,
                 on_abandoned=self._detach,
             )
             self._hook.attach()
@@ -259,18 +265,40 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
         return max(1, int(getattr(self.model, "steps_per_execution", 1) or 1))
 
     def on_train_end(self, logs=None):
-        self._detach()
-        if self._single_replica():
-            return
-        if self._current_step() != self._last_checked_step:
-            self._check_and_act(find_variables=False)
-        if self.log_dir is not None:
-            _tensorboard.flush(self.log_dir)
+        self._detach_hook()
+        try:
+            if not self._single_replica() and self._current_step() != self._last_checked_step:
+                self._check_and_act(find_variables=False)
+        finally:
+            self._release_log_dir()
 
     def _detach(self):
+        """Ends this callback's part in a fit: on abandonment, and before a divergence is raised."""
+        self._detach_hook()
+        self._release_log_dir()
+
+    def _detach_hook(self):
         if self._hook is not None:
             self._hook.detach()
             self._hook = None
+
+    def _hold_log_dir(self):
+        """Holds the event file open for this fit; `_release_log_dir` closes it at its end.
+
+        The scalars go into the one event file of `log_dir/scaling` that
+        `ThroughputLogger` writes too, through the same writer and lock.
+        """
+        if self.log_dir is None or self._holds_log_dir:
+            return
+        if self.model is not None and not _topology.is_chief(self._strategy()):
+            return
+        _tensorboard.hold(self.log_dir)
+        self._holds_log_dir = True
+
+    def _release_log_dir(self):
+        if self._holds_log_dir:
+            self._holds_log_dir = False
+            _tensorboard.release(self.log_dir)
 
     # Public API.
 
@@ -409,6 +437,8 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
         if report.ok:
             return
         if self.on_divergence == "raise":
+            # The fit ends here, without on_train_end.
+            self._detach()
             raise ReplicaDivergenceError(report)
         if self.on_divergence == "resync":
             report = self.last_report = self._checker.resync(report)
@@ -463,4 +493,3 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
                 "replica_sync/diverged_variables": len(report.divergences),
             },
         )
-        _tensorboard.flush(self.log_dir)
