@@ -12,6 +12,7 @@ speedup of those records.
 """
 
 import dataclasses
+import gc
 import logging
 import numbers
 import os
@@ -60,6 +61,9 @@ class Baseline:
         num_replicas: int, the replicas the baseline ran on (1 except for
             a file from a multi-replica run).
         record: the `throughput.json` record for `mode="file"`, else None.
+        measure_time_s: float, the seconds timing the copy took (set-up,
+            tracing and the timed steps) when this process measured it, else
+            None.
 
     `resolve_baseline` makes one from a user's `baseline` argument; for
     `"measure"` and `"auto"` the figure is filled in later with `with_value`.
@@ -79,6 +83,7 @@ class Baseline:
     source: str = None
     num_replicas: int = 1
     record: dict = None
+    measure_time_s: float = None
 
     def with_value(self, samples_per_sec, source):
         """A copy with the measured figure filled in."""
@@ -239,24 +244,181 @@ def for_run(baseline, setup, *, model, one_replica_spec, device, measures=True, 
     # model (a loop of fits, a notebook cell run again) reuses the figure.
     key = (repr(one_replica_spec), str(device), setup["dtype_policy"])
     measured = _MEASURED.setdefault(model, {})
+    measure_time_s = None
     if key in measured:
         samples_per_sec = measured[key]
     else:
+        if baseline.mode == "auto":
+            no_room = _no_room_for_a_copy(model, one_replica_spec, device)
+            if no_room is not None:
+                note = f"baseline='auto' did not measure, to leave the run its memory: {no_room}"
+                logger.warning("ThroughputLogger: %s; no scaling/ tags", note)
+                return None, note
+        start_s = time.perf_counter()
         try:
             samples_per_sec = measure_samples_per_sec(model, one_replica_spec, device)
         except ValueError as error:
             if baseline.mode == "measure":
                 raise
-            logger.warning("ThroughputLogger: no baseline, so no scaling/ tags: %s", error)
-            return None, None
+            note = f"baseline='auto' failed, training goes on without it: {error}"
+            logger.warning("ThroughputLogger: %s; no scaling/ tags", note)
+            return None, note
+        measure_time_s = time.perf_counter() - start_s
         measured[key] = samples_per_sec
     note = None
     if shared_cores:
         note = _throughput_advice.shared_cores_baseline(setup["num_replicas"])
         logger.warning("ThroughputLogger: %s", note)
-    return baseline.with_value(
+    resolved = baseline.with_value(
         samples_per_sec, f"measured: a copy of the model alone on {device}"
-    ), note
+    )
+    return dataclasses.replace(resolved, measure_time_s=measure_time_s), note
+
+
+# What the room check leaves free of a device's memory for the run's own
+# growth (fragmentation, a larger batch at the end of an epoch): a tenth.
+_MEMORY_HEADROOM = 0.1
+
+
+def _room_for_copy(needed_bytes, in_use_bytes, limit_bytes, *, device="the device"):
+    """Why a copy of `needed_bytes` does not fit beside `in_use_bytes`, or None when it fits.
+
+    The copy must fit in what is free of `limit_bytes` with a tenth of the
+    device's memory left over.
+
+    Args:
+        needed_bytes: int, the estimate of the copy's memory.
+        in_use_bytes: int, the device's memory in use now.
+        limit_bytes: int, the device's memory TensorFlow may use.
+        device: str, the device's name, for the reason.
+
+    Returns:
+        None when it fits, else a str saying how much is needed and free.
+    """
+    free_bytes = limit_bytes - in_use_bytes
+    if needed_bytes <= free_bytes - _MEMORY_HEADROOM * limit_bytes:
+        return None
+    mib = 2**20
+    return (
+        f"a copy of the model needs about {needed_bytes / mib:.0f} MiB (weights, "
+        f"gradients, optimizer state and one batch's activations) and {device} has "
+        f"{free_bytes / mib:.0f} MiB free of {limit_bytes / mib:.0f} MiB"
+    )
+
+
+def _copy_memory_bytes(model, batch_size):
+    """An estimate of the memory a training copy of `model` needs.
+
+    Weights, their gradients, the optimizer's state and one batch's
+    activations.
+
+    Activations count every layer's output (with a known shape) twice, kept
+    for the backward pass and its gradient.
+
+    Args:
+        model: a Keras model.
+        batch_size: int, one replica's batch.
+
+    Returns:
+        int, bytes.
+    """
+    import numpy as np
+
+    def size_bytes(variable):
+        return int(np.prod(variable.shape)) * _dtype_size(variable.dtype)
+
+    weights = sum(size_bytes(v) for v in model.weights)
+    gradients = sum(size_bytes(v) for v in model.trainable_weights)
+    optimizer = getattr(model, "optimizer", None)
+    state = sum(size_bytes(v) for v in getattr(optimizer, "variables", ()) or ())
+    if not getattr(optimizer, "built", False):
+        state += 2 * gradients  # Adam's two slots, the most common optimizer's
+    activations = 0
+    for layer in getattr(model, "layers", ()):
+        try:
+            shape = tuple(layer.output.shape[1:])
+            dtype = layer.output.dtype
+        except (AttributeError, ValueError):
+            continue  # a layer without a known output (subclassed models)
+        if all(isinstance(d, int) for d in shape):
+            activations += 2 * int(np.prod(shape)) * batch_size * _dtype_size(dtype)
+    return weights + gradients + state + activations
+
+
+def _dtype_size(dtype):
+    import numpy as np
+
+    name = getattr(dtype, "name", dtype)
+    try:
+        return np.dtype(str(name)).itemsize
+    except TypeError:
+        return 4  # bfloat16 and others NumPy does not know: at most 4 in practice
+
+
+def _no_room_for_a_copy(model, one_replica_spec, device):
+    """Why a copy of `model` would not fit on `device` now, or None.
+
+    None too when the device reports no memory (a CPU).
+    """
+    memory = _device_memory(device)
+    if memory is None:
+        return None
+    in_use_bytes, limit_bytes = memory
+    import tensorflow as tf
+
+    batch_size = tf.nest.flatten(one_replica_spec)[0].shape[0] or 1
+    return _room_for_copy(
+        _copy_memory_bytes(model, batch_size), in_use_bytes, limit_bytes, device=device
+    )
+
+
+def _device_memory(device):
+    """`(in_use_bytes, limit_bytes)` of a device that reports its memory, else None.
+
+    GPUs report the memory TensorFlow's allocator holds
+    (`tf.config.experimental.get_memory_info`); the limit is the logical
+    device's `memory_limit` when one was set, else the memory TensorFlow
+    found on the device. A CPU reports none.
+
+    Args:
+        device: str, a device name such as `"/device:GPU:0"`.
+
+    Returns:
+        A tuple of two ints, or None.
+    """
+    import tensorflow as tf
+
+    short_name = device.split("device:")[-1]
+    if not short_name.upper().startswith("GPU"):
+        return None
+    try:
+        in_use_bytes = int(tf.config.experimental.get_memory_info(short_name)["current"])
+    except (ValueError, KeyError):
+        return None
+    limit_bytes = _memory_limit_bytes(short_name)
+    if limit_bytes is None:
+        return None
+    return in_use_bytes, limit_bytes
+
+
+def _memory_limit_bytes(short_name):
+    import tensorflow as tf
+
+    index = int(short_name.split(":")[-1])
+    physical = tf.config.list_physical_devices("GPU")
+    if index < len(physical):
+        configured = tf.config.get_logical_device_configuration(physical[index]) or []
+        if len(configured) == 1 and configured[0].memory_limit:
+            return int(configured[0].memory_limit) * 2**20  # set in MiB
+    try:
+        from tensorflow.python.client import device_lib
+
+        for attributes in device_lib.list_local_devices():
+            if attributes.name.endswith(short_name) and attributes.memory_limit:
+                return int(attributes.memory_limit)
+    except Exception:  # a TensorFlow that moved it: no limit known
+        logger.debug("keras_scaling: no memory limit for %s", short_name, exc_info=True)
+    return None
 
 
 def setup_differences(record, *, per_replica_batch_size, dtype_policy, device_kind):
@@ -336,8 +498,9 @@ def measure_samples_per_sec(
         float, samples per second of the copy.
 
     Raises:
-        ValueError: the model cannot be copied, or the spec has unknown
-            dimensions.
+        ValueError: the model cannot be copied, the spec has unknown
+            dimensions, or the copy's training failed (out of memory, for
+            one): the message says why, and the copy is freed first.
 
     Example:
 
@@ -369,7 +532,7 @@ def measure_samples_per_sec(
             return tf.fill(spec.shape, "")
         return tf.zeros(spec.shape, spec.dtype)
 
-    def run():
+    def train_copy():
         with tf.device(device):
             try:
                 copy = keras.models.clone_model(model)
@@ -394,7 +557,38 @@ def measure_samples_per_sec(
             )
             return timer.steps_per_sec() * batch_size
 
+    def run():
+        failure = None
+        try:
+            return train_copy()
+        except ValueError:
+            raise
+        except Exception as error:  # out of memory, or anything else of the copy's training
+            failure = f"{type(error).__name__}: {_first_line(error)}"
+        # Raised outside the except clause: the error's traceback holds the
+        # frames of the copy's fit, and so the copy; dropped, the copy is freed.
+        gc.collect()
+        raise ValueError(
+            f"timing a copy of the model on {device} failed ({failure}); the copy "
+            "is freed. Pass baseline=<samples/sec of one replica> or the log_dir of "
+            "a one-replica run"
+        )
+
     return _threads.run_outside_strategy(run, "baseline")
+
+
+def _first_line(error):
+    """The line of an error's message that says what went wrong.
+
+    TensorFlow's errors in a compiled function start with "Graph execution
+    error:" and the Python stack of the failing op; the allocator's own line
+    ("OOM when allocating tensor ...") says what happened.
+    """
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    for line in lines:
+        if "OOM" in line or "out of memory" in line.lower():
+            return line
+    return lines[0] if lines else type(error).__name__
 
 
 def _baseline_timer(duration_s, min_steps, clock):

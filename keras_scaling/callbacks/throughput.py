@@ -517,6 +517,7 @@ class ThroughputLogger(keras.callbacks.Callback):
             ("dtype policy", self._setup["dtype_policy"]),
             ("steps per execution", self._schedule.steps_per_execution),
             ("baseline", dashboard.baseline_text(self._baseline, self.log_dir)),
+            ("baseline took", _baseline_time_text(self._baseline)),
             ("what the speedup means", self._baseline_note),
             *self._flops.setup_rows(),
             ("warm-up", f"first execution of each fit + {self.warmup_steps} steps"),
@@ -632,3 +633,11 @@ def _enable_compat(model):
     from keras_scaling import compat
 
     compat._enable_for_quietly(model.distribute_strategy)
+
+
+def _baseline_time_text(baseline):
+    """The set-up table's time of timing the baseline's copy, or None when none was timed."""
+    seconds = getattr(baseline, "measure_time_s", None)
+    if seconds is None:
+        return None
+    return f"{seconds:.1f} s, timing a copy of the model alone before training went on"
