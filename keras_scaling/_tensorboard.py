@@ -448,24 +448,27 @@ class _EventFile:
 
     def __init__(self, directory):
         os.makedirs(directory, exist_ok=True)
-        # A suffix of its own names the file, which EventFileWriter does not
-        # say: last_step_written tells this process's file from earlier ones.
-        suffix = f".keras_scaling.{next(_event_file_ids)}"
         if "tensorflow" in sys.modules:
             from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
+            # EventFileWriter does not say its file's name; last_step_written
+            # needs it to tell this file from earlier ones. Files are opened
+            # under `_lock`, so this process's one new file is the one.
+            own = f".{socket.gethostname()}.{os.getpid()}."
+            before = set(_event_file_paths(directory))
             self._writer = EventFileWriter(
-                directory,
-                max_queue_size=100,
-                flush_secs=self._FLUSH_EVERY_S,
-                filename_suffix=suffix,
+                directory, max_queue_size=100, flush_secs=self._FLUSH_EVERY_S
             )
-            (self.path,) = glob.glob(os.path.join(directory, f"events.out.tfevents.*{suffix}"))
+            (self.path,) = [
+                path
+                for path in set(_event_file_paths(directory)) - before
+                if own in os.path.basename(path)
+            ]
         else:
             self.path = os.path.join(
                 directory,
                 f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}"
-                f".{os.getpid()}.0{suffix}",
+                f".{os.getpid()}.{next(_event_file_ids)}",
             )
             self._writer = _SynchronousWriter(self.path, self._FLUSH_EVERY_S)
         self._tags_seen = set()
