@@ -159,7 +159,7 @@ def compare_fingerprints(strategy, name, make_model, rounds):
     variables = replica_state.tracked_variables(model, model.optimizer)
     variants = {
         "sum of words (before)": fingerprint_all_function(strategy, variables, sum_of_words_table),
-        "position-mixed (now)": fingerprint_all_function(
+        "position-weighted (now)": fingerprint_all_function(
             strategy, variables, _fingerprint.fingerprint_table
         ),
     }
