@@ -19,7 +19,7 @@ import time
 
 from keras_scaling import _isolation, _validation
 from keras_scaling._backup import EXIT_PREEMPTED
-from keras_scaling._environment import CPU_DEVICES_ENV
+from keras_scaling._environment import CPU_DEVICES_ENV, LAUNCHED_ENV
 
 __all__ = ["CPU_DEVICES_ENV", "LaunchResult", "free_ports", "launch", "worker_env"]
 
@@ -132,6 +132,7 @@ def worker_env(base_env, ports, index, cpu_devices=None):
     cpu_devices = _validation.optional_positive_int(cpu_devices, "cpu_devices")
     env = dict(base_env)
     env["TF_CONFIG"] = json.dumps(_tf_config(ports, index))
+    env[LAUNCHED_ENV] = "1"
     if cpu_devices is not None:
         env[CPU_DEVICES_ENV] = str(cpu_devices)
     env.setdefault("PYTHONUNBUFFERED", "1")
