@@ -365,11 +365,8 @@ def _choose_strategy(spec=None):
             )
     if _trains_with_others(spec):
         if spec.source in ("tf_config", "launch"):
-            return _multi_worker_strategy(), f"TF_CONFIG names {spec.num_workers} workers"
-        return (
-            _multi_worker_strategy(_cluster_resolver(spec)),
-            f"{spec.num_workers} workers",
-        )
+            return _multi_worker_strategy(), f"{spec.num_workers} workers"
+        return _multi_worker_strategy(_cluster_resolver(spec)), f"{spec.num_workers} workers"
     if spec is not None and spec.task_type == "evaluator":
         logger.info(
             "auto_strategy: TF_CONFIG makes this task the evaluator, which trains with "

@@ -64,7 +64,11 @@ def _expand_one(name, text, parameter):
             break
         close_at = rest.index("]", open_at)
         prefix, ranges = rest[:open_at], rest[open_at + 1 : close_at]
-        hosts = [host + prefix + value for host in hosts for value in _expand_ranges(ranges, text, parameter)]
+        hosts = [
+            host + prefix + value
+            for host in hosts
+            for value in _expand_ranges(ranges, text, parameter)
+        ]
         rest = rest[close_at + 1 :]
     return hosts
 

@@ -270,6 +270,8 @@ JobCompType=jobcomp/none
 MpiDefault=none
 SwitchType=switch/none
 SchedulerType=sched/builtin
+# Look at pending jobs every second, not every minute: tests wait on them.
+SchedulerParameters=sched_interval=1
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SlurmdParameters=config_overrides
@@ -311,7 +313,9 @@ PartitionName=test Nodes={self.node_name} Default=YES MaxTime=INFINITE State=UP 
                         f"{self._stdout(name)}\n{self.logs()}"
                     )
             if time.monotonic() > deadline:
-                raise SlurmError(f"timed out after {self.start_timeout_s} s waiting for {what}\n{self.logs()}")
+                raise SlurmError(
+                    f"timed out after {self.start_timeout_s} s waiting for {what}\n{self.logs()}"
+                )
             time.sleep(0.05)
 
     def _stdout(self, name):
