@@ -297,6 +297,9 @@ def _check_cluster_addresses(spec):
                 ) from None
     port = int(spec.address.rpartition(":")[2])
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        # As gRPC binds: the connections of a run that just ended (a requeued
+        # job's, in TIME_WAIT) do not hold the port; a listening socket does.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             # TensorFlow's server listens on every interface.
             sock.bind(("", port))

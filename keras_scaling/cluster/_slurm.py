@@ -118,7 +118,27 @@ def _port_override(env, tasks_on_busiest_node):
 
 
 class NotInStepError(RuntimeError):
-    """A Slurm job of several tasks runs this Python as one process, outside `srun`."""
+    """A Slurm job of several tasks runs this Python as one process, outside `srun`.
+
+    Raised by `auto_strategy()` (through `slurm_cluster`) in a batch script
+    or `salloc` shell of `--ntasks=2` or more that runs `python train.py`
+    directly: that one process would train alone while the other tasks never
+    start. The message names the fix: `srun python train.py`.
+
+    Args:
+        *args: the message, as for any exception.
+
+    Example:
+
+    ```python
+    from keras_scaling import cluster
+    env = {"SLURM_JOB_ID": "7", "SLURM_NTASKS": "2", "SLURM_JOB_NODELIST": "gpu01"}
+    try:
+        cluster.slurm_cluster(env)
+    except cluster.NotInStepError as error:
+        print(error)   # ... Start one process per task with srun ...
+    ```
+    """
 
 
 def slurm_cluster(env, expand=expand_hostlist):

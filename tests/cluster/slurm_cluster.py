@@ -125,7 +125,24 @@ class SlurmCluster:
         self.startup_s = time.monotonic() - start_s
 
     def stop(self):
-        """Stops every daemon this cluster started, by PID: TERM, then KILL after 10 s."""
+        """Ends the jobs, then stops every daemon this cluster started, by PID.
+
+        Jobs are cancelled first; whatever of them is left (a job's
+        `slurmstepd` outlives `slurmd`) is killed by PID, found by the
+        `SLURM_CONF` of this cluster in its environment. Daemons get SIGTERM,
+        then SIGKILL after 10 s.
+        """
+        if self._processes.get("slurmctld") and self._processes["slurmctld"].poll() is None:
+            try:
+                self.run(["scancel", "--full", "--user", "root"], check=False, timeout_s=30)
+                deadline = time.monotonic() + 15
+                while time.monotonic() < deadline:
+                    queue = self.run(["squeue", "--noheader"], check=False, timeout_s=30)
+                    if queue.returncode != 0 or not queue.stdout.strip():
+                        break
+                    time.sleep(0.2)
+            except SlurmError:
+                pass
         for name in reversed(DAEMONS):
             process = self._processes.pop(name, None)
             if process is None or process.poll() is not None:
@@ -136,6 +153,22 @@ class SlurmCluster:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait(timeout=10)
+
+        self._kill_leftovers()
+
+    def _kill_leftovers(self):
+        """SIGKILLs every process whose environment names this cluster's slurm.conf."""
+        marker = f"SLURM_CONF={self.conf_path}".encode()
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit() or int(entry) == os.getpid():
+                continue
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as file:
+                    if marker not in file.read().split(b"\0"):
+                        continue
+                os.kill(int(entry), signal.SIGKILL)
+            except (OSError, ProcessLookupError):
+                continue
 
     def pids(self):
         """`{daemon name: pid}` of the daemons started and still known."""
@@ -253,7 +286,9 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket={self.munge_socket}
+# cred_expire: a requeued job starts again this long after it ended
+# (default 120 s): its old credentials are revoked until then.
+AuthInfo=socket={self.munge_socket},cred_expire=10
 StateSaveLocation={state}
 SlurmdSpoolDir={spool}
 SlurmctldPidFile={os.path.join(self.root, "slurmctld.pid")}

@@ -61,7 +61,7 @@ def trained(slurm, tmp_path_factory):
         slurm,
         tmp_path,
         "train",
-        f'#SBATCH --ntasks=2\nsrun "$PYTHON" {worker} --out-dir {out_dir} --log-dir {log_dir}\n',
+        f'#SBATCH --ntasks=2\nsrun --kill-on-bad-exit=1 "$PYTHON" {worker} --out-dir {out_dir} --log-dir {log_dir}\n',
         KERAS_SCALING_CPU_DEVICES="2",
     )
     assert fields["JobState"] == "COMPLETED", output[-6000:]
@@ -147,13 +147,15 @@ def test_port_in_use_fails_naming_keras_scaling_port(slurm, tmp_path):
                 second.close()
                 continue
             holders = [first, second]
+            for sock in holders:
+                sock.listen()
             break
         assert holders, "no two neighbouring free ports"
         fields, output, _ = _run_job(
             slurm,
             tmp_path,
             "port",
-            f'#SBATCH --ntasks=2\nsrun "$PYTHON" -c "{_AUTO_STRATEGY}"\n',
+            f'#SBATCH --ntasks=2\nsrun --kill-on-bad-exit=1 "$PYTHON" -c "{_AUTO_STRATEGY}"\n',
             KERAS_SCALING_PORT=str(port),
         )
     finally:
@@ -199,14 +201,8 @@ def test_preempted_slurm_job_requeues_and_ends_bitwise_equal_to_one_never_stoppe
     # In the second of 3 epochs (128 steps each), as a preemption would.
     _wait_for_text(preempted_out, "Epoch 2/3", slurm, preempted_id)
     slurm.run(["scancel", "--signal=TERM", str(preempted_id)])
-    # The batch script requeues the job on status 75; a requeued job waits
-    # for a begin time Slurm sets some minutes ahead: start it now.
-    deadline = time.monotonic() + JOB_TIMEOUT_S
-    while slurm.job_state(preempted_id).get("Restarts", "0") == "0":
-        assert time.monotonic() < deadline, _details(preempted_out, slurm, preempted_id)
-        time.sleep(0.2)
-    slurm.wait_for_job(preempted_id, JOB_TIMEOUT_S, states={"PENDING", "RUNNING", "COMPLETED"})
-    slurm.run(["scontrol", "update", f"JobId={preempted_id}", "StartTime=now"], check=False)
+    # The batch script requeues the job on status 75; Slurm starts it again
+    # when the old run's credentials expire (cred_expire, 10 s here).
 
     reference = slurm.wait_for_job(reference_id, JOB_TIMEOUT_S)
     assert reference["JobState"] == "COMPLETED", _details(reference_out, slurm, reference_id)
