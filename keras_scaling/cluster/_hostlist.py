@@ -97,10 +97,18 @@ def expand_hostlist_python(text, parameter="host list"):
     return hosts
 
 
+# Where Slurm's commands find the cluster's configuration: SLURM_CONF, the
+# default path, or the cache slurmd keeps on the nodes of a configless cluster.
+_SLURM_CONF_PATHS = ("/etc/slurm/slurm.conf", "/run/slurm/conf/slurm.conf")
+
+
 def _scontrol_hostnames(text):
     """`scontrol show hostnames TEXT`, or None when scontrol is absent or fails."""
     scontrol = shutil.which("scontrol")
     if scontrol is None:
+        return None
+    if not os.environ.get("SLURM_CONF") and not any(map(os.path.exists, _SLURM_CONF_PATHS)):
+        # Without a configuration scontrol looks for a controller in DNS.
         return None
     try:
         result = subprocess.run(
@@ -122,7 +130,9 @@ def expand_hostlist(text, parameter="host list", use_scontrol=True):
     """Expands a Slurm compressed host list into host names.
 
     The syntax is checked in Python; the expansion is `scontrol show
-    hostnames` when Slurm's `scontrol` is on the `PATH` and answers, else the
+    hostnames` when Slurm's `scontrol` is on the `PATH`, finds the cluster's
+    configuration (`SLURM_CONF`, `/etc/slurm/slurm.conf` or a configless
+    node's cache) and answers, else the
     same rules in Python: comma-separated entries, each with bracket groups
     of numbers and ranges whose zero padding is kept (`gpu[01-04,07]` is
     gpu01 ... gpu04, gpu07), several groups multiplying (`r[1-2]n[1-2]` is
