@@ -5,7 +5,6 @@ import glob
 import json
 import logging
 import os
-import socket
 import weakref
 
 import tensorflow as tf
@@ -23,6 +22,7 @@ from keras_scaling._topology import (
     replicas_per_worker,
     worker_index,
 )
+from keras_scaling.cluster import _tensorflow as _cluster_tf
 
 __all__ = [
     "StrategyInfo",
@@ -155,8 +155,8 @@ def tf_config():
 
 
 def _tf_config_worker_count():
-    cluster = tf_config().get("cluster", {})
-    return len(cluster.get("worker", [])) + len(cluster.get("chief", []))
+    jobs = tf_config().get("cluster", {})
+    return len(jobs.get("worker", [])) + len(jobs.get("chief", []))
 
 
 def _trains_with_others(spec):
@@ -220,9 +220,9 @@ def auto_strategy():
     warn_if_keras_distribution_set()
     spec = cluster.resolve_cluster()
     if _trains_with_others(spec) and spec.source in ("slurm", "kubernetes"):
-        _check_cluster_addresses(spec)
+        _cluster_tf.check_addresses(spec)
     if _trains_with_others(spec) and spec.source == "slurm":
-        _bind_slurm_gpus(spec)
+        _cluster_tf.bind_task_gpus(spec)
     _apply_cpu_devices_from_env(spec)
     strategy, reason = _choose_strategy(spec)
     if spec is not None:
@@ -280,74 +280,6 @@ def warn_if_keras_distribution_set():
 _cluster_origins = weakref.WeakKeyDictionary()
 
 
-def _check_cluster_addresses(spec):
-    """Fails, naming the fix, when a Slurm node does not resolve or this task's port is taken."""
-    if spec.source == "slurm":
-        for address in (*spec.chief, *spec.workers):
-            host = address.rpartition(":")[0]
-            try:
-                socket.getaddrinfo(host, None)
-            except OSError as error:
-                raise ValueError(
-                    f"{spec.origin}: the node name {host!r} of SLURM_STEP_NODELIST does "
-                    f"not resolve to an address here ({error}), so the workers cannot "
-                    "reach each other. Ask the cluster's administrators to make Slurm's "
-                    "node names resolvable host names, or set TF_CONFIG in the job "
-                    "script (it wins over Slurm's variables)."
-                ) from None
-    port = int(spec.address.rpartition(":")[2])
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        # As gRPC binds: the connections of a run that just ended (a requeued
-        # job's, in TIME_WAIT) do not hold the port; a listening socket does.
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            # TensorFlow's server listens on every interface.
-            sock.bind(("", port))
-        except OSError as error:
-            if spec.source == "slurm":
-                fix = (
-                    f"Set {cluster.PORT_ENV} to a free port in the job script, the same "
-                    f"for every task (local rank r uses {cluster.PORT_ENV} + r)"
-                )
-            else:
-                fix = f"Change the port in {cluster.WORKER_HOSTS_ENV}"
-            raise ValueError(
-                f"{spec.origin}: this task's port {port} ({spec.task_type} "
-                f"{spec.task_index}, ports from {spec.port_source}) is in use on this "
-                f"node ({error.strerror}): another job's worker or another program "
-                f"holds it. {fix}."
-            ) from None
-
-
-def _bind_slurm_gpus(spec):
-    """Gives this task its share of the node's GPUs when Slurm bound them all to every task."""
-    gpus = cluster.task_gpus(os.environ, spec.local_rank, spec.tasks_on_node)
-    if gpus is None:
-        return
-    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
-    logger.info(
-        "auto_strategy: local rank %d of %d on this node takes GPUs %s of the node's",
-        spec.local_rank,
-        spec.tasks_on_node,
-        ",".join(gpus),
-    )
-
-
-def _cluster_resolver(spec):
-    """The TensorFlow resolver of a cluster that no TF_CONFIG describes."""
-    # A SimpleClusterResolver reports the accelerators it is given; the
-    # physical list (what Slurm or CUDA_VISIBLE_DEVICES left visible) is read
-    # without initialising TensorFlow's context, which collective ops need.
-    gpus = len(tf.config.list_physical_devices("GPU"))
-    return tf.distribute.cluster_resolver.SimpleClusterResolver(
-        tf.train.ClusterSpec(spec.cluster_dict()),
-        task_type=spec.task_type,
-        task_id=spec.task_index,
-        num_accelerators={"GPU": gpus} if gpus else None,
-        rpc_layer="grpc",
-    )
-
-
 def _choose_strategy(spec=None):
     tpu = _tpu_address()
     if tpu is not None:
@@ -369,7 +301,9 @@ def _choose_strategy(spec=None):
     if _trains_with_others(spec):
         if spec.source in ("tf_config", "launch"):
             return _multi_worker_strategy(), f"{spec.num_workers} workers"
-        return _multi_worker_strategy(_cluster_resolver(spec)), f"{spec.num_workers} workers"
+        return _multi_worker_strategy(
+            _cluster_tf.cluster_resolver(spec)
+        ), f"{spec.num_workers} workers"
     if spec is not None and spec.task_type == "evaluator":
         logger.info(
             "auto_strategy: TF_CONFIG makes this task the evaluator, which trains with "

@@ -96,8 +96,10 @@ def _tf_config(ports, index, host="127.0.0.1"):
 def worker_env(base_env, ports, index, cpu_devices=None):
     """The environment of worker `index`: `base_env` plus its cluster settings.
 
-    Sets `TF_CONFIG`, `KERAS_SCALING_CPU_DEVICES` when `cpu_devices` is given,
-    and `PYTHONUNBUFFERED=1` (unless already set) so that a Python worker's
+    Sets `TF_CONFIG`, `KERAS_SCALING_LAUNCHED=1` (so that
+    `keras_scaling.cluster.describe_cluster()` names `launch` as the origin),
+    `KERAS_SCALING_CPU_DEVICES` when `cpu_devices` is given, and
+    `PYTHONUNBUFFERED=1` (unless already set) so that a Python worker's
     lines reach the terminal as they are printed, not when a buffer fills.
 
     `TF_CONFIG` names every worker of the cluster on 127.0.0.1, one port

@@ -56,8 +56,6 @@ def main():
         (x, y),
         strategy=strategy,
         per_replica_batch_size=args.per_replica_batch_size,
-        shuffle=True,
-        seed=0,
     )
     with strategy.scope():
         model = keras.Sequential(
