@@ -232,13 +232,6 @@ def test_preempted_job_requeues_itself_and_finishes_from_the_saved_step(preempti
     assert not os.path.exists(preemption["tmp_path"] / "preempted" / "backup" / "backup.npz")
 
 
-@pytest.mark.xfail(
-    reason="BackupAndRestore under MultiWorkerMirroredStrategy: with SIGTERM arriving "
-    "during a step on every task (scancel), the resumed job's final weights differ from "
-    "a job never stopped; with SIGTERM sent at a step boundary "
-    "(tests/multi_worker/test_backup_multi_worker.py) they are bitwise equal",
-    strict=False,
-)
 def test_resumed_job_ends_bitwise_equal_to_a_job_never_stopped(preemption):
     tmp_path = preemption["tmp_path"]
     with (
