@@ -14,7 +14,7 @@ TEST_DEVICE_COUNTS := 2 4
 TEST_JOBS ?=
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: demo test test-versions test-browser lint docs docs-serve dist-check clean
+.PHONY: demo test test-versions test-browser test-cluster lint docs docs-serve dist-check clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -65,6 +65,14 @@ dist-check: $(VENV)/.installed-dist
 test-browser: $(VENV)/.installed-browser
 	bash .ci/install-chromium
 	$(PY) -m pytest tests/browser $(PYTEST_ARGS)
+
+# Training on the cluster engines people run, on this machine only: a
+# throw-away single-node Slurm cluster on 127.0.0.1 (Debian's slurmctld,
+# slurmd, slurm-client and munge, installed when absent), started for the
+# run and stopped by PID whatever happens (not part of `make test`).
+test-cluster: $(VENV)/.installed-cluster
+	bash .ci/install-slurm
+	$(PY) -m pytest tests/cluster $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .venv-versions build dist site *.egg-info

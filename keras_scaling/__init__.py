@@ -11,7 +11,8 @@ Composable pieces for ordinary Keras code on `tf.distribute`:
 - `keras_scaling.compat`: fixes for Keras 3 defects that break `fit` under
   `tf.distribute`.
 - `use_logical_cpus`, `auto_strategy`, `describe_strategy`: devices and
-  strategies.
+  strategies; `keras_scaling.cluster`: the multi-worker cluster from Slurm,
+  Kubernetes or `TF_CONFIG`.
 
 Names are imported on first use, so `import keras_scaling` is cheap and does
 not initialise TensorFlow's devices: `use_logical_cpus` can still follow it.
@@ -38,6 +39,7 @@ _EXPORTS = {
 _SUBMODULES = (
     "baseline",
     "callbacks",
+    "cluster",
     "compat",
     "data",
     "devices",

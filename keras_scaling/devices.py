@@ -5,10 +5,11 @@ import glob
 import json
 import logging
 import os
+import weakref
 
 import tensorflow as tf
 
-from keras_scaling import _probes, _validation, compat
+from keras_scaling import _probes, _validation, cluster, compat
 from keras_scaling._environment import CPU_DEVICES_ENV as _CPU_DEVICES_ENV
 from keras_scaling._topology import (
     _device_kind,
@@ -21,6 +22,7 @@ from keras_scaling._topology import (
     replicas_per_worker,
     worker_index,
 )
+from keras_scaling.cluster import _tensorflow as _cluster_tf
 
 __all__ = [
     "StrategyInfo",
@@ -94,7 +96,7 @@ def use_logical_cpus(n):
     return [device.name for device in tf.config.list_logical_devices("CPU")]
 
 
-def _apply_cpu_devices_from_env():
+def _apply_cpu_devices_from_env(spec=None):
     """Honours `KERAS_SCALING_CPU_DEVICES`, set by `keras-scaling launch`."""
     value = os.environ.get(_CPU_DEVICES_ENV)
     if not value:
@@ -105,7 +107,7 @@ def _apply_cpu_devices_from_env():
         count = 0
     if count < 1:
         raise ValueError(f"{_CPU_DEVICES_ENV} must be a positive integer, got {value!r}")
-    if _tf_config_worker_count() > 1:
+    if _tf_config_worker_count() > 1 or _trains_with_others(spec):
         # MultiWorkerMirroredStrategy configures collective ops, which must
         # happen before TensorFlow initialises its context; listing the logical
         # devices, as use_logical_cpus does to return them, initialises it.
@@ -153,8 +155,12 @@ def tf_config():
 
 
 def _tf_config_worker_count():
-    cluster = tf_config().get("cluster", {})
-    return len(cluster.get("worker", [])) + len(cluster.get("chief", []))
+    jobs = tf_config().get("cluster", {})
+    return len(jobs.get("worker", [])) + len(jobs.get("chief", []))
+
+
+def _trains_with_others(spec):
+    return spec is not None and spec.task_type != "evaluator" and spec.num_workers > 1
 
 
 def _tpu_address():
@@ -172,20 +178,34 @@ def auto_strategy():
     In order of preference:
 
     1. `TPUStrategy` when a TPU is attached (a TPU VM, or `TPU_NAME` set).
-    2. `MultiWorkerMirroredStrategy` when `TF_CONFIG` names more than one
-       worker (as `keras-scaling launch` does).
+    2. `MultiWorkerMirroredStrategy` when this process is one of several
+       workers: `TF_CONFIG` names more than one (as `keras-scaling launch`,
+       Vertex AI and Kubeflow write it, `chief` task included), or
+       `KERAS_SCALING_WORKER_HOSTS` with `JOB_COMPLETION_INDEX` (a Kubernetes
+       Indexed Job), or this is a task of a Slurm job step of several tasks
+       (`srun`), with no `TF_CONFIG` needed. `TF_CONFIG` wins over the others.
+       An `evaluator` task of `TF_CONFIG` trains with nobody: it gets the
+       strategy this machine's devices give.
     3. `MirroredStrategy` over all GPUs when there are two or more.
     4. `MirroredStrategy` over the logical CPUs when `use_logical_cpus` (or
        `KERAS_SCALING_CPU_DEVICES`) made several.
     5. Otherwise the default strategy (one device).
 
-    The choice and its reason are logged at INFO level on the
+    The choice and its reason, with where the cluster came from
+    (`keras_scaling.cluster.describe_cluster()`, also in
+    `describe_strategy()`), are logged at INFO level on the
     `keras_scaling` logger. With more than one replica, `keras_scaling.compat`
     is enabled (unless `KERAS_SCALING_NO_COMPAT=1`), so `model.fit` works
     under the chosen strategy.
 
     Returns:
         A `tf.distribute.Strategy`.
+
+    Raises:
+        keras_scaling.cluster.NotInStepError: a Slurm job of several tasks
+            runs this Python outside `srun`, so the other tasks never start.
+        ValueError: the cluster's environment is malformed, a Slurm node name
+            does not resolve, or this task's port is in use.
 
     Example:
 
@@ -198,8 +218,16 @@ def auto_strategy():
     ```
     """
     warn_if_keras_distribution_set()
-    _apply_cpu_devices_from_env()
-    strategy, reason = _choose_strategy()
+    spec = cluster.resolve_cluster()
+    if _trains_with_others(spec) and spec.source in ("slurm", "kubernetes"):
+        _cluster_tf.check_addresses(spec)
+    if _trains_with_others(spec) and spec.source == "slurm":
+        _cluster_tf.bind_task_gpus(spec)
+    _apply_cpu_devices_from_env(spec)
+    strategy, reason = _choose_strategy(spec)
+    if spec is not None:
+        _cluster_origins[strategy] = spec.origin
+        reason = f"{reason}; cluster from {spec.origin}"
     logger.info("auto_strategy: %s (%s)", strategy_kind(strategy), reason)
     if num_replicas(strategy) > 1:
         compat.enable_for(strategy)
@@ -247,7 +275,12 @@ def warn_if_keras_distribution_set():
     return True
 
 
-def _choose_strategy():
+# The origin of the cluster of each strategy auto_strategy built, for
+# describe_strategy; weak, so a strategy is not kept alive by being described.
+_cluster_origins = weakref.WeakKeyDictionary()
+
+
+def _choose_strategy(spec=None):
     tpu = _tpu_address()
     if tpu is not None:
         try:
@@ -265,9 +298,18 @@ def _choose_strategy():
                 "could be initialised (%s); looking for other devices",
                 error,
             )
-    workers = _tf_config_worker_count()
-    if workers > 1:
-        return _multi_worker_strategy(), f"TF_CONFIG names {workers} workers"
+    if _trains_with_others(spec):
+        if spec.source in ("tf_config", "launch"):
+            return _multi_worker_strategy(), f"{spec.num_workers} workers"
+        return _multi_worker_strategy(
+            _cluster_tf.cluster_resolver(spec)
+        ), f"{spec.num_workers} workers"
+    if spec is not None and spec.task_type == "evaluator":
+        logger.info(
+            "auto_strategy: TF_CONFIG makes this task the evaluator, which trains with "
+            "nobody: it gets a strategy over this machine's devices, to evaluate the "
+            "checkpoints the chief writes"
+        )
     gpus = tf.config.list_logical_devices("GPU")
     if len(gpus) >= 2:
         return tf.distribute.MirroredStrategy(), f"{len(gpus)} GPUs found"
@@ -280,7 +322,7 @@ def _choose_strategy():
     return tf.distribute.get_strategy(), "one device: no TPU, workers or several devices"
 
 
-def _multi_worker_strategy():
+def _multi_worker_strategy(cluster_resolver=None):
     """MultiWorkerMirroredStrategy with one replica per logical CPU when there is no GPU."""
     cpu = tf.config.list_physical_devices("CPU")[0]
     cpu_count = len(tf.config.get_logical_device_configuration(cpu) or [None])
@@ -288,7 +330,7 @@ def _multi_worker_strategy():
     if cpu_count > 1 and not tf.config.list_physical_devices("GPU"):
         hook = _collective_local_devices_hook()
     if hook is None:
-        return tf.distribute.MultiWorkerMirroredStrategy()
+        return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=cluster_resolver)
     extended, original = hook
 
     # TensorFlow gives a worker without accelerators a single CPU replica,
@@ -302,7 +344,7 @@ def _multi_worker_strategy():
 
     extended._initialize_local_devices = _initialize_local_devices
     try:
-        return tf.distribute.MultiWorkerMirroredStrategy()
+        return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=cluster_resolver)
     finally:
         extended._initialize_local_devices = original
 
@@ -337,6 +379,10 @@ class StrategyInfo:
         num_replicas: replicas in sync across all workers.
         local_devices: the device names of this worker's replicas.
         device_kind: `"CPU"`, `"GPU"` or `"TPU"`.
+        cluster_origin: where the workers' cluster came from, such as
+            `"Slurm job 1234 step 0: 4 tasks on 2 nodes"` or `"TF_CONFIG: 2
+            workers; ..."` (`keras_scaling.cluster.describe_cluster()`), or
+            `""` on a single worker.
 
     Example:
 
@@ -357,6 +403,7 @@ class StrategyInfo:
     num_replicas: int
     local_devices: tuple
     device_kind: str
+    cluster_origin: str = ""
 
     @property
     def replicas_per_worker(self):
@@ -373,6 +420,8 @@ class StrategyInfo:
         if self.num_workers > 1:
             text += f"; this is worker {self.worker_index}"
             text += " (chief)" if self.is_chief else ""
+        if self.cluster_origin:
+            text += f"; cluster from {self.cluster_origin}"
         return text
 
 
@@ -408,7 +457,21 @@ def describe_strategy(strategy=None):
         num_replicas=num_replicas(strategy),
         local_devices=devices,
         device_kind=_device_kind(devices),
+        cluster_origin=_cluster_origin(strategy),
     )
+
+
+def _cluster_origin(strategy):
+    origin = _cluster_origins.get(strategy)
+    if origin is not None:
+        return origin
+    if not _is_multi_worker(strategy):
+        return ""
+    resolver = strategy.cluster_resolver
+    if isinstance(resolver, tf.distribute.cluster_resolver.TFConfigClusterResolver):
+        spec = cluster.tf_config_cluster(os.environ)
+        return spec.origin if spec is not None else "TF_CONFIG"
+    return f"a {type(resolver).__name__}"
 
 
 def strategy_kind(strategy):

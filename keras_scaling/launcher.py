@@ -19,7 +19,7 @@ import time
 
 from keras_scaling import _isolation, _validation
 from keras_scaling._backup import EXIT_PREEMPTED
-from keras_scaling._environment import CPU_DEVICES_ENV
+from keras_scaling._environment import CPU_DEVICES_ENV, LAUNCHED_ENV
 
 __all__ = ["CPU_DEVICES_ENV", "LaunchResult", "free_ports", "launch", "worker_env"]
 
@@ -96,8 +96,10 @@ def _tf_config(ports, index, host="127.0.0.1"):
 def worker_env(base_env, ports, index, cpu_devices=None):
     """The environment of worker `index`: `base_env` plus its cluster settings.
 
-    Sets `TF_CONFIG`, `KERAS_SCALING_CPU_DEVICES` when `cpu_devices` is given,
-    and `PYTHONUNBUFFERED=1` (unless already set) so that a Python worker's
+    Sets `TF_CONFIG`, `KERAS_SCALING_LAUNCHED=1` (so that
+    `keras_scaling.cluster.describe_cluster()` names `launch` as the origin),
+    `KERAS_SCALING_CPU_DEVICES` when `cpu_devices` is given, and
+    `PYTHONUNBUFFERED=1` (unless already set) so that a Python worker's
     lines reach the terminal as they are printed, not when a buffer fills.
 
     `TF_CONFIG` names every worker of the cluster on 127.0.0.1, one port
@@ -132,6 +134,7 @@ def worker_env(base_env, ports, index, cpu_devices=None):
     cpu_devices = _validation.optional_positive_int(cpu_devices, "cpu_devices")
     env = dict(base_env)
     env["TF_CONFIG"] = json.dumps(_tf_config(ports, index))
+    env[LAUNCHED_ENV] = "1"
     if cpu_devices is not None:
         env[CPU_DEVICES_ENV] = str(cpu_devices)
     env.setdefault("PYTHONUNBUFFERED", "1")

@@ -21,6 +21,7 @@ Each test's garbage is collected when the test ends (see
 
 import gc
 import itertools
+import os
 import sys
 
 import pytest
@@ -49,6 +50,20 @@ def pytest_addoption(parser):
 def _runs_tests(config):
     """False in the controller of a pytest-xdist session, which only hands out tests."""
     return hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None)
+
+
+# Tests that need a cluster engine (a throw-away Slurm, a local Ray), run by
+# `make test-cluster`: collected only when named on the command line.
+_CLUSTER_TESTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cluster")
+
+
+def pytest_ignore_collect(collection_path, config):
+    if os.path.abspath(str(collection_path)) != _CLUSTER_TESTS:
+        return None
+    named = (os.path.abspath(arg.split("::")[0]) for arg in config.args)
+    if any(path == _CLUSTER_TESTS or path.startswith(_CLUSTER_TESTS + os.sep) for path in named):
+        return None
+    return True
 
 
 def pytest_configure(config):

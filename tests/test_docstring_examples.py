@@ -30,6 +30,7 @@ MODULES = (
     "keras_scaling.baseline",
     "keras_scaling.callbacks",
     "keras_scaling.callbacks.backup_and_restore",
+    "keras_scaling.cluster",
     "keras_scaling.compat",
     "keras_scaling.data",
     "keras_scaling.devices",

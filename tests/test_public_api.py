@@ -18,6 +18,7 @@ import keras_scaling
 PUBLIC_MODULES = (
     "keras_scaling",
     "keras_scaling.callbacks",
+    "keras_scaling.cluster",
     "keras_scaling.compat",
     "keras_scaling.data",
     "keras_scaling.devices",

@@ -1,0 +1,219 @@
+"""Where a multi-worker cluster comes from: `TF_CONFIG`, Slurm, Kubernetes, `launch`.
+
+`keras_scaling.auto_strategy()` asks `resolve_cluster()` which cluster this
+process belongs to, from its environment alone, in this order:
+
+1. `TF_CONFIG`, when set (by `keras-scaling launch`, Vertex AI, Kubeflow,
+   Ray Train or by hand): it wins, and the log says what it won over;
+2. `KERAS_SCALING_WORKER_HOSTS` with `JOB_COMPLETION_INDEX`: the pods of a
+   Kubernetes Indexed Job or JobSet;
+3. the Slurm job step this process is a task of (`srun`), with more than
+   one task.
+
+The core is plain functions of a mapping of environment variables, testable
+with dicts; `keras_scaling.devices` builds the TensorFlow side from their
+`ClusterSpec`. `describe_cluster()` is the sentence the log, `describe_strategy`
+and `keras-scaling doctor` print.
+"""
+
+import dataclasses
+import json
+import os
+
+from keras_scaling._environment import LAUNCHED_ENV
+from keras_scaling.cluster._hostlist import expand_hostlist
+from keras_scaling.cluster._kubernetes import INDEX_ENV, WORKER_HOSTS_ENV, worker_hosts_cluster
+from keras_scaling.cluster._slurm import (
+    PORT_ENV,
+    NotInStepError,
+    parse_tasks_per_node,
+    slurm_cluster,
+    step_port_base,
+    task_gpus,
+)
+from keras_scaling.cluster._spec import ClusterSpec
+
+__all__ = [
+    "INDEX_ENV",
+    "PORT_ENV",
+    "WORKER_HOSTS_ENV",
+    "ClusterSpec",
+    "NotInStepError",
+    "describe_cluster",
+    "expand_hostlist",
+    "parse_tasks_per_node",
+    "resolve_cluster",
+    "slurm_cluster",
+    "step_port_base",
+    "task_gpus",
+    "tf_config_cluster",
+    "worker_hosts_cluster",
+]
+
+NO_CLUSTER = "one process: no TF_CONFIG, Kubernetes worker list or Slurm step of several tasks"
+
+
+def _count(number, noun):
+    return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
+
+
+def tf_config_cluster(env):
+    """The cluster `TF_CONFIG` describes, or None when it is unset or names one process.
+
+    `chief`, `worker` and `evaluator` tasks are read as Vertex AI and Kubeflow
+    write them: the chief is worker 0 of the training and the workers follow;
+    the evaluator trains with nobody.
+
+    Args:
+        env: mapping, the environment (`os.environ`, or a dict in tests).
+
+    Returns:
+        A `ClusterSpec`, or None.
+
+    Raises:
+        ValueError: `TF_CONFIG` is not a JSON object, or its task is missing
+            or not in its cluster.
+
+    Example:
+
+    ```python
+    import json
+    from keras_scaling import cluster
+    config = {"cluster": {"chief": ["chief-0:2222"], "worker": ["worker-0:2222"],
+                          "evaluator": ["eval-0:2222"]},
+              "task": {"type": "worker", "index": 0}}
+    spec = cluster.tf_config_cluster({"TF_CONFIG": json.dumps(config)})
+    spec.num_workers   # 2: the chief and one worker
+    ```
+    """
+    raw = env.get("TF_CONFIG")
+    if not raw:
+        return None
+    try:
+        config = json.loads(raw)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"TF_CONFIG is not valid JSON: {error}") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"TF_CONFIG must be a JSON object, got {raw!r}")
+    jobs = config.get("cluster") or {}
+    chief = tuple(jobs.get("chief") or ())
+    workers = tuple(jobs.get("worker") or ())
+    evaluator = tuple(jobs.get("evaluator") or ())
+    if len(chief) + len(workers) < 2 and not evaluator:
+        return None
+    task = config.get("task") or {}
+    task_type, task_index = task.get("type"), task.get("index", 0)
+    known = {"chief": chief, "worker": workers, "evaluator": evaluator}
+    if task_type not in known or not isinstance(task_index, int):
+        raise ValueError(
+            f"TF_CONFIG's task must be {{'type': 'chief'|'worker'|'evaluator', 'index': N}}, "
+            f"got {task!r}"
+        )
+    if not 0 <= task_index < len(known[task_type]):
+        raise ValueError(
+            f"TF_CONFIG's task is {task_type} {task_index}, but its cluster has "
+            f"{len(known[task_type])} {task_type} task(s)"
+        )
+    parts = [_count(len(chief), "chief")] if chief else []
+    parts.append(_count(len(workers), "worker"))
+    if evaluator:
+        parts.append(_count(len(evaluator), "evaluator"))
+    origin = f"TF_CONFIG: {', '.join(parts)}; this is {task_type} {task_index}"
+    source = "tf_config"
+    if env.get(LAUNCHED_ENV):
+        origin += ", set by keras-scaling launch"
+        source = "launch"
+    return ClusterSpec(
+        source=source,
+        origin=origin,
+        workers=workers,
+        task_type=task_type,
+        task_index=task_index,
+        chief=chief,
+        evaluator=evaluator,
+        port_source="TF_CONFIG",
+    )
+
+
+def resolve_cluster(env=None, expand=expand_hostlist):
+    """The multi-worker cluster this process is part of, or None for a single process.
+
+    `TF_CONFIG` wins over `KERAS_SCALING_WORKER_HOSTS`, which wins over a
+    Slurm step; the winner's `origin` names the others that were there.
+
+    Args:
+        env: mapping, the environment; defaults to `os.environ`.
+        expand: function expanding a Slurm host list (the default asks
+            `scontrol show hostnames` when it is there).
+
+    Returns:
+        A `ClusterSpec`, or None.
+
+    Raises:
+        NotInStepError: inside a Slurm job of several tasks, outside `srun`,
+            with neither `TF_CONFIG` nor `KERAS_SCALING_WORKER_HOSTS` set.
+        ValueError: the winning source's variables are malformed.
+
+    Example:
+
+    ```python
+    from keras_scaling import cluster
+    env = {"KERAS_SCALING_WORKER_HOSTS": "127.0.0.1:2222,127.0.0.1:2223",
+           "JOB_COMPLETION_INDEX": "0"}
+    cluster.resolve_cluster(env).origin
+    # 'Kubernetes indexed job, pod 0 of 2 (KERAS_SCALING_WORKER_HOSTS)'
+    cluster.resolve_cluster({})   # None: one process
+    ```
+    """
+    env = os.environ if env is None else env
+    candidates = [
+        lambda: tf_config_cluster(env),
+        lambda: worker_hosts_cluster(env),
+        lambda: slurm_cluster(env, expand=expand),
+    ]
+    for position, candidate in enumerate(candidates):
+        spec = candidate()
+        if spec is None:
+            continue
+        beaten = []
+        for other in candidates[position + 1 :]:
+            try:
+                other_spec = other()
+            except (ValueError, NotInStepError):
+                continue
+            if other_spec is not None:
+                beaten.append(other_spec.origin)
+        if beaten:
+            spec = dataclasses.replace(
+                spec, origin=f"{spec.origin} (it wins over {'; '.join(beaten)})"
+            )
+        return spec
+    return None
+
+
+def describe_cluster(env=None):
+    """One sentence saying where this process's cluster comes from.
+
+    Such as `"Slurm job 1234 step 0: 4 tasks on 2 nodes"`, `"TF_CONFIG: 2
+    workers; this is worker 1, set by keras-scaling launch"`, `"Kubernetes
+    indexed job, pod 0 of 4 (KERAS_SCALING_WORKER_HOSTS)"`, or, for a single
+    process, `"one process: ..."`.
+
+    Args:
+        env: mapping, the environment; defaults to `os.environ`.
+
+    Returns:
+        str.
+
+    Raises:
+        NotInStepError, ValueError: as `resolve_cluster`.
+
+    Example:
+
+    ```python
+    from keras_scaling import cluster
+    print(cluster.describe_cluster())
+    ```
+    """
+    spec = resolve_cluster(env)
+    return NO_CLUSTER if spec is None else spec.origin

@@ -1,0 +1,165 @@
+"""Slurm's compressed host lists (`gpu[01-04,07],login3`), expanded.
+
+`scontrol show hostnames` does it where Slurm is installed; the pure-Python
+expander below does it everywhere else (a Kubernetes pod, a test) and checks
+the syntax first, since `scontrol` 22.05 turns a malformed list such as
+`node[1` into a wrong host instead of an error.
+"""
+
+import os
+import re
+import shutil
+import subprocess
+
+_RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
+_SCONTROL_TIMEOUT_S = 10
+
+
+def _split_top_level(text, parameter):
+    """Splits `text` at the commas outside brackets."""
+    parts, depth, start = [], 0, 0
+    for position, char in enumerate(text):
+        if char == "[":
+            depth += 1
+            if depth > 1:
+                raise ValueError(f"{parameter}: nested '[' in {text!r}")
+        elif char == "]":
+            depth -= 1
+            if depth < 0:
+                raise ValueError(f"{parameter}: ']' without '[' in {text!r}")
+        elif char == "," and depth == 0:
+            parts.append(text[start:position])
+            start = position + 1
+    if depth:
+        raise ValueError(f"{parameter}: '[' without ']' in {text!r}")
+    parts.append(text[start:])
+    return parts
+
+
+def _expand_ranges(ranges, text, parameter):
+    """`"01-03,07"` -> `["01", "02", "03", "07"]`, keeping the zero padding of each range."""
+    values = []
+    for part in ranges.split(","):
+        match = _RANGE.match(part.strip())
+        if match is None:
+            raise ValueError(
+                f"{parameter}: {part!r} in {text!r} is not a number or a range such as 01-04"
+            )
+        first, last = match.group(1), match.group(2) or match.group(1)
+        if int(last) < int(first):
+            raise ValueError(f"{parameter}: range {part!r} in {text!r} runs backwards")
+        width = len(first) if first.startswith("0") else 0
+        values.extend(str(number).zfill(width) for number in range(int(first), int(last) + 1))
+    return values
+
+
+def _expand_one(name, text, parameter):
+    """One comma-free entry with any number of bracket groups: their product, in order."""
+    hosts = [""]
+    rest = name
+    while rest:
+        open_at = rest.find("[")
+        if open_at < 0:
+            hosts = [host + rest for host in hosts]
+            break
+        close_at = rest.index("]", open_at)
+        prefix, ranges = rest[:open_at], rest[open_at + 1 : close_at]
+        hosts = [
+            host + prefix + value
+            for host in hosts
+            for value in _expand_ranges(ranges, text, parameter)
+        ]
+        rest = rest[close_at + 1 :]
+    return hosts
+
+
+def expand_hostlist_python(text, parameter="host list"):
+    """Expands a Slurm host list in pure Python, checking its syntax.
+
+    Args:
+        text: str, such as `"gpu[01-04,07],login3"` or `"rack[1-2]-n[1-2]"`.
+        parameter: str, the name the error messages give the list.
+
+    Returns:
+        list of str, the host names in order.
+
+    Raises:
+        ValueError: the list is empty or malformed.
+    """
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError(f"{parameter} is empty: expected host names such as 'gpu[01-04,07]'")
+    hosts = []
+    for entry in _split_top_level(text.strip(), parameter):
+        entry = entry.strip()
+        if not entry:
+            raise ValueError(f"{parameter}: empty entry between commas in {text!r}")
+        hosts.extend(_expand_one(entry, text, parameter))
+    return hosts
+
+
+# Where Slurm's commands find the cluster's configuration: SLURM_CONF, the
+# default path, or the cache slurmd keeps on the nodes of a configless cluster.
+_SLURM_CONF_PATHS = ("/etc/slurm/slurm.conf", "/run/slurm/conf/slurm.conf")
+
+
+def _scontrol_hostnames(text):
+    """`scontrol show hostnames TEXT`, or None when scontrol is absent or fails."""
+    scontrol = shutil.which("scontrol")
+    if scontrol is None:
+        return None
+    if not os.environ.get("SLURM_CONF") and not any(map(os.path.exists, _SLURM_CONF_PATHS)):
+        # Without a configuration scontrol looks for a controller in DNS.
+        return None
+    try:
+        result = subprocess.run(
+            [scontrol, "show", "hostnames", text],
+            capture_output=True,
+            text=True,
+            timeout=_SCONTROL_TIMEOUT_S,
+            env={**os.environ, "SLURM_TIME_FORMAT": "standard"},
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    hosts = result.stdout.split()
+    if result.returncode != 0 or not hosts or result.stderr.strip():
+        return None
+    return hosts
+
+
+def expand_hostlist(text, parameter="host list", use_scontrol=True):
+    """Expands a Slurm compressed host list into host names.
+
+    The syntax is checked in Python; the expansion is `scontrol show
+    hostnames` when Slurm's `scontrol` is on the `PATH`, finds the cluster's
+    configuration (`SLURM_CONF`, `/etc/slurm/slurm.conf` or a configless
+    node's cache) and answers, else the
+    same rules in Python: comma-separated entries, each with bracket groups
+    of numbers and ranges whose zero padding is kept (`gpu[01-04,07]` is
+    gpu01 ... gpu04, gpu07), several groups multiplying (`r[1-2]n[1-2]` is
+    r1n1, r1n2, r2n1, r2n2).
+
+    Args:
+        text: str, the host list, such as `SLURM_STEP_NODELIST`.
+        parameter: str, the name the error messages give the list.
+        use_scontrol: bool, whether to ask `scontrol` when it is there.
+
+    Returns:
+        list of str, the host names in order.
+
+    Raises:
+        ValueError: the list is empty or malformed.
+
+    Example:
+
+    ```python
+    from keras_scaling import cluster
+    cluster.expand_hostlist("gpu[01-03,07],login3")
+    # ['gpu01', 'gpu02', 'gpu03', 'gpu07', 'login3']
+    ```
+    """
+    hosts = expand_hostlist_python(text, parameter)
+    if use_scontrol:
+        from_scontrol = _scontrol_hostnames(text.strip())
+        if from_scontrol is not None:
+            return from_scontrol
+    return hosts

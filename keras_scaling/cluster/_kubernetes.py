@@ -1,0 +1,89 @@
+"""A Kubernetes Indexed Job's pods as a cluster: plain functions of the environment.
+
+Each pod of an Indexed Job (or of a JobSet's replicated job) gets its index
+in `JOB_COMPLETION_INDEX`. With one more variable, the same in every pod,
+naming the workers in Slurm's host-list notation, every pod computes the same
+worker list and its own task, so nobody writes `TF_CONFIG` JSON in YAML:
+
+    KERAS_SCALING_WORKER_HOSTS=train-[0-3].train-svc:2222
+
+is train-0.train-svc:2222 ... train-3.train-svc:2222 (the Job `train`'s pods
+behind the headless Service `train-svc`), and the pod of index 2 is worker 2.
+A plain comma list works too.
+"""
+
+from keras_scaling.cluster._hostlist import expand_hostlist_python
+from keras_scaling.cluster._spec import ClusterSpec
+
+WORKER_HOSTS_ENV = "KERAS_SCALING_WORKER_HOSTS"
+INDEX_ENV = "JOB_COMPLETION_INDEX"
+
+
+def _check_address(address):
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(
+            f"{WORKER_HOSTS_ENV}: {address!r} is not host:port; write each worker as "
+            "host:port, such as 'train-[0-3].train-svc:2222'"
+        )
+
+
+def worker_hosts_cluster(env):
+    """The cluster named by `KERAS_SCALING_WORKER_HOSTS` and `JOB_COMPLETION_INDEX`, or None.
+
+    None when `KERAS_SCALING_WORKER_HOSTS` is unset. The pod of index `i` is
+    worker `i`; worker 0 is the chief.
+
+    Args:
+        env: mapping, the environment (`os.environ`, or a dict in tests).
+
+    Returns:
+        A `ClusterSpec`, or None.
+
+    Raises:
+        ValueError: the host list is malformed, an entry has no port, the
+            index is missing or outside the list.
+
+    Example:
+
+    ```python
+    from keras_scaling import cluster
+    env = {"KERAS_SCALING_WORKER_HOSTS": "train-[0-3].train-svc:2222",
+           "JOB_COMPLETION_INDEX": "2"}
+    spec = cluster.worker_hosts_cluster(env)
+    spec.workers[2], spec.task_index   # ('train-2.train-svc:2222', 2)
+    ```
+    """
+    text = env.get(WORKER_HOSTS_ENV)
+    if text is None or not text.strip():
+        return None
+    workers = tuple(expand_hostlist_python(text, WORKER_HOSTS_ENV))
+    for address in workers:
+        _check_address(address)
+    if len(set(workers)) != len(workers):
+        raise ValueError(f"{WORKER_HOSTS_ENV}={text!r} names a worker twice")
+    index_text = env.get(INDEX_ENV)
+    if index_text is None or not index_text.strip().isdigit():
+        raise ValueError(
+            f"{WORKER_HOSTS_ENV} is set but {INDEX_ENV} is {index_text!r}: each pod "
+            "needs its index, which an Indexed Job (completionMode: Indexed) or a "
+            f"JobSet sets; outside Kubernetes, set {INDEX_ENV} to this worker's index"
+        )
+    index = int(index_text)
+    if index >= len(workers):
+        raise ValueError(
+            f"{INDEX_ENV}={index}, but {WORKER_HOSTS_ENV}={text!r} names "
+            f"{len(workers)} workers (indices 0 to {len(workers) - 1}): make the "
+            "Job's completions and parallelism equal to the number of workers"
+        )
+    # A JobSet names itself; a plain Indexed Job's name is not in its pods' env.
+    job = env.get("JOBSET_NAME")
+    name = f"Kubernetes JobSet {job!r}" if job else "Kubernetes indexed job"
+    return ClusterSpec(
+        source="kubernetes",
+        origin=f"{name}, pod {index} of {len(workers)} ({WORKER_HOSTS_ENV})",
+        workers=workers,
+        task_type="worker",
+        task_index=index,
+        port_source=WORKER_HOSTS_ENV,
+    )

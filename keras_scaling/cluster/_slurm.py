@@ -1,0 +1,296 @@
+"""A Slurm job step's tasks as a cluster: plain functions of the environment.
+
+Inside `srun` (alone, or in an `sbatch` script) every task of the step gets
+the same node list and tasks-per-node, and its own node and local rank. From
+those every task computes the same worker list: for each node of the step in
+order, one worker per task on it, at `host:port_base + local rank`. A task's
+index in that list comes from its node and local rank, not `SLURM_PROCID`,
+so it holds whatever `--distribution` placed the ranks.
+"""
+
+import re
+
+from keras_scaling.cluster._hostlist import expand_hostlist
+from keras_scaling.cluster._spec import ClusterSpec
+
+PORT_ENV = "KERAS_SCALING_PORT"
+# Ports below Linux's default ephemeral range (32768-60999), where the
+# kernel picks the local ports of outgoing connections.
+PORT_RANGE = (20000, 32768)
+# Ports of one step on one node: its tasks' ports are port_base + local rank.
+PORT_BLOCK = 32
+_TASKS_PER_NODE = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
+
+
+def parse_tasks_per_node(text, parameter="SLURM_STEP_TASKS_PER_NODE"):
+    """Expands Slurm's tasks-per-node notation: `"2(x3),1"` is `[2, 2, 2, 1]`.
+
+    Args:
+        text: str, such as `SLURM_STEP_TASKS_PER_NODE`.
+        parameter: str, the name the error messages give it.
+
+    Returns:
+        list of int, the tasks on each node in node-list order.
+
+    Raises:
+        ValueError: the text is not in that notation.
+
+    Example:
+
+    ```python
+    from keras_scaling import cluster
+    cluster.parse_tasks_per_node("2(x3),1")   # [2, 2, 2, 1]
+    ```
+    """
+    counts = []
+    for part in str(text).strip().split(","):
+        match = _TASKS_PER_NODE.match(part.strip())
+        if match is None:
+            raise ValueError(
+                f"{parameter} must look like '2(x3),1' (2 tasks on each of 3 nodes, "
+                f"then 1), got {text!r}"
+            )
+        counts.extend([int(match.group(1))] * int(match.group(2) or 1))
+    return counts
+
+
+def _int(env, name):
+    value = env.get(name)
+    if value is None or value == "":
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"{name} must be an integer, got {value!r}") from None
+
+
+def in_slurm_job(env):
+    """Whether the environment is a Slurm job's (a batch script, `salloc` shell or step)."""
+    return bool(env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID"))
+
+
+def in_slurm_step(env):
+    """Whether this process is a task of a Slurm job step (started by `srun`)."""
+    step = env.get("SLURM_STEP_ID", env.get("SLURM_STEPID"))
+    # The batch script itself runs as the step "batch" (or without the
+    # variable, as in Slurm 22.05), and an salloc shell as "extern"/none.
+    return in_slurm_job(env) and step is not None and step.isdigit()
+
+
+def step_port_base(job_id, step_id, tasks_on_busiest_node=1):
+    """The first port of a step's tasks on each node, the same on every task.
+
+    Consecutive jobs get consecutive blocks of `PORT_BLOCK` ports in
+    `PORT_RANGE`, and the steps of one job blocks far apart, so the jobs and
+    steps that share a node at one time do not collide.
+
+    Args:
+        job_id: int, `SLURM_JOB_ID`.
+        step_id: int, `SLURM_STEP_ID`.
+        tasks_on_busiest_node: int, the most tasks on one node of the step.
+
+    Returns:
+        int, the port of local rank 0; local rank r uses port + r.
+
+    Example:
+
+    ```python
+    from keras_scaling import cluster
+    cluster.step_port_base(1234, 0)   # 26000 + ...: same on every task
+    ```
+    """
+    block = PORT_BLOCK * max(1, -(-tasks_on_busiest_node // PORT_BLOCK))
+    slots = (PORT_RANGE[1] - PORT_RANGE[0]) // block
+    slot = (job_id + 131 * step_id) % slots
+    return PORT_RANGE[0] + slot * block
+
+
+def _port_override(env, tasks_on_busiest_node):
+    port = _int(env, PORT_ENV)
+    if port is None:
+        return None
+    if not 1024 <= port <= 65535 - tasks_on_busiest_node:
+        raise ValueError(
+            f"{PORT_ENV} must be a port from 1024 to {65535 - tasks_on_busiest_node} "
+            f"(the task of local rank r on a node uses {PORT_ENV} + r), got {port}"
+        )
+    return port
+
+
+class NotInStepError(RuntimeError):
+    """A Slurm job of several tasks runs this Python as one process, outside `srun`.
+
+    Raised by `auto_strategy()` (through `slurm_cluster`) in a batch script
+    or `salloc` shell of `--ntasks=2` or more that runs `python train.py`
+    directly: that one process would train alone while the other tasks never
+    start. The message names the fix: `srun python train.py`.
+
+    Args:
+        *args: the message, as for any exception.
+
+    Example:
+
+    ```python
+    from keras_scaling import cluster
+    env = {"SLURM_JOB_ID": "7", "SLURM_NTASKS": "2", "SLURM_JOB_NODELIST": "gpu01"}
+    try:
+        cluster.slurm_cluster(env)
+    except cluster.NotInStepError as error:
+        print(error)   # ... Start one process per task with srun ...
+    ```
+    """
+
+
+def slurm_cluster(env, expand=expand_hostlist):
+    """The cluster of the Slurm job step this process is a task of, or None.
+
+    None outside Slurm and in a step of one task. The step's tasks are the
+    workers; worker 0 (the chief) is local rank 0 on the first node.
+
+    Args:
+        env: mapping, the environment (`os.environ`, or a dict in tests).
+        expand: function expanding a compressed host list (the default asks
+            `scontrol show hostnames` when it is there).
+
+    Returns:
+        A `ClusterSpec`, or None.
+
+    Raises:
+        NotInStepError: a job of several tasks runs this process outside
+            `srun` (a batch script or `salloc` shell running Python directly):
+            one process would train alone while the others were never started.
+        ValueError: the step's variables are malformed or disagree, or
+            `KERAS_SCALING_PORT` is not a usable port.
+
+    Example:
+
+    ```python
+    from keras_scaling import cluster
+    env = {"SLURM_JOB_ID": "1234", "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "4",
+           "SLURM_STEP_NODELIST": "gpu[01-02]", "SLURM_STEP_TASKS_PER_NODE": "2(x2)",
+           "SLURMD_NODENAME": "gpu02", "SLURM_LOCALID": "1", "SLURM_PROCID": "3"}
+    spec = cluster.slurm_cluster(env)
+    spec.origin         # 'Slurm job 1234 step 0: 4 tasks on 2 nodes'
+    spec.task_index     # 3
+    ```
+    """
+    if not in_slurm_job(env):
+        return None
+    job_id = _int(env, "SLURM_JOB_ID") or _int(env, "SLURM_JOBID")
+    if not in_slurm_step(env):
+        ntasks = _int(env, "SLURM_NTASKS") or _int(env, "SLURM_NPROCS") or 1
+        if ntasks > 1:
+            raise NotInStepError(
+                f"Slurm job {job_id} has {ntasks} tasks, but this Python runs outside "
+                "a job step (straight from the batch script or an salloc shell), so "
+                f"it would train alone while the other {ntasks - 1} never start. Start "
+                "one process per task with srun: `srun python train.py` in the batch "
+                "script; or `srun --ntasks=1 python train.py` to train on one process."
+            )
+        return None
+    step_id = _int(env, "SLURM_STEP_ID")
+    if step_id is None:
+        step_id = _int(env, "SLURM_STEPID")
+    num_tasks = _int(env, "SLURM_STEP_NUM_TASKS") or _int(env, "SLURM_NTASKS") or 1
+    if num_tasks < 2:
+        return None
+    nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST", "")
+    hosts = expand(nodelist, "SLURM_STEP_NODELIST")
+    tasks_text = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE", "")
+    tasks_per_node = parse_tasks_per_node(tasks_text)
+    if len(tasks_per_node) != len(hosts) or sum(tasks_per_node) != num_tasks:
+        raise ValueError(
+            f"Slurm step {job_id}.{step_id}: SLURM_STEP_TASKS_PER_NODE={tasks_text!r} "
+            f"({sum(tasks_per_node)} tasks on {len(tasks_per_node)} nodes) does not match "
+            f"SLURM_STEP_NODELIST={nodelist!r} ({len(hosts)} nodes) and "
+            f"SLURM_STEP_NUM_TASKS={num_tasks}"
+        )
+    node_name = env.get("SLURMD_NODENAME")
+    if node_name in hosts:
+        node_index = hosts.index(node_name)
+    else:
+        node_index = _int(env, "SLURM_NODEID") or 0
+    local_rank = _int(env, "SLURM_LOCALID") or 0
+    if not 0 <= node_index < len(hosts) or not 0 <= local_rank < tasks_per_node[node_index]:
+        raise ValueError(
+            f"Slurm step {job_id}.{step_id}: node {node_index} (SLURMD_NODENAME="
+            f"{node_name!r}) local rank {local_rank} is not a task of "
+            f"SLURM_STEP_NODELIST={nodelist!r} with SLURM_STEP_TASKS_PER_NODE={tasks_text!r}"
+        )
+    busiest = max(tasks_per_node)
+    override = _port_override(env, busiest)
+    port_base = override if override is not None else step_port_base(job_id, step_id, busiest)
+    workers = tuple(
+        f"{host}:{port_base + rank}"
+        for host, count in zip(hosts, tasks_per_node)
+        for rank in range(count)
+    )
+    nodes = "node" if len(hosts) == 1 else "nodes"
+    return ClusterSpec(
+        source="slurm",
+        origin=f"Slurm job {job_id} step {step_id}: {num_tasks} tasks on {len(hosts)} {nodes}",
+        workers=workers,
+        task_type="worker",
+        task_index=sum(tasks_per_node[:node_index]) + local_rank,
+        local_rank=local_rank,
+        tasks_on_node=tasks_per_node[node_index],
+        port_source=PORT_ENV if override is not None else f"job {job_id} step {step_id}",
+    )
+
+
+def _device_ids(text):
+    ids = [part.strip() for part in str(text).split(",") if part.strip()]
+    # Slurm writes "N/A" or an empty list when it bound nothing.
+    return [value for value in ids if value.upper() not in ("N/A", "NONE", "NOGPU")]
+
+
+def task_gpus(env, local_rank, tasks_on_node):
+    """The GPU ids this task should see, from what Slurm bound, or None to leave them be.
+
+    Slurm with `--gpus-per-task` (or `--gpu-bind`) sets each task's
+    `CUDA_VISIBLE_DEVICES` to its own GPUs: those are kept (None). When every
+    task of a node sees all the node's GPUs (`--gres=gpu:4` with 2 tasks per
+    node), each task takes an equal share in local-rank order. A node without
+    GPUs gives None too: no `nvidia-smi` is asked.
+
+    Args:
+        env: mapping, the environment.
+        local_rank: int, the task's rank on its node.
+        tasks_on_node: int, the step's tasks on this node.
+
+    Returns:
+        list of str (the ids for `CUDA_VISIBLE_DEVICES`), or None.
+
+    Raises:
+        ValueError: the tasks of a node share fewer GPUs than there are tasks,
+            or a number of GPUs that does not divide among them.
+
+    Example:
+
+    ```python
+    from keras_scaling import cluster
+    env = {"CUDA_VISIBLE_DEVICES": "0,1,2,3", "SLURM_STEP_GPUS": "0,1,2,3"}
+    cluster.task_gpus(env, local_rank=1, tasks_on_node=2)   # ['2', '3']
+    ```
+    """
+    if env.get("SLURM_GPUS_PER_TASK") or "map_gpu" in env.get("SLURM_GPU_BIND", ""):
+        return None
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        gpus = _device_ids(visible)
+    elif env.get("SLURM_STEP_GPUS") or env.get("SLURM_JOB_GPUS"):
+        gpus = _device_ids(env.get("SLURM_STEP_GPUS") or env.get("SLURM_JOB_GPUS"))
+    else:
+        count = _int(env, "SLURM_GPUS_ON_NODE") or 0
+        gpus = [str(index) for index in range(count)]
+    if not gpus or tasks_on_node < 2:
+        return None
+    if len(gpus) % tasks_on_node:
+        raise ValueError(
+            f"the {tasks_on_node} tasks on this node all see the same {len(gpus)} GPUs "
+            f"({','.join(gpus)}), which do not divide among them. Ask Slurm for GPUs per "
+            "task (`srun --gpus-per-task=1`), or as many tasks per node as GPUs "
+            f"(`--ntasks-per-node={len(gpus)}`)."
+        )
+    share = len(gpus) // tasks_on_node
+    return gpus[local_rank * share : (local_rank + 1) * share]

@@ -1,0 +1,186 @@
+"""The environments of Kubernetes pods and Vertex AI tasks, run as local processes on 127.0.0.1.
+
+Each test starts the worker processes itself with the variables a pod or a
+task would get (no `keras-scaling launch`, no `TF_CONFIG` written by us for
+the Kubernetes case), each bounded by a timeout, and reads back what every
+worker wrote: `tests/multi_worker/mw_train_worker.py` trains with
+`keras_scaling.auto_strategy()`, `data.distribute`, `ReplicaSyncCheck` and
+`ThroughputLogger`.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TRAIN_WORKER = os.path.join(HERE, "mw_train_worker.py")
+TIMEOUT_S = 240
+
+pytestmark = pytest.mark.timeout(2 * TIMEOUT_S + 60)
+
+
+def _base_env():
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith(("SLURM_", "KERAS_SCALING_", "JOB_COMPLETION_INDEX"))
+    }
+    env.pop("TF_CONFIG", None)
+    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def _consecutive_free_ports(count):
+    """`count` consecutive ports free on 127.0.0.1, found by binding them."""
+    for _ in range(50):
+        sockets = []
+        try:
+            first = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sockets.append(first)
+            first.bind(("127.0.0.1", 0))
+            base = first.getsockname()[1]
+            if base + count > 65535:
+                continue
+            for port in range(base + 1, base + count):
+                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                sockets.append(sock)
+                sock.bind(("127.0.0.1", port))
+            return list(range(base, base + count))
+        except OSError:
+            continue
+        finally:
+            for sock in sockets:
+                sock.close()
+    raise RuntimeError(f"no {count} consecutive free ports on 127.0.0.1")
+
+
+def _run_together(envs, args):
+    """Runs one process per env at once; returns [(returncode, stdout, stderr)]."""
+    processes = [
+        subprocess.Popen(
+            [sys.executable, *args],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for env in envs
+    ]
+    results = []
+    try:
+        for process in processes:
+            out, err = process.communicate(timeout=TIMEOUT_S)
+            results.append((process.returncode, out, err))
+    except subprocess.TimeoutExpired:
+        for process in processes:
+            process.kill()
+        outputs = [process.communicate() for process in processes]
+        pytest.fail(
+            f"workers did not finish within {TIMEOUT_S} s:\n"
+            + "\n".join(err[-3000:] for _, err in outputs)
+        )
+    return results
+
+
+def _train(tmp_path, envs):
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    results = _run_together(
+        envs, [TRAIN_WORKER, "--out-dir", str(out_dir), "--log-dir", str(tmp_path / "logs")]
+    )
+    for returncode, _, err in results:
+        assert returncode == 0, err[-6000:]
+    workers = []
+    for index in range(len(envs)):
+        with open(out_dir / f"worker{index}.json") as file:
+            workers.append(json.load(file))
+    weights = [np.load(out_dir / f"worker{index}_weights.npz") for index in range(len(envs))]
+    return workers, weights, [err for _, _, err in results]
+
+
+def _assert_same_weights(weights):
+    names = sorted(weights[0].files)
+    assert any("kernel" in name for name in names)
+    for other in weights[1:]:
+        assert sorted(other.files) == names
+        for name in names:
+            assert other[name].tobytes() == weights[0][name].tobytes(), name
+
+
+def _assert_every_sample_once_per_epoch(workers, num_samples=96):
+    for epoch in ("0", "1"):
+        ids = [worker["ids_by_epoch"][epoch] for worker in workers]
+        assert sum(len(worker_ids) for worker_ids in ids) == num_samples
+        assert set().union(*ids) == set(range(num_samples))
+
+
+def test_indexed_job_pods_from_a_worker_host_template_train_one_model(tmp_path):
+    first, _ = _consecutive_free_ports(2)
+    # What the manifest sets in every pod; the Indexed Job sets the index.
+    template = f"127.0.0.1:[{first}-{first + 1}]"
+    envs = [
+        {**_base_env(), "KERAS_SCALING_WORKER_HOSTS": template, "JOB_COMPLETION_INDEX": str(i)}
+        for i in (0, 1)
+    ]
+    workers, weights, _ = _train(tmp_path, envs)
+    assert [worker["worker_index"] for worker in workers] == [0, 1]
+    assert [worker["num_workers"] for worker in workers] == [2, 2]
+    assert [worker["is_chief"] for worker in workers] == [True, False]
+    _assert_every_sample_once_per_epoch(workers)
+    _assert_same_weights(weights)
+
+
+def test_vertex_chief_and_worker_tf_config_train_one_model(tmp_path):
+    chief_port, worker_port = _consecutive_free_ports(2)
+    cluster = {
+        "chief": [f"127.0.0.1:{chief_port}"],
+        "worker": [f"127.0.0.1:{worker_port}"],
+        # Vertex AI names an evaluator too; it does not join the training.
+        "evaluator": ["127.0.0.1:1"],
+    }
+    envs = [
+        {**_base_env(), "TF_CONFIG": json.dumps({"cluster": cluster, "task": task})}
+        for task in ({"type": "chief", "index": 0}, {"type": "worker", "index": 0})
+    ]
+    workers, weights, _ = _train(tmp_path, envs)
+    # The chief is worker 0 and writes the logs; the worker follows it.
+    assert [worker["worker_index"] for worker in workers] == [0, 1]
+    assert [worker["is_chief"] for worker in workers] == [True, False]
+    assert [worker["num_replicas"] for worker in workers] == [2, 2]
+    _assert_every_sample_once_per_epoch(workers)
+    _assert_same_weights(weights)
+
+
+_DESCRIBE = """
+import json, logging, keras_scaling
+logging.basicConfig(level=logging.INFO)
+info = keras_scaling.describe_strategy(keras_scaling.auto_strategy())
+print(json.dumps({"kind": info.kind, "num_workers": info.num_workers,
+                  "is_chief": info.is_chief, "cluster_origin": info.cluster_origin}))
+"""
+
+
+def test_evaluator_task_trains_alone_and_says_why(tmp_path):
+    config = {
+        "cluster": {
+            "chief": ["127.0.0.1:1"],
+            "worker": ["127.0.0.1:2"],
+            "evaluator": ["127.0.0.1:3"],
+        },
+        "task": {"type": "evaluator", "index": 0},
+    }
+    ((returncode, out, err),) = _run_together(
+        [{**_base_env(), "TF_CONFIG": json.dumps(config)}], ["-c", _DESCRIBE]
+    )
+    assert returncode == 0, err[-4000:]
+    info = json.loads(out.strip().splitlines()[-1])
+    assert info["kind"] != "MultiWorkerMirroredStrategy"
+    assert info["num_workers"] == 1
+    assert info["cluster_origin"].endswith("this is evaluator 0")
+    assert "makes this task the evaluator, which trains with nobody" in err
