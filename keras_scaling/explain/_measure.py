@@ -14,7 +14,10 @@ how many steps one call runs and how many replicas run them:
   `MirroredStrategy` of the process), on a per-replica slice of that batch, at K.
 
 The variants take turns within each round, so a slow spell of the machine
-spreads over all of them rather than landing on one. The model's weights,
+spreads over all of them rather than landing on one. Before each timed round
+of `real`, as many steps run untimed: while the other variants ran, the
+pipeline filled its prefetch buffers, and a round that drained them would
+take batches faster than the pipeline makes them. The model's weights,
 optimizer state, metrics and `steps_per_execution` are put back afterwards.
 """
 
@@ -65,7 +68,8 @@ def _wait_for(logs):
 class _Variant:
     """A train function and the iterator it draws from, at its steps per call."""
 
-    def __init__(self, model, iterator, steps_per_execution):
+    def __init__(self, model, iterator, steps_per_execution, drain=False):
+        self.drain = drain
         self.model = model
         self.iterator = iterator
         self.steps_per_execution = steps_per_execution
@@ -76,6 +80,10 @@ class _Variant:
     def run(self, calls):
         """Runs `calls` calls; returns seconds per step."""
         self.model.steps_per_execution = self.steps_per_execution
+        if self.drain:
+            for _ in range(calls):
+                logs = self.function(self.iterator)
+            _wait_for(logs)
         start_s = time.perf_counter()
         logs = None
         for _ in range(calls):
@@ -117,15 +125,17 @@ class _SavedState:
 
 def _one_replica_model(model, device, steps_per_execution):
     """A copy of `model` on `device` alone, compiled as it is; or `(None, reason)`."""
-    import keras
     import tensorflow as tf
 
     strategy = tf.distribute.OneDeviceStrategy(device)
     try:
+        # Read outside the new scope: mirrored variables refuse another strategy.
+        weights = model.get_weights()
+        architecture = model.get_config()
+        config = model.get_compile_config()
         with strategy.scope():
-            copy = keras.models.clone_model(model)
-            copy.set_weights(model.get_weights())
-            config = model.get_compile_config()
+            copy = type(model).from_config(architecture)
+            copy.set_weights(weights)
             if config:
                 copy.compile_from_config(config)
             else:
@@ -149,12 +159,22 @@ def _batch_size(batch):
 
 
 def _pipeline_samples_per_sec(dataset, batches, global_batch_size):
-    """The pipeline's own rate on this worker: `batches` batches after one to warm up."""
+    """The pipeline's own rate on this worker, pulled in a compiled loop.
+
+    A Python loop would add its own cost per batch to the pipeline's.
+    """
+    import tensorflow as tf
+
     iterator = iter(dataset)
-    next(iterator)
+
+    @tf.function
+    def pull(count):
+        for _ in tf.range(count):
+            next(iterator)
+
+    pull(tf.constant(2))
     start_s = time.perf_counter()
-    for _ in range(batches):
-        next(iterator)
+    pull(tf.constant(batches))
     return batches * global_batch_size / (time.perf_counter() - start_s)
 
 
@@ -196,10 +216,14 @@ def measure(model, dataset, strategy, *, steps, rounds, amortized=None, pipeline
     saved = _SavedState(model)
     notes = []
     try:
-        real_iterator = iter(strategy.experimental_distribute_dataset(dataset))
         resident_iterator = iter(strategy.experimental_distribute_dataset(_resident_dataset(batch)))
         variants = {
-            "real": _Variant(model, real_iterator, steps_per_execution),
+            "real": _Variant(
+                model,
+                iter(strategy.experimental_distribute_dataset(dataset)),
+                steps_per_execution,
+                drain=True,
+            ),
             "resident": _Variant(model, resident_iterator, steps_per_execution),
             "resident_amortized": _Variant(model, resident_iterator, amortized),
         }
@@ -254,7 +278,8 @@ def compute_mfu(model, strategy, peak_flops, per_replica_batch_size, compute_s):
 
     Returns `(mfu, reason)`, one of them None.
     """
-    from keras_scaling import flops, peak_flops as peak_module
+    from keras_scaling import flops
+    from keras_scaling import peak_flops as peak_module
 
     if compute_s <= 0:
         return None, "the compute part measured 0 ms"

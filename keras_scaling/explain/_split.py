@@ -109,7 +109,7 @@ class Split:
         step stays.
         """
         host_s = self.host_per_call_s / steps_per_execution
-        other_s = self.step_s - self.part("host").time_s
+        other_s = max(0.0, self.step_s - self.part("host").time_s)
         return host_s / (other_s + host_s)
 
 
@@ -153,7 +153,8 @@ def split_step(*, real, resident, resident_amortized, one_replica, steps_per_exe
     parts = []
     for name in PARTS:
         time_s, noise_s = raw[name]
-        time_s = max(0.0, time_s)
+        # Noise can make a difference negative or larger than the step itself.
+        time_s = min(max(0.0, time_s), step_s)
         parts.append(Part(name=name, time_s=time_s, share=time_s / step_s, noise_s=noise_s))
     return Split(
         step_s=step_s,
@@ -318,8 +319,9 @@ def verdict(
             notes.append(f"{part.name} is also {_percent(part.share)} of the step")
     if abs(split.rest_share) >= 0.1:
         notes.append(
-            f"{_percent(abs(split.rest_share))} of the step is unexplained: noise "
-            "made some differences negative; more steps or rounds narrow it"
+            f"the parts and the measured step differ by {_percent(abs(split.rest_share))} "
+            "of the step (noise between rounds made some differences negative or "
+            "too large); more steps or rounds narrow it"
         )
     if host_cpu_replicas and num_replicas > 1:
         notes.append(shared_cores_note(num_replicas, cpu_cores))
