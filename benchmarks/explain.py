@@ -1,0 +1,81 @@
+"""How long `keras_scaling.explain` takes, and how far its parts land from a measured step.
+
+For the `mlp` and `cnn` presets of `keras-scaling bench` at one replica (on
+this process's one device), each round runs `explain` and, beside it, times
+the same model's step with `model.fit` on the same pipeline (a fixed number
+of steps, minus a shorter run's time, so fit's start-up cost cancels). It
+prints, per preset, the medians and spread over rounds of:
+
+- the seconds `explain` takes;
+- |sum of parts - explain's measured step| / step (the rest, by construction
+  small: the parts are differences of measured variants);
+- |sum of parts - fit's step| / fit's step: how far the split lands from a
+  step measured independently, by `fit` itself (goal: within 10%).
+
+Usage: python benchmarks/explain.py [--rounds 3] [--steps 30]
+"""
+
+import argparse
+import os
+import statistics
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def _fit_step_s(model, dataset, steps):
+    """fit's step time: (time of 2*steps - time of steps) / steps, start-up cancelled."""
+    times = []
+    for count in (steps, 2 * steps):
+        start_s = time.perf_counter()
+        model.fit(dataset, steps_per_epoch=count, epochs=1, verbose=0)
+        times.append(time.perf_counter() - start_s)
+    return (times[1] - times[0]) / steps
+
+
+def _spread(values):
+    return f"median {statistics.median(values):.3g} (min {min(values):.3g}, max {max(values):.3g})"
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--per-replica-batch", type=int, default=64)
+    args = parser.parse_args()
+
+    import tensorflow as tf
+
+    import keras_scaling
+    from keras_scaling import data
+    from keras_scaling.cli import _models
+
+    strategy = tf.distribute.get_strategy()
+    for preset in ("mlp", "cnn"):
+        model = _models.build_model(preset)
+        _models.compile_for_bench(model, preset, 1)
+        x, y = _models.synthetic_data(model, args.per_replica_batch * 16)
+        dataset = data.distribute(
+            (x, y), strategy=strategy, per_replica_batch_size=args.per_replica_batch
+        ).repeat()
+        _fit_step_s(model, dataset, 5)  # traces fit's function
+        took_s, rest, against_fit = [], [], []
+        for _ in range(args.rounds):
+            start_s = time.perf_counter()
+            result = keras_scaling.explain(
+                model, dataset, strategy=strategy, steps=args.steps, verbose=False
+            )
+            took_s.append(time.perf_counter() - start_s)
+            parts_s = sum(part.time_s for part in result.split.parts)
+            rest.append(abs(parts_s - result.split.step_s) / result.split.step_s)
+            fit_s = _fit_step_s(model, dataset, args.steps)
+            against_fit.append(abs(parts_s - fit_s) / fit_s)
+        print(f"{preset}: verdict {result.verdict.bound} ({result.verdict.confidence})")
+        print(f"  explain takes, s:                      {_spread(took_s)}")
+        print(f"  |parts - explain's step| / step:       {_spread(rest)}")
+        print(f"  |parts - fit's step| / fit's step:     {_spread(against_fit)}")
+        print(f"  last split:\n{result}")
+
+
+if __name__ == "__main__":
+    main()
