@@ -179,7 +179,7 @@ def _pipeline_samples_per_sec(dataset, batches, global_batch_size):
 
 
 def measure(model, dataset, strategy, *, steps, rounds, amortized=None, pipeline_batches=None):
-    """Times the variants of the step; returns a dict of the figures (see `_report.record`).
+    """Times the variants of the step; returns a dict of the figures, which `_report.explanation` reads.
 
     Args:
         model: a compiled Keras model built under `strategy`.
