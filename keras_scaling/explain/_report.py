@@ -52,7 +52,7 @@ def explanation(measurements, *, mfu=None, mfu_reason=None, efficient_per_replic
     )
     global_batch_size = measurements["global_batch_size"]
     pipeline = measurements.get("pipeline_samples_per_sec")
-    resident_s = timings["resident"].median_s
+    resident_s = timings["resident"].best_s
     training_samples_per_sec = global_batch_size / resident_s
     result = _split.verdict(
         split,

@@ -7,7 +7,7 @@ from keras_scaling.explain import _split
 
 def _timings(real, resident, amortized, one_replica, noise=0.0):
     def t(ms):
-        return _split.timing([(ms - noise) / 1e3, ms / 1e3, (ms + noise) / 1e3])
+        return _split.timing([ms / 1e3, (ms + noise) / 1e3, (ms + 2 * noise) / 1e3])
 
     return dict(
         real=t(real),
