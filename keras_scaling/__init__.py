@@ -13,6 +13,8 @@ Composable pieces for ordinary Keras code on `tf.distribute`:
 - `use_logical_cpus`, `auto_strategy`, `describe_strategy`: devices and
   strategies; `keras_scaling.cluster`: the multi-worker cluster from Slurm,
   Kubernetes or `TF_CONFIG`.
+- `explain(model, data)`: the training step split into input, compute,
+  synchronization and host overhead, with a verdict and the fix.
 
 Names are imported on first use, so `import keras_scaling` is cheap and does
 not initialise TensorFlow's devices: `use_logical_cpus` can still follow it.
@@ -43,6 +45,7 @@ _SUBMODULES = (
     "compat",
     "data",
     "devices",
+    "explain",
     "flops",
     "launcher",
     "peak_flops",

@@ -47,26 +47,23 @@ def low_efficiency(
     if figures.ideal_speedup <= 1 or figures.efficiency >= LOW_EFFICIENCY:
         return None
     if input_samples_per_sec is None:
-        diagnosis = (
-            f"The input pipeline could not be timed alone ({input_reason}); time "
-            "`for batch in dataset.take(50)` yourself: if it yields fewer "
-            f"than about {samples_per_sec:.0f} samples/sec, the input is the "
-            "bottleneck, otherwise combining the updates across replicas is."
-        )
+        diagnosis = f"The input pipeline could not be timed alone ({input_reason})."
     elif input_samples_per_sec < _INPUT_HEADROOM * samples_per_sec:
         diagnosis = (
             f"The input pipeline alone yields {input_samples_per_sec:.0f} "
-            f"samples/sec, barely more than training takes "
-            f"({samples_per_sec:.0f}): the input is the likelier cause "
-            "(more parallel reads and maps, prefetch, cache)."
+            f"samples/sec, barely more than training takes ({samples_per_sec:.0f})."
         )
     else:
         diagnosis = (
             f"The input pipeline alone yields {input_samples_per_sec:.0f} "
-            f"samples/sec, well above the {samples_per_sec:.0f} training takes: "
-            "combining the updates across replicas is the likelier cause "
-            "(a larger per-replica batch spreads its cost over more samples)."
+            f"samples/sec, well above the {samples_per_sec:.0f} training takes."
         )
+    diagnosis += (
+        " To see where each step's time goes (waiting for input, compute, "
+        "synchronizing the replicas, the training loop's cost per call) and the "
+        "fix, with measured numbers, run keras_scaling.explain(model, data) or "
+        "`keras-scaling bench --explain`."
+    )
     if host_cpu_replicas:
         diagnosis += (
             " The replicas are CPU devices of one host, which share its "

@@ -298,14 +298,19 @@ def test_short_step_advice_only_below_five_ms_and_one_step_per_call():
     assert advice.short_steps(0.006, 1) is None
 
 
-def test_low_efficiency_advice_names_the_likelier_cause():
+def test_low_efficiency_advice_gives_the_input_rate_and_points_to_explain():
     from keras_scaling import _throughput_advice as advice
 
     low = speedup(1000.0, 1000.0, num_replicas=2)  # efficiency 0.5
     slow_input = advice.low_efficiency(low, 1000.0, 1100.0, None, host_cpu_replicas=False)
-    assert "the input is the likelier cause" in slow_input
+    assert "barely more than training takes (1000)" in slow_input
+    assert "keras_scaling.explain(model, data)" in slow_input
     fast_input = advice.low_efficiency(low, 1000.0, 5000.0, None, host_cpu_replicas=True)
-    assert "combining the updates" in fast_input and "share its cores" in fast_input
+    assert "well above the 1000" in fast_input and "share its cores" in fast_input
+    assert "keras-scaling bench --explain" in fast_input
+    untimed = advice.low_efficiency(low, 1000.0, None, "it runs Python", host_cpu_replicas=False)
+    assert "could not be timed alone (it runs Python)" in untimed
+    assert "keras_scaling.explain" in untimed
     assert (
         advice.low_efficiency(
             speedup(1900.0, 1000.0, 2), 1900.0, None, "x", host_cpu_replicas=False

@@ -25,6 +25,9 @@ USAGE_PREFIX = "keras-scaling bench: error: "
 # `--intra-op-threads` is a per-replica budget.
 THREADPOOL_ENV = "TF_OVERRIDE_GLOBAL_THREADPOOL"
 _DISTINCT_BATCHES = 4
+# With --explain: what the count measured, for the bench to gather.
+EXPLAIN_FILE = "explain_measurements.json"
+_EXPLAIN_ROUNDS = 3
 
 
 def _parser():
@@ -41,6 +44,8 @@ def _parser():
     parser.add_argument("--intra-op-threads", type=int, default=0)
     parser.add_argument("--inter-op-threads", type=int, default=0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--explain", action="store_true")
+    parser.add_argument("--data")
     return parser
 
 
@@ -133,17 +138,27 @@ def run(args):
         model = _models.build_model(args.model)
         _models.compile_for_bench(model, args.model, args.steps_per_execution)
     global_batch_size = args.per_replica_batch * args.replicas
-    x, y = _models.synthetic_data(model, global_batch_size * _DISTINCT_BATCHES, seed=args.seed)
-    dataset = data.distribute(
-        (x, y),
-        strategy=strategy,
-        per_replica_batch_size=args.per_replica_batch,
-        shuffle=False,
-        last_batch="drop",
-    )
-    # The few distinct batches are assembled once and then replayed, so the
-    # input pipeline costs the same at every count and the steps measure training.
-    dataset = dataset.cache().repeat().prefetch(tf.data.AUTOTUNE)
+    if args.data is not None:
+        # The user's own pipeline, as training would build it: its cost is
+        # part of the step.
+        dataset = data.distribute(
+            _models.load_data(args.data),
+            strategy=strategy,
+            per_replica_batch_size=args.per_replica_batch,
+            last_batch="drop",
+        ).repeat()
+    else:
+        x, y = _models.synthetic_data(model, global_batch_size * _DISTINCT_BATCHES, seed=args.seed)
+        dataset = data.distribute(
+            (x, y),
+            strategy=strategy,
+            per_replica_batch_size=args.per_replica_batch,
+            shuffle=False,
+            last_batch="drop",
+        )
+        # The few distinct batches are assembled once and then replayed, so the
+        # input pipeline costs the same at every count and the steps measure training.
+        dataset = dataset.cache().repeat().prefetch(tf.data.AUTOTUNE)
     logger = callbacks.ThroughputLogger(
         args.log_dir,
         baseline=_baseline(args.baseline),
@@ -164,7 +179,31 @@ def run(args):
             file=sys.stderr,
         )
         return 1
+    if args.explain:
+        _explain(model, dataset, strategy, args)
     return 0
+
+
+def _explain(model, dataset, strategy, args):
+    """Measures the split of this count's step into `EXPLAIN_FILE`."""
+    import json
+
+    from keras_scaling.explain import _measure, _report
+
+    measurements = _measure.measure(
+        model, dataset, strategy, steps=args.steps, rounds=_EXPLAIN_ROUNDS
+    )
+    compute_s = _report.explanation(measurements).split.part("compute").time_s
+    mfu, reason = _measure.compute_mfu(
+        model,
+        strategy,
+        _peak_flops(args.peak_flops),
+        measurements["per_replica_batch_size"],
+        compute_s,
+    )
+    path = os.path.join(args.log_dir, EXPLAIN_FILE)
+    with open(path, "w", encoding="utf-8") as file:
+        json.dump({"measurements": measurements, "mfu": mfu, "mfu_reason": reason}, file)
 
 
 def main(argv=None):

@@ -34,28 +34,39 @@ def check_spec(spec):
     _import_function(spec)
 
 
-def _import_function(spec):
+def check_data_spec(spec):
+    """Raises `UsageError` unless `spec` (of `--data`) names an importable callable."""
+    if ":" not in spec:
+        raise UsageError(f"--data {spec!r} must have the form package.module:function")
+    _import_function(spec, option="--data")
+
+
+def load_data(spec):
+    """Calls the `--data` function: a dataset of samples, arrays or a `PyDataset`."""
+    return _import_function(spec, option="--data")()
+
+
+def _import_function(spec, option="--model"):
     module_name, _, function_name = spec.partition(":")
     if not module_name or not function_name:
-        raise UsageError(f"--model {spec!r} must have the form package.module:function")
+        raise UsageError(f"{option} {spec!r} must have the form package.module:function")
     if "" not in sys.path and "." not in sys.path:
         sys.path.insert(0, "")
     try:
         module = importlib.import_module(module_name)
     except ImportError as error:
         raise UsageError(
-            f"--model {spec!r}: cannot import module {module_name!r} ({error}); "
+            f"{option} {spec!r}: cannot import module {module_name!r} ({error}); "
             "run from the directory that holds it or add it to PYTHONPATH"
         ) from None
     function = getattr(module, function_name, None)
     if function is None:
         raise UsageError(
-            f"--model {spec!r}: module {module_name!r} has no attribute {function_name!r}"
+            f"{option} {spec!r}: module {module_name!r} has no attribute {function_name!r}"
         )
     if not callable(function):
         raise UsageError(
-            f"--model {spec!r}: {function_name!r} is a "
-            f"{type(function).__name__}, not a function returning a model"
+            f"{option} {spec!r}: {function_name!r} is a {type(function).__name__}, not a function"
         )
     return function
 

@@ -25,6 +25,8 @@ _BATCH_DIR = "batch_{}"
 _RUN_DIR_PATTERN = re.compile(r"(replicas|batch)_\d+")
 _EFFICIENT = 0.9
 _WORKER_LOG = "bench_worker.log"
+_EXPLAIN_FILE = "explain.json"
+_EXPLAIN_RUN = "explain"
 # The run, under LOGDIR, that holds the sweep's table and plots.
 SUMMARY_RUN = "summary"
 
@@ -62,6 +64,14 @@ batch, LOGDIR/efficiency.png (efficiency against per-replica batch, a line
 per replica count), and the smallest per-replica batch that reaches 90%
 efficiency at the largest replica count. Runs go to LOGDIR/batch_B/replicas_N.
 
+--explain splits each count's step into input, compute, synchronization
+and host overhead (see keras_scaling.explain), prints the split with a
+verdict and the fix, and writes LOGDIR/explain.json and the TensorBoard run
+"explain". --data package.module:function trains (and explains) on your own
+data instead of synthetic data: a function without arguments returning a
+tf.data.Dataset of single samples, arrays (x, y) or a keras.utils.PyDataset,
+wrapped by keras_scaling.data.distribute as training would.
+
 Writes LOGDIR/scaling.json, LOGDIR/scaling.png, and the plots and the tables
 into TensorBoard (tensorboard --logdir LOGDIR): the run "summary" holds them
 (Images and Text tabs), and each count's figures are in the run
@@ -74,6 +84,7 @@ examples:
   keras-scaling bench --replicas 1,2,4,8 --model resnet50 --per-replica-batch 128
   keras-scaling bench --cpu-devices 2 --per-replica-batch 16,32,64,128 --peak-flops measure
   keras-scaling bench --model my_project.models:build --global-batch 512
+  keras-scaling bench --cpu-devices 2 --explain --model my.models:build --data my.data:load
 """
 
 
@@ -152,6 +163,18 @@ def add_parser(subparsers):
     )
     parser.add_argument(
         "--seed", type=int, default=0, help="seed of the synthetic data (default 0)"
+    )
+    parser.add_argument(
+        "--explain",
+        action="store_true",
+        help="split each count's step into input, compute, synchronization and host "
+        "overhead, with a verdict; writes LOGDIR/explain.json",
+    )
+    parser.add_argument(
+        "--data",
+        metavar="package.module:function",
+        help="train on your own data: a function returning a tf.data.Dataset of "
+        "samples, arrays (x, y) or a keras.utils.PyDataset (default: synthetic data)",
     )
     parser.set_defaults(run=run)
     return parser
@@ -246,6 +269,8 @@ def run(args):
         )
     _write_results(log_dir, summary, table, args, sweep)
     written = ["scaling.json", "scaling.png"]
+    if args.explain:
+        written.append(_explain(log_dir, summary, args, sweep))
     if sweep.batch_sweep is not None:
         written.append("efficiency.png")
     print(f"\nWrote {', '.join(os.path.join(log_dir, name) for name in written)}.")
@@ -256,6 +281,8 @@ def run(args):
 def _plan_sweep(args):
     """Checks the arguments and plans the sweep; raises `UsageError`."""
     _models.check_spec(args.model)
+    if args.data is not None:
+        _models.check_data_spec(args.data)
     num_devices, device_kind = _count_devices(args.cpu_devices)
     if args.replicas is None:
         replica_counts = _sweep_plan.default_replica_counts(num_devices)
@@ -381,10 +408,10 @@ def _earlier_results(log_dir):
         name
         for name in names
         if _RUN_DIR_PATTERN.fullmatch(name)
-        or name in ("scaling.json", "scaling.png", "efficiency.png")
+        or name in ("scaling.json", "scaling.png", "efficiency.png", _EXPLAIN_FILE)
     }
     if "scaling.json" in names:
-        earlier.update(names & {SUMMARY_RUN, "train"})
+        earlier.update(names & {SUMMARY_RUN, "train", _EXPLAIN_RUN})
     return sorted(earlier)
 
 
@@ -407,6 +434,10 @@ def _run_point(args, sweep, point, index, log_dir, baseline, prefix=""):
         f"--seed={args.seed}",
         f"--peak-flops={args.peak_flops}",
     ]
+    if args.explain:
+        command.append("--explain")
+    if args.data is not None:
+        command.append(f"--data={args.data}")
     if sweep.cpu_threads is not None:
         command += [
             "--cpu-devices",
@@ -581,3 +612,35 @@ def _write_results(log_dir, summary, table, args, sweep):
         )
         text += f"\n\n{_efficient_batch_line(summary.rows)}"
     _tensorboard.write_text(log_dir, 0, "scaling/table", text, run=SUMMARY_RUN)
+
+
+def _explain(log_dir, summary, args, sweep):
+    """Prints and writes the split of each count's step; returns explain.json's path."""
+    from keras_scaling.explain import _report, _writer
+
+    efficient_batch = None
+    if sweep.batch_sweep is not None:
+        efficient_batch, _ = _speedup_table.smallest_efficient_batch(summary.rows, _EFFICIENT)
+    explanations = []
+    for row in summary.rows:
+        run_dir = os.path.join(log_dir, row.run)
+        with open(os.path.join(run_dir, _bench_worker.EXPLAIN_FILE), encoding="utf-8") as file:
+            measured = json.load(file)
+        explanations.append(
+            _report.explanation(
+                measured["measurements"],
+                mfu=measured["mfu"],
+                mfu_reason=measured["mfu_reason"],
+                efficient_per_replica_batch=efficient_batch,
+            )
+        )
+    print("\nExplain: the step split into input, compute, synchronization and host overhead")
+    print(_report.format_report(explanations))
+    return _writer.write(
+        log_dir,
+        explanations,
+        model=args.model,
+        data=args.data or "synthetic",
+        device_kind=sweep.device_kind,
+        scaling=sweep.scaling_mode,
+    )

@@ -1,0 +1,150 @@
+"""What `explain` reports: one record per replica count, its text, and `explain.json`.
+
+Pure functions of the measured figures (`_measure.measure`'s dict), so the
+bench's parent process, which gathers the counts its workers measured, and
+`explain` in the user's process write the same record. The schema is in
+docs/reference/explain-json.md.
+"""
+
+import dataclasses
+
+from keras_scaling.explain import _split
+
+SCHEMA_VERSION = 1
+FILE_NAME = "explain.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class Explanation:
+    """The split of the step at one replica count, its verdict and its record.
+
+    `split` is a `Split` (parts in seconds and shares), `verdict` a `Verdict`
+    (`bound`, `confidence`, `text`, `notes`), `record` the dict written to
+    `explain.json`; `str()` gives the table and the verdict.
+    """
+
+    split: object
+    verdict: object
+    record: dict
+
+    def __str__(self):
+        return format_report([self])
+
+
+def explanation(measurements, *, mfu=None, mfu_reason=None, efficient_per_replica_batch=None):
+    """The `Explanation` of `_measure.measure`'s figures at one replica count.
+
+    Args:
+        measurements: dict from `_measure.measure`.
+        mfu: MFU of the compute part, or None.
+        mfu_reason: why `mfu` is None.
+        efficient_per_replica_batch: from a sweep over per-replica batches,
+            the smallest reaching 90% efficiency.
+    """
+    timings = {name: _split.timing(values) for name, values in measurements["variants"].items()}
+    split = _split.split_step(
+        real=timings["real"],
+        resident=timings["resident"],
+        resident_amortized=timings["resident_amortized"],
+        one_replica=timings["one_replica"],
+        steps_per_execution=measurements["steps_per_execution"],
+        amortized=measurements["amortized_steps_per_execution"],
+    )
+    global_batch_size = measurements["global_batch_size"]
+    pipeline = measurements.get("pipeline_samples_per_sec")
+    resident_s = timings["resident"].best_s
+    training_samples_per_sec = global_batch_size / resident_s
+    result = _split.verdict(
+        split,
+        num_replicas=measurements["num_replicas"],
+        global_batch_size=global_batch_size,
+        pipeline_samples_per_sec=pipeline,
+        training_samples_per_sec=training_samples_per_sec,
+        mfu=mfu,
+        mfu_reason=mfu_reason,
+        efficient_per_replica_batch=efficient_per_replica_batch,
+        per_replica_batch_size=measurements["per_replica_batch_size"],
+        host_cpu_replicas=measurements.get("host_cpu_replicas", False),
+        cpu_cores=measurements.get("cpu_cores"),
+    )
+    notes = tuple(measurements.get("notes", ())) + result.notes
+    result = dataclasses.replace(result, notes=notes)
+    advised = _split.advised_steps_per_execution(split)
+    record = {
+        "replicas": measurements["num_replicas"],
+        "workers": measurements["num_workers"],
+        "device_kind": measurements["device_kind"],
+        "per_replica_batch_size": measurements["per_replica_batch_size"],
+        "global_batch_size": global_batch_size,
+        "steps_per_execution": split.steps_per_execution,
+        "amortized_steps_per_execution": split.amortized_steps_per_execution,
+        "steps": measurements["steps"],
+        "rounds": measurements["rounds"],
+        "step_ms": split.step_s * 1e3,
+        "parts": {
+            part.name: {
+                "ms": part.time_s * 1e3,
+                "share": part.share,
+                "noise_ms": part.noise_s * 1e3,
+            }
+            for part in split.parts
+        },
+        "rest_ms": split.rest_s * 1e3,
+        "rest_share": split.rest_share,
+        "host_per_call_ms": split.host_per_call_s * 1e3,
+        "host_share_at_amortized": split.host_share_at(split.amortized_steps_per_execution),
+        "advised_steps_per_execution": advised,
+        "host_share_at_advised": split.host_share_at(advised),
+        "pipeline_samples_per_sec": pipeline,
+        "training_samples_per_sec": training_samples_per_sec,
+        "implied_input_share": (
+            _split.implied_input_share(pipeline, global_batch_size, resident_s)
+            if pipeline
+            else None
+        ),
+        "mfu": mfu,
+        "mfu_reason": mfu_reason,
+        "host_cpu_replicas": measurements.get("host_cpu_replicas", False),
+        "cpu_cores": measurements.get("cpu_cores"),
+        "verdict": {
+            "bound": result.bound,
+            "confidence": result.confidence,
+            "text": result.text,
+            "notes": list(result.notes),
+        },
+        "variants": {name: timing.to_json() for name, timing in timings.items()},
+    }
+    return Explanation(split=split, verdict=result, record=record)
+
+
+def verdict_lines(explanation):
+    """The verdict of one count: its sentence, how sure, and its notes."""
+    record = explanation.record
+    verdict = explanation.verdict
+    lines = [f"{record['replicas']} replica(s): {verdict.text} ({verdict.confidence})"]
+    if record["pipeline_samples_per_sec"]:
+        lines.append(
+            f"  input pipeline alone: {record['pipeline_samples_per_sec']:,.0f} samples/s; "
+            f"training takes {record['training_samples_per_sec']:,.0f} samples/s with "
+            "the input free"
+        )
+    lines.extend(f"  note: {note}" for note in verdict.notes)
+    return lines
+
+
+def format_report(explanations):
+    """The table of the split per replica count, then each count's verdict."""
+    table = _split.format_table([(item.record["replicas"], item.split) for item in explanations])
+    lines = [table, ""]
+    for item in explanations:
+        lines.extend(verdict_lines(item))
+    return "\n".join(lines)
+
+
+def to_json(explanations, **setup):
+    """The content of `explain.json`: the setup and one record per replica count."""
+    return {
+        "schema_version": SCHEMA_VERSION,
+        **setup,
+        "counts": [item.record for item in explanations],
+    }

@@ -1,0 +1,118 @@
+"""explain on logical CPUs, on set-ups whose answer is known by construction.
+
+Each test builds a case where one part must dominate (a pipeline that sleeps,
+a large matrix multiply on a resident batch, a model too small to keep the
+loop busy, a large gradient to all-reduce) and checks the verdict names it.
+"""
+
+import time
+
+import numpy as np
+import pytest
+
+import keras_scaling
+
+pytestmark = pytest.mark.logical_cpus(2)
+
+_STEPS = 10
+_ROUNDS = 3
+
+
+@pytest.fixture(scope="module")
+def mirrored():
+    import tensorflow as tf
+
+    return tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+
+
+@pytest.fixture(scope="module")
+def one_device():
+    import tensorflow as tf
+
+    return tf.distribute.OneDeviceStrategy("/cpu:0")
+
+
+def _dense(strategy, width, *, inputs=None, steps_per_execution=1, layers=1):
+    import keras
+
+    with strategy.scope():
+        model = keras.Sequential(
+            [keras.Input((inputs or width,))] + [keras.layers.Dense(width) for _ in range(layers)]
+        )
+        model.compile(optimizer="sgd", loss="mse", steps_per_execution=steps_per_execution)
+    return model
+
+
+def _resident(global_batch_size, width, outputs=None):
+    import tensorflow as tf
+
+    x = np.ones((global_batch_size, width), "float32")
+    y = np.ones((global_batch_size, outputs or width), "float32")
+    return tf.data.Dataset.from_tensors((x, y)).repeat()
+
+
+def _explain(model, data, strategy, **kwargs):
+    return keras_scaling.explain(
+        model, data, strategy=strategy, steps=_STEPS, rounds=_ROUNDS, verbose=False, **kwargs
+    )
+
+
+def test_pipeline_slowed_by_a_sleeping_map_is_input_bound_with_the_share_its_rate_implies(
+    mirrored,
+):
+    import tensorflow as tf
+
+    def sleep(x, y):
+        time.sleep(0.03)
+        return x, y
+
+    def slow(x, y):
+        x2, y2 = tf.numpy_function(sleep, [x, y], [tf.float32, tf.float32], stateful=False)
+        return tf.ensure_shape(x2, x.shape), tf.ensure_shape(y2, y.shape)
+
+    data = _resident(8, 16).map(slow)
+    result = _explain(_dense(mirrored, 16), data, mirrored)
+    assert result.verdict.bound == "input", str(result)
+    input_share = result.split.part("input").share
+    implied = result.record["implied_input_share"]
+    assert abs(input_share - implied) <= 0.10, str(result)
+
+
+def test_large_matmul_on_a_resident_batch_is_compute_bound(one_device):
+    model = _dense(one_device, 1024, layers=2)
+    result = _explain(model, _resident(256, 1024), one_device)
+    assert result.verdict.bound == "compute", str(result)
+    assert "compute-bound" in result.verdict.text
+
+
+def test_tiny_model_at_one_step_per_call_is_host_bound_and_the_advised_value_lowers_the_host_share(
+    one_device,
+):
+    first = _explain(_dense(one_device, 1, inputs=8), _resident(8, 8, outputs=1), one_device)
+    assert first.verdict.bound == "host", str(first)
+    advised = first.record["advised_steps_per_execution"]
+    assert f"steps_per_execution={advised}" in first.verdict.text
+    model = _dense(one_device, 1, inputs=8, steps_per_execution=advised)
+    second = _explain(model, _resident(8, 8, outputs=1), one_device)
+    assert second.split.part("host").share < first.split.part("host").share, (
+        f"{first}\n\nwith steps_per_execution={advised}:\n{second}"
+    )
+
+
+def test_synchronization_share_grows_with_the_gradient_to_all_reduce(mirrored):
+    shares = {}
+    for width in (16, 1024):
+        result = _explain(_dense(mirrored, width), _resident(4, width), mirrored)
+        shares[width] = result.split.part("synchronization").share
+        notes = " ".join(result.verdict.notes)
+        assert "replicas are logical CPUs of one host and share" in notes
+    assert shares[1024] > shares[16], shares
+
+
+def test_model_state_is_put_back_after_explain(one_device):
+    model = _dense(one_device, 4)
+    before = [weight.copy() for weight in model.get_weights()]
+    _explain(model, _resident(8, 4), one_device)
+    after = model.get_weights()
+    assert all(np.array_equal(a, b) for a, b in zip(before, after))
+    assert model.steps_per_execution == 1
