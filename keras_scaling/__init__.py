@@ -41,6 +41,7 @@ _SUBMODULES = (
     "compat",
     "data",
     "devices",
+    "doctor",
     "flops",
     "launcher",
     "peak_flops",

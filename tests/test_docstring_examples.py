@@ -33,6 +33,7 @@ MODULES = (
     "keras_scaling.compat",
     "keras_scaling.data",
     "keras_scaling.devices",
+    "keras_scaling.doctor",
     "keras_scaling.flops",
     "keras_scaling.launcher",
     "keras_scaling.peak_flops",

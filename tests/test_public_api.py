@@ -21,6 +21,7 @@ PUBLIC_MODULES = (
     "keras_scaling.compat",
     "keras_scaling.data",
     "keras_scaling.devices",
+    "keras_scaling.doctor",
     "keras_scaling.throughput",
     "keras_scaling.baseline",
     "keras_scaling.replica_state",
