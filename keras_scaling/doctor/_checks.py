@@ -6,6 +6,7 @@ in `_collectives.py`, so every verdict can be tested with made-up inputs.
 
 import dataclasses
 import platform
+import statistics
 
 # Parameters of keras.applications.ResNet50() (weights=None, 1000 classes):
 # its gradients are this many float32 values, 102.2 MB, all-reduced each step.
@@ -192,7 +193,7 @@ def bandwidth_check(size_bytes, round_seconds):
     if not round_seconds:
         raise ValueError("round_seconds must hold at least one timing, got none")
     ordered = sorted(round_seconds)
-    median_s = ordered[len(ordered) // 2]
+    median_s = statistics.median(ordered)
     return Check(
         "bandwidth",
         ok=True,

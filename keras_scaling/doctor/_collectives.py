@@ -69,19 +69,20 @@ def time_all_reduce(strategy, num_floats, rounds):
     """The seconds each of `rounds` all-reduces (sum) of `num_floats` float32 took.
 
     One untimed round first traces the function and sets up the collective.
-    The tensors are made on the replicas' devices before the clock starts.
+    The tensor is a mirrored variable, made on the replicas' devices before
+    the clock starts, so each round times the all-reduce alone.
     """
-    values = strategy.experimental_distribute_values_from_function(
-        lambda context: tf.fill([num_floats], 1.0)
-    )
+    with strategy.scope():
+        mirrored = tf.Variable(tf.ones([num_floats]), trainable=False)
 
     @tf.function
-    def replica_fn(value):
+    def replica_fn():
+        value = tf.identity(mirrored)
         return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, value)
 
     def one_round():
         start = time.perf_counter()
-        result = strategy.run(replica_fn, args=(values,))
+        result = strategy.run(replica_fn)
         # Reading one element waits for the collective without copying the tensor.
         _first_local(strategy, result)[0].numpy()
         return time.perf_counter() - start

@@ -226,17 +226,20 @@ def _worker_output(output, index):
     return "\n".join(line[len(prefix) :] for line in output.splitlines() if line.startswith(prefix))
 
 
-def test_doctor_under_launch_passes_on_both_workers_with_the_same_checks(tmp_path):
-    result = _run(_launch(*_doctor("--cpu-devices", "2")), tmp_path)
+@pytest.mark.parametrize("cpu_devices", [1, 2])
+def test_doctor_under_launch_passes_on_both_workers_with_the_same_checks(tmp_path, cpu_devices):
+    result = _run(_launch(*_doctor("--cpu-devices", str(cpu_devices))), tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     for index in (0, 1):
         output = _worker_output(result.stdout, index)
         assert _check_lines(output) == {name: "ok" for name in CHECK_NAMES}, output
         assert f"worker {index} of 2" in output
         assert "TF_CONFIG is set: 2 worker address(es) (127.0.0.1:" in output
-        assert "MultiWorkerMirroredStrategy: 2 workers, 4 replicas on CPU" in output
+        replicas = 2 * cpu_devices
+        assert f"MultiWorkerMirroredStrategy: 2 workers, {replicas} replicas on CPU" in output
         assert "2 workers run Python" in output
-        assert "summing r + 1 over 4 replicas gave 10" in output
+        total = replicas * (replicas + 1) // 2
+        assert f"summing r + 1 over {replicas} replicas gave {total} " in output
         assert "TensorFlow gRPC server listens on port" in output
 
 
