@@ -199,8 +199,16 @@ def run(args):
 
 
 def main():
-    result = run(parse_args())
-    print(f"final loss {result.metrics['loss']:.4f}, weights {result.metrics['weights_sha256']}")
+    args = parse_args()
+    run(args)
+    for index in range(args.workers):
+        path = os.path.join(args.storage_dir, "workers", f"worker-{index}.json")
+        with open(path) as file:
+            summary = json.load(file)
+        print(
+            f"worker {index}: {summary['iterations']} steps (started at step "
+            f"{summary['start_step']}), weights sha256 {summary['weights_sha256'][:16]}..."
+        )
 
 
 if __name__ == "__main__":
