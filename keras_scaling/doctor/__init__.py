@@ -19,6 +19,7 @@ import os
 import socket
 import sys
 import time
+from typing import TYPE_CHECKING, TextIO
 
 from keras_scaling.doctor._checks import (
     BYTES_PER_FLOAT32,
@@ -32,6 +33,11 @@ from keras_scaling.doctor._checks import (
     local_versions,
     server_exposure_check,
 )
+
+if TYPE_CHECKING:
+    import tensorflow as tf
+
+    from keras_scaling.devices import StrategyInfo
 
 __all__ = ["Check", "DoctorReport", "run_checks"]
 
@@ -61,7 +67,7 @@ class DoctorReport:
     ```
     """
 
-    strategy_info: object
+    strategy_info: "StrategyInfo"
     checks: tuple
 
     @property
@@ -93,15 +99,15 @@ def _tf_config_line(config):
     )
 
 
-def _own_port(config, num_workers):
-    """This task's port in TF_CONFIG, or None when the job starts no server."""
-    if num_workers < 2:
+def _own_port(strategy, num_workers):
+    """This worker's port in the strategy's cluster, or None when the job starts no server."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if num_workers < 2 or resolver is None:
         return None
-    task = config.get("task", {})
     try:
-        address = config["cluster"][task["type"]][int(task["index"])]
+        address = resolver.cluster_spec().task_address(resolver.task_type, resolver.task_id)
         return int(address.rsplit(":", 1)[1])
-    except (KeyError, IndexError, TypeError, ValueError):
+    except (AttributeError, IndexError, TypeError, ValueError):
         return None
 
 
@@ -124,7 +130,11 @@ def _interfaces():
 
 
 def run_checks(
-    strategy=None, *, size_mb: float = RESNET50_GRADIENT_MB, rounds: int = 3, out=sys.stdout
+    strategy: "tf.distribute.Strategy | None" = None,
+    *,
+    size_mb: float = RESNET50_GRADIENT_MB,
+    rounds: int = 3,
+    out: TextIO | None = sys.stdout,
 ) -> DoctorReport:
     """Check the cluster this process belongs to, and print what was found.
 
@@ -175,18 +185,21 @@ def run_checks(
 
     started = time.perf_counter()
     config = devices.tf_config()
+    host = socket.gethostname()
+    # Printed before the strategy is built: under MultiWorkerMirroredStrategy
+    # building it waits until every worker of TF_CONFIG has joined.
+    say(f"keras-scaling doctor on {host} (pid {os.getpid()})")
+    say(f"cluster: {_tf_config_line(config)}")
     if strategy is None:
+        say("strategy: building it with keras_scaling.auto_strategy() (joins the other workers)")
         strategy = devices.auto_strategy()
     built_s = time.perf_counter() - started
     info = devices.describe_strategy(strategy)
-    host = socket.gethostname()
-    say(
-        f"keras-scaling doctor: worker {info.worker_index} of {info.num_workers} "
-        f"on {host} (pid {os.getpid()})"
-    )
-    say(f"cluster: {_tf_config_line(config)}")
     say(f"strategy: {info}")
-    say(f"replicas: {info.num_replicas} in all, {info.replicas_per_worker} per worker")
+    say(
+        f"this is worker {info.worker_index} of {info.num_workers}; replicas: "
+        f"{info.num_replicas} in all, {info.replicas_per_worker} per worker"
+    )
 
     checks = []
 
@@ -221,7 +234,7 @@ def run_checks(
     num_floats = max(1, round(size_mb * BYTES_PER_MB / BYTES_PER_FLOAT32))
     seconds = _collectives.time_all_reduce(strategy, num_floats, rounds)
     record(bandwidth_check(num_floats * BYTES_PER_FLOAT32, seconds))
-    port = _own_port(config, info.num_workers)
+    port = _own_port(strategy, info.num_workers)
     record(server_exposure_check(port, _listening(port) if port else [], _interfaces()))
     result = DoctorReport(strategy_info=info, checks=tuple(checks))
     if result.ok:

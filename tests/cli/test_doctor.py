@@ -5,6 +5,7 @@ command runs in real processes over real strategies, alone, under
 `keras-scaling launch`, and with one worker importing another keras_scaling.
 """
 
+import json
 import os
 import re
 import shutil
@@ -203,7 +204,7 @@ def test_doctor_alone_passes_every_check_on_one_worker(tmp_path):
     result = _run(_doctor(), tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     assert _check_lines(result.stdout) == {name: "ok" for name in CHECK_NAMES}
-    assert "worker 0 of 1" in result.stdout
+    assert "this is worker 0 of 1" in result.stdout
     assert "TF_CONFIG is not set" in result.stdout
     assert "all 5 checks passed" in result.stdout
 
@@ -221,6 +222,26 @@ def test_bad_size_is_a_usage_error(tmp_path):
     assert "--size-mb: must be a positive number of MB, got '0'" in result.stderr
 
 
+def test_a_worker_whose_peers_never_join_gives_up_after_the_timeout(tmp_path):
+    # TF_CONFIG names two workers; the second is never started.
+    tf_config = {
+        "cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]},
+        "task": {"type": "worker", "index": 0},
+    }
+    result = _run(_doctor("--timeout", "20"), tmp_path, env=_env(TF_CONFIG=json.dumps(tf_config)))
+    assert result.returncode == 1, result.stdout + result.stderr[-3000:]
+    assert "TF_CONFIG is set: 2 worker address(es) (127.0.0.1:1, 127.0.0.1:2)" in result.stdout
+    assert "joins the other workers" in result.stdout
+    assert not _check_lines(result.stdout)
+    # Where TensorFlow waits holding the interpreter's lock (building the
+    # strategy), the message cannot be printed; faulthandler's traceback,
+    # 5 s later, says where it waited instead.
+    assert (
+        "the checks did not finish within 20 s" in result.stdout
+        or "Timeout (0:00:25)!" in result.stderr
+    ), result.stdout + result.stderr[-3000:]
+
+
 def _worker_output(output, index):
     prefix = f"[worker {index}] "
     return "\n".join(line[len(prefix) :] for line in output.splitlines() if line.startswith(prefix))
@@ -233,7 +254,7 @@ def test_doctor_under_launch_passes_on_both_workers_with_the_same_checks(tmp_pat
     for index in (0, 1):
         output = _worker_output(result.stdout, index)
         assert _check_lines(output) == {name: "ok" for name in CHECK_NAMES}, output
-        assert f"worker {index} of 2" in output
+        assert f"this is worker {index} of 2" in output
         assert "TF_CONFIG is set: 2 worker address(es) (127.0.0.1:" in output
         replicas = 2 * cpu_devices
         assert f"MultiWorkerMirroredStrategy: 2 workers, {replicas} replicas on CPU" in output
