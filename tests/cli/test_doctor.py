@@ -9,6 +9,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 
@@ -222,24 +223,29 @@ def test_bad_size_is_a_usage_error(tmp_path):
     assert "--size-mb: must be a positive number of MB, got '0'" in result.stderr
 
 
+def _free_port():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 def test_a_worker_whose_peers_never_join_gives_up_after_the_timeout(tmp_path):
     # TF_CONFIG names two workers; the second is never started.
-    tf_config = {
-        "cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]},
-        "task": {"type": "worker", "index": 0},
-    }
+    addresses = [f"127.0.0.1:{_free_port()}", f"127.0.0.1:{_free_port()}"]
+    tf_config = {"cluster": {"worker": addresses}, "task": {"type": "worker", "index": 0}}
     result = _run(_doctor("--timeout", "20"), tmp_path, env=_env(TF_CONFIG=json.dumps(tf_config)))
-    assert result.returncode == 1, result.stdout + result.stderr[-3000:]
-    assert "TF_CONFIG is set: 2 worker address(es) (127.0.0.1:1, 127.0.0.1:2)" in result.stdout
-    assert "joins the other workers" in result.stdout
-    assert not _check_lines(result.stdout)
+    output = result.stdout + result.stderr[-3000:]
+    assert result.returncode == 1, output
+    assert f"TF_CONFIG is set: 2 worker address(es) ({', '.join(addresses)})" in result.stdout
+    assert "joins the other workers" in result.stdout, output
+    assert not _check_lines(result.stdout), output
     # Where TensorFlow waits holding the interpreter's lock (building the
     # strategy), the message cannot be printed; faulthandler's traceback,
     # 5 s later, says where it waited instead.
     assert (
         "the checks did not finish within 20 s" in result.stdout
         or "Timeout (0:00:25)!" in result.stderr
-    ), result.stdout + result.stderr[-3000:]
+    ), output
 
 
 def _worker_output(output, index):
