@@ -3,7 +3,8 @@
 One Ray cluster for the module, on this machine only (`ray.init(num_cpus=2)`
 with `RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`, set by the example before Ray is
 imported, and `_node_ip_address="127.0.0.1"`): every address in the workers'
-`TF_CONFIG` is 127.0.0.1, which each test that reads one asserts. Three
+`TF_CONFIG` is 127.0.0.1, which each test that reads one asserts, and
+every socket Ray's own processes listen on is on loopback. Three
 `TensorflowTrainer` runs of 2 workers: the example uninterrupted; the example
 with worker 1 killed once after step 11 (Ray restarts the workers,
 `BackupAndRestore` resumes from its save at step 10); and the doctor plus
@@ -104,6 +105,61 @@ def uninterrupted(ray_cluster, tmp_path_factory):
 def restarted(ray_cluster, tmp_path_factory):
     storage_dir = tmp_path_factory.mktemp("ray_restarted")
     return storage_dir, _train(ray_cluster, storage_dir, "--fail-at-step", str(FAIL_AT_STEP))
+
+
+def _listening_sockets():
+    """{(address in hex, port)} listened on, by socket inode, from /proc/net/tcp and tcp6."""
+    found = {}
+    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(name) as file:
+            for line in file.read().splitlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A":  # LISTEN
+                    address, _, port = fields[1].partition(":")
+                    found[fields[9]] = (address, int(port, 16))
+    return found
+
+
+def _ray_processes():
+    """{pid: command line} of the processes of the Ray cluster (and this driver)."""
+    found = {}
+    for path in glob.glob("/proc/[0-9]*/cmdline"):
+        try:
+            with open(path, "rb") as file:
+                command = file.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        pid = int(path.split("/")[2])
+        if pid == os.getpid() or command.startswith("ray::") or "/site-packages/ray/" in command:
+            found[pid] = command
+    return found
+
+
+_LOOPBACK_HEX = {
+    "0100007F",  # 127.0.0.1
+    "0000000000000000FFFF00000100007F",  # ::ffff:127.0.0.1
+    "00000000000000000000000001000000",  # ::1
+}
+
+
+def test_ray_listens_on_127_0_0_1_only(ray_cluster):
+    import ray
+
+    assert ray.util.get_node_ip_address() == "127.0.0.1"
+    assert [node["NodeManagerAddress"] for node in ray.nodes()] == ["127.0.0.1"]
+    sockets = _listening_sockets()
+    opened = []
+    for pid, command in _ray_processes().items():
+        for fd in glob.glob(f"/proc/{pid}/fd/*"):
+            try:
+                target = os.readlink(fd)
+            except OSError:
+                continue
+            inode = target[len("socket:[") : -1] if target.startswith("socket:[") else None
+            if inode in sockets:
+                opened.append((sockets[inode], command[:60]))
+    assert opened, "found no listening socket of Ray's processes"
+    assert all(address in _LOOPBACK_HEX for (address, _), _ in opened), opened
 
 
 def _addresses(tf_config):
