@@ -45,6 +45,7 @@ _SUBMODULES = (
     "compat",
     "data",
     "devices",
+    "doctor",
     "explain",
     "flops",
     "launcher",

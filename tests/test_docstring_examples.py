@@ -34,6 +34,7 @@ MODULES = (
     "keras_scaling.compat",
     "keras_scaling.data",
     "keras_scaling.devices",
+    "keras_scaling.doctor",
     "keras_scaling.explain",
     "keras_scaling.flops",
     "keras_scaling.launcher",

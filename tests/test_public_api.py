@@ -22,6 +22,7 @@ PUBLIC_MODULES = (
     "keras_scaling.compat",
     "keras_scaling.data",
     "keras_scaling.devices",
+    "keras_scaling.doctor",
     "keras_scaling.explain",
     "keras_scaling.throughput",
     "keras_scaling.baseline",

@@ -361,15 +361,18 @@ class BackupAndRestore(keras.callbacks.Callback):
     # Preemption.
 
     def _watch_for_preemption(self, strategy):
-        if self._multi_worker:
-            self._handler = self._handler or self._preemption_handler(strategy)
-            return
+        # Before the multi-worker handler too: it installs a signal handler,
+        # which raises outside the main thread (Ray Train runs the train loop
+        # in a thread of its own).
         if threading.current_thread() is not threading.main_thread():
             self._warn_once(
                 "thread",
                 "fit runs outside the main thread, where Python cannot receive "
                 "signals: no save on SIGTERM",
             )
+            return
+        if self._multi_worker:
+            self._handler = self._handler or self._preemption_handler(strategy)
             return
         self._previous_sigterm_handler = signal.signal(
             signal.SIGTERM, lambda signum, frame: self._signal_received.set()

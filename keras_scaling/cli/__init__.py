@@ -1,15 +1,17 @@
-"""The `keras-scaling` command line: `bench`, `report` and `launch`.
+"""The `keras-scaling` command line: `bench`, `report`, `launch` and `doctor`.
 
 `keras-scaling bench` measures the speedup of data-parallel training over
 replica counts; `keras-scaling report LOGDIR` prints the same table for
 runs logged earlier by `ThroughputLogger`; `keras-scaling launch` starts
-local multi-worker training. `python -m keras_scaling` is the same program.
+local multi-worker training; `keras-scaling doctor` checks versions,
+collectives and bandwidth on every worker of a cluster. `python -m
+keras_scaling` is the same program.
 """
 
 import argparse
 import sys
 
-from keras_scaling.cli import bench, launch, report
+from keras_scaling.cli import bench, doctor, launch, report
 from keras_scaling.cli._errors import UsageError
 
 _PROG = "keras-scaling"
@@ -25,6 +27,7 @@ def _parser():
     bench.add_parser(subparsers)
     report.add_parser(subparsers)
     launch.add_parser(subparsers)
+    doctor.add_parser(subparsers)
     return parser
 
 

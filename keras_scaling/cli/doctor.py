@@ -1,0 +1,151 @@
+"""`keras-scaling doctor`: check the cluster this worker belongs to, as training will use it."""
+
+import argparse
+import faulthandler
+import os
+import sys
+import threading
+
+from keras_scaling._environment import CPU_DEVICES_ENV
+from keras_scaling.cli._arguments import positive_int
+
+# ResNet50's gradients: keras_scaling.doctor._checks.RESNET50_GRADIENT_MB,
+# written out so that `keras-scaling --help` does not import TensorFlow.
+_DEFAULT_SIZE_MB = 102.2
+_DEFAULT_TIMEOUT_S = 600.0
+_FALLBACK_DELAY_S = 5.0
+
+_DESCRIPTION = """\
+Check the cluster this process belongs to, the way training will use it.
+
+Run it on every worker as training runs: under keras-scaling launch, under
+srun, in a Ray Train loop (keras_scaling.doctor.run_checks()), or alone. Each
+worker prints where its cluster came from (TF_CONFIG), its strategy, workers,
+replicas and devices, then checks through the strategy's collectives:
+
+  versions          every worker runs the same Python, TensorFlow, Keras and
+                    keras_scaling (a worker that differs is named)
+  all-reduce        a sum of known values over all replicas gives the known sum
+  first collective  seconds from the start until the first collective completed
+  bandwidth         all-reduce time and MB/s of a float32 tensor of --size-mb
+                    (default: ResNet50's gradients, 102.2 MB)
+  server            who can reach the job's TensorFlow servers: they listen on
+                    every interface and authenticate nobody
+
+The exit status is 0 when every check passed, 1 when one failed or the
+checks did not finish within --timeout seconds: a worker that was not
+started, or cannot reach the others, makes the rest wait forever in
+TensorFlow. Then a message says so or, when TensorFlow holds the interpreter
+while it waits (building the strategy), 5 s later Python prints where each
+thread waited ("Timeout (0:10:05)!").
+"""
+
+_EXAMPLE = """\
+examples:
+  keras-scaling doctor --cpu-devices 2 --size-mb 10
+  keras-scaling launch --workers 2 -- keras-scaling doctor
+  srun --ntasks 2 keras-scaling doctor
+"""
+
+
+def add_parser(subparsers):
+    """Registers the `doctor` subcommand on an argparse `subparsers` object."""
+    parser = subparsers.add_parser(
+        "doctor",
+        help="check versions, collectives and bandwidth on every worker of a cluster",
+        usage="%(prog)s [--cpu-devices K] [--size-mb MB] [--rounds N] [--timeout SECONDS]",
+        description=_DESCRIPTION,
+        epilog=_EXAMPLE,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--cpu-devices",
+        type=positive_int,
+        default=None,
+        metavar="K",
+        help=f"split this worker's CPU into K logical devices (sets {CPU_DEVICES_ENV}=K, "
+        "as keras-scaling launch --cpu-devices does)",
+    )
+    parser.add_argument(
+        "--size-mb",
+        type=_megabytes,
+        default=_DEFAULT_SIZE_MB,
+        metavar="MB",
+        help=f"size of the float32 tensor whose all-reduce is timed, in MB (10^6 bytes); "
+        f"default {_DEFAULT_SIZE_MB}, ResNet50's gradients",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=positive_int,
+        default=3,
+        metavar="N",
+        help="timed all-reduces of that tensor, the median is shown; default 3",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=_seconds,
+        default=_DEFAULT_TIMEOUT_S,
+        metavar="SECONDS",
+        help=f"give up, with exit status 1, when the checks have not finished after "
+        f"SECONDS; default {_DEFAULT_TIMEOUT_S:g}",
+    )
+    parser.set_defaults(run=run)
+    return parser
+
+
+def _megabytes(text):
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number of MB, got {text!r}")
+    return value
+
+
+def _seconds(text):
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    return value
+
+
+def _give_up(timeout_s):
+    print(
+        f"keras-scaling doctor: FAILED: the checks did not finish within {timeout_s:g} s. "
+        "Above, the last line printed says how far they got: with no check printed, "
+        "this worker is still waiting for the others to join the first collective (a "
+        "worker was not started, or cannot reach the others at the addresses and ports "
+        "of TF_CONFIG). Start doctor on every worker of the cluster, as training is "
+        "started, or give more time with --timeout.",
+        flush=True,
+    )
+    sys.stderr.flush()
+    # TensorFlow's wait for the other workers cannot be interrupted, and it
+    # catches SIGTERM: only leaving the process ends it.
+    os._exit(1)
+
+
+def run(args):
+    """Runs the checks on this worker; returns 0 when all passed, else 1."""
+    if args.cpu_devices:
+        os.environ[CPU_DEVICES_ENV] = str(args.cpu_devices)
+    watchdog = threading.Timer(args.timeout, _give_up, args=(args.timeout,))
+    watchdog.daemon = True
+    watchdog.start()
+    # TensorFlow can wait for the other workers holding the interpreter's
+    # lock, so that the thread above never runs: faulthandler's own thread
+    # needs no lock. It prints where each thread waits and exits with 1.
+    faulthandler.dump_traceback_later(args.timeout + _FALLBACK_DELAY_S, exit=True)
+    try:
+        # Imported here: TensorFlow loads only when a check runs.
+        from keras_scaling import doctor
+
+        report = doctor.run_checks(size_mb=args.size_mb, rounds=args.rounds)
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+        watchdog.cancel()
+    return 0 if report.ok else 1

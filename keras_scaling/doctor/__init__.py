@@ -1,0 +1,245 @@
+"""`keras-scaling doctor`: check a cluster the way training will use it.
+
+`run_checks()` runs on every worker of a job, started the way training is
+started (`keras-scaling launch`, `srun`, a Ray Train loop, or alone). It says
+where the cluster came from and what it holds (workers, replicas, devices),
+then checks, through the strategy's own collectives:
+
+| check | fails when |
+|---|---|
+| `versions` | a worker runs another Python, TensorFlow, Keras or keras_scaling (the message names it) |
+| `all-reduce` | the sum of known values over all replicas is not the known sum |
+| `first collective` | never: seconds from the start until the first collective completed |
+| `bandwidth` | never: all-reduce time and MB/s for a tensor the size of ResNet50's gradients |
+| `server` | never: who can reach the job's TensorFlow servers (every interface) |
+"""
+
+import dataclasses
+import os
+import socket
+import sys
+import time
+from typing import TYPE_CHECKING, TextIO
+
+from keras_scaling.doctor._checks import (
+    BYTES_PER_FLOAT32,
+    BYTES_PER_MB,
+    RESNET50_GRADIENT_MB,
+    Check,
+    bandwidth_check,
+    check_all_reduce,
+    compare_versions,
+    listening_addresses,
+    local_versions,
+    server_exposure_check,
+)
+
+if TYPE_CHECKING:
+    import tensorflow as tf
+
+    from keras_scaling.devices import StrategyInfo
+
+__all__ = ["Check", "DoctorReport", "run_checks"]
+
+# Elements of the known-value all-reduce: enough to see a partial corruption.
+_KNOWN_VALUES = 1024
+_SHOWN_ADDRESSES = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class DoctorReport:
+    """What `run_checks` found on this worker.
+
+    Every worker of a job gets the same verdicts: the checks compare what
+    all workers sent through the collectives.
+
+    Args:
+        strategy_info: the `keras_scaling.StrategyInfo` of the strategy checked.
+        checks: the `Check`s, in the order they ran.
+
+    Example:
+
+    ```python
+    from keras_scaling.doctor import run_checks
+    report = run_checks(size_mb=1, out=None)
+    report.ok                  # True: every check passed
+    [check.name for check in report.checks]
+    ```
+    """
+
+    strategy_info: "StrategyInfo"
+    checks: tuple
+
+    @property
+    def ok(self) -> bool:
+        """Whether every check passed."""
+        return all(check.ok for check in self.checks)
+
+    @property
+    def failures(self) -> tuple:
+        """The checks that failed."""
+        return tuple(check for check in self.checks if not check.ok)
+
+    def __str__(self):
+        return "\n".join(str(check) for check in self.checks)
+
+
+def _tf_config_line(config):
+    if not config:
+        return "TF_CONFIG is not set"
+    cluster = config.get("cluster", {})
+    addresses = [address for job in ("chief", "worker") for address in cluster.get(job, [])]
+    shown = ", ".join(addresses[:_SHOWN_ADDRESSES])
+    if len(addresses) > _SHOWN_ADDRESSES:
+        shown += f", ... ({len(addresses) - _SHOWN_ADDRESSES} more)"
+    task = config.get("task", {})
+    return (
+        f"TF_CONFIG is set: {len(addresses)} worker address(es) ({shown}); this "
+        f"task is {task.get('type', '?')} {task.get('index', '?')}"
+    )
+
+
+def _own_port(strategy, num_workers):
+    """This worker's port in the strategy's cluster, or None when the job starts no server."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if num_workers < 2 or resolver is None:
+        return None
+    try:
+        address = resolver.cluster_spec().task_address(resolver.task_type, resolver.task_id)
+        return int(address.rsplit(":", 1)[1])
+    except (AttributeError, IndexError, TypeError, ValueError):
+        return None
+
+
+def _listening(port):
+    found = []
+    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(name, encoding="ascii") as file:
+                found += listening_addresses(file.read(), port)
+        except OSError:
+            continue
+    return found
+
+
+def _interfaces():
+    try:
+        return os.listdir("/sys/class/net")
+    except OSError:
+        return [name for _, name in socket.if_nameindex()]
+
+
+def run_checks(
+    strategy: "tf.distribute.Strategy | None" = None,
+    *,
+    size_mb: float = RESNET50_GRADIENT_MB,
+    rounds: int = 3,
+    out: TextIO | None = sys.stdout,
+) -> DoctorReport:
+    """Check the cluster this process belongs to, and print what was found.
+
+    Call it on every worker, as training would be called: the checks are
+    collectives, so a worker that does not call it makes the others wait.
+    Under `keras-scaling launch`, `srun` or a Ray Train loop, the strategy
+    comes from `keras_scaling.auto_strategy()`, which reads `TF_CONFIG`.
+
+    Args:
+        strategy: the `tf.distribute.Strategy` to check; default
+            `keras_scaling.auto_strategy()`, built here (so the time to the
+            first collective includes joining the cluster).
+        size_mb: float, the size in MB (10^6 bytes) of the float32 tensor
+            whose all-reduce is timed; default 102.2, ResNet50's gradients.
+        rounds: int, timed all-reduces of that tensor (the median is shown).
+        out: a text stream to print to as the checks run, or None for silence.
+
+    Returns:
+        A `DoctorReport`; `report.ok` is False when a check failed.
+
+    Raises:
+        ValueError: `size_mb` is not positive, or `rounds` is below 1.
+
+    Example:
+
+    ```python
+    import keras_scaling
+    from keras_scaling.doctor import run_checks
+    report = run_checks(keras_scaling.auto_strategy(), size_mb=1, rounds=1)
+    if not report.ok:
+        raise SystemExit(1)
+    ```
+    """
+    # Here, not at the top: `import keras_scaling.doctor` must stay cheap and
+    # leave TensorFlow's devices uninitialised.
+    import keras_scaling
+    from keras_scaling import _versions, devices
+    from keras_scaling.doctor import _collectives
+
+    if isinstance(size_mb, bool) or not isinstance(size_mb, (int, float)) or not size_mb > 0:
+        raise ValueError(f"size_mb must be a positive number of MB, such as 102.2, got {size_mb!r}")
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"rounds must be a positive integer, such as 3, got {rounds!r}")
+
+    def say(text):
+        if out is not None:
+            print(text, file=out, flush=True)
+
+    started = time.perf_counter()
+    config = devices.tf_config()
+    host = socket.gethostname()
+    # Printed before the strategy is built: under MultiWorkerMirroredStrategy
+    # building it waits until every worker of TF_CONFIG has joined.
+    say(f"keras-scaling doctor on {host} (pid {os.getpid()})")
+    say(f"cluster: {_tf_config_line(config)}")
+    if strategy is None:
+        say("strategy: building it with keras_scaling.auto_strategy() (joins the other workers)")
+        strategy = devices.auto_strategy()
+    built_s = time.perf_counter() - started
+    info = devices.describe_strategy(strategy)
+    say(f"strategy: {info}")
+    say(
+        f"this is worker {info.worker_index} of {info.num_workers}; replicas: "
+        f"{info.num_replicas} in all, {info.replicas_per_worker} per worker"
+    )
+
+    checks = []
+
+    def record(check):
+        checks.append(check)
+        say(str(check))
+
+    report = {
+        "worker": info.worker_index,
+        "host": host,
+        "pid": os.getpid(),
+        "versions": local_versions(
+            keras_scaling.__version__, _versions.tf_version(), _versions.keras_version()
+        ),
+    }
+    reports = _collectives.gather_reports(strategy, report)
+    first_collective_s = time.perf_counter() - started
+    record(compare_versions(reports, info.num_workers))
+    record(
+        check_all_reduce(
+            _collectives.all_reduce_known_values(strategy, _KNOWN_VALUES), info.num_replicas
+        )
+    )
+    record(
+        Check(
+            "first collective",
+            ok=True,
+            message=f"completed {first_collective_s:.2f} s after the start "
+            f"({built_s:.2f} s of it building the strategy)",
+        )
+    )
+    num_floats = max(1, round(size_mb * BYTES_PER_MB / BYTES_PER_FLOAT32))
+    seconds = _collectives.time_all_reduce(strategy, num_floats, rounds)
+    record(bandwidth_check(num_floats * BYTES_PER_FLOAT32, seconds))
+    port = _own_port(strategy, info.num_workers)
+    record(server_exposure_check(port, _listening(port) if port else [], _interfaces()))
+    result = DoctorReport(strategy_info=info, checks=tuple(checks))
+    if result.ok:
+        say(f"keras-scaling doctor: all {len(checks)} checks passed")
+    else:
+        names = ", ".join(check.name for check in result.failures)
+        say(f"keras-scaling doctor: FAILED: {names}")
+    return result

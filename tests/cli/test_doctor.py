@@ -1,0 +1,305 @@
+"""`keras-scaling doctor`: its verdicts, alone and on every worker of a launched job.
+
+The verdicts are plain functions, tested with made-up reports and sums; the
+command runs in real processes over real strategies, alone, under
+`keras-scaling launch`, and with one worker importing another keras_scaling.
+"""
+
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from keras_scaling.doctor._checks import (
+    all_reduce_bandwidth_mb_per_s,
+    bandwidth_check,
+    check_all_reduce,
+    compare_versions,
+    expected_all_reduce_sum,
+    listening_addresses,
+    server_exposure_check,
+)
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TIMEOUT_S = 300
+CHECK_NAMES = ("versions", "all-reduce", "first collective", "bandwidth", "server")
+
+SAME = {"python": "3.11.7", "tensorflow": "2.21.0", "keras": "3.15.1", "keras_scaling": "0.1.0"}
+
+
+def _report(worker, host, **versions):
+    return {"worker": worker, "host": host, "versions": dict(SAME, **versions)}
+
+
+# ---- the verdicts, from made-up inputs ----
+
+
+def test_same_versions_on_every_worker_pass_and_are_listed():
+    check = compare_versions([_report(0, "a"), _report(1, "b"), _report(2, "c")], 3)
+    assert check.ok
+    assert "3 workers run Python 3.11.7, TensorFlow 2.21.0, Keras 3.15.1" in check.message
+
+
+def test_a_worker_with_another_tensorflow_is_named_with_its_version():
+    reports = [_report(0, "a"), _report(1, "b", tensorflow="2.20.0"), _report(2, "c")]
+    check = compare_versions(reports, 3)
+    assert not check.ok
+    assert "TensorFlow differs: worker 1 (b) runs 2.20.0" in check.message
+    assert "2 workers (0, 2) run 2.21.0" in check.message
+    assert "keras_scaling differs" not in check.message
+
+
+def test_each_differing_package_is_named():
+    reports = [_report(0, "a"), _report(1, "b", keras="3.8.0", python="3.10.12")]
+    check = compare_versions(reports, 2)
+    assert not check.ok
+    assert "Python differs" in check.message
+    assert "Keras differs" in check.message
+    assert "TensorFlow differs" not in check.message
+
+
+def test_on_an_even_split_worker_0_holds_the_reference_version():
+    check = compare_versions([_report(0, "a"), _report(1, "b", keras_scaling="0.2.0")], 2)
+    assert "worker 1 (b) runs 0.2.0" in check.message
+    assert "1 worker (0) runs 0.1.0" in check.message
+
+
+def test_a_worker_missing_from_the_gather_fails_the_version_check():
+    check = compare_versions([_report(0, "a"), _report(2, "c")], 3)
+    assert not check.ok
+    assert "no report from worker(s) 1 of 3" in check.message
+
+
+def test_the_known_sum_over_n_replicas_passes():
+    assert expected_all_reduce_sum(4) == 10
+    check = check_all_reduce([10.0] * 8, num_replicas=4)
+    assert check.ok, check.message
+
+
+def test_a_wrong_element_of_the_sum_fails_and_is_located():
+    check = check_all_reduce([10.0, 10.0, 9.0, 10.0], num_replicas=4)
+    assert not check.ok
+    assert "gave 9 at element 2 (1 of 4 elements wrong), expected 10" in check.message
+
+
+def test_a_sum_missing_a_worker_fails():
+    # 4 replicas expected (1 + 2 + 3 + 4); only the first worker's 2 replicas summed.
+    check = check_all_reduce([3.0] * 4, num_replicas=4)
+    assert not check.ok
+
+
+def test_bandwidth_is_bytes_over_seconds_in_megabytes():
+    assert all_reduce_bandwidth_mb_per_s(102_000_000, 2.0) == pytest.approx(51.0)
+    with pytest.raises(ValueError, match="seconds must be positive"):
+        all_reduce_bandwidth_mb_per_s(1, 0.0)
+
+
+def test_bandwidth_check_reports_the_median_round():
+    check = bandwidth_check(10_000_000, [0.5, 0.1, 0.2])
+    assert check.ok
+    assert "median 0.200 s over 3 rounds (0.100 to 0.500 s), 50 MB/s" in check.message
+
+
+_PROC_NET_TCP = """\
+  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid
+   0: 00000000:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0
+   1: 0100007F:1F91 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0
+   2: 0100007F:1F90 0100007F:9C40 01 00000000:00000000 00:00000000 00000000     0
+"""
+_PROC_NET_TCP6 = """\
+  sl  local_address                         remote_address                        st
+   0: 00000000000000000000000000000000:1F90 00000000000000000000000000000000:0000 0A
+   1: 0000000000000000FFFF00000100007F:1F92 00000000000000000000000000000000:0000 0A
+"""
+
+
+def test_listening_addresses_read_proc_net_tcp():
+    assert listening_addresses(_PROC_NET_TCP, 8080) == ["0.0.0.0"]  # established line skipped
+    assert listening_addresses(_PROC_NET_TCP, 8081) == ["127.0.0.1"]
+    assert listening_addresses(_PROC_NET_TCP6, 8080) == ["::"]
+    assert listening_addresses(_PROC_NET_TCP6, 8082) == ["127.0.0.1"]
+    assert listening_addresses(_PROC_NET_TCP, 9999) == []
+
+
+def test_server_note_says_every_interface_and_points_to_the_security_section():
+    check = server_exposure_check(8080, ["::"], ["lo", "eth0"])
+    assert check.ok
+    assert "listens on port 8080 on every network interface" in check.message
+    assert "authenticates nobody" in check.message
+    assert "eth0" in check.message
+    assert "Security section" in check.message
+
+
+def test_server_note_with_only_loopback_says_nothing_outside_reaches_it():
+    check = server_exposure_check(8080, ["0.0.0.0"], ["lo"])
+    assert "only loopback" in check.message
+
+
+def test_server_note_without_a_server():
+    assert "no TensorFlow server" in server_exposure_check(None, [], ["lo"]).message
+
+
+# ---- the command, in real processes ----
+
+
+def _env(**extra):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    env.pop("TF_CONFIG", None)
+    env.pop("KERAS_SCALING_CPU_DEVICES", None)
+    env.update(extra)
+    return env
+
+
+def _run(args, tmp_path, env=None):
+    return subprocess.run(
+        args,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        env=env or _env(),
+    )
+
+
+def _doctor(*args):
+    return [
+        sys.executable,
+        "-m",
+        "keras_scaling",
+        "doctor",
+        "--size-mb",
+        "1",
+        "--rounds",
+        "1",
+        *args,
+    ]
+
+
+def _launch(*command, workers=2):
+    return [
+        sys.executable,
+        "-m",
+        "keras_scaling",
+        "launch",
+        "--workers",
+        str(workers),
+        "--",
+        *command,
+    ]
+
+
+def _check_lines(output):
+    """{check name: "ok"/"FAIL"} of the check lines in `output`."""
+    found = {}
+    for status, name in re.findall(r"^(?:\[worker \d\] )?(ok|FAIL) +([a-z -]+):", output, re.M):
+        found[name] = status
+    return found
+
+
+def test_doctor_alone_passes_every_check_on_one_worker(tmp_path):
+    result = _run(_doctor(), tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    assert _check_lines(result.stdout) == {name: "ok" for name in CHECK_NAMES}
+    assert "this is worker 0 of 1" in result.stdout
+    assert "TF_CONFIG is not set" in result.stdout
+    assert "all 5 checks passed" in result.stdout
+
+
+def test_doctor_with_cpu_devices_sums_over_every_logical_cpu(tmp_path):
+    result = _run(_doctor("--cpu-devices", "3"), tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    assert "MirroredStrategy: 1 worker, 3 replicas on CPU" in result.stdout
+    assert "summing r + 1 over 3 replicas gave 6" in result.stdout
+
+
+def test_bad_size_is_a_usage_error(tmp_path):
+    result = _run([sys.executable, "-m", "keras_scaling", "doctor", "--size-mb", "0"], tmp_path)
+    assert result.returncode == 2
+    assert "--size-mb: must be a positive number of MB, got '0'" in result.stderr
+
+
+def _free_port():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_a_worker_whose_peers_never_join_gives_up_after_the_timeout(tmp_path):
+    # TF_CONFIG names two workers; the second is never started.
+    addresses = [f"127.0.0.1:{_free_port()}", f"127.0.0.1:{_free_port()}"]
+    tf_config = {"cluster": {"worker": addresses}, "task": {"type": "worker", "index": 0}}
+    result = _run(_doctor("--timeout", "20"), tmp_path, env=_env(TF_CONFIG=json.dumps(tf_config)))
+    output = result.stdout + result.stderr[-3000:]
+    assert result.returncode == 1, output
+    assert f"TF_CONFIG is set: 2 worker address(es) ({', '.join(addresses)})" in result.stdout
+    assert "joins the other workers" in result.stdout, output
+    assert not _check_lines(result.stdout), output
+    # Where TensorFlow waits holding the interpreter's lock (building the
+    # strategy), the message cannot be printed; faulthandler's traceback,
+    # 5 s later, says where it waited instead.
+    assert (
+        "the checks did not finish within 20 s" in result.stdout
+        or "Timeout (0:00:25)!" in result.stderr
+    ), output
+
+
+def _worker_output(output, index):
+    prefix = f"[worker {index}] "
+    return "\n".join(line[len(prefix) :] for line in output.splitlines() if line.startswith(prefix))
+
+
+@pytest.mark.parametrize("cpu_devices", [1, 2])
+def test_doctor_under_launch_passes_on_both_workers_with_the_same_checks(tmp_path, cpu_devices):
+    result = _run(_launch(*_doctor("--cpu-devices", str(cpu_devices))), tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    for index in (0, 1):
+        output = _worker_output(result.stdout, index)
+        assert _check_lines(output) == {name: "ok" for name in CHECK_NAMES}, output
+        assert f"this is worker {index} of 2" in output
+        assert "TF_CONFIG is set: 2 worker address(es) (127.0.0.1:" in output
+        replicas = 2 * cpu_devices
+        assert f"MultiWorkerMirroredStrategy: 2 workers, {replicas} replicas on CPU" in output
+        assert "2 workers run Python" in output
+        total = replicas * (replicas + 1) // 2
+        assert f"summing r + 1 over {replicas} replicas gave {total} " in output
+        assert "TensorFlow gRPC server listens on port" in output
+
+
+# Worker 1 runs the command with PYTHONPATH on a copy of keras_scaling whose
+# __version__ differs: a genuinely different keras_scaling imported by one worker.
+_SPLIT_VERSIONS = """\
+import json, os, sys
+index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+env = dict(os.environ)
+if index == 1:
+    env["PYTHONPATH"] = sys.argv[1]
+os.execve(sys.executable, [sys.executable, "-m", "keras_scaling", *sys.argv[2:]], env)
+"""
+
+
+def test_a_worker_importing_another_keras_scaling_version_fails_and_is_named(tmp_path):
+    other = tmp_path / "other"
+    shutil.copytree(
+        os.path.join(REPO, "keras_scaling"),
+        other / "keras_scaling",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
+    init = other / "keras_scaling" / "__init__.py"
+    text = init.read_text()
+    assert '__version__ = "0.1.0"' in text
+    init.write_text(text.replace('__version__ = "0.1.0"', '__version__ = "0.1.0+other"'))
+    command = [sys.executable, "-c", _SPLIT_VERSIONS, str(other)]
+    command += ["doctor", "--size-mb", "1", "--rounds", "1"]
+    result = _run(_launch(*command), tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr[-3000:]
+    for index in (0, 1):
+        output = _worker_output(result.stdout, index)
+        assert re.search(r"^FAIL +versions: keras_scaling differs: worker 1 \(", output, re.M), (
+            output
+        )
+        assert "runs 0.1.0+other; 1 worker (0) runs 0.1.0" in output
