@@ -141,7 +141,9 @@ def run_checks(
     Call it on every worker, as training would be called: the checks are
     collectives, so a worker that does not call it makes the others wait.
     Under `keras-scaling launch`, `srun` or a Ray Train loop, the strategy
-    comes from `keras_scaling.auto_strategy()`, which reads `TF_CONFIG`.
+    comes from `keras_scaling.auto_strategy()`, which reads `TF_CONFIG`, a
+    Slurm job step or a Kubernetes worker list (`keras_scaling.cluster`); the
+    first line printed says which.
 
     Args:
         strategy: the `tf.distribute.Strategy` to check; default
@@ -171,7 +173,7 @@ def run_checks(
     # Here, not at the top: `import keras_scaling.doctor` must stay cheap and
     # leave TensorFlow's devices uninitialised.
     import keras_scaling
-    from keras_scaling import _versions, devices
+    from keras_scaling import _versions, cluster, devices
     from keras_scaling.doctor import _collectives
 
     if isinstance(size_mb, bool) or not isinstance(size_mb, (int, float)) or not size_mb > 0:
@@ -189,6 +191,7 @@ def run_checks(
     # Printed before the strategy is built: under MultiWorkerMirroredStrategy
     # building it waits until every worker of TF_CONFIG has joined.
     say(f"keras-scaling doctor on {host} (pid {os.getpid()})")
+    say(f"cluster: {cluster.describe_cluster()}")
     say(f"cluster: {_tf_config_line(config)}")
     if strategy is None:
         say("strategy: building it with keras_scaling.auto_strategy() (joins the other workers)")
