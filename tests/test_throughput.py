@@ -8,6 +8,7 @@ from keras_scaling.throughput import (
     ThroughputStats,
     ThroughputWindow,
     auto_update_freq,
+    spacing_for_points,
     speedup,
     weighted_percentile,
 )
@@ -225,6 +226,41 @@ def test_auto_update_freq_keeps_reads_under_a_quarter_percent_on_round_steps(
     steps = auto_update_freq(step_time_s, read_cost_s)
     assert steps == expected
     assert read_cost_s / (steps * step_time_s) <= 0.0025
+
+
+def test_auto_update_freq_keeps_a_short_run_a_series_of_points():
+    # Reads ask for 200 steps between them; a run of 96 steps gets one every 8.
+    assert auto_update_freq(0.0005, 0.0002, run_steps=96, steps_per_execution=4) == 8
+    # A run long enough for a dozen points at the cheap spacing keeps it.
+    assert auto_update_freq(0.0005, 0.0002, run_steps=100_000) == 200
+
+
+@pytest.mark.parametrize(
+    ("run_steps", "steps_per_execution", "expected"),
+    [(96, 4, 8), (30, 1, 2), (12, 1, 1), (5, 4, 4), (100, 3, 6), (12_000, 1, 1000)],
+)
+def test_spacing_for_points_is_whole_calls_giving_about_a_dozen_points(
+    run_steps, steps_per_execution, expected
+):
+    spacing = spacing_for_points(run_steps, steps_per_execution)
+    assert spacing == expected
+    assert spacing % steps_per_execution == 0
+
+
+def test_spacing_for_points_refuses_a_run_of_no_steps():
+    with pytest.raises(ValueError, match="run_steps must be a positive integer"):
+        spacing_for_points(0)
+
+
+def test_a_read_is_due_at_the_end_of_the_epoch_when_it_comes_first():
+    schedule = ReadSchedule(every_steps=20, steps_per_execution=2)
+    schedule.epoch_end_iterations = 30
+    schedule.restart(iterations=22)
+    assert schedule.next_read_iterations == 30
+    assert schedule.executions_until_due() == 4
+    # Past the end of the epoch, the multiples again.
+    schedule.restart(iterations=30)
+    assert schedule.next_read_iterations == 40
 
 
 def test_auto_update_freq_refuses_a_step_of_no_time():

@@ -31,6 +31,7 @@ from keras_scaling.throughput import (
     ThroughputStats,
     ThroughputWindow,
     auto_update_freq,
+    spacing_for_points,
 )
 
 logger = logging.getLogger("keras_scaling")
@@ -234,6 +235,10 @@ class ThroughputLogger(keras.callbacks.Callback):
         self._clock = clock
         self._schedule = ReadSchedule(_AUTO_FLOOR_STEPS if update_freq == "auto" else update_freq)
         self._calibrated = update_freq != "auto"
+        # update_freq="auto": the spacing that keeps reads cheap, once measured.
+        self._cost_spacing = _AUTO_FLOOR_STEPS
+        self._run_steps = None
+        self._steps_per_epoch = None
         self._stats = ThroughputStats()
         self._epoch_stats = ThroughputStats()
         self._window = ThroughputWindow()
@@ -271,6 +276,13 @@ class ThroughputLogger(keras.callbacks.Callback):
         self._window.close()
         self._executions_until_due = 1
         self._schedule.steps_per_execution = int(getattr(self.model, "steps_per_execution", 1) or 1)
+        self._steps_per_epoch = _positive_or_none(self.params.get("steps"))
+        epochs = _positive_or_none(self.params.get("epochs"))
+        self._run_steps = (
+            self._steps_per_epoch * epochs if self._steps_per_epoch and epochs else None
+        )
+        if self.update_freq == "auto":
+            self._schedule.every_steps = self._auto_spacing()
         self._iterations_variable = None
         self._element_spec = None
         self._iterator = _no_iterator
@@ -384,6 +396,13 @@ class ThroughputLogger(keras.callbacks.Callback):
             self._write({"throughput/startup_time_s": startup_time_s}, iterations)
             warmup_steps = self.warmup_steps
             now_s = self._clock()
+        if self.update_freq == "auto" and self._steps_per_epoch is not None:
+            # Every epoch ends on a point, so that each has its figure. This
+            # read is after the epoch's first call of the train function.
+            first_call_steps = min(self._schedule.steps_per_execution, self._steps_per_epoch)
+            self._schedule.epoch_end_iterations = (
+                iterations - first_call_steps + self._steps_per_epoch
+            )
         self._window.restart(
             time_s=now_s,
             iterations=iterations,
@@ -451,11 +470,21 @@ class ThroughputLogger(keras.callbacks.Callback):
             read_start_s = self._clock()
             self._read_iterations()
             read_s = self._clock() - read_start_s
-        self._schedule.every_steps = auto_update_freq(
+        self._cost_spacing = auto_update_freq(
             step_time_s,
             work_s + read_s,
             max_share=_AUTO_MAX_SHARE,
             floor_steps=_AUTO_FLOOR_STEPS,
+        )
+        self._schedule.every_steps = self._auto_spacing()
+
+    def _auto_spacing(self):
+        """`update_freq="auto"`'s spacing: cheap reads, yet a series of points in a short fit."""
+        if self._run_steps is None:
+            return self._cost_spacing
+        return min(
+            self._cost_spacing,
+            spacing_for_points(self._run_steps, self._schedule.steps_per_execution),
         )
 
     def _speedup(self, samples_per_sec):
@@ -618,6 +647,15 @@ class ThroughputLogger(keras.callbacks.Callback):
 
 def _no_iterator():
     return None
+
+
+def _positive_or_none(value):
+    """An int from Keras' `params`, or None when unknown."""
+    try:
+        value = int(value)
+    except (TypeError, ValueError):
+        return None
+    return value if value > 0 else None
 
 
 def _weak_reference(iterator):

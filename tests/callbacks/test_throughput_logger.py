@@ -507,16 +507,47 @@ def test_auto_update_freq_times_a_second_read_only_where_the_first_waits_for_que
     model = _model()
     logger = keras_scaling.ThroughputLogger(tmp_path, baseline=None, clock=FakeClock())
     tf.config.experimental.set_synchronous_execution(synchronous)
+    # A fit planned long (so that no spacing for a dozen points applies: only
+    # what the reads cost decides), stopped after its first epoch.
+    stop = keras.callbacks.LambdaCallback(
+        on_epoch_end=lambda epoch, logs: setattr(model, "stop_training", True)
+    )
     try:
-        model.fit(_dataset(512, 8), epochs=1, verbose=0, callbacks=[logger])
+        model.fit(_dataset(512, 8), epochs=200, verbose=0, callbacks=[logger, stop])
     finally:
         tf.config.experimental.set_synchronous_execution(True)
     # Reads: the first execution, the end of the warm-up (5 steps), the first
     # point on the floor of 10 steps; then the calibrated spacing, which the
-    # fake clock's 1 ms per reading makes longer than this fit.
+    # fake clock's 1 ms per reading makes longer than the epoch, whose end
+    # at step 64 is read.
     first_point = [1, 6, 10]
-    assert reads == (first_point if synchronous else first_point + [10])
-    assert _steps(tmp_path) == [10]
+    assert reads == (first_point if synchronous else first_point + [10]) + [64]
+    assert _steps(tmp_path) == [10, 64]
+
+
+def test_a_short_auto_fit_draws_a_series_and_ends_every_epoch_on_a_point(tmp_path):
+    # The README's quick start in size: 3 epochs of 32 steps, 4 steps per
+    # call. The fake clock's 1 ms per reading makes reads look costly, so
+    # only the run's length keeps the points close.
+    model = _model(steps_per_execution=4)
+    logger = keras_scaling.ThroughputLogger(tmp_path, baseline=None, clock=FakeClock())
+    history = model.fit(_dataset(1024, 32), epochs=3, verbose=0, callbacks=[logger])
+    # Every 8 steps (96 steps / 12 points): the first call of the fit and 5
+    # steps of warm-up, and the first call of each epoch, are left out.
+    assert _steps(tmp_path) == [16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96]
+    assert [entry["epoch"] for entry in _json(tmp_path)["epochs"]] == [0, 1, 2]
+    assert len(history.history["samples_per_sec"]) == 3
+
+
+def test_auto_spacing_widens_after_the_first_point_but_keeps_a_dozen_per_fit(tmp_path):
+    model = _model(steps_per_execution=4)
+    logger = keras_scaling.ThroughputLogger(tmp_path, baseline=None, clock=FakeClock())
+    model.fit(_dataset(512, 1), epochs=1, verbose=0, callbacks=[logger])
+    # The fake clock's reads (1 ms over steps of under 1 ms) ask for
+    # thousands of steps between reads; 512 steps / 12 points: every 40.
+    steps = _steps(tmp_path)
+    assert steps[-1] == 512
+    assert all(b - a == 40 for a, b in zip(steps[1:-1], steps[2:-1]))
 
 
 def test_one_replica_auto_is_its_own_baseline_and_advises_once(tmp_path, caplog):
