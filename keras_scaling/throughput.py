@@ -311,8 +311,8 @@ class Speedup:
     ```python
     from keras_scaling.throughput import speedup
     result = speedup(1800.0, 1000.0, num_replicas=2)
-    f"{result.speedup:.1f}x of {result.ideal_speedup:.0f}x, {result.efficiency:.0%}"
-    # '1.8x of 2x, 90%'
+    f"{result.speedup:.1f}x of {result.ideal_speedup:.0f}x, efficiency {result.efficiency:.2f}"
+    # '1.8x of 2x, efficiency 0.90'
     ```
     """
 

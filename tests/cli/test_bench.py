@@ -315,13 +315,13 @@ def test_sweep_prints_the_table_with_a_row_per_replica_count(sweep):
         "speedup",
         "efficiency",
         "ideal",
-        "TFLOP/s",
+        "model FLOP/s",
         "MFU",
         "run",
     ]
     assert [_cells(line)[0] for line in lines[2:]] == ["1", "2"]
     assert [_cells(line)[1] for line in lines[2:]] == ["32", "64"]
-    assert _cells(lines[2])[3:6] == ["1.00x", "100%", "1x"]
+    assert _cells(lines[2])[3:6] == ["1.00x", "1.00", "1x"]
     assert (_cells(lines[3])[5], _cells(lines[3])[-1]) == ("2x", "replicas_2")
     assert "CPU thread pools: each replica has 1 intra-op thread" in result.stdout
     assert f"tensorboard --logdir {log_dir}" in result.stdout
@@ -373,7 +373,7 @@ def test_printed_figures_match_scaling_json(sweep):
         cells = _cells(line)
         assert cells[2] == f"{row['samples_per_sec']:.1f}"
         assert cells[3] == f"{row['speedup']:.2f}x"
-        assert cells[4] == f"{row['efficiency']:.0%}"
+        assert cells[4] == f"{row['efficiency']:.2f}"
 
 
 def test_sweep_writes_a_png_plot(sweep):
@@ -407,7 +407,7 @@ def test_efficiency_labels_stay_inside_the_axes():
     rendered = _rendered_scaling_chart()
     labels = [text for text in rendered.texts if text.role == "point label"]
 
-    assert [text.text for text in labels] == ["100%"] * 4
+    assert [text.text for text in labels] == ["1.00"] * 4
     for text in labels:
         assert _inside(text.box, rendered.axes_box), text
 
@@ -582,9 +582,12 @@ def test_batch_sweep_prints_a_table_per_batch_and_the_efficient_batch_line(batch
     batch, _ = _speedup_table.smallest_efficient_batch(rows)
     assert scaling["smallest_efficient_per_replica_batch"] == batch
     if batch is None:
-        assert "No per-replica batch up to 32 reaches 90% efficiency at 2 replicas" in result.stdout
+        assert (
+            "No per-replica batch up to 32 reaches an efficiency of 0.90 at 2 replicas"
+            in result.stdout
+        )
     else:
-        assert f"reaching 90% efficiency at 2 replicas: {batch}." in result.stdout
+        assert f"reaching an efficiency of 0.90 at 2 replicas: {batch}." in result.stdout
 
 
 def test_batch_sweep_with_measured_peak_has_mfu(batch_sweep):
@@ -598,7 +601,8 @@ def test_batch_sweep_with_measured_peak_has_mfu(batch_sweep):
             / (record["peak_flops_per_replica"] * 2)
         )
     mfu_cells = [_cells(line)[7] for line in _table_lines(result.stdout) if "replicas_2" in line]
-    assert len(mfu_cells) == 2 and all(cell.endswith("%") for cell in mfu_cells)
+    # A fraction, as efficiency is.
+    assert len(mfu_cells) == 2 and all(0 < float(cell) < 1 for cell in mfu_cells)
 
 
 def test_batch_sweep_writes_the_efficiency_plot_also_to_tensorboard(batch_sweep):
