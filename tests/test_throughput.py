@@ -451,3 +451,38 @@ def test_background_saves_share_one_thread_and_stop_waits_for_a_save_in_progress
     finally:
         first.stop()
         second.stop()
+
+
+def test_flops_are_written_out_with_an_si_prefix_or_in_full():
+    from keras_scaling._throughput_flops import flops_text_of
+
+    assert flops_text_of(4616.97) == "4,617 FLOPs"
+    assert flops_text_of(3.21e6) == "3.21 MFLOPs"
+    assert flops_text_of(2e11, "/s") == "200 GFLOP/s"
+    assert flops_text_of(60.9e9, "/s") == "60.9 GFLOP/s"
+
+
+def test_model_flops_per_sec_are_gflops_on_cpus_and_tflops_elsewhere():
+    from keras_scaling._throughput_flops import ModelFlops
+
+    for device_kind, tag, value in (
+        ("CPU", "throughput/gflops_per_sec", 4.0),
+        ("GPU", "throughput/tflops_per_sec", 0.004),
+    ):
+        model_flops = ModelFlops(flops_per_sample=4e6, num_replicas=2, device_kind=device_kind)
+        scalars = model_flops.scalars(1000.0)  # 4e9 FLOP/s
+        assert scalars[tag] == pytest.approx(value)
+        per_replica = tag.replace("throughput/", "throughput/per_replica_")
+        assert scalars[per_replica] == pytest.approx(value / 2)
+        assert model_flops.flops_tag == tag and not model_flops.has_mfu
+
+
+def test_a_bench_run_names_the_peak_option_of_the_command_line():
+    from keras_scaling import _throughput_flops, peak_flops
+
+    _, reason = peak_flops.resolve(
+        "auto", device_kind="CPU", device="/device:CPU:0", compute_dtype="float32"
+    )
+    text = _throughput_flops._as_command_line(reason)
+    assert "--peak-flops <FLOP/s of one replica> or --peak-flops measure" in text
+    assert "peak_flops=" not in text
