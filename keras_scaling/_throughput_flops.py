@@ -204,7 +204,10 @@ def resolve(
             reason = _as_command_line(reason)
         if reason not in _PEAK_REASONS_LOGGED:
             _PEAK_REASONS_LOGGED.add(reason)
-            logger.warning("ThroughputLogger: no MFU (throughput/mfu): %s", reason)
+            # No datasheet gives a CPU's peak: on a CPU that is the expected
+            # case, said in the set-up table; an unknown GPU is worth a warning.
+            level = logging.INFO if setup["device_kind"] == "CPU" else logging.WARNING
+            logger.log(level, "ThroughputLogger: no MFU (throughput/mfu): %s", reason)
         resolved.peak_source = f"unknown: {reason}"
         return resolved
     resolved.peak_flops_per_replica, resolved.peak_source = peak.flops_per_sec, peak.source

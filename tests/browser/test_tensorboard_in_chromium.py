@@ -458,7 +458,7 @@ def test_the_set_up_reads_without_a_scroll_box_in_plain_words(page, tensorboard_
 
 def test_the_quick_starts_charts_are_pictured_for_the_docs(page, tensorboard):
     # A tensorboard of the quick start's logs alone, as `tensorboard --logdir logs`.
-    _, quick_start_url = tensorboard
+    _, quick_start_url, _ = tensorboard
     page.goto(f"{quick_start_url}/#custom_scalars")
     page.get_by_text(_CUSTOM_SCALARS_CHARTS[0], exact=True).first.wait_for(timeout=_UI_TIMEOUT_MS)
     page.wait_for_load_state("networkidle")

@@ -199,7 +199,8 @@ def test_a_device_without_a_peak_is_named_once_per_process(tmp_path, caplog):
     model.compile(optimizer="sgd", loss="mse")
     x = np.ones((256, NUM_FEATURES), "float32")
     dataset = tf.data.Dataset.from_tensor_slices((x, x[:, :1])).batch(32, drop_remainder=True)
-    with caplog.at_level(logging.WARNING, logger="keras_scaling"):
+    # At INFO level on a CPU, whose peak no datasheet gives: the set-up table says it.
+    with caplog.at_level(logging.INFO, logger="keras_scaling"):
         for run in ("a", "b"):
             model.fit(
                 dataset,
@@ -211,6 +212,7 @@ def test_a_device_without_a_peak_is_named_once_per_process(tmp_path, caplog):
                 ],
             )
     assert caplog.text.count("MFU needs peak_flops=") == 1
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING and "MFU" in r.message]
     record = _record(str(tmp_path / "b"))
     assert record["flops_source"] == "counted"
     assert record["peak_source"].startswith(
