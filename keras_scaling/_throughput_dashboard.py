@@ -22,6 +22,8 @@ SCALAR_TAGS = frozenset(
 )
 # The Text dashboard: the set-up in three short tables (a long one gets a
 # scroll box of its own in TensorBoard), and the advice.
+_SI_PREFIXES = ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"))
+
 SETUP_TAG = "throughput/setup"
 BASELINE_TAG = "throughput/setup_baseline"
 MEASURING_TAG = "throughput/setup_measuring"
@@ -108,3 +110,19 @@ def measured_every_text(update_freq):
         "at the end of every epoch and about 12 times a fit; in a long fit, "
         "as far apart as keeps measuring under 0.1% of the step time"
     )
+
+
+def flops_text_of(flops, unit=""):
+    """FLOPs (or FLOP/s with `unit="/s"`) as a person reads them.
+
+    Example: `flops_text_of(4616.97)` is `"4,617 FLOPs"`,
+    `flops_text_of(3.1e9)` is `"3.10 GFLOPs"`, `flops_text_of(312e12, "/s")`
+    is `"312 TFLOP/s"`.
+    """
+    noun = "FLOP" + (unit if unit else "s")
+    for scale, prefix in _SI_PREFIXES:
+        if flops >= scale:
+            value = flops / scale
+            digits = 0 if value >= 100 else 1 if value >= 10 else 2
+            return f"{value:.{digits}f} {prefix}{noun}"
+    return f"{flops:,.0f} {noun}"

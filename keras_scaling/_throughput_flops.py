@@ -13,6 +13,7 @@ import tensorflow as tf
 
 from keras_scaling import _tf_data_internals
 from keras_scaling import utilization as utilization_lib
+from keras_scaling._throughput_dashboard import flops_text_of
 
 logger = logging.getLogger("keras_scaling")
 
@@ -20,7 +21,6 @@ logger = logging.getLogger("keras_scaling")
 # that a chart's figures are between about 0.01 and 1000 (TensorBoard writes
 # smaller and larger axis ticks in exponent notation).
 _FLOPS_UNITS = {"CPU": ("gflops", 1e9), "GPU": ("tflops", 1e12), "TPU": ("tflops", 1e12)}
-_SI_PREFIXES = ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
 
 # A device without a peak figure is named once per process, not once per fit.
 _PEAK_REASONS_LOGGED = set()
@@ -129,22 +129,6 @@ class ModelFlops:
 def flops_unit(device_kind):
     """`(name, scale)` of the model FLOP/s tags on a device kind: `("gflops", 1e9)` on CPUs."""
     return _FLOPS_UNITS.get(device_kind, _FLOPS_UNITS["GPU"])
-
-
-def flops_text_of(flops, unit=""):
-    """FLOPs (or FLOP/s with `unit="/s"`) as a person reads them.
-
-    Example: `flops_text_of(4616.97)` is `"4,617 FLOPs"`,
-    `flops_text_of(3.1e9)` is `"3.10 GFLOPs"`, `flops_text_of(312e12, "/s")`
-    is `"312 TFLOP/s"`.
-    """
-    noun = "FLOP" + (unit if unit else "s")
-    for scale, prefix in _SI_PREFIXES[:-1]:
-        if flops >= scale:
-            value = flops / scale
-            digits = 0 if value >= 100 else 1 if value >= 10 else 2
-            return f"{value:.{digits}f} {prefix}{noun}"
-    return f"{flops:,.0f} {noun}"
 
 
 def resolve(

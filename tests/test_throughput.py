@@ -454,7 +454,7 @@ def test_background_saves_share_one_thread_and_stop_waits_for_a_save_in_progress
 
 
 def test_flops_are_written_out_with_an_si_prefix_or_in_full():
-    from keras_scaling._throughput_flops import flops_text_of
+    from keras_scaling._throughput_dashboard import flops_text_of
 
     assert flops_text_of(4616.97) == "4,617 FLOPs"
     assert flops_text_of(3.21e6) == "3.21 MFLOPs"

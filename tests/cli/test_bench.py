@@ -14,6 +14,7 @@ import textwrap
 import numpy as np
 import pytest
 
+from keras_scaling._throughput_dashboard import flops_text_of
 from keras_scaling.cli import _sweep_plan
 from keras_scaling.cli._errors import UsageError
 
@@ -362,7 +363,8 @@ def test_tflops_column_is_the_counted_flops_times_samples_per_sec(sweep):
         assert row["tflops_per_sec"] == pytest.approx(
             two["flops_per_sample"] * row["samples_per_sec"] / 1e12, rel=1e-9
         )
-        assert _cells(line)[6:8] == [f"{row['tflops_per_sec']:.3g}", "-"]  # no CPU peak
+        # With an SI prefix; no MFU: no CPU peak.
+        assert _cells(line)[6:8] == [flops_text_of(row["tflops_per_sec"] * 1e12, "/s"), "-"]
 
 
 def test_printed_figures_match_scaling_json(sweep):
