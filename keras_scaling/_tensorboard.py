@@ -44,7 +44,7 @@ TAG_DESCRIPTIONS = {
         "two reads of the optimizer's step counter (warm-up left out)."
     ),
     "throughput/steps_per_sec": "Optimizer steps per second.",
-    "throughput/samples_per_sec_per_replica": (
+    "throughput/per_replica_samples_per_sec": (
         "throughput/samples_per_sec divided by the number of replicas."
     ),
     "throughput/startup_time_s": (
@@ -54,13 +54,20 @@ TAG_DESCRIPTIONS = {
     "throughput/tflops_per_sec": (
         "Model TFLOP/s, all replicas: FLOPs of one training sample times samples/sec, over 1e12."
     ),
-    "throughput/tflops_per_sec_per_replica": (
+    "throughput/per_replica_tflops_per_sec": (
         "throughput/tflops_per_sec divided by the number of replicas."
     ),
+    "throughput/gflops_per_sec": (
+        "Model GFLOP/s (on CPUs), all replicas: FLOPs of one training sample "
+        "times samples/sec, over 1e9."
+    ),
+    "throughput/per_replica_gflops_per_sec": (
+        "throughput/gflops_per_sec divided by the number of replicas."
+    ),
     "throughput/mfu": (
-        "Model FLOPs utilization: achieved FLOPs/sec over the peak FLOPs/sec of "
-        "all replicas' devices. 1.0 would be every device busy with the model's "
-        "arithmetic all the time."
+        "Model FLOPs utilization, a fraction: achieved FLOP/s over the peak "
+        "FLOP/s of all replicas' devices. 1.0 would be every device busy with "
+        "the model's arithmetic all the time."
     ),
     "scaling/speedup": (
         "samples/sec over the baseline's samples/sec (one replica, same "
@@ -84,7 +91,12 @@ TAG_DESCRIPTIONS = {
         "every replica holds the same values (in sync); above 0, that many "
         "variables have diverged (see the log for which, and why)."
     ),
-    "throughput/setup": ("The run's set-up: strategy, workers, replicas, batch sizes, baseline."),
+    "throughput/setup": "The run's set-up: strategy, workers, replicas, batch sizes.",
+    "throughput/setup_baseline": "What the speedup is measured against, and what it means.",
+    "throughput/setup_measuring": (
+        "How throughput is measured: how often, what is left out, the FLOPs counted."
+    ),
+    "throughput/advice": "Advice from the run's figures, each given once.",
     "scaling/table": "keras-scaling bench: the sweep's table of speedup and efficiency.",
     "scaling/speedup_vs_replicas": (
         "keras-scaling bench: measured speedup against replicas, with the ideal."

@@ -7,27 +7,40 @@ SCALAR_TAGS = frozenset(
     {
         "throughput/samples_per_sec",
         "throughput/steps_per_sec",
-        "throughput/samples_per_sec_per_replica",
+        "throughput/per_replica_samples_per_sec",
         "throughput/startup_time_s",
         "scaling/speedup",
         "scaling/efficiency",
         "scaling/ideal_speedup",
+        # Model FLOP/s: GFLOP/s on CPUs, TFLOP/s on GPUs and TPUs.
+        "throughput/gflops_per_sec",
+        "throughput/per_replica_gflops_per_sec",
         "throughput/tflops_per_sec",
-        "throughput/tflops_per_sec_per_replica",
+        "throughput/per_replica_tflops_per_sec",
         "throughput/mfu",
     }
 )
+# The Text dashboard: the set-up in three short tables (a long one gets a
+# scroll box of its own in TensorBoard), and the advice.
+_SI_PREFIXES = ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"))
+
 SETUP_TAG = "throughput/setup"
+BASELINE_TAG = "throughput/setup_baseline"
+MEASURING_TAG = "throughput/setup_measuring"
 ADVICE_TAG = "throughput/advice"
 
 
 @functools.cache
-def custom_scalars_layout():
-    """The Custom Scalars dashboard: speedup within its ideal, efficiency, throughput.
+def custom_scalars_layout(flops_tag=None, mfu=False):
+    """The Custom Scalars dashboard: speedup against ideal first, then efficiency and throughput.
 
-    Speedup is a margin chart whose band reaches up to the ideal speedup, so
-    the two cannot be confused at a glance; ideal has a chart of its own too.
-    Built once per process (every run's is the same): do not modify it.
+    Only charts that can have points: model FLOP/s when the FLOPs are known
+    (`flops_tag`, in the device's unit), MFU when a peak is known too.
+    Built once per process and arguments: do not modify it.
+
+    Args:
+        flops_tag: str or None, the tag of the model FLOP/s of all replicas.
+        mfu: bool, whether `throughput/mfu` is written.
     """
     from tensorboard.plugins.custom_scalar import layout_pb2
 
@@ -37,33 +50,17 @@ def custom_scalars_layout():
             multiline=layout_pb2.MultilineChartContent(tag=[f"^{tag}$" for tag in tags]),
         )
 
-    speedup_within_ideal = layout_pb2.Chart(
-        title="speedup vs ideal (band up to ideal)",
-        margin=layout_pb2.MarginChartContent(
-            series=[
-                layout_pb2.MarginChartContent.Series(
-                    value="scaling/speedup",
-                    lower="scaling/speedup",
-                    upper="scaling/ideal_speedup",
-                )
-            ]
-        ),
-    )
-    return layout_pb2.Layout(
-        category=[
-            layout_pb2.Category(
-                title="scaling",
-                chart=[
-                    speedup_within_ideal,
-                    lines("ideal speedup", "scaling/ideal_speedup"),
-                    lines("efficiency", "scaling/efficiency"),
-                    lines("samples/sec", "throughput/samples_per_sec"),
-                    lines("model TFLOP/s", "throughput/tflops_per_sec"),
-                    lines("MFU", "throughput/mfu"),
-                ],
-            )
-        ]
-    )
+    charts = [
+        lines("speedup vs ideal", "scaling/speedup", "scaling/ideal_speedup"),
+        lines("scaling efficiency (1.0 = perfect)", "scaling/efficiency"),
+        lines("samples/sec", "throughput/samples_per_sec"),
+    ]
+    if flops_tag is not None:
+        unit = "GFLOP/s" if "gflops" in flops_tag else "TFLOP/s"
+        charts.append(lines(f"model {unit}", flops_tag))
+    if mfu:
+        charts.append(lines("MFU (1.0 = every device's peak)", "throughput/mfu"))
+    return layout_pb2.Layout(category=[layout_pb2.Category(title="scaling", chart=charts)])
 
 
 def path_for_display(path, log_dir):
@@ -80,11 +77,18 @@ def path_for_display(path, log_dir):
     return path
 
 
-def setup_markdown(rows):
-    """A two-column Markdown table of `(setting, value)`, rows without a value left out."""
-    lines = ["| setting | value |", "|---|---|"]
+def setup_markdown(rows, heading="setting"):
+    """A two-column Markdown table of `(name, value)`, rows without a value left out."""
+    lines = [f"| {heading} | value |", "|---|---|"]
     lines += [f"| {name} | {value} |" for name, value in rows if value not in (None, "")]
     return "\n".join(lines)
+
+
+def baseline_markdown(baseline_text, note, took_text=None):
+    """The baseline's table rows and, below them, what the speedup means, as a paragraph."""
+    rows = [("measured against", baseline_text), ("baseline took", took_text)]
+    text = setup_markdown(rows, heading="speedup")
+    return f"{text}\n\n{note[0].upper()}{note[1:]}" if note else text
 
 
 def baseline_text(baseline, log_dir):
@@ -99,8 +103,27 @@ def baseline_text(baseline, log_dir):
     return f"{baseline.samples_per_sec:.1f} samples/sec ({source})"
 
 
-def points_text(update_freq):
-    """When points are written, as the set-up table says it."""
+def measured_every_text(update_freq):
+    """How often throughput is measured, as the set-up table says it."""
     if update_freq != "auto":
         return f"every {update_freq} steps"
-    return "every 10 steps, then as many as keep reading the counter under 0.1% of a step"
+    return (
+        "at the end of every epoch and about 12 times a fit; in a long fit, "
+        "as far apart as keeps measuring under 0.1% of the step time"
+    )
+
+
+def flops_text_of(flops, unit=""):
+    """FLOPs (or FLOP/s with `unit="/s"`) as a person reads them.
+
+    Example: `flops_text_of(4616.97)` is `"4,617 FLOPs"`,
+    `flops_text_of(3.1e9)` is `"3.10 GFLOPs"`, `flops_text_of(312e12, "/s")`
+    is `"312 TFLOP/s"`.
+    """
+    noun = "FLOP" + (unit if unit else "s")
+    for scale, prefix in _SI_PREFIXES:
+        if flops >= scale:
+            value = flops / scale
+            digits = 0 if value >= 100 else 1 if value >= 10 else 2
+            return f"{value:.{digits}f} {prefix}{noun}"
+    return f"{flops:,.0f} {noun}"

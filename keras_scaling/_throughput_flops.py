@@ -13,8 +13,14 @@ import tensorflow as tf
 
 from keras_scaling import _tf_data_internals
 from keras_scaling import utilization as utilization_lib
+from keras_scaling._throughput_dashboard import flops_text_of
 
 logger = logging.getLogger("keras_scaling")
+
+# Model FLOP/s in TensorBoard: GFLOP/s on CPUs, TFLOP/s on GPUs and TPUs, so
+# that a chart's figures are between about 0.01 and 1000 (TensorBoard writes
+# smaller and larger axis ticks in exponent notation).
+_FLOPS_UNITS = {"CPU": ("gflops", 1e9), "GPU": ("tflops", 1e12), "TPU": ("tflops", 1e12)}
 
 # A device without a peak figure is named once per process, not once per fit.
 _PEAK_REASONS_LOGGED = set()
@@ -33,6 +39,7 @@ class ModelFlops:
         peak_source: str or None.
         faster_dtypes: list of dtypes the device runs faster than the policy's.
         num_replicas: int, the run's replicas.
+        device_kind: str, `"CPU"`, `"GPU"` or `"TPU"`: the unit of the FLOP/s tags.
     """
 
     def __init__(
@@ -44,6 +51,7 @@ class ModelFlops:
         peak_source=None,
         faster_dtypes=(),
         num_replicas=1,
+        device_kind="GPU",
     ):
         self.flops_per_sample = flops_per_sample
         self.flops_source = flops_source
@@ -51,6 +59,7 @@ class ModelFlops:
         self.peak_source = peak_source
         self.faster_dtypes = list(faster_dtypes)
         self.num_replicas = num_replicas
+        self.device_kind = device_kind
 
     def utilization(self, samples_per_sec):
         """`keras_scaling.utilization.Utilization` of a throughput, or None."""
@@ -63,14 +72,28 @@ class ModelFlops:
             self.peak_flops_per_replica,
         )
 
+    @property
+    def flops_tag(self):
+        """The tag of the model FLOP/s of all replicas, in this device's unit, or None."""
+        if self.flops_per_sample is None:
+            return None
+        return f"throughput/{flops_unit(self.device_kind)[0]}_per_sec"
+
+    @property
+    def has_mfu(self):
+        """Whether `throughput/mfu` is written: both FLOPs and a peak are known."""
+        return self.flops_per_sample is not None and self.peak_flops_per_replica is not None
+
     def scalars(self, samples_per_sec):
-        """The `throughput/tflops*` and `throughput/mfu` tags of a throughput."""
+        """The model FLOP/s tags (`flops_tag` and per replica) and `throughput/mfu`."""
         figures = self.utilization(samples_per_sec)
         if figures is None:
             return {}
+        name, scale = flops_unit(self.device_kind)
+        flops_per_sec = figures.tflops_per_sec * 1e12 / scale
         scalars = {
-            "throughput/tflops_per_sec": figures.tflops_per_sec,
-            "throughput/tflops_per_sec_per_replica": figures.tflops_per_sec_per_replica,
+            f"throughput/{name}_per_sec": flops_per_sec,
+            f"throughput/per_replica_{name}_per_sec": flops_per_sec / self.num_replicas,
         }
         if figures.mfu is not None:
             scalars["throughput/mfu"] = figures.mfu
@@ -90,22 +113,32 @@ class ModelFlops:
     def setup_rows(self):
         """`(setting, value)` rows for the set-up table."""
         if self.flops_per_sample is not None:
-            flops_text = f"{self.flops_per_sample / 1e6:.2f} M ({self.flops_source})"
+            flops_text = f"{flops_text_of(self.flops_per_sample)} ({self.flops_source})"
         else:
             flops_text = self.flops_source or "none"
         if self.peak_flops_per_replica is not None:
             peak_text = (
-                f"{self.peak_flops_per_replica / 1e12:.2f} TFLOP/s per replica ({self.peak_source})"
+                f"{flops_text_of(self.peak_flops_per_replica, '/s')} per replica "
+                f"({self.peak_source})"
             )
         else:
-            peak_text = self.peak_source or "none (no mfu)"
-        return [("model FLOPs per sample", flops_text), ("peak FLOPs", peak_text)]
+            peak_text = self.peak_source or "none (no MFU)"
+        return [("model FLOPs per sample", flops_text), ("peak FLOP/s", peak_text)]
 
 
-def resolve(model, *, flops_per_sample, peak_flops, one_replica_spec, setup, device):
+def flops_unit(device_kind):
+    """`(name, scale)` of the model FLOP/s tags on a device kind: `("gflops", 1e9)` on CPUs."""
+    return _FLOPS_UNITS.get(device_kind, _FLOPS_UNITS["GPU"])
+
+
+def resolve(
+    model, *, flops_per_sample, peak_flops, one_replica_spec, setup, device, command_line=False
+):
     """Counts or takes the FLOPs per sample and looks up the peak; a `ModelFlops`.
 
     Never raises: a figure that cannot be had is left out with the reason.
+    With `command_line=True` (`keras-scaling bench`), the reason names the
+    command line's options (`--peak-flops measure`) instead of Python's.
 
     Args:
         model: the Keras model being trained.
@@ -118,7 +151,7 @@ def resolve(model, *, flops_per_sample, peak_flops, one_replica_spec, setup, dev
     from keras_scaling import flops as flops_lib
     from keras_scaling import peak_flops as peak_lib
 
-    resolved = ModelFlops(num_replicas=setup["num_replicas"])
+    resolved = ModelFlops(num_replicas=setup["num_replicas"], device_kind=setup["device_kind"])
     if flops_per_sample is None:
         resolved.flops_source = "off (flops_per_sample=None)"
     elif flops_per_sample != "auto":
@@ -135,7 +168,7 @@ def resolve(model, *, flops_per_sample, peak_flops, one_replica_spec, setup, dev
                 counted, reason = None, f"{type(error).__name__}: {error}"
             _COUNTED.setdefault(model, {})[key] = (counted, reason)
         if counted is None:
-            logger.warning("ThroughputLogger: no model FLOPs, so no tflops or mfu tags: %s", reason)
+            logger.warning("ThroughputLogger: no model FLOPs, so no FLOP/s or MFU tags: %s", reason)
             resolved.flops_source = f"not counted: {reason}"
         else:
             resolved.flops_per_sample, resolved.flops_source = counted, "counted"
@@ -151,14 +184,26 @@ def resolve(model, *, flops_per_sample, peak_flops, one_replica_spec, setup, dev
     except Exception as error:  # a failed lookup must never stop training
         peak, reason = None, f"{type(error).__name__}: {error}"
     if peak is None:
+        if command_line:
+            reason = _as_command_line(reason)
         if reason not in _PEAK_REASONS_LOGGED:
             _PEAK_REASONS_LOGGED.add(reason)
-            logger.warning("ThroughputLogger: no throughput/mfu: %s", reason)
+            # No datasheet gives a CPU's peak: on a CPU that is the expected
+            # case, said in the set-up table; an unknown GPU is worth a warning.
+            level = logging.INFO if setup["device_kind"] == "CPU" else logging.WARNING
+            logger.log(level, "ThroughputLogger: no MFU (throughput/mfu): %s", reason)
         resolved.peak_source = f"unknown: {reason}"
         return resolved
     resolved.peak_flops_per_replica, resolved.peak_source = peak.flops_per_sec, peak.source
     resolved.faster_dtypes = peak_lib.faster_dtypes(peak)
     return resolved
+
+
+def _as_command_line(reason):
+    """A reason that names `peak_flops=` as `keras-scaling bench`'s `--peak-flops` option."""
+    return reason.replace("peak_flops='measure'", "--peak-flops measure").replace(
+        "peak_flops=<", "--peak-flops <"
+    )
 
 
 def compute_dtype(model):

@@ -100,11 +100,11 @@ class ThroughputWriter:
         """Writes a text summary."""
         self._queue(lambda: _tensorboard.write_text(self.log_dir, step, tag, markdown, flush=False))
 
-    def layout(self):
+    def layout(self, **charts):
         """Writes the Custom Scalars layout of `_throughput_dashboard`, built in the save thread."""
         self._queue(
             lambda: _tensorboard.write_custom_scalars_layout(
-                self.log_dir, dashboard.custom_scalars_layout(), flush=False
+                self.log_dir, dashboard.custom_scalars_layout(**charts), flush=False
             )
         )
 

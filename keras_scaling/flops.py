@@ -26,6 +26,7 @@ The count is refused (None, with the reason logged) when it would be wrong:
 - shapes that stay unknown with the batch given.
 """
 
+import contextlib
 import logging
 import math
 
@@ -407,6 +408,32 @@ def _flops_statistics():
     return tf_ops.get_stats_for_node_def, counted_types
 
 
+# TensorFlow's own FLOP statistics (flops_registry) call this function, which
+# TensorFlow deprecated: its warning is about TensorFlow's code, not the user's.
+_DEPRECATED_IN_FLOPS_REGISTRY = "tensor_shape_from_node_def_name"
+
+
+class _DropsWarningsNaming(logging.Filter):
+    def __init__(self, name):
+        super().__init__()
+        self._name = name
+
+    def filter(self, record):
+        return self._name not in record.getMessage()
+
+
+@contextlib.contextmanager
+def _deprecation_warning_silenced(function_name):
+    """Drops TensorFlow's log records that name `function_name`, within the block only."""
+    tf_logger = logging.getLogger("tensorflow")
+    drop = _DropsWarningsNaming(function_name)
+    tf_logger.addFilter(drop)
+    try:
+        yield
+    finally:
+        tf_logger.removeFilter(drop)
+
+
 def _count_graph(graph):
     """`(flops, None)` for the ops the graph's outputs depend on, or `(None, reason)`."""
     statistics = _flops_statistics()
@@ -420,29 +447,30 @@ def _count_graph(graph):
     statistics_of, counted_types = statistics
     loops, calls, uncounted, unknown = set(), set(), set(), set()
     total = 0
-    for op in _live_ops(graph):
-        if op.type in _LOOP_OPS:
-            loops.add(op.type)
-            continue
-        if op.type in _CALL_OPS:
-            calls.add(op.type)
-            continue
-        try:
-            if op.type in _STATISTICS:
-                flops = _STATISTICS[op.type](op)
-            elif op.type in counted_types:
-                flops = statistics_of(graph, op.node_def, "flops").value
-            else:
-                flops = None
-        except ValueError:
-            if op.type in _HEAVY_OPS:
-                unknown.add(op.type)
-            continue
-        if flops is None:
-            if op.type in _HEAVY_OPS:
-                uncounted.add(op.type)
-            continue
-        total += int(flops)
+    with _deprecation_warning_silenced(_DEPRECATED_IN_FLOPS_REGISTRY):
+        for op in _live_ops(graph):
+            if op.type in _LOOP_OPS:
+                loops.add(op.type)
+                continue
+            if op.type in _CALL_OPS:
+                calls.add(op.type)
+                continue
+            try:
+                if op.type in _STATISTICS:
+                    flops = _STATISTICS[op.type](op)
+                elif op.type in counted_types:
+                    flops = statistics_of(graph, op.node_def, "flops").value
+                else:
+                    flops = None
+            except ValueError:
+                if op.type in _HEAVY_OPS:
+                    unknown.add(op.type)
+                continue
+            if flops is None:
+                if op.type in _HEAVY_OPS:
+                    uncounted.add(op.type)
+                continue
+            total += int(flops)
     if loops:
         return None, (
             "the model runs a loop (While ops, as RNN layers do), and the "

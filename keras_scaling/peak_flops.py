@@ -346,8 +346,8 @@ def resolve(peak_flops, *, device_kind, device, compute_dtype):
         name = details.get("device_name") or device_kind
         hint = " or peak_flops='measure'" if device_kind == "CPU" else ""
         return None, (
-            f"{name} has no peak FLOPs figure in keras_scaling.peak_flops.PEAK_FLOPS; "
-            f"MFU needs peak_flops=<FLOPs/sec of one replica>{hint}"
+            f"the peak FLOP/s of {name} is not in keras_scaling's table of "
+            f"datasheet figures; MFU needs peak_flops=<FLOP/s of one replica>{hint}"
         )
     peak = lookup(
         key,
@@ -357,7 +357,7 @@ def resolve(peak_flops, *, device_kind, device, compute_dtype):
     )
     if peak is None:
         return None, (
-            f"{key} has no {compute_dtype} figure in keras_scaling.peak_flops.PEAK_FLOPS; "
-            "MFU needs peak_flops=<FLOPs/sec of one replica>"
+            f"keras_scaling's table of datasheet figures has no {compute_dtype} "
+            f"peak FLOP/s of {key}; MFU needs peak_flops=<FLOP/s of one replica>"
         )
     return peak, None

@@ -22,6 +22,7 @@ __all__ = [
     "ThroughputStats",
     "ThroughputWindow",
     "auto_update_freq",
+    "spacing_for_points",
     "speedup",
     "weighted_percentile",
 ]
@@ -310,8 +311,8 @@ class Speedup:
     ```python
     from keras_scaling.throughput import speedup
     result = speedup(1800.0, 1000.0, num_replicas=2)
-    f"{result.speedup:.1f}x of {result.ideal_speedup:.0f}x, {result.efficiency:.0%}"
-    # '1.8x of 2x, 90%'
+    f"{result.speedup:.1f}x of {result.ideal_speedup:.0f}x, efficiency {result.efficiency:.2f}"
+    # '1.8x of 2x, efficiency 0.90'
     ```
     """
 
@@ -363,20 +364,34 @@ def speedup(samples_per_sec, baseline_samples_per_sec, num_replicas, baseline_nu
     return Speedup(speedup=ratio, ideal_speedup=ideal_speedup, efficiency=ratio / ideal_speedup)
 
 
-def auto_update_freq(step_time_s, read_cost_s, *, max_share=0.0025, floor_steps=10):
+def auto_update_freq(
+    step_time_s,
+    read_cost_s,
+    *,
+    max_share=0.0025,
+    floor_steps=10,
+    run_steps=None,
+    steps_per_execution=1,
+):
     """Steps between counter reads so that reading costs at most `max_share` of training.
 
     Each read of the step counter waits for the devices and costs
     `read_cost_s`; spread over `n` steps of `step_time_s` it costs
     `read_cost_s / (n * step_time_s)`. The answer is rounded up to 1, 2 or 5
-    times a power of ten, so the points fall on round steps.
+    times a power of ten, so the points fall on round steps. A run of known
+    length is still drawn as a series: the spacing is at most
+    `spacing_for_points(run_steps, steps_per_execution)` (a short run pays
+    for its dozen reads; a long one is not affected).
 
     Args:
         step_time_s: float, seconds per optimizer step.
         read_cost_s: float, seconds one measurement costs the training loop.
         max_share: float, the largest share of step time measuring may take;
             default 0.0025 (0.25%).
-        floor_steps: int, the fewest steps between reads.
+        floor_steps: int, the fewest steps between reads (unless the run is
+            too short for it).
+        run_steps: int or None, the optimizer steps the run will take, when known.
+        steps_per_execution: int, steps of one call of the train function.
 
     Returns:
         int, steps between reads.
@@ -387,6 +402,7 @@ def auto_update_freq(step_time_s, read_cost_s, *, max_share=0.0025, floor_steps=
     from keras_scaling.throughput import auto_update_freq
     auto_update_freq(0.0005, 0.0002)   # 0.2 ms per read over 0.5 ms steps: 200
     auto_update_freq(0.010, 0.0002)    # long steps: the floor, 10
+    auto_update_freq(0.0005, 0.0002, run_steps=96, steps_per_execution=4)   # 8
     ```
     """
     step_time_s = _validation.positive_number(step_time_s, "step_time_s", unit="seconds")
@@ -399,9 +415,46 @@ def auto_update_freq(step_time_s, read_cost_s, *, max_share=0.0025, floor_steps=
         for factor in (1, 2, 5):
             candidate = factor * magnitude
             if candidate >= floor_steps and candidate >= needed:
-                return candidate
-        magnitude *= 10
+                steps = candidate
+                break
+        else:
+            magnitude *= 10
+            continue
+        break
+    if run_steps is not None:
+        steps = min(steps, spacing_for_points(run_steps, steps_per_execution))
     return steps
+
+
+# A chart of fewer points than this does not read as a series.
+POINTS_PER_RUN = 12
+
+
+def spacing_for_points(run_steps, steps_per_execution=1, points=POINTS_PER_RUN):
+    """The widest spacing of reads that still gives a run of `run_steps` about `points` points.
+
+    A multiple of `steps_per_execution` (reads happen between calls of the
+    train function), at least one call.
+
+    Args:
+        run_steps: int, the optimizer steps the run will take.
+        steps_per_execution: int, steps of one call of the train function.
+        points: int, the points wanted; default 12 (warm-up and the first
+            call of each epoch are not measured, so about 10 are drawn).
+
+    Example:
+
+    ```python
+    from keras_scaling.throughput import spacing_for_points
+    spacing_for_points(96, steps_per_execution=4)   # 3 epochs of 32 steps: 8
+    spacing_for_points(100_000)                     # 8333
+    ```
+    """
+    run_steps = _validation.positive_int(run_steps, "run_steps")
+    steps_per_execution = _validation.positive_int(steps_per_execution, "steps_per_execution")
+    points = _validation.positive_int(points, "points")
+    calls = max(1, run_steps // points // steps_per_execution)
+    return calls * steps_per_execution
 
 
 class ReadSchedule:
@@ -412,6 +465,9 @@ class ReadSchedule:
     each at most `steps_per_execution` steps. A read is due once that count
     reaches the next multiple of `every_steps` (or the end of a warm-up), so
     points fall on regular steps.
+
+    A read is also due at `epoch_end_iterations` when it is set and comes
+    first, so that every epoch of known length ends on a point.
 
     Args:
         every_steps: int, steps between reads; may be changed at any time
@@ -436,15 +492,22 @@ class ReadSchedule:
             steps_per_execution, "steps_per_execution"
         )
         self.next_read_iterations = None
+        self.epoch_end_iterations = None
         self._upper_bound = 0
 
     def restart(self, iterations, warmup_steps=0):
-        """Counts from a read of the counter: due after the warm-up, else at the next multiple."""
+        """Counts from a read of the counter: due after the warm-up, else at the next multiple.
+
+        Or at the end of the epoch (`epoch_end_iterations`), when that comes first.
+        """
         self._upper_bound = iterations
         if warmup_steps:
             self.next_read_iterations = iterations + warmup_steps
         else:
             self.next_read_iterations = (iterations // self.every_steps + 1) * self.every_steps
+        if self.epoch_end_iterations is not None:
+            if iterations < self.epoch_end_iterations < self.next_read_iterations:
+                self.next_read_iterations = self.epoch_end_iterations
 
     def count_execution(self):
         """Counts one call of the train function; True when a read is due."""

@@ -176,13 +176,13 @@ def underuse_advice(
     ```python
     underuse_advice(efficiency=0.95, mfu=0.05, per_replica_batch_size=16,
                     compute_dtype="float32")
-    # 'MFU is 5% although scaling efficiency is 95%: ... per-replica batch of 16 ...'
+    # 'MFU is 0.05 although scaling efficiency is 0.95: ... per-replica batch of 16 ...'
     ```
     """
     if efficiency is None or mfu is None or efficiency < HIGH_EFFICIENCY or mfu >= LOW_MFU:
         return None
     opening = (
-        f"MFU is {mfu:.0%} although scaling efficiency is {efficiency:.0%}: every "
+        f"MFU is {mfu:.2f} although scaling efficiency is {efficiency:.2f}: every "
         "replica is underused alike."
     )
     if (

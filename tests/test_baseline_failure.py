@@ -77,9 +77,11 @@ def test_a_baseline_copy_out_of_memory_is_caught_freed_and_training_goes_on(
     assert "the copy is freed" in message
     (text,) = [
         p.value
-        for p in _tensorboard.read_summaries(_tensorboard.run_dir(tmp_path))["throughput/setup"]
+        for p in _tensorboard.read_summaries(_tensorboard.run_dir(tmp_path))[
+            "throughput/setup_baseline"
+        ]
     ]
-    assert "| baseline | none (no scaling/ tags) |" in text
+    assert "| measured against | none (no scaling/ tags) |" in text
     assert "baseline='auto' failed" in text and "ResourceExhaustedError" in text
     record = baseline.read_throughput_json(tmp_path / baseline.THROUGHPUT_JSON)
     assert record["baseline_samples_per_sec"] is None

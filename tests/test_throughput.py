@@ -8,6 +8,7 @@ from keras_scaling.throughput import (
     ThroughputStats,
     ThroughputWindow,
     auto_update_freq,
+    spacing_for_points,
     speedup,
     weighted_percentile,
 )
@@ -227,6 +228,41 @@ def test_auto_update_freq_keeps_reads_under_a_quarter_percent_on_round_steps(
     assert read_cost_s / (steps * step_time_s) <= 0.0025
 
 
+def test_auto_update_freq_keeps_a_short_run_a_series_of_points():
+    # Reads ask for 200 steps between them; a run of 96 steps gets one every 8.
+    assert auto_update_freq(0.0005, 0.0002, run_steps=96, steps_per_execution=4) == 8
+    # A run long enough for a dozen points at the cheap spacing keeps it.
+    assert auto_update_freq(0.0005, 0.0002, run_steps=100_000) == 200
+
+
+@pytest.mark.parametrize(
+    ("run_steps", "steps_per_execution", "expected"),
+    [(96, 4, 8), (30, 1, 2), (12, 1, 1), (5, 4, 4), (100, 3, 6), (12_000, 1, 1000)],
+)
+def test_spacing_for_points_is_whole_calls_giving_about_a_dozen_points(
+    run_steps, steps_per_execution, expected
+):
+    spacing = spacing_for_points(run_steps, steps_per_execution)
+    assert spacing == expected
+    assert spacing % steps_per_execution == 0
+
+
+def test_spacing_for_points_refuses_a_run_of_no_steps():
+    with pytest.raises(ValueError, match="run_steps must be a positive integer"):
+        spacing_for_points(0)
+
+
+def test_a_read_is_due_at_the_end_of_the_epoch_when_it_comes_first():
+    schedule = ReadSchedule(every_steps=20, steps_per_execution=2)
+    schedule.epoch_end_iterations = 30
+    schedule.restart(iterations=22)
+    assert schedule.next_read_iterations == 30
+    assert schedule.executions_until_due() == 4
+    # Past the end of the epoch, the multiples again.
+    schedule.restart(iterations=30)
+    assert schedule.next_read_iterations == 40
+
+
 def test_auto_update_freq_refuses_a_step_of_no_time():
     with pytest.raises(ValueError, match="step_time_s must be a positive number"):
         auto_update_freq(0.0, 0.001)
@@ -420,3 +456,38 @@ def test_background_saves_share_one_thread_and_stop_waits_for_a_save_in_progress
     finally:
         first.stop()
         second.stop()
+
+
+def test_flops_are_written_out_with_an_si_prefix_or_in_full():
+    from keras_scaling._throughput_dashboard import flops_text_of
+
+    assert flops_text_of(4616.97) == "4,617 FLOPs"
+    assert flops_text_of(3.21e6) == "3.21 MFLOPs"
+    assert flops_text_of(2e11, "/s") == "200 GFLOP/s"
+    assert flops_text_of(60.9e9, "/s") == "60.9 GFLOP/s"
+
+
+def test_model_flops_per_sec_are_gflops_on_cpus_and_tflops_elsewhere():
+    from keras_scaling._throughput_flops import ModelFlops
+
+    for device_kind, tag, value in (
+        ("CPU", "throughput/gflops_per_sec", 4.0),
+        ("GPU", "throughput/tflops_per_sec", 0.004),
+    ):
+        model_flops = ModelFlops(flops_per_sample=4e6, num_replicas=2, device_kind=device_kind)
+        scalars = model_flops.scalars(1000.0)  # 4e9 FLOP/s
+        assert scalars[tag] == pytest.approx(value)
+        per_replica = tag.replace("throughput/", "throughput/per_replica_")
+        assert scalars[per_replica] == pytest.approx(value / 2)
+        assert model_flops.flops_tag == tag and not model_flops.has_mfu
+
+
+def test_a_bench_run_names_the_peak_option_of_the_command_line():
+    from keras_scaling import _throughput_flops, peak_flops
+
+    _, reason = peak_flops.resolve(
+        "auto", device_kind="CPU", device="/device:CPU:0", compute_dtype="float32"
+    )
+    text = _throughput_flops._as_command_line(reason)
+    assert "--peak-flops <FLOP/s of one replica> or --peak-flops measure" in text
+    assert "peak_flops=" not in text

@@ -173,7 +173,8 @@ def test_an_unknown_device_asks_for_peak_flops():
         "auto", device_kind="CPU", device="/device:CPU:0", compute_dtype="float32"
     )
     assert peak is None
-    assert "MFU needs peak_flops=<FLOPs/sec of one replica> or peak_flops='measure'" in reason
+    assert "MFU needs peak_flops=<FLOP/s of one replica> or peak_flops='measure'" in reason
+    assert "PEAK_FLOPS" not in reason
 
 
 def test_measure_times_a_matmul_and_says_so():

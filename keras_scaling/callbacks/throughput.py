@@ -31,6 +31,7 @@ from keras_scaling.throughput import (
     ThroughputStats,
     ThroughputWindow,
     auto_update_freq,
+    spacing_for_points,
 )
 
 logger = logging.getLogger("keras_scaling")
@@ -59,18 +60,22 @@ class ThroughputLogger(keras.callbacks.Callback):
     |---|---|
     | `throughput/samples_per_sec` | samples trained per second over the interval, all replicas together |
     | `throughput/steps_per_sec` | optimizer steps per second |
-    | `throughput/samples_per_sec_per_replica` | `samples_per_sec / replicas` |
+    | `throughput/per_replica_samples_per_sec` | `samples_per_sec / replicas` |
     | `throughput/startup_time_s` | seconds from the start of `fit` to the end of its first execution (tracing included) |
     | `scaling/speedup` | `samples_per_sec / baseline` (the baseline: one replica, same per-replica batch) |
     | `scaling/ideal_speedup` | replicas divided by the baseline's replicas (1 unless a file says otherwise) |
     | `scaling/efficiency` | `speedup / ideal_speedup`; 1.0 is perfect scaling |
-    | `throughput/tflops_per_sec` | model TFLOP/s, all replicas: `flops_per_sample * samples_per_sec / 1e12` |
-    | `throughput/tflops_per_sec_per_replica` | `tflops_per_sec / replicas` |
-    | `throughput/mfu` | model FLOPs utilization: achieved FLOPs/sec / (peak FLOPs/sec of one replica x replicas) |
+    | `throughput/tflops_per_sec` | model TFLOP/s, all replicas: `flops_per_sample * samples_per_sec / 1e12` (GPUs, TPUs) |
+    | `throughput/gflops_per_sec` | the same in GFLOP/s (`/ 1e9`), on CPUs |
+    | `throughput/per_replica_tflops_per_sec` | `tflops_per_sec / replicas` (`per_replica_gflops_per_sec` on CPUs) |
+    | `throughput/mfu` | model FLOPs utilization: achieved FLOP/s / (peak FLOP/s of one replica x replicas) |
 
-    plus a Custom Scalars chart of speedup within its ideal, a text table of
-    the set-up (strategy, workers, replicas, batch sizes, baseline) and the
-    advice given, as text.
+    Efficiency and MFU are fractions (1.0 is perfect) here, in the terminal
+    and in `throughput.json`. Besides the scalars: Custom Scalars charts
+    (speedup against ideal first, then efficiency, samples/sec and, where
+    they can have points, model FLOP/s and MFU), and in the Text dashboard
+    the set-up in three short tables (the run, the baseline, how it is
+    measured) and the advice given.
 
     How it measures:
 
@@ -88,7 +93,11 @@ class ThroughputLogger(keras.callbacks.Callback):
       interval, widens the spacing to a round number of steps at which the
       reads take at most 0.1% of the measured step time (a read also idles
       the devices while the next step is dispatched: on steps of about a
-      millisecond, measuring costs at most about 0.3% in all).
+      millisecond, measuring costs at most about 0.3% in all). So that a
+      short fit still draws a series, `"auto"` reads at least every twelfth
+      of the fit's steps (`keras_scaling.throughput.spacing_for_points`),
+      and at the last step of every epoch of known length, so that every
+      epoch has its figure.
     - Only time between train batches of one epoch counts: validation,
       checkpoints saved at the end of an epoch and the first execution of
       every epoch are left out. The first execution of each `fit` call,
@@ -234,6 +243,10 @@ class ThroughputLogger(keras.callbacks.Callback):
         self._clock = clock
         self._schedule = ReadSchedule(_AUTO_FLOOR_STEPS if update_freq == "auto" else update_freq)
         self._calibrated = update_freq != "auto"
+        # update_freq="auto": the spacing that keeps reads cheap, once measured.
+        self._cost_spacing = _AUTO_FLOOR_STEPS
+        self._run_steps = None
+        self._steps_per_epoch = None
         self._stats = ThroughputStats()
         self._epoch_stats = ThroughputStats()
         self._window = ThroughputWindow()
@@ -249,6 +262,8 @@ class ThroughputLogger(keras.callbacks.Callback):
         # Held while figures change and while the writer's thread takes them.
         self._lock = threading.RLock()
         self._writer = None  # the chief's, once the first fit starts
+        # `keras-scaling bench` sets it: advice names its options, not Python's.
+        self._command_line = False
 
     # Keras hooks: gather inputs, hand them to the core and the writers. There
     # is no batch hook (see `_train_function_hook`): the work of each step is
@@ -271,6 +286,13 @@ class ThroughputLogger(keras.callbacks.Callback):
         self._window.close()
         self._executions_until_due = 1
         self._schedule.steps_per_execution = int(getattr(self.model, "steps_per_execution", 1) or 1)
+        self._steps_per_epoch = _positive_or_none(self.params.get("steps"))
+        epochs = _positive_or_none(self.params.get("epochs"))
+        self._run_steps = (
+            self._steps_per_epoch * epochs if self._steps_per_epoch and epochs else None
+        )
+        if self.update_freq == "auto":
+            self._schedule.every_steps = self._auto_spacing()
         self._iterations_variable = None
         self._element_spec = None
         self._iterator = _no_iterator
@@ -384,6 +406,13 @@ class ThroughputLogger(keras.callbacks.Callback):
             self._write({"throughput/startup_time_s": startup_time_s}, iterations)
             warmup_steps = self.warmup_steps
             now_s = self._clock()
+        if self.update_freq == "auto" and self._steps_per_epoch is not None:
+            # Every epoch ends on a point, so that each has its figure. This
+            # read is after the epoch's first call of the train function.
+            first_call_steps = min(self._schedule.steps_per_execution, self._steps_per_epoch)
+            self._schedule.epoch_end_iterations = (
+                iterations - first_call_steps + self._steps_per_epoch
+            )
         self._window.restart(
             time_s=now_s,
             iterations=iterations,
@@ -419,7 +448,7 @@ class ThroughputLogger(keras.callbacks.Callback):
         scalars = {
             "throughput/samples_per_sec": samples_per_sec,
             "throughput/steps_per_sec": interval.steps_per_sec,
-            "throughput/samples_per_sec_per_replica": samples_per_sec / self._setup["num_replicas"],
+            "throughput/per_replica_samples_per_sec": samples_per_sec / self._setup["num_replicas"],
         }
         figures = self._speedup(samples_per_sec)
         if figures is not None:
@@ -451,11 +480,21 @@ class ThroughputLogger(keras.callbacks.Callback):
             read_start_s = self._clock()
             self._read_iterations()
             read_s = self._clock() - read_start_s
-        self._schedule.every_steps = auto_update_freq(
+        self._cost_spacing = auto_update_freq(
             step_time_s,
             work_s + read_s,
             max_share=_AUTO_MAX_SHARE,
             floor_steps=_AUTO_FLOOR_STEPS,
+        )
+        self._schedule.every_steps = self._auto_spacing()
+
+    def _auto_spacing(self):
+        """`update_freq="auto"`'s spacing: cheap reads, yet a series of points in a short fit."""
+        if self._run_steps is None:
+            return self._cost_spacing
+        return min(
+            self._cost_spacing,
+            spacing_for_points(self._run_steps, self._schedule.steps_per_execution),
         )
 
     def _speedup(self, samples_per_sec):
@@ -506,8 +545,9 @@ class ThroughputLogger(keras.callbacks.Callback):
             one_replica_spec=spec,
             setup=self._setup,
             device=info.local_devices[0],
+            command_line=self._command_line,
         )
-        rows = [
+        run_rows = [
             ("strategy", info.kind),
             ("workers", info.num_workers),
             ("replicas", info.num_replicas),
@@ -516,17 +556,30 @@ class ThroughputLogger(keras.callbacks.Callback):
             ("global batch", global_batch_size),
             ("dtype policy", self._setup["dtype_policy"]),
             ("steps per execution", self._schedule.steps_per_execution),
-            ("baseline", dashboard.baseline_text(self._baseline, self.log_dir)),
-            ("baseline took", _baseline_time_text(self._baseline)),
-            ("what the speedup means", self._baseline_note),
+        ]
+        measuring_rows = [
+            ("measured every", dashboard.measured_every_text(self.update_freq)),
+            ("left out", f"the first execution of each fit and {self.warmup_steps} steps after it"),
             *self._flops.setup_rows(),
-            ("warm-up", f"first execution of each fit + {self.warmup_steps} steps"),
-            ("points", dashboard.points_text(self.update_freq)),
         ]
         with self._lock:
             self._writer.changed()
-        self._writer.layout()
-        self._writer.text(iterations, dashboard.SETUP_TAG, dashboard.setup_markdown(rows))
+        self._writer.layout(flops_tag=self._flops.flops_tag, mfu=self._flops.has_mfu)
+        self._writer.text(iterations, dashboard.SETUP_TAG, dashboard.setup_markdown(run_rows))
+        self._writer.text(
+            iterations,
+            dashboard.BASELINE_TAG,
+            dashboard.baseline_markdown(
+                dashboard.baseline_text(self._baseline, self.log_dir),
+                self._baseline_note,
+                _baseline_time_text(self._baseline),
+            ),
+        )
+        self._writer.text(
+            iterations,
+            dashboard.MEASURING_TAG,
+            dashboard.setup_markdown(measuring_rows, heading="measuring"),
+        )
 
     # Writing and saving.
 
@@ -619,6 +672,15 @@ class ThroughputLogger(keras.callbacks.Callback):
 
 def _no_iterator():
     return None
+
+
+def _positive_or_none(value):
+    """An int from Keras' `params`, or None when unknown."""
+    try:
+        value = int(value)
+    except (TypeError, ValueError):
+        return None
+    return value if value > 0 else None
 
 
 def _weak_reference(iterator):

@@ -165,6 +165,7 @@ def run(args):
         global_batch_size=global_batch_size,
         peak_flops=_peak_flops(args.peak_flops),
     )
+    logger._command_line = True  # what it says names --peak-flops, not peak_flops=
     model.fit(
         dataset,
         steps_per_epoch=args.steps,

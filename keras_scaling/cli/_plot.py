@@ -75,7 +75,7 @@ def scaling_chart(rows, title, by_batch=False):
             )
         )
         point_labels.extend(
-            _chart.PointLabel(f"{row.efficiency:.0%}", row.replicas, row.speedup, color)
+            _chart.PointLabel(f"{row.efficiency:.2f}", row.replicas, row.speedup, color)
             for row in points
         )
     highest = max([1] + [speedup for _, speedup in ideal] + [row.speedup for row in measured])
@@ -136,7 +136,7 @@ def efficiency_chart(rows, title, threshold=0.9):
         _chart.Line(
             points=((x_range[0], threshold), (x_range[1], threshold)),
             color=_chart.GREY,
-            label=f"{threshold:.0%}",
+            label=f"{threshold:.2f}",
             dashed=True,
         )
     )

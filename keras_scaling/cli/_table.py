@@ -7,10 +7,10 @@ _COLUMNS = (
     ("global batch", "{:d}", "global_batch_size"),
     ("samples/sec", "{:.1f}", "samples_per_sec"),
     ("speedup", "{:.2f}x", "speedup"),
-    ("efficiency", "{:.0%}", "efficiency"),
+    ("efficiency", "{:.2f}", "efficiency"),
     ("ideal", "{:g}x", "ideal_speedup"),
-    ("TFLOP/s", "{:.3g}", "tflops_per_sec"),
-    ("MFU", "{:.1%}", "mfu"),
+    ("model FLOP/s", "flops", "tflops_per_sec"),
+    ("MFU", "{:.3f}", "mfu"),
     ("run", "{}", "run"),
 )
 
@@ -21,10 +21,13 @@ def format_table(rows):
     Example:
 
     ```
-    | replicas | global batch | samples/sec | speedup | efficiency | ideal | TFLOP/s |   MFU | run        |
-    |---------:|-------------:|------------:|--------:|-----------:|------:|--------:|------:|:-----------|
-    |        1 |           64 |      1000.0 |   1.00x |       100% |    1x |  0.0032 | 12.0% | replicas_1 |
-    |        2 |          128 |      1900.0 |   1.90x |        95% |    2x |  0.0061 | 11.4% | replicas_2 |
+    | replicas | global batch | samples/sec | speedup | efficiency | ideal | model FLOP/s |   MFU | run        |
+    |---------:|-------------:|------------:|--------:|-----------:|------:|-------------:|------:|:-----------|
+    |        1 |           64 |      1000.0 |   1.00x |       1.00 |    1x |   3.20 GFLOP/s | 0.120 | replicas_1 |
+    |        2 |          128 |      1900.0 |   1.90x |       0.95 |    2x |   6.08 GFLOP/s | 0.114 | replicas_2 |
+
+    Efficiency and MFU are fractions (1.0 is perfect), as in TensorBoard and
+    `throughput.json`; model FLOP/s are written with an SI prefix.
     ```
     """
     cells = [[title for title, _, _ in _COLUMNS]]
@@ -50,4 +53,8 @@ def format_table(rows):
 def _cell(fmt, value):
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
+    if fmt == "flops":
+        from keras_scaling._throughput_dashboard import flops_text_of
+
+        return flops_text_of(value * 1e12, "/s")
     return fmt.format(value)

@@ -347,11 +347,11 @@ def _efficient_batch_line(rows):
     if batch is None:
         tried = max(row.per_replica_batch_size for row in rows)
         return (
-            f"No per-replica batch up to {tried} reaches {_EFFICIENT:.0%} efficiency "
+            f"No per-replica batch up to {tried} reaches an efficiency of {_EFFICIENT:.2f} "
             f"at {largest} replicas: try larger batches."
         )
     return (
-        f"Smallest per-replica batch reaching {_EFFICIENT:.0%} efficiency at "
+        f"Smallest per-replica batch reaching an efficiency of {_EFFICIENT:.2f} at "
         f"{largest} replicas: {batch}."
     )
 

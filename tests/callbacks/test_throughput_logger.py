@@ -152,7 +152,7 @@ def test_scalars_are_written_at_optimizer_iterations_strictly_increasing(two_rep
     expected = {
         "throughput/samples_per_sec",
         "throughput/steps_per_sec",
-        "throughput/samples_per_sec_per_replica",
+        "throughput/per_replica_samples_per_sec",
         "throughput/startup_time_s",
         "scaling/speedup",
         "scaling/efficiency",
@@ -181,7 +181,7 @@ def test_speedup_and_efficiency_follow_from_samples_per_sec(two_replica_run):
     log_dir = two_replica_run.log_dir
     samples_per_sec = dict(_scalars(log_dir, "throughput/samples_per_sec"))
     steps_per_sec = dict(_scalars(log_dir, "throughput/steps_per_sec"))
-    per_replica = dict(_scalars(log_dir, "throughput/samples_per_sec_per_replica"))
+    per_replica = dict(_scalars(log_dir, "throughput/per_replica_samples_per_sec"))
     speedup = dict(_scalars(log_dir, "scaling/speedup"))
     efficiency = dict(_scalars(log_dir, "scaling/efficiency"))
     ideal = dict(_scalars(log_dir, "scaling/ideal_speedup"))
@@ -237,7 +237,7 @@ def test_epoch_samples_per_sec_is_the_epochs_entry_in_throughput_json(two_replic
 
 
 @pytest.mark.logical_cpus(2)
-def test_setup_text_and_speedup_chart_are_written(two_replica_run):
+def test_setup_text_is_three_short_tables_in_plain_words(two_replica_run):
     log_dir = two_replica_run.log_dir
     (text,) = _texts(log_dir, "throughput/setup")
     for fact in (
@@ -245,24 +245,38 @@ def test_setup_text_and_speedup_chart_are_written(two_replica_run):
         "| replicas | 2 |",
         "| global batch | 32 |",
         "| per-replica batch | 16 |",
-        "1000.0 samples/sec (given)",
     ):
         assert fact in text
     lines = text.splitlines()
     assert lines[0] == "| setting | value |"
     assert all(cell.strip() for line in lines for cell in line.strip("|").split("|"))
+    (baseline,) = _texts(log_dir, "throughput/setup_baseline")
+    assert "| measured against | 1000.0 samples/sec (given) |" in baseline
+    (measuring,) = _texts(log_dir, "throughput/setup_measuring")
+    assert "| measured every | every 3 steps |" in measuring
+    assert "FLOPs (counted) |" in measuring and " M (" not in measuring
+    for table in (text, baseline, measuring):
+        assert len(table.splitlines()) <= 10  # no scroll box in TensorBoard's Text tab
+        assert "points" not in table
+
+
+@pytest.mark.logical_cpus(2)
+def test_custom_scalars_show_speedup_against_ideal_first_and_no_chart_that_stays_empty(
+    two_replica_run,
+):
     from tensorboard.plugins.custom_scalar import layout_pb2
 
-    (layout_event,) = _tensors(log_dir, "custom_scalars__config__")
+    (layout_event,) = _tensors(two_replica_run.log_dir, "custom_scalars__config__")
     layout = layout_pb2.Layout.FromString(tf.make_ndarray(layout_event.tensor_proto).item())
-    charts = {chart.title: chart for chart in layout.category[0].chart}
-    (series,) = charts["speedup vs ideal (band up to ideal)"].margin.series
-    assert (series.value, series.lower, series.upper) == (
-        "scaling/speedup",
-        "scaling/speedup",
-        "scaling/ideal_speedup",
-    )
-    assert list(charts["ideal speedup"].multiline.tag) == ["^scaling/ideal_speedup$"]
+    charts = layout.category[0].chart
+    assert charts[0].title == "speedup vs ideal"
+    assert list(charts[0].multiline.tag) == ["^scaling/speedup$", "^scaling/ideal_speedup$"]
+    # FLOPs are counted, but no peak of a CPU is known: a GFLOP/s chart, no MFU chart.
+    tags = [tag for chart in charts for tag in chart.multiline.tag]
+    assert "^throughput/gflops_per_sec$" in tags
+    assert not any("mfu" in tag for tag in tags)
+    written = _tags(two_replica_run.log_dir)
+    assert all(tag.strip("^$") in written for tag in tags)
 
 
 # --- counting with steps_per_execution, several fits, resume --------------------
@@ -414,11 +428,12 @@ def test_measure_baseline_leaves_training_as_it_would_be(mirrored, tmp_path, cap
     for step, value in _scalars(tmp_path, "throughput/samples_per_sec"):
         assert speedup[step] == pytest.approx(value / record["baseline_samples_per_sec"], rel=1e-5)
     # Logical CPUs share the cores the one-replica copy had to itself: said
-    # once in the log and in the set-up table.
+    # once in the log and below the baseline in the set-up.
     notes = [r for r in caplog.records if "keras-scaling bench" in r.getMessage()]
     assert len(notes) == 1 and "share those cores" in notes[0].getMessage()
-    (text,) = _texts(tmp_path, "throughput/setup")
-    assert "| what the speedup means |" in text and "keras-scaling bench" in text
+    (text,) = _texts(tmp_path, "throughput/setup_baseline")
+    assert "| measured against | " in text
+    assert "\n\nThe baseline ran one replica" in text and "keras-scaling bench" in text
 
 
 @pytest.mark.logical_cpus(2)
@@ -507,16 +522,47 @@ def test_auto_update_freq_times_a_second_read_only_where_the_first_waits_for_que
     model = _model()
     logger = keras_scaling.ThroughputLogger(tmp_path, baseline=None, clock=FakeClock())
     tf.config.experimental.set_synchronous_execution(synchronous)
+    # A fit planned long (so that no spacing for a dozen points applies: only
+    # what the reads cost decides), stopped after its first epoch.
+    stop = keras.callbacks.LambdaCallback(
+        on_epoch_end=lambda epoch, logs: setattr(model, "stop_training", True)
+    )
     try:
-        model.fit(_dataset(512, 8), epochs=1, verbose=0, callbacks=[logger])
+        model.fit(_dataset(512, 8), epochs=200, verbose=0, callbacks=[logger, stop])
     finally:
         tf.config.experimental.set_synchronous_execution(True)
     # Reads: the first execution, the end of the warm-up (5 steps), the first
     # point on the floor of 10 steps; then the calibrated spacing, which the
-    # fake clock's 1 ms per reading makes longer than this fit.
+    # fake clock's 1 ms per reading makes longer than the epoch, whose end
+    # at step 64 is read.
     first_point = [1, 6, 10]
-    assert reads == (first_point if synchronous else first_point + [10])
-    assert _steps(tmp_path) == [10]
+    assert reads == (first_point if synchronous else first_point + [10]) + [64]
+    assert _steps(tmp_path) == [10, 64]
+
+
+def test_a_short_auto_fit_draws_a_series_and_ends_every_epoch_on_a_point(tmp_path):
+    # The README's quick start in size: 3 epochs of 32 steps, 4 steps per
+    # call. The fake clock's 1 ms per reading makes reads look costly, so
+    # only the run's length keeps the points close.
+    model = _model(steps_per_execution=4)
+    logger = keras_scaling.ThroughputLogger(tmp_path, baseline=None, clock=FakeClock())
+    history = model.fit(_dataset(1024, 32), epochs=3, verbose=0, callbacks=[logger])
+    # Every 8 steps (96 steps / 12 points): the first call of the fit and 5
+    # steps of warm-up, and the first call of each epoch, are left out.
+    assert _steps(tmp_path) == [16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96]
+    assert [entry["epoch"] for entry in _json(tmp_path)["epochs"]] == [0, 1, 2]
+    assert len(history.history["samples_per_sec"]) == 3
+
+
+def test_auto_spacing_widens_after_the_first_point_but_keeps_a_dozen_per_fit(tmp_path):
+    model = _model(steps_per_execution=4)
+    logger = keras_scaling.ThroughputLogger(tmp_path, baseline=None, clock=FakeClock())
+    model.fit(_dataset(512, 1), epochs=1, verbose=0, callbacks=[logger])
+    # The fake clock's reads (1 ms over steps of under 1 ms) ask for
+    # thousands of steps between reads; 512 steps / 12 points: every 40.
+    steps = _steps(tmp_path)
+    assert steps[-1] == 512
+    assert all(b - a == 40 for a, b in zip(steps[1:-1], steps[2:-1]))
 
 
 def test_one_replica_auto_is_its_own_baseline_and_advises_once(tmp_path, caplog):

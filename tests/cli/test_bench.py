@@ -14,6 +14,7 @@ import textwrap
 import numpy as np
 import pytest
 
+from keras_scaling._throughput_dashboard import flops_text_of
 from keras_scaling.cli import _sweep_plan
 from keras_scaling.cli._errors import UsageError
 
@@ -315,13 +316,13 @@ def test_sweep_prints_the_table_with_a_row_per_replica_count(sweep):
         "speedup",
         "efficiency",
         "ideal",
-        "TFLOP/s",
+        "model FLOP/s",
         "MFU",
         "run",
     ]
     assert [_cells(line)[0] for line in lines[2:]] == ["1", "2"]
     assert [_cells(line)[1] for line in lines[2:]] == ["32", "64"]
-    assert _cells(lines[2])[3:6] == ["1.00x", "100%", "1x"]
+    assert _cells(lines[2])[3:6] == ["1.00x", "1.00", "1x"]
     assert (_cells(lines[3])[5], _cells(lines[3])[-1]) == ("2x", "replicas_2")
     assert "CPU thread pools: each replica has 1 intra-op thread" in result.stdout
     assert f"tensorboard --logdir {log_dir}" in result.stdout
@@ -362,7 +363,8 @@ def test_tflops_column_is_the_counted_flops_times_samples_per_sec(sweep):
         assert row["tflops_per_sec"] == pytest.approx(
             two["flops_per_sample"] * row["samples_per_sec"] / 1e12, rel=1e-9
         )
-        assert _cells(line)[6:8] == [f"{row['tflops_per_sec']:.3g}", "-"]  # no CPU peak
+        # With an SI prefix; no MFU: no CPU peak.
+        assert _cells(line)[6:8] == [flops_text_of(row["tflops_per_sec"] * 1e12, "/s"), "-"]
 
 
 def test_printed_figures_match_scaling_json(sweep):
@@ -373,7 +375,7 @@ def test_printed_figures_match_scaling_json(sweep):
         cells = _cells(line)
         assert cells[2] == f"{row['samples_per_sec']:.1f}"
         assert cells[3] == f"{row['speedup']:.2f}x"
-        assert cells[4] == f"{row['efficiency']:.0%}"
+        assert cells[4] == f"{row['efficiency']:.2f}"
 
 
 def test_sweep_writes_a_png_plot(sweep):
@@ -407,7 +409,7 @@ def test_efficiency_labels_stay_inside_the_axes():
     rendered = _rendered_scaling_chart()
     labels = [text for text in rendered.texts if text.role == "point label"]
 
-    assert [text.text for text in labels] == ["100%"] * 4
+    assert [text.text for text in labels] == ["1.00"] * 4
     for text in labels:
         assert _inside(text.box, rendered.axes_box), text
 
@@ -582,9 +584,12 @@ def test_batch_sweep_prints_a_table_per_batch_and_the_efficient_batch_line(batch
     batch, _ = _speedup_table.smallest_efficient_batch(rows)
     assert scaling["smallest_efficient_per_replica_batch"] == batch
     if batch is None:
-        assert "No per-replica batch up to 32 reaches 90% efficiency at 2 replicas" in result.stdout
+        assert (
+            "No per-replica batch up to 32 reaches an efficiency of 0.90 at 2 replicas"
+            in result.stdout
+        )
     else:
-        assert f"reaching 90% efficiency at 2 replicas: {batch}." in result.stdout
+        assert f"reaching an efficiency of 0.90 at 2 replicas: {batch}." in result.stdout
 
 
 def test_batch_sweep_with_measured_peak_has_mfu(batch_sweep):
@@ -598,7 +603,8 @@ def test_batch_sweep_with_measured_peak_has_mfu(batch_sweep):
             / (record["peak_flops_per_replica"] * 2)
         )
     mfu_cells = [_cells(line)[7] for line in _table_lines(result.stdout) if "replicas_2" in line]
-    assert len(mfu_cells) == 2 and all(cell.endswith("%") for cell in mfu_cells)
+    # A fraction, as efficiency is.
+    assert len(mfu_cells) == 2 and all(0 < float(cell) < 1 for cell in mfu_cells)
 
 
 def test_batch_sweep_writes_the_efficiency_plot_also_to_tensorboard(batch_sweep):

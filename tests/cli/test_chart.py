@@ -65,7 +65,7 @@ def test_the_efficiency_chart_has_a_line_per_replica_count_and_the_threshold_acr
     assert [(line.label, line.points) for line in chart.lines] == [
         ("2 replicas", ((8, 0.6), (32, 0.95))),
         ("4 replicas", ((8, 0.4), (32, 0.8))),
-        ("90%", ((chart.x_range[0], 0.9), (chart.x_range[1], 0.9))),
+        ("0.90", ((chart.x_range[0], 0.9), (chart.x_range[1], 0.9))),
     ]
     assert chart.x_log2 and chart.x_ticks == ((8, "8"), (32, "32"))
     assert chart.x_range[0] < 8 and 32 < chart.x_range[1]

@@ -143,7 +143,7 @@ def test_table_prints_every_column_and_a_dash_for_no_speedup(tmp_path):
         "speedup",
         "efficiency",
         "ideal",
-        "TFLOP/s",
+        "model FLOP/s",
         "MFU",
         "run",
     ]
@@ -152,7 +152,7 @@ def test_table_prints_every_column_and_a_dash_for_no_speedup(tmp_path):
         "64",
         "1900.0",
         "1.90x",
-        "95%",
+        "0.95",
         "2x",
         "-",
         "-",
@@ -169,16 +169,16 @@ def test_report_shows_tflops_and_mfu_from_throughput_json(tmp_path):
 
     lines = [line for line in result.stdout.splitlines() if line.startswith("|")]
     cells = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines]
-    assert cells[0][6:8] == ["TFLOP/s", "MFU"]
-    assert cells[2][6:8] == ["4", "12.5%"]  # 4e9 FLOPs x 1000 samples/sec
-    assert cells[3][6:8] == ["7.6", "-"]
+    assert cells[0][6:8] == ["model FLOP/s", "MFU"]
+    assert cells[2][6:8] == ["4.00 TFLOP/s", "0.125"]  # 4e9 FLOPs x 1000 samples/sec
+    assert cells[3][6:8] == ["7.60 TFLOP/s", "-"]
 
 
 def test_report_prints_the_table_and_writes_the_plot(sweep):
     result = _report(sweep)
 
     assert result.returncode == 0, result.stderr
-    assert "|        4 |          128 |      3000.0 |   3.00x |        75% |    4x |" in (
+    assert "|        4 |          128 |      3000.0 |   3.00x |       0.75 |    4x |" in (
         result.stdout
     )
     assert "1-replica run replicas_1 (1000.0 samples/sec)" in result.stdout
