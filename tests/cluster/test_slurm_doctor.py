@@ -42,8 +42,7 @@ def test_srun_doctor_passes_every_check_on_both_tasks(doctor_job):
     for task in (0, 1):
         lines = _task_output(output, task)
         found = dict(
-            (name, status)
-            for status, name in re.findall(r"^(ok|FAIL) +([a-z -]+):", lines, re.M)
+            (name, status) for status, name in re.findall(r"^(ok|FAIL) +([a-z -]+):", lines, re.M)
         )
         assert found == {name: "ok" for name in CHECK_NAMES}, lines
         assert f"this is worker {task} of 2" in lines
