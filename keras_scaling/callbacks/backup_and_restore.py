@@ -149,6 +149,8 @@ class BackupAndRestore(keras.callbacks.Callback):
         _fit_end.end_other_fits(self.params)
         _train_function_hook.abandon_other_fits(self.model, self.params)
         self._end_fit()
+        # A read-only or full backup_dir fails here, not at the first save.
+        _validation.writable_directory(self.backup_dir, "backup_dir", "BackupAndRestore")
         self._changes = _fit_end.FitChanges(self.params)
         strategy = self.model.distribute_strategy
         self._is_chief = _topology.is_chief(strategy)

@@ -263,6 +263,9 @@ class ThroughputLogger(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         devices.warn_if_keras_distribution_set()
+        if _topology.is_chief(self.model.distribute_strategy):
+            # A read-only or full log_dir fails here, not at the first save.
+            _validation.writable_directory(self.log_dir, "log_dir", "ThroughputLogger")
         # Finishes a logger (this one too) whose fit raised outside a step.
         _train_function_hook.abandon_other_fits(self.model, self.params)
         _fit_end.end_other_fits(self.params)
@@ -575,12 +578,14 @@ class ThroughputLogger(keras.callbacks.Callback):
         if self._finished:
             return
         self._finished = True
-        if self._writer is not None:
-            self._writer.stop()
-        if self._hook is not None:
-            self._hook.detach()
-            self._hook = None
-        self._undo_fit_changes()
+        try:
+            if self._writer is not None:
+                self._writer.stop()  # may raise: a full disk, for one
+        finally:
+            if self._hook is not None:
+                self._hook.detach()
+                self._hook = None
+            self._undo_fit_changes()
         atexit.unregister(self._finish_at_exit)
         if self._setup is not None and not self._stats and self._info.is_chief:
             logger.warning(
