@@ -71,8 +71,10 @@ def main():
     report = {"start_iterations": None}
 
     class Faults(keras.callbacks.Callback):
-        def on_train_begin(self, logs=None):
-            report["start_iterations"] = int(self.model.optimizer.iterations.numpy())
+        def on_epoch_begin(self, epoch, logs=None):
+            # After BackupAndRestore's on_train_begin, which restores.
+            if report["start_iterations"] is None:
+                report["start_iterations"] = int(self.model.optimizer.iterations.numpy())
 
         def on_train_batch_end(self, batch, logs=None):
             step = int(self.model.optimizer.iterations.numpy())
@@ -87,16 +89,16 @@ def main():
                 report["record_before_fill"] = _run_record.read_throughput_json(record)
             fill(args.fill_dir, args.leave_bytes)
 
-    callbacks = [Faults()]
-    if args.backup_dir:
-        callbacks.append(
-            keras_scaling.BackupAndRestore(
-                args.backup_dir, save_every_n_steps=args.save_every, delete_checkpoint=False
-            )
-        )
-    if args.log_dir:
-        callbacks.append(keras_scaling.ThroughputLogger(args.log_dir, update_freq=2))
     try:
+        callbacks = [Faults()]
+        if args.backup_dir:
+            callbacks.append(
+                keras_scaling.BackupAndRestore(
+                    args.backup_dir, save_every_n_steps=args.save_every, delete_checkpoint=False
+                )
+            )
+        if args.log_dir:
+            callbacks.append(keras_scaling.ThroughputLogger(args.log_dir, update_freq=2))
         model.fit(train, epochs=args.epochs, verbose=0, callbacks=callbacks)
         report["error"] = None
     except Exception as error:
