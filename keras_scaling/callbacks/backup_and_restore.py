@@ -64,7 +64,11 @@ class BackupAndRestore(keras.callbacks.Callback):
 
     A save is atomic: the file is written beside the previous one and renamed
     over it, so a process killed during a save leaves the previous backup
-    whole. Under `MultiWorkerMirroredStrategy` only the chief writes the
+    whole. `fit` checks when it starts that `backup_dir` takes a file (a
+    read-only directory raises an `OSError` naming it before the first
+    step); a save that fails (a full disk) raises an `OSError` naming the
+    directory, and the previous backup is whole. The SIGTERM handler and the
+    train-function wrapper are undone when `fit` ends, also when it raises. Under `MultiWorkerMirroredStrategy` only the chief writes the
     backup (`backup_dir` must be a directory every worker reads) and every
     worker restores the same step. A backup of another model (other
     variables, shapes or dtypes), of another data plan (global batch,
