@@ -96,6 +96,10 @@ def write(backup_dir, *, values, specs, header):
 
     Returns:
         str, the path written.
+
+    Raises:
+        OSError: the write failed (a full disk, a read-only directory): the
+            message names the directory; the previous backup is intact.
     """
     backup_dir = os.fspath(backup_dir)
     os.makedirs(backup_dir, exist_ok=True)
@@ -121,6 +125,14 @@ def write(backup_dir, *, values, specs, header):
             file.flush()
             os.fsync(file.fileno())
         os.replace(temp_path, backup_path(backup_dir))
+    except OSError as error:
+        _remove_quietly(temp_path)
+        raise OSError(
+            error.errno,
+            f"Could not save a backup in {backup_dir} ({error.strerror}). The previous "
+            f"backup there, if any, is intact: free space (or point backup_dir to "
+            "another directory) and run the same script again to resume from it.",
+        ) from error
     except BaseException:
         _remove_quietly(temp_path)
         raise

@@ -1,4 +1,19 @@
-"""Timing the input pipeline alone: does it feed the replicas fast enough?"""
+"""Timing the input pipeline alone: does it feed the replicas fast enough?
+
+The probe must change nothing training reads. Each iterator over a dataset
+that shuffles with `reshuffle_each_iteration=True` draws the next order from
+state the dataset's iterators share, so a pass over `fit`'s own dataset would
+change the order of the next epoch (and, under `MultiWorkerMirroredStrategy`,
+only on the chief, which runs the probe). So the probe reads:
+
+- for a dataset of `keras_scaling.data.distribute`: the same pipeline built
+  again from the same source (same steps, same batch, this worker's share),
+  with shuffle state of its own;
+- for any other dataset: the dataset itself only when nothing in it keeps
+  state between iterators (no shuffle, no random dataset, no stateful random
+  generator, no variable written); otherwise it is not timed, and the advice
+  says why.
+"""
 
 import time
 
@@ -9,13 +24,39 @@ from keras_scaling import _tf_data_internals
 _PROBE_BATCHES = 20
 # Ops that run Python: reading such a pipeline a second time may have effects.
 _PYTHON_OPS = frozenset({"PyFunc", "PyFuncStateless", "EagerPyFunc", "GeneratorDataset"})
+# Ops whose state outlives an iterator: another pass over the dataset would
+# advance what training's next iterator draws.
+_SHARED_STATE_OPS = frozenset(
+    {
+        "ShuffleDataset",
+        "ShuffleDatasetV2",
+        "ShuffleDatasetV3",
+        "ShuffleAndRepeatDataset",
+        "ShuffleAndRepeatDatasetV2",
+        "RandomDataset",
+        "RandomDatasetV2",
+        "ExperimentalRandomDataset",
+        "StatefulUniform",
+        "StatefulUniformInt",
+        "StatefulUniformFullInt",
+        "StatefulStandardNormalV2",
+        "StatefulTruncatedNormal",
+        "StatefulRandomBinomial",
+        "RngReadAndSkip",
+        "RngSkip",
+        "AssignVariableOp",
+        "AssignAddVariableOp",
+        "AssignSubVariableOp",
+    }
+)
 
 
 def input_samples_per_sec(iterator, clock=time.perf_counter):
     """This worker's input samples/sec, read alone, or `(None, why not)`.
 
-    A fresh iterator over the dataset behind `iterator` yields one untimed
-    batch, then up to 20 timed ones; training's own iterator is not touched.
+    A pipeline of its own (see the module docstring) yields one untimed
+    batch, then up to 20 timed ones; training's iterator and the order its
+    dataset draws next are not touched.
 
     Args:
         iterator: the iterator Keras' train function is called with.
@@ -23,16 +64,12 @@ def input_samples_per_sec(iterator, clock=time.perf_counter):
 
     Returns:
         `(samples_per_sec, None)`, or `(None, reason)` when the pipeline is out
-        of reach, runs Python code, or yields too little.
+        of reach, runs Python code, keeps state between passes, or yields too
+        little.
     """
-    dataset = _tf_data_internals.dataset_of_iterator(iterator)
+    dataset, reason = _dataset_to_time(iterator)
     if dataset is None:
-        return None, "its dataset is out of reach"
-    ops = _tf_data_internals.op_types(dataset)
-    if ops is None:
-        return None, "its graph cannot be inspected"
-    if ops & _PYTHON_OPS:
-        return None, "it runs Python code, which may not be safe to read twice"
+        return None, reason
     batches = iter(dataset)
     next(batches)
     samples = 0
@@ -47,3 +84,31 @@ def input_samples_per_sec(iterator, clock=time.perf_counter):
     if samples == 0 or elapsed_s <= 0:
         return None, "it yielded too few batches"
     return samples / elapsed_s, None
+
+
+def _dataset_to_time(iterator):
+    """A dataset whose reading leaves training's data as it is, or `(None, why not)`."""
+    from keras_scaling import data
+    from keras_scaling.data import _iterator_plan
+
+    distributed = _iterator_plan.distributed_dataset(iterator)
+    if distributed is not None:
+        dataset = data._independent_copy(distributed)
+        shared_state_allowed = True  # its shuffle and cache are its own
+    else:
+        dataset = _tf_data_internals.dataset_of_iterator(iterator)
+        shared_state_allowed = False
+    if dataset is None:
+        return None, "its dataset is out of reach"
+    ops = _tf_data_internals.op_types(dataset)
+    if ops is None:
+        return None, "its graph cannot be inspected"
+    if ops & _PYTHON_OPS:
+        return None, "it runs Python code, which may not be safe to read twice"
+    if not shared_state_allowed and ops & _SHARED_STATE_OPS:
+        return None, (
+            "it shuffles or draws random numbers with state that training's next "
+            "pass shares, so reading it would change the order training sees "
+            "(a dataset of keras_scaling.data.distribute can be timed)"
+        )
+    return dataset, None

@@ -2,10 +2,17 @@
 
 Keras and TensorFlow move their internals between releases. Every function
 that reads a private name is wrapped by `guarded`: when the name is gone or
-has another shape (any exception while reaching it), the function returns a
-fallback instead of raising, and one warning says which Keras and TensorFlow
-versions are installed, what keras_scaling loses there and what the user can
-do instead. A figure that cannot be computed is left out, never guessed: the
+has another shape, the function returns a fallback instead of raising, and
+one warning says which Keras and TensorFlow versions are installed, what
+keras_scaling loses there and what the user can do instead.
+
+A guarded function is the reach and nothing else: it reads the private names
+and checks their shape; the logic that uses what it read lives outside it.
+`guarded` catches only what a moved or reshaped name raises (`REACH_ERRORS`:
+a missing attribute or module, a changed signature, a missing key, or
+`ReachError` from a shape check). Any other exception is a bug of
+keras_scaling's own and propagates: it is never reported as "Keras changed"
+and never turns a feature off. A figure that cannot be computed is left out, never guessed: the
 fallbacks are "unknown" values (`None`, nothing found) that the callers
 already handle.
 
@@ -24,6 +31,14 @@ logger = logging.getLogger("keras_scaling")
 # tests use it for internals that TensorFlow itself needs, which cannot be
 # hidden without breaking TensorFlow.
 FAIL_PROBES_ENV = "KERAS_SCALING_FAIL_PROBES"
+
+
+class ReachError(Exception):
+    """A private name was found but is not of the shape a probe knows."""
+
+
+# What a reach raises when a release moved or reshaped the name it reads.
+REACH_ERRORS = (AttributeError, ImportError, TypeError, LookupError, ReachError)
 
 _lock = threading.Lock()
 _registry = {}
@@ -64,7 +79,9 @@ def versions_text():
 
 
 def guarded(name, *, reaches, lost, workaround, fallback=None):
-    """Wraps a function that reads private names; it never raises from them.
+    """Wraps a function that reads private names; a moved name does not raise.
+
+    Only `REACH_ERRORS` are caught; any other exception propagates.
 
     Args:
         name: the probe's name, such as `"keras.model.flatten_layers"`.
@@ -85,7 +102,7 @@ def guarded(name, *, reaches, lost, workaround, fallback=None):
                 if name in _failing_for_tests():
                     raise AttributeError(f"{reaches} made unreachable by {FAIL_PROBES_ENV}")
                 return function(*args, **kwargs)
-            except Exception as error:  # any shape change of an internal
+            except REACH_ERRORS as error:  # a moved or reshaped internal
                 probe.warn(error)
                 if callable(fallback):
                     return fallback(*args, **kwargs)

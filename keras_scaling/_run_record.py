@@ -262,6 +262,9 @@ def write_throughput_json(log_dir, record):
 
     Raises:
         ValueError: `record` lacks a key of `FIELDS` or has another key.
+        OSError: the file could not be written (a full disk, a read-only
+            directory); the message names the directory, and the previous
+            file is left as it was.
 
     Example:
 
@@ -276,9 +279,20 @@ def write_throughput_json(log_dir, record):
     record = validate_record(record, where="the throughput record")
     path = os.path.join(os.fspath(log_dir), THROUGHPUT_JSON)
     temporary = f"{path}.tmp{os.getpid()}"
-    with open(temporary, "w", encoding="utf-8") as file:
-        file.write(json.dumps(record, indent=2, sort_keys=False) + "\n")
-    os.replace(temporary, path)
+    try:
+        with open(temporary, "w", encoding="utf-8") as file:
+            file.write(json.dumps(record, indent=2, sort_keys=False) + "\n")
+        os.replace(temporary, path)
+    except OSError as error:
+        try:
+            os.remove(temporary)
+        except OSError:
+            pass
+        raise OSError(
+            error.errno,
+            f"Could not write {THROUGHPUT_JSON} in {os.fspath(log_dir)} ({error.strerror}); "
+            f"the {THROUGHPUT_JSON} there, if any, is the last one written and intact.",
+        ) from error
     return path
 
 

@@ -3,6 +3,8 @@
 Keras gives a callback no handle on tracing, but a model's public
 `train_step` runs in Python only while Keras traces its train function, and
 callbacks get the model (`set_model`) before `fit` makes that function.
+The counting `train_step` is an attribute of the model object, set for one
+`fit` and removed when it ends (`count_traces` returns how).
 """
 
 import weakref
@@ -11,10 +13,15 @@ _trace_counts = weakref.WeakKeyDictionary()
 
 
 def count_traces(model):
-    """Makes `model.train_step` count its calls, once per model."""
-    if model in _trace_counts or "train_step" in vars(model):
-        return
-    _trace_counts[model] = 0
+    """Makes `model.train_step` count its calls; returns the undo, or None.
+
+    None when it already counts or the model has a `train_step` of its own
+    object (left alone). The undo puts the class's `train_step` back.
+    """
+    own = vars(model).get("train_step")
+    if own is not None:
+        return None
+    _trace_counts.setdefault(model, 0)
     train_step = model.train_step
     model_ref = weakref.ref(model)
 
@@ -25,6 +32,13 @@ def count_traces(model):
         return train_step(data)
 
     model.train_step = counting_train_step
+
+    def undo():
+        owner = model_ref()
+        if owner is not None and vars(owner).get("train_step") is counting_train_step:
+            del owner.train_step
+
+    return undo
 
 
 def traces(model):

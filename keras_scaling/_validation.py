@@ -129,3 +129,30 @@ def one_of(value, parameter, choices, *, fix=None):
     allowed = ", ".join(repr(choice) for choice in choices)
     error = ValueError if isinstance(value, str) else TypeError
     raise error(f"{parameter} must be one of {allowed}, got {value!r}{_suffix(fix)}")
+
+
+def writable_directory(path, parameter, who):
+    """Creates `path` when missing and checks that a file can be written there.
+
+    Called when `fit` starts, so that a read-only or full directory is found
+    before training, not at the first save.
+
+    Raises:
+        OSError: (with the errno of the failure) naming `parameter`, the
+            directory and what to do.
+    """
+    import os
+    import tempfile
+
+    path = os.fspath(path)
+    try:
+        os.makedirs(path, exist_ok=True)
+        with tempfile.NamedTemporaryFile(prefix=".keras_scaling-write-check-", dir=path):
+            pass
+    except OSError as error:
+        raise OSError(
+            error.errno,
+            f"{who}: cannot write to {parameter}={path!r} ({error.strerror}). "
+            f"Training did not start. Pass a {parameter} that is writable (a "
+            "read-only mount or missing permissions cannot take its files).",
+        ) from error

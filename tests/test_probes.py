@@ -157,3 +157,50 @@ def test_without_the_batch_node_the_samples_are_counted_from_the_data(monkeypatc
     assert (plan.num_examples, plan.per_replica_batch_size) == (50, 8)
     assert any("counted by reading the data once" in note for note in plan.notes)
     assert len(warnings) == 1
+
+
+def _guarded_for_test(name, body):
+    return _probes.guarded(
+        name, reaches=f"{name} reach", lost=f"{name} lost", workaround="none", fallback="fallback"
+    )(body)
+
+
+def test_a_guard_turns_a_missing_internal_into_its_fallback_with_a_warning(caplog):
+    def reach():
+        return object()._keras_private_name
+
+    guarded = _guarded_for_test("test.missing_internal", reach)
+    with caplog.at_level(logging.WARNING, logger="keras_scaling"):
+        assert guarded() == "fallback"
+    assert any("test.missing_internal reach" in r.getMessage() for r in caplog.records)
+
+
+def test_a_guard_lets_a_logic_error_propagate_without_a_warning(caplog):
+    import pytest
+
+    def body():
+        return 1 / 0
+
+    guarded = _guarded_for_test("test.logic_error", body)
+    with caplog.at_level(logging.WARNING, logger="keras_scaling"):
+        with pytest.raises(ZeroDivisionError):
+            guarded()
+    assert not any("test.logic_error" in r.getMessage() for r in caplog.records)
+
+
+def test_a_bug_around_the_batch_node_reach_surfaces_instead_of_keras_changed(caplog):
+    import pytest
+    import tensorflow as tf
+
+    from keras_scaling.data import _tf_internals
+
+    source = tf.data.Dataset.range(50)
+    # A deliberate bug in what the walk does with the node it read.
+    source.cardinality = lambda: 1 // 0
+    batched = source.batch(8)
+    _probes._warned.clear()
+    with caplog.at_level(logging.WARNING, logger="keras_scaling"):
+        with pytest.raises(ZeroDivisionError):
+            _tf_internals.batch_node(batched)
+    assert probe_warnings(caplog, "tf.data.batch_node") == []
+    assert "tf.data.batch_node" not in _probes._warned

@@ -10,7 +10,14 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_scaling import _backup, _resume, _topology, _train_function_hook, _validation
+from keras_scaling import (
+    _backup,
+    _fit_end,
+    _resume,
+    _topology,
+    _train_function_hook,
+    _validation,
+)
 
 logger = logging.getLogger("keras_scaling")
 
@@ -57,7 +64,11 @@ class BackupAndRestore(keras.callbacks.Callback):
 
     A save is atomic: the file is written beside the previous one and renamed
     over it, so a process killed during a save leaves the previous backup
-    whole. Under `MultiWorkerMirroredStrategy` only the chief writes the
+    whole. `fit` checks when it starts that `backup_dir` takes a file (a
+    read-only directory raises an `OSError` naming it before the first
+    step); a save that fails (a full disk) raises an `OSError` naming the
+    directory, and the previous backup is whole. The SIGTERM handler and the
+    train-function wrapper are undone when `fit` ends, also when it raises. Under `MultiWorkerMirroredStrategy` only the chief writes the
     backup (`backup_dir` must be a directory every worker reads) and every
     worker restores the same step. A backup of another model (other
     variables, shapes or dtypes), of another data plan (global batch,
@@ -128,7 +139,8 @@ class BackupAndRestore(keras.callbacks.Callback):
         self.delete_checkpoint = delete_checkpoint
         self._hook = None
         self._handler = None
-        self._wrapper = self._wrapped = None
+        self._train_hook = None
+        self._changes = None
         self._signal_received = threading.Event()
         self._previous_sigterm_handler = None
         self._preempted = False
@@ -137,6 +149,13 @@ class BackupAndRestore(keras.callbacks.Callback):
     # Keras hooks.
 
     def on_train_begin(self, logs=None):
+        # A fit of this thread that raised left its changes: it is over.
+        _fit_end.end_other_fits(self.params)
+        _train_function_hook.abandon_other_fits(self.model, self.params)
+        self._end_fit()
+        # A read-only or full backup_dir fails here, not at the first save.
+        _validation.writable_directory(self.backup_dir, "backup_dir", "BackupAndRestore")
+        self._changes = _fit_end.FitChanges(self.params)
         strategy = self.model.distribute_strategy
         self._is_chief = _topology.is_chief(strategy)
         self._multi_worker = _topology.num_workers(strategy) > 1 and isinstance(
@@ -145,6 +164,18 @@ class BackupAndRestore(keras.callbacks.Callback):
         self._preempted = False
         self._signal_received.clear()
         self._hook = _resume.attach()
+        if self._hook is not None:
+            self._changes.add(self._detach_resume_hook)
+        self._changes.add(self._reset_initial_epoch)
+        self._train_hook = _train_function_hook.TrainFunctionHook(
+            self.model,
+            after=self._after_execution,
+            before=self._see_iterator,
+            on_error=self._end_fit,
+            owner=self.params,
+            on_abandoned=self._end_fit,
+        )
+        self._changes.add(self._train_hook.detach)
         self._epoch = 0
         self._epoch_start_iterations = 0
         self._restore()
@@ -156,10 +187,15 @@ class BackupAndRestore(keras.callbacks.Callback):
         self._epoch = epoch
         self._epoch_start_iterations = self._read_iterations()
         self._steps_run_in_epoch = 0
-        self._wrap_train_function()
+        if self._changes is not None:
+            # The fit is alive; Keras drops the last epoch's iterator now.
+            self._changes.unwatch()
+        if self._train_hook is not None:
+            # Again each epoch: a callback's on_train_begin may rebuild it.
+            self._train_hook.before = self._see_iterator
+            self._train_hook.attach()
 
     def on_epoch_end(self, epoch, logs=None):
-        self._unwrap_train_function()
         if self._preempted:
             return
         iterations = self._read_iterations()
@@ -170,13 +206,7 @@ class BackupAndRestore(keras.callbacks.Callback):
             self.model.stop_training = True
 
     def on_train_end(self, logs=None):
-        self._unwrap_train_function()
-        self._stop_watching()
-        if self._hook is not None:
-            self._hook.detach()
-            self._hook = None
-        if hasattr(self.model, "_initial_epoch"):
-            self.model._initial_epoch = None
+        self._end_fit()
         if self._preempted:
             raise SystemExit(EXIT_PREEMPTED)
         if self.delete_checkpoint and self._is_chief:
@@ -213,25 +243,26 @@ class BackupAndRestore(keras.callbacks.Callback):
             ):
                 self._save(self._mid_epoch_position(iterations), "every_n_steps")
 
-    def _wrap_train_function(self):
-        # Wrapped per epoch: a callback's on_train_begin may rebuild it.
-        original = self.model.train_function
-        if original is None or original is self._wrapper:
-            return
+    def _see_iterator(self, iterator):
+        # Held by the fit while it runs: when Python frees it, the fit is over.
+        if self._changes is not None:
+            self._changes.watch(iterator)
+        self._train_hook.before = None  # until the next epoch
 
-        def train_function(iterator):
-            logs = original(iterator)
-            self._after_execution()
-            return logs
+    # The end of the fit, however it ends.
 
-        _train_function_hook.mark_wrapper(train_function, original)
-        self._wrapped, self._wrapper = original, train_function
-        self.model.train_function = train_function
+    def _end_fit(self):
+        """Undoes what this callback changed in the process for the fit (idempotent)."""
+        if self._changes is not None:
+            self._changes.end()
 
-    def _unwrap_train_function(self):
-        if self._wrapper is not None and self.model.train_function is self._wrapper:
-            self.model.train_function = self._wrapped
-        self._wrapper = self._wrapped = None
+    def _detach_resume_hook(self):
+        if self._hook is not None:
+            self._hook.detach()
+
+    def _reset_initial_epoch(self):
+        if hasattr(self.model, "_initial_epoch"):
+            self.model._initial_epoch = None
 
     # Saving.
 
@@ -374,9 +405,17 @@ class BackupAndRestore(keras.callbacks.Callback):
         if self._multi_worker:
             self._handler = self._handler or self._preemption_handler(strategy)
             return
-        self._previous_sigterm_handler = signal.signal(
-            signal.SIGTERM, lambda signum, frame: self._signal_received.set()
-        )
+        self._previous_sigterm_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
+        self._changes.add(self._stop_watching)
+
+    def _on_sigterm(self, signum, frame):
+        if self._changes is None or self._changes.fit_is_over():
+            # The fit ended without on_train_end (it raised): its handler is
+            # gone now, and the signal goes where it would have gone.
+            self._stop_watching()
+            signal.raise_signal(signum)
+            return
+        self._signal_received.set()
 
     def _preemption_handler(self, strategy):
         config = tf.distribute.experimental.TerminationConfig(
@@ -391,9 +430,14 @@ class BackupAndRestore(keras.callbacks.Callback):
         )
 
     def _stop_watching(self):
-        if self._previous_sigterm_handler is not None:
-            signal.signal(signal.SIGTERM, self._previous_sigterm_handler)
-            self._previous_sigterm_handler = None
+        previous = self._previous_sigterm_handler
+        if previous is None:
+            return
+        if threading.current_thread() is not threading.main_thread():
+            return  # only the main thread may set it; its next SIGTERM does
+        self._previous_sigterm_handler = None
+        if signal.getsignal(signal.SIGTERM) == self._on_sigterm:
+            signal.signal(signal.SIGTERM, previous)
 
     # Helpers.
 

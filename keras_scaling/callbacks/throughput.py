@@ -10,6 +10,7 @@ import weakref
 import keras
 
 from keras_scaling import (
+    _fit_end,
     _input_probe,
     _run_record,
     _tensorboard,
@@ -271,14 +272,21 @@ class ThroughputLogger(keras.callbacks.Callback):
 
     def set_model(self, model):
         super().set_model(model)
-        _enable_compat(model)
-        _trace_count.count_traces(model)
+        self._undo_fit_changes()  # of an earlier fit that did not end here
+        self._compat_applied = _enable_compat(model)
+        self._trace_count_undo = _trace_count.count_traces(model)
 
     def on_train_begin(self, logs=None):
         devices.warn_if_keras_distribution_set()
+        if _topology.is_chief(self.model.distribute_strategy):
+            # A read-only or full log_dir fails here, not at the first save.
+            _validation.writable_directory(self.log_dir, "log_dir", "ThroughputLogger")
         # Finishes a logger (this one too) whose fit raised outside a step.
         _train_function_hook.abandon_other_fits(self.model, self.params)
-        _enable_compat(self.model)
+        _fit_end.end_other_fits(self.params)
+        self._changes = _fit_end.FitChanges(self.params)
+        self._changes.add(self._finish)
+        self._compat_applied += _enable_compat(self.model)
         self._info = devices.describe_strategy(self.model.distribute_strategy)
         self._train_begin_s = self._clock()
         self._fit_started = False
@@ -312,6 +320,9 @@ class ThroughputLogger(keras.callbacks.Callback):
             self._writer.start()
 
     def on_epoch_begin(self, epoch, logs=None):
+        if getattr(self, "_changes", None) is not None:
+            # The fit is alive; Keras drops the last epoch's iterator now.
+            self._changes.unwatch()
         self._window.close()
         self._executions_until_due = 1
         self._epoch_stats = ThroughputStats()
@@ -345,6 +356,8 @@ class ThroughputLogger(keras.callbacks.Callback):
         # Held weakly: each epoch's iterator is freed when Keras drops it, as
         # it would be without this callback. Freeing an iterator can wait up
         # to a minute for tf.data's autotuning thread to wake.
+        if getattr(self, "_changes", None) is not None:
+            self._changes.watch(iterator)  # freed by Python: the fit is over
         held = self._iterator()
         if held is None and not self._finished:
             if self._element_spec is None:
@@ -442,6 +455,11 @@ class ThroughputLogger(keras.callbacks.Callback):
         self._schedule.restart(iterations)
         if interval is not None and len(self._stats) == _ADVICE_AFTER_INTERVALS:
             self._advise()
+            # The advice may have timed the input pipeline: the next interval
+            # starts after it, so its time is not counted as training's.
+            self._window.restart(
+                time_s=self._clock(), iterations=iterations, samples=point["samples"]
+            )
 
     def _add(self, interval):
         samples_per_sec = interval.samples_per_sec
@@ -614,11 +632,14 @@ class ThroughputLogger(keras.callbacks.Callback):
         if self._finished:
             return
         self._finished = True
-        if self._writer is not None:
-            self._writer.stop()
-        if self._hook is not None:
-            self._hook.detach()
-            self._hook = None
+        try:
+            if self._writer is not None:
+                self._writer.stop()  # may raise: a full disk, for one
+        finally:
+            if self._hook is not None:
+                self._hook.detach()
+                self._hook = None
+            self._undo_fit_changes()
         atexit.unregister(self._finish_at_exit)
         if self._setup is not None and not self._stats and self._info.is_chief:
             logger.warning(
@@ -630,6 +651,17 @@ class ThroughputLogger(keras.callbacks.Callback):
                 _run_record.THROUGHPUT_JSON,
             )
         self._iterator = _no_iterator
+
+    def _undo_fit_changes(self):
+        """Puts back `train_step` and the Keras functions this logger patched on its own."""
+        undo, self._trace_count_undo = getattr(self, "_trace_count_undo", None), None
+        if undo is not None:
+            undo()
+        applied, self._compat_applied = getattr(self, "_compat_applied", []), []
+        if applied:
+            from keras_scaling import compat
+
+            compat._restore(applied)
 
     def _finish_at_exit(self):
         try:
@@ -694,7 +726,7 @@ def _weak_reference(iterator):
 def _enable_compat(model):
     from keras_scaling import compat
 
-    compat._enable_for_quietly(model.distribute_strategy)
+    return compat._enable_for_quietly(model.distribute_strategy)
 
 
 def _baseline_time_text(baseline):

@@ -345,22 +345,51 @@ def _enable_for_quietly(strategy, model=None):
     Args:
         strategy: a `tf.distribute.Strategy`.
         model: a Keras model, or `None` (the default).
+
+    Returns:
+        list of the names of the fixes applied by this call (a callback
+        that enabled them on its own puts Keras back with `_restore` when
+        its fit ends).
     """
     import tensorflow as tf
 
     if not isinstance(strategy, tf.distribute.Strategy):
         raise TypeError(f"strategy must be a tf.distribute.Strategy, got {type(strategy).__name__}")
     if _topology.num_replicas(strategy) < 2:
-        return
+        return []
     _warn_about_multi_worker_metrics(strategy)
     with _lock:
         if _env_disables():
             _log_env_notice_once()
-            return
+            return []
         wanted = [fix for fix in _FIXES if fix.NAME not in _disabled_by_user]
-        _log_applied(_apply(wanted))
+        applied = _apply(wanted)
+        _log_applied(applied)
         if model is not None:
             _rebuild_functions_built_without_fix(model)
+        return applied
+
+
+def _restore(names):
+    """Puts back Keras' own functions for the fixes `names`, unlike `disable` not for good.
+
+    For the fixes a callback applied on its own, when its fit ends: a later
+    `enable_for` applies them again. A function replaced by other code since
+    is left as it is.
+    """
+    with _lock:
+        restored = []
+        for name in names:
+            if name not in _active:
+                continue
+            owner, attribute, original, replacement = _active[name]
+            if owner.__dict__.get(attribute) is not replacement:
+                continue
+            del _active[name]
+            setattr(owner, attribute, original)
+            restored.append(name)
+        if restored:
+            logger.info("keras_scaling.compat: restored Keras' own %s", ", ".join(restored))
 
 
 _MULTI_WORKER_METRICS_WARNING = (

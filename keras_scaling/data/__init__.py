@@ -25,6 +25,8 @@ logger = logging.getLogger("keras_scaling")
 DEFAULT_SEED = 1234
 
 _PLAN_ATTRIBUTE = "_keras_scaling_input_plan"
+# A callable building the same pipeline again, with shuffle state of its own.
+_REBUILD_ATTRIBUTE = "_keras_scaling_rebuild"
 
 
 def global_batch_size(per_replica_batch_size, strategy=None):
@@ -274,7 +276,32 @@ def _distribute_for(data, info, *, static_shapes_required=False, **kwargs):
         cache=kwargs.get("cache", False),
     )
     setattr(dataset, _PLAN_ATTRIBUTE, plan)
+    cache = kwargs.get("cache", False)
+
+    def rebuild():
+        return _pipeline.build(
+            source,
+            plan=plan,
+            schedule=schedule,
+            file_assignment=file_assignment,
+            parse_fn=kwargs.get("parse_fn"),
+            # A cache file belongs to the training pipeline; a copy caches in memory.
+            cache=bool(cache),
+        )
+
+    setattr(dataset, _REBUILD_ATTRIBUTE, rebuild)
     return dataset
+
+
+def _independent_copy(dataset):
+    """The pipeline of a `distribute` dataset built again, or None for other datasets.
+
+    The copy reads the same source through the same steps, but its shuffle
+    and cache are its own: iterating it does not advance the order the
+    training dataset draws next. A cache starts empty.
+    """
+    rebuild = getattr(dataset, _REBUILD_ATTRIBUTE, None)
+    return None if rebuild is None else rebuild()
 
 
 def describe(data, **kwargs):

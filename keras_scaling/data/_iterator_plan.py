@@ -89,15 +89,27 @@ def static_batch_size(element_spec):
 def planned_global_batch_size(iterator):
     """The global batch of the `keras_scaling.data` plan behind `iterator`, or None.
 
-    `fit` distributes the dataset it is given; the datasets TensorFlow derives
-    from it keep it as an input, so the plan is found up that chain.
-
     Args:
         iterator: the iterator Keras' train function is called with.
 
     Returns:
         int, samples per optimizer step over all replicas, or None when no
         dataset on the way was made by `keras_scaling.data.distribute`.
+    """
+    from keras_scaling import data
+
+    dataset = distributed_dataset(iterator)
+    return None if dataset is None else data.plan_of(dataset).global_batch_size
+
+
+def distributed_dataset(iterator):
+    """The dataset `keras_scaling.data.distribute` made behind `iterator`, or None.
+
+    `fit` distributes the dataset it is given; the datasets TensorFlow derives
+    from it keep it as an input, so it is found up that chain.
+
+    Args:
+        iterator: the iterator Keras' train function is called with.
     """
     from keras_scaling import data
 
@@ -108,8 +120,7 @@ def planned_global_batch_size(iterator):
         if not isinstance(dataset, tf.data.Dataset) or id(dataset) in seen:
             continue
         seen.add(id(dataset))
-        plan = data.plan_of(dataset)
-        if plan is not None:
-            return plan.global_batch_size
+        if data.plan_of(dataset) is not None:
+            return dataset
         pending.extend(_tf_data_internals.dataset_inputs(dataset))
     return None

@@ -7,7 +7,8 @@ dataset's inputs (`_inputs()`, `_input_dataset`, `_batch_size`,
 `_map_func`) and check every name and shape they rely on. Each is guarded
 by `keras_scaling._probes`: when something is not what they know, they
 answer "unknown" and log ONE warning naming the Keras and TensorFlow versions
-and what is lost; they never raise.
+and what is lost. Only the reads of private names are guarded; the walks
+over what they read are plain code, whose errors propagate.
 """
 
 import dataclasses
@@ -51,21 +52,33 @@ _ONE_TO_ONE_DATASETS = {
 _MAP_DATASETS = {"_MapDataset", "_ParallelMapDataset"}
 
 
-def _inputs(dataset):
-    inputs = dataset._inputs()
-    if not isinstance(inputs, (list, tuple)) or not all(
-        isinstance(parent, tf.data.Dataset) for parent in inputs
-    ):
-        raise TypeError(f"_inputs() gave {type(inputs).__name__}")
-    return list(inputs)
-
-
 @_probes.guarded(
     "tf.data.batching_transformation",
     reaches="tf.data.Dataset._inputs() and the private dataset classes' names",
     lost="a batched dataset cannot be recognised, so it is taken as unbatched",
     workaround="Pass the data to distribute() before .batch(), or add .unbatch().",
 )
+def _dataset_node(dataset):
+    """The reach: the private class name of `dataset` and the datasets it reads."""
+    inputs = dataset._inputs()
+    if not isinstance(inputs, (list, tuple)) or not all(
+        isinstance(parent, tf.data.Dataset) for parent in inputs
+    ):
+        raise _probes.ReachError(f"_inputs() gave {type(inputs).__name__}")
+    return type(dataset).__name__, list(inputs)
+
+
+class _Unreadable(Exception):
+    """A node of the dataset graph could not be read (its probe has warned)."""
+
+
+def _read_node(dataset):
+    node = _dataset_node(dataset)
+    if node is None:
+        raise _Unreadable
+    return node
+
+
 def batching_transformation(dataset):
     """Names the batching transformation that produced `dataset`, or None.
 
@@ -73,16 +86,19 @@ def batching_transformation(dataset):
     either way), so this walks the dataset's inputs instead. When the walk
     fails, the dataset is taken as unbatched, with one warning.
     """
-    return _find_batching(dataset)
+    try:
+        return _find_batching(dataset)
+    except _Unreadable:
+        return None
 
 
 def _find_batching(dataset):
-    name = type(dataset).__name__
+    name, parents = _read_node(dataset)
     if name in _UNBATCHING_DATASETS:
         return None
     if name in BATCHING_DATASETS:
         return BATCHING_DATASETS[name]
-    for parent in _inputs(dataset):
+    for parent in parents:
         found = _find_batching(parent)
         if found is not None:
             return found
@@ -127,6 +143,37 @@ def batch_node(dataset):
     return _read_batch_node(dataset, transformation)
 
 
+def _read_batch_node(dataset, transformation):
+    node, one_to_one = dataset, True
+    try:
+        name, parents = _read_node(node)
+        while name not in BATCHING_DATASETS:
+            if len(parents) != 1:
+                return BatchNode(transformation=transformation)
+            one_to_one = one_to_one and name in _ONE_TO_ONE_DATASETS
+            node = parents[0]
+            name, parents = _read_node(node)
+    except _Unreadable:
+        return BatchNode(transformation=transformation)
+    if name not in ("_BatchDataset", "_ParallelBatchDataset", "_PaddedBatchDataset"):
+        return BatchNode(
+            transformation=transformation,
+            reshapes_samples=name in RESHAPING_BATCHES,
+        )
+    fields = _batch_fields(node)
+    if fields is None:
+        return BatchNode(transformation=transformation)
+    batch_size, drop_remainder, batch_input = fields
+    return BatchNode(
+        transformation=transformation,
+        batch_size=None if batch_size is None else int(batch_size),
+        drop_remainder=None if drop_remainder is None else bool(drop_remainder),
+        samples=int(batch_input.cardinality()),
+        one_batch_per_element=one_to_one,
+        reshapes_samples=name in RESHAPING_BATCHES,
+    )
+
+
 @_probes.guarded(
     "tf.data.batch_node",
     reaches="the batching dataset's _input_dataset, _batch_size and _drop_remainder",
@@ -135,32 +182,16 @@ def batch_node(dataset):
         "so they are measured from the data instead"
     ),
     workaround="Pass distribute(num_samples=...) to skip counting the data.",
-    fallback=lambda dataset, transformation: BatchNode(transformation=transformation),
 )
-def _read_batch_node(dataset, transformation):
-    node, one_to_one = dataset, True
-    while type(node).__name__ not in BATCHING_DATASETS:
-        parents = _inputs(node)
-        if len(parents) != 1:
-            return BatchNode(transformation=transformation)
-        one_to_one = one_to_one and type(node).__name__ in _ONE_TO_ONE_DATASETS
-        node = parents[0]
-    name = type(node).__name__
-    if name not in ("_BatchDataset", "_ParallelBatchDataset", "_PaddedBatchDataset"):
-        return BatchNode(
-            transformation=transformation,
-            reshapes_samples=name in RESHAPING_BATCHES,
-        )
-    batch_size = tf.get_static_value(node._batch_size)
-    drop_remainder = tf.get_static_value(node._drop_remainder)
-    samples = int(node._input_dataset.cardinality())
-    return BatchNode(
-        transformation=transformation,
-        batch_size=None if batch_size is None else int(batch_size),
-        drop_remainder=None if drop_remainder is None else bool(drop_remainder),
-        samples=samples,
-        one_batch_per_element=one_to_one,
-        reshapes_samples=name in RESHAPING_BATCHES,
+def _batch_fields(node):
+    """The reach: a batching dataset's static batch size, drop_remainder and input."""
+    batch_input = node._input_dataset
+    if not isinstance(batch_input, tf.data.Dataset):
+        raise _probes.ReachError(f"_input_dataset is a {type(batch_input).__name__}")
+    return (
+        tf.get_static_value(node._batch_size),
+        tf.get_static_value(node._drop_remainder),
+        batch_input,
     )
 
 
@@ -217,9 +248,13 @@ def directory_pipeline(dataset, file_paths=None):
     if file_paths is None:
         return found
     if found is None:
-        raise TypeError("the dataset has file_paths but not the form of a directory utility's")
+        raise _probes.ReachError(
+            "the dataset has file_paths but not the form of a directory utility's"
+        )
     if len(found.paths) != len(file_paths):
-        raise ValueError(f"{len(found.paths)} paths before decoding, {len(file_paths)} file_paths")
+        raise _probes.ReachError(
+            f"{len(found.paths)} paths before decoding, {len(file_paths)} file_paths"
+        )
     return found
 
 
@@ -240,7 +275,7 @@ def _read_directory_pipeline(dataset):
         if type(node).__name__ in _MAP_DATASETS:
             decoder = node._map_func._func
             if not callable(decoder):
-                raise TypeError("a map step without a Python function")
+                raise _probes.ReachError("a map step without a Python function")
             decoders.append(decoder)
         node = node._input_dataset
     shuffled = type(node).__name__ == "_ShuffleDataset"

@@ -119,6 +119,23 @@ def test_sigterm_mid_epoch_then_resume_is_bitwise_identical_to_a_run_never_stopp
 
 
 @pytest.mark.timeout(4 * RUN_TIMEOUT_S)
+def test_resume_is_bitwise_identical_when_the_advice_times_the_input(tmp_path):
+    # A baseline far above what 2 CPU replicas reach: the low-efficiency
+    # advice times the input pipeline in the first epoch of every run.
+    common = ("--log-dir", str(tmp_path / "logs"), "--baseline", "1e9")
+    reference, reference_out = run_worker(tmp_path, "reference", *common, backup="reference_backup")
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    stop_and_resume(tmp_path, *common, sigterm_at=50)
+
+    values, iterations = load_result(tmp_path / "resumed.npz")
+    reference_values, reference_iterations = load_result(reference_out)
+    with open(f"{reference_out}.json") as file:
+        assert json.load(file)["input_probe_calls"] >= 1
+    assert iterations == reference_iterations == TOTAL_STEPS
+    assert_bitwise_equal(values, reference_values)
+
+
+@pytest.mark.timeout(4 * RUN_TIMEOUT_S)
 def test_resume_is_bitwise_identical_with_steps_per_execution(tmp_path):
     common = ("--steps-per-execution", "4")
     reference, reference_out = run_worker(tmp_path, "reference", *common, backup="reference_backup")

@@ -32,6 +32,21 @@ class _EpochSteps(keras.callbacks.Callback):
         self.steps_by_epoch[self.recorder.epoch] += 1
 
 
+def _count_input_probe_calls():
+    """Counts the advice's timings of the input pipeline (each still runs)."""
+    from keras_scaling import _input_probe
+
+    calls = []
+    probe = _input_probe.input_samples_per_sec
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return probe(*args, **kwargs)
+
+    _input_probe.input_samples_per_sec = counted
+    return calls
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out-dir", required=True)
@@ -39,7 +54,16 @@ def main():
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--samples", type=int, default=96)
     parser.add_argument("--per-replica-batch-size", type=int, default=4)
+    parser.add_argument(
+        "--baseline",
+        type=float,
+        default=None,
+        help="ThroughputLogger's baseline samples/sec: a huge one makes the "
+        "low-efficiency advice time the input pipeline",
+    )
+    parser.add_argument("--update-freq", type=int, default=2)
     args = parser.parse_args()
+    probe_calls = _count_input_probe_calls()
 
     strategy = keras_scaling.auto_strategy()
     info = keras_scaling.describe_strategy(strategy)
@@ -71,7 +95,9 @@ def main():
         callbacks=[
             epoch_steps,
             keras_scaling.ReplicaSyncCheck(every_n_steps=2),
-            keras_scaling.ThroughputLogger(args.log_dir, baseline=None, update_freq=2),
+            keras_scaling.ThroughputLogger(
+                args.log_dir, baseline=args.baseline, update_freq=args.update_freq
+            ),
         ],
         verbose=0,
     )
@@ -106,6 +132,7 @@ def main():
                 str(epoch): steps for epoch, steps in epoch_steps.steps_by_epoch.items()
             },
             "iterations": int(model.optimizer.iterations.numpy()),
+            "input_probe_calls": len(probe_calls),
             "evaluation": {key: float(value) for key, value in evaluation.items()},
         },
     )

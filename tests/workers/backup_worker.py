@@ -31,6 +31,13 @@ def parse_args():
     parser.add_argument("--data", choices=("distribute", "arrays"), default="distribute")
     parser.add_argument("--units", type=int, default=16)
     parser.add_argument("--log-dir", default=None)
+    parser.add_argument(
+        "--baseline",
+        type=float,
+        default=None,
+        help="ThroughputLogger's baseline samples/sec (with --log-dir): a huge "
+        "one makes the low-efficiency advice time the input pipeline",
+    )
     parser.add_argument("--pid-dir", default=None)
     parser.add_argument(
         "--mark-dir",
@@ -49,6 +56,16 @@ def main():
         with open(os.path.join(args.pid_dir, f"{os.getpid()}.pid"), "w") as file:
             file.write(str(os.getpid()))
     import keras_scaling
+    from keras_scaling import _input_probe
+
+    probe_calls = []
+    probe = _input_probe.input_samples_per_sec
+
+    def counted_probe(*probe_args, **probe_kwargs):
+        probe_calls.append(1)
+        return probe(*probe_args, **probe_kwargs)
+
+    _input_probe.input_samples_per_sec = counted_probe
 
     if "TF_CONFIG" not in os.environ:
         keras_scaling.use_logical_cpus(args.cpus)
@@ -107,7 +124,7 @@ def main():
     if args.log_dir:
         callbacks += [
             keras_scaling.ReplicaSyncCheck(log_dir=args.log_dir, every_n_steps=5),
-            keras_scaling.ThroughputLogger(args.log_dir, update_freq=2, baseline=None),
+            keras_scaling.ThroughputLogger(args.log_dir, update_freq=2, baseline=args.baseline),
         ]
     if args.data == "distribute":
         train = keras_scaling.data.distribute(
@@ -126,6 +143,7 @@ def main():
                 {
                     "iterations": int(model.optimizer.iterations.numpy()),
                     "start_iterations": StartStep.step,
+                    "input_probe_calls": len(probe_calls),
                 },
                 file,
             )

@@ -1,0 +1,58 @@
+"""Running a worker where its directory is a small tmpfs or a read-only mount.
+
+Both are made in a private mount namespace (`unshare -m`, as root), so
+nothing outside the worker's process sees them and they vanish with it.
+"""
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER = os.path.join(HERE, "storage_fault_worker.py")
+RUN_TIMEOUT_S = 240
+
+
+def skip_without_mount_namespaces():
+    if os.geteuid() != 0:
+        pytest.skip("private mounts need root (unshare -m, mount)")
+    probe = subprocess.run(
+        ["unshare", "-m", "true"], capture_output=True, text=True, timeout=30, check=False
+    )
+    if probe.returncode != 0:
+        pytest.skip(f"unshare -m is not allowed here: {probe.stderr.strip()}")
+
+
+def tmpfs(directory, size):
+    """Shell lines mounting a tmpfs of `size` (such as "1m") on `directory`."""
+    quoted = shlex.quote(str(directory))
+    return f"mkdir -p {quoted} && mount -t tmpfs -o size={size} tmpfs {quoted}"
+
+
+def read_only(directory):
+    """Shell lines making `directory` a read-only bind mount of itself."""
+    quoted = shlex.quote(str(directory))
+    return (
+        f"mkdir -p {quoted} && mount --bind {quoted} {quoted} && mount -o remount,ro,bind {quoted}"
+    )
+
+
+def run_worker(mounts, report, *worker_args):
+    """Runs the worker after `mounts` in a private mount namespace; its report."""
+    command = shlex.join([sys.executable, WORKER, "--report", str(report), *map(str, worker_args)])
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    result = subprocess.run(
+        ["unshare", "-m", "sh", "-c", f"{' && '.join(mounts)} && exec {command}"],
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+        env=env,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    with open(report) as file:
+        return json.load(file)

@@ -1,0 +1,59 @@
+"""The input probe of ThroughputLogger's advice changes nothing training reads.
+
+A dataset of `keras_scaling.data.distribute` shuffles with
+`reshuffle_each_iteration=True`: each iterator draws the next order. The
+probe times a pipeline of its own, so the orders training draws are those of
+a run without it.
+"""
+
+import numpy as np
+import tensorflow as tf
+
+import keras_scaling
+from keras_scaling import _input_probe
+
+
+def _shuffled(seed=3):
+    x = np.arange(64, dtype="float32")[:, None]
+    return keras_scaling.data.distribute((x, x), global_batch_size=8, shuffle=True, seed=seed)
+
+
+def _epoch_orders(dataset, epochs, probe_in_epoch=None):
+    orders = []
+    for epoch in range(epochs):
+        iterator = iter(dataset)
+        order = []
+        for step, (x, _) in enumerate(iterator):
+            if epoch == probe_in_epoch and step == 2:
+                samples_per_sec, reason = _input_probe.input_samples_per_sec(iterator)
+                assert samples_per_sec is not None, reason
+            order.extend(int(value) for value in x.numpy()[:, 0])
+        orders.append(order)
+    return orders
+
+
+def test_probing_a_distribute_dataset_leaves_its_later_orders_unchanged():
+    without_probe = _epoch_orders(_shuffled(), epochs=3)
+    with_probe = _epoch_orders(_shuffled(), epochs=3, probe_in_epoch=1)
+
+    assert with_probe == without_probe
+    assert without_probe[1] != without_probe[2]  # the data does reshuffle
+
+
+def test_a_dataset_that_shuffles_by_itself_is_not_read_by_the_probe():
+    dataset = tf.data.Dataset.range(64).shuffle(64, seed=1).batch(8)
+    iterator = iter(dataset)
+    next(iterator)
+
+    samples_per_sec, reason = _input_probe.input_samples_per_sec(iterator)
+
+    assert samples_per_sec is None
+    assert "shuffles" in reason
+
+
+def test_a_dataset_without_shared_state_is_timed():
+    dataset = tf.data.Dataset.range(640).map(lambda i: tf.cast(i, tf.float32)).batch(8)
+
+    samples_per_sec, reason = _input_probe.input_samples_per_sec(iter(dataset))
+
+    assert reason is None and samples_per_sec > 0
