@@ -82,7 +82,8 @@ def test_a_baseline_copy_out_of_memory_is_caught_freed_and_training_goes_on(
         ]
     ]
     assert "| measured against | none (no scaling/ tags) |" in text
-    assert "baseline='auto' failed" in text and "ResourceExhaustedError" in text
+    # The note is a paragraph below the table, its first letter capitalised.
+    assert "Baseline='auto' failed" in text and "ResourceExhaustedError" in text
     record = baseline.read_throughput_json(tmp_path / baseline.THROUGHPUT_JSON)
     assert record["baseline_samples_per_sec"] is None
     assert record["samples_per_sec"] > 0

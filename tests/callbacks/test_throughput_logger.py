@@ -429,8 +429,8 @@ def test_measure_baseline_leaves_training_as_it_would_be(mirrored, tmp_path, cap
         assert speedup[step] == pytest.approx(value / record["baseline_samples_per_sec"], rel=1e-5)
     # Logical CPUs share the cores the one-replica copy had to itself: said
     # once in the log and below the baseline in the set-up.
-    notes = [r for r in caplog.records if "keras-scaling bench" in r.getMessage()]
-    assert len(notes) == 1 and "share those cores" in notes[0].getMessage()
+    notes = [r for r in caplog.records if "share those cores" in r.getMessage()]
+    assert len(notes) == 1 and "keras-scaling bench" in notes[0].getMessage()
     (text,) = _texts(tmp_path, "throughput/setup_baseline")
     assert "| measured against | " in text
     assert "\n\nThe baseline ran one replica" in text and "keras-scaling bench" in text
