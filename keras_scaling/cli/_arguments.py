@@ -25,3 +25,18 @@ def positive_int(text):
 def non_negative_int(text):
     """An argparse `type`: an integer >= 0, or a message naming what was given."""
     return _integer_at_least(text, 0)
+
+
+def positive_number(unit):
+    """An argparse `type`: a positive number of `unit`, or a message naming what was given."""
+
+    def parse(text):
+        try:
+            value = float(text)
+        except ValueError:
+            value = -1.0
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"must be a positive number of {unit}, got {text!r}")
+        return value
+
+    return parse

@@ -7,6 +7,7 @@ import sys
 import threading
 
 from keras_scaling._environment import CPU_DEVICES_ENV
+from keras_scaling.cli import _arguments
 from keras_scaling.cli._arguments import positive_int
 
 # ResNet50's gradients: keras_scaling.doctor._checks.RESNET50_GRADIENT_MB,
@@ -68,7 +69,7 @@ def add_parser(subparsers):
     )
     parser.add_argument(
         "--size-mb",
-        type=_megabytes,
+        type=_arguments.positive_number("MB"),
         default=_DEFAULT_SIZE_MB,
         metavar="MB",
         help=f"size of the float32 tensor whose all-reduce is timed, in MB (10^6 bytes); "
@@ -83,7 +84,7 @@ def add_parser(subparsers):
     )
     parser.add_argument(
         "--timeout",
-        type=_seconds,
+        type=_arguments.positive_number("seconds"),
         default=_DEFAULT_TIMEOUT_S,
         metavar="SECONDS",
         help=f"give up, with exit status 1, when the checks have not finished after "
@@ -91,26 +92,6 @@ def add_parser(subparsers):
     )
     parser.set_defaults(run=run)
     return parser
-
-
-def _megabytes(text):
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number of MB, got {text!r}")
-    return value
-
-
-def _seconds(text):
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
-    return value
 
 
 def _give_up(timeout_s):
