@@ -19,7 +19,7 @@ import os
 import time
 import weakref
 
-from keras_scaling import _threads, _validation
+from keras_scaling import _probes, _threads, _validation
 from keras_scaling._run_record import (
     FIELDS,
     THROUGHPUT_JSON,
@@ -410,14 +410,29 @@ def _memory_limit_bytes(short_name):
         configured = tf.config.get_logical_device_configuration(physical[index]) or []
         if len(configured) == 1 and configured[0].memory_limit:
             return int(configured[0].memory_limit) * 2**20  # set in MiB
-    try:
-        from tensorflow.python.client import device_lib
+    return _device_lib_memory_limit(short_name)
 
-        for attributes in device_lib.list_local_devices():
-            if attributes.name.endswith(short_name) and attributes.memory_limit:
-                return int(attributes.memory_limit)
-    except Exception:  # a TensorFlow that moved it: no limit known
-        logger.debug("keras_scaling: no memory limit for %s", short_name, exc_info=True)
+
+@_probes.guarded(
+    "tf.device_lib_memory_limit",
+    reaches="tensorflow.python.client.device_lib.list_local_devices",
+    lost=(
+        "baseline='auto' cannot check that a copy of the model fits on a GPU whose "
+        "memory limit was not set: it times the copy unchecked (a failure is still "
+        "caught and training goes on)"
+    ),
+    workaround=(
+        "Set the GPU's memory_limit with tf.config.set_logical_device_configuration, "
+        "or pass baseline=<samples/sec of one replica>."
+    ),
+)
+def _device_lib_memory_limit(short_name):
+    """The reach: the memory limit TensorFlow's device list gives `short_name`, or None."""
+    from tensorflow.python.client import device_lib
+
+    for attributes in device_lib.list_local_devices():
+        if attributes.name.endswith(short_name) and attributes.memory_limit:
+            return int(attributes.memory_limit)
     return None
 
 

@@ -43,11 +43,13 @@ PROBES_TESTED_IN = {
     "keras.fit.resume_epoch_iterator": "callbacks/test_backup_and_restore",
     "tf.func_graph_from_py_func": "test_flops",
     "tf.ops.flops_statistics": "test_flops",
+    "tf.device_lib_memory_limit": "test_probes",
 }
 
 
 def registered_probes():
     """Every probe of the package: importing every module registers them."""
+    import keras_scaling.baseline  # noqa: F401
     import keras_scaling.callbacks.backup_and_restore  # noqa: F401
     import keras_scaling.callbacks.replica_sync  # noqa: F401
     import keras_scaling.callbacks.throughput  # noqa: F401
@@ -204,3 +206,16 @@ def test_a_bug_around_the_batch_node_reach_surfaces_instead_of_keras_changed(cap
             _tf_internals.batch_node(batched)
     assert probe_warnings(caplog, "tf.data.batch_node") == []
     assert "tf.data.batch_node" not in _probes._warned
+
+
+def test_without_the_device_list_no_memory_limit_is_known_and_it_says_so(monkeypatch, caplog):
+    from keras_scaling import baseline
+
+    # TensorFlow's device list gives every device a memory limit, the CPU too.
+    assert baseline._device_lib_memory_limit("CPU:0") > 0
+
+    monkeypatch.setenv(_probes.FAIL_PROBES_ENV, "tf.device_lib_memory_limit")
+    with caplog.at_level(logging.WARNING, logger="keras_scaling"):
+        assert baseline._device_lib_memory_limit("CPU:0") is None
+    warnings = [r.getMessage() for r in caplog.records if "device_lib" in r.getMessage()]
+    assert len(warnings) == 1 and "times the copy unchecked" in warnings[0]
