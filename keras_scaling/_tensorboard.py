@@ -24,6 +24,12 @@ import sys
 import threading
 import time
 
+# Every TensorBoard module is imported here, on the thread that imports this
+# one, not when the first file opens: that happens on a callback's save
+# thread, and an import there racing one on fit's thread (Keras' TensorBoard
+# callback loads TensorBoard's TensorFlow stub too) can see a partly
+# initialised module. None of them loads TensorFlow.
+from tensorboard.backend.event_processing import event_file_loader
 from tensorboard.compat.proto import (
     event_pb2,
     summary_pb2,
@@ -31,7 +37,13 @@ from tensorboard.compat.proto import (
     tensor_shape_pb2,
     types_pb2,
 )
+from tensorboard.plugins.custom_scalar import metadata as custom_scalar_metadata
+from tensorboard.plugins.image import metadata as image_metadata
 from tensorboard.plugins.scalar import metadata as scalar_metadata
+from tensorboard.plugins.text import metadata as text_metadata
+from tensorboard.summary.writer.event_file_writer import EventFileWriter
+from tensorboard.summary.writer.record_writer import RecordWriter
+from tensorboard.util import tensor_util
 
 # The run directory, under a log directory, that holds keras_scaling's summaries.
 RUN = "scaling"
@@ -256,10 +268,8 @@ def write_text(log_dir, step, tag, markdown, run=RUN, flush=True):
         flush: bool, whether to flush the event file; default True. A caller
             that writes several summaries and then calls `flush` passes False.
     """
-    from tensorboard.plugins.text import metadata
-
     tensor = _string_tensor([markdown.encode("utf-8")], shape=[])
-    _write_values(log_dir, run, step, [(tag, tensor)], metadata.create_summary_metadata, flush)
+    _write_values(log_dir, run, step, [(tag, tensor)], text_metadata.create_summary_metadata, flush)
 
 
 def write_image(log_dir, step, tag, png_bytes, run=RUN):
@@ -275,14 +285,12 @@ def write_image(log_dir, step, tag, png_bytes, run=RUN):
     Raises:
         ValueError: `png_bytes` is not a PNG image.
     """
-    from tensorboard.plugins.image import metadata
-
     width, height = _png_size(png_bytes)
     # The image plugin's tensor: width, height, then the encoded images.
     tensor = _string_tensor(
         [str(width).encode(), str(height).encode(), bytes(png_bytes)], shape=[3]
     )
-    _write_values(log_dir, run, step, [(tag, tensor)], metadata.create_summary_metadata, True)
+    _write_values(log_dir, run, step, [(tag, tensor)], image_metadata.create_summary_metadata, True)
 
 
 def write_custom_scalars_layout(log_dir, layout, run=RUN, flush=True):
@@ -294,15 +302,13 @@ def write_custom_scalars_layout(log_dir, layout, run=RUN, flush=True):
         run: str, the run directory under `log_dir`; default `"scaling"`.
         flush: bool, whether to flush the event file; default True.
     """
-    from tensorboard.plugins.custom_scalar import metadata
-
     tensor = _string_tensor([layout.SerializeToString()], shape=[])
     _write_values(
         log_dir,
         run,
         0,
-        [(metadata.CONFIG_SUMMARY_TAG, tensor)],
-        lambda display_name, description: metadata.create_summary_metadata(),
+        [(custom_scalar_metadata.CONFIG_SUMMARY_TAG, tensor)],
+        lambda display_name, description: custom_scalar_metadata.create_summary_metadata(),
         flush,
     )
 
@@ -409,8 +415,6 @@ class _SynchronousWriter:
     """
 
     def __init__(self, path, flush_secs):
-        from tensorboard.summary.writer.record_writer import RecordWriter
-
         self._records = RecordWriter(open(path, "wb"))
         self._flush_secs = flush_secs
         self._flushed_at = time.monotonic()
@@ -465,8 +469,6 @@ class _EventFile:
     def __init__(self, directory):
         os.makedirs(directory, exist_ok=True)
         if "tensorflow" in sys.modules:
-            from tensorboard.summary.writer.event_file_writer import EventFileWriter
-
             # EventFileWriter does not say its file's name; last_step_written
             # needs it to tell this file from earlier ones. Files are opened
             # under `_lock`, so this process's one new file is the one.
@@ -573,7 +575,6 @@ def _event_file_paths(run_dir):
 
 
 def _read_summaries(paths):
-    from tensorboard.backend.event_processing import event_file_loader
 
     points = {}
     metadata_of = {}
@@ -609,7 +610,6 @@ class Point(collections.namedtuple("Point", "step value plugin description")):
 
 
 def _value_content(value, plugin):
-    from tensorboard.util import tensor_util
 
     kind = value.WhichOneof("value")
     if kind == "simple_value":

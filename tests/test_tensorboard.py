@@ -530,3 +530,42 @@ def test_tensorboard_shows_what_zero_means_beside_replica_sync_charts(live):
 
     for tag in ("replica_sync/max_abs_diff", "replica_sync/diverged_variables"):
         assert "in sync" in tags[tag]["description"], tags[tag]
+
+
+_WRITE_FROM_A_THREAD = """
+import sys
+import threading
+
+import tensorflow  # noqa: F401 - the writer a training process uses
+from tensorboard.plugins.custom_scalar import layout_pb2
+
+from keras_scaling import _tensorboard
+
+before = {name for name in sys.modules if name.startswith("tensorboard")}
+thread = threading.Thread(
+    target=lambda: (
+        _tensorboard.write_scalars("logs", 1, {"throughput/samples_per_sec": 1.0}),
+        _tensorboard.write_text("logs", 1, "advice", "text"),
+        _tensorboard.write_custom_scalars_layout("logs", layout_pb2.Layout()),
+        _tensorboard.close_all(),
+    )
+)
+thread.start()
+thread.join()
+after = {name for name in sys.modules if name.startswith("tensorboard")}
+print(sorted(after - before))
+"""
+
+
+def test_writing_from_a_save_thread_imports_no_tensorboard_module(tmp_path):
+    # A save thread that imported TensorBoard's writer while fit's thread
+    # imported TensorBoard's TensorFlow stub saw a partly initialised module
+    # (a circular-import AttributeError, once in a full test run): every
+    # module a write needs is imported with keras_scaling's writer itself.
+    (tmp_path / "write.py").write_text(_WRITE_FROM_A_THREAD)
+    result = subprocess.run(
+        [sys.executable, "write.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip() == "[]"
+    assert _tensorboard.read_scalars(tmp_path / "logs" / "scaling")
