@@ -355,9 +355,32 @@ def test_low_efficiency_advice_gives_the_input_rate_and_points_to_explain():
     )
 
 
+def _save_thread_goes_round(after_s=0.0):
+    """Returns once the process's save thread has looked at every saver, `after_s` from now or later.
+
+    The event that proves a save did NOT happen: a saver of its own, due
+    `after_s` from now, saves twice. Its second save runs in a later round of
+    the one save thread than its first, and the first round ran every saver
+    due by then: each saver registered before it was seen at a time when a
+    save due within `after_s` from now was due.
+    """
+    import threading
+
+    from keras_scaling import _background_save
+
+    saved = threading.Event()
+    probe = _background_save.BackgroundSave(saved.set, min_gap_s=0.0, first_gap_s=after_s)
+    try:
+        for _ in range(2):
+            saved.clear()
+            probe.news()
+            assert saved.wait(30), "the save thread did not go round its savers within 30 s"
+    finally:
+        probe.stop()
+
+
 def test_background_save_saves_after_news_only():
     import threading
-    import time
 
     from keras_scaling import _background_save
 
@@ -370,19 +393,17 @@ def test_background_save_saves_after_news_only():
 
     saver = _background_save.BackgroundSave(save, period_s=0.05)
     try:
-        time.sleep(0.3)
+        _save_thread_goes_round(after_s=0.1)  # past its first gap of 0.05 s
         assert calls == []  # nothing new, nothing saved
         saver.news()
         assert saved.wait(5)
-        time.sleep(0.3)
+        _save_thread_goes_round(after_s=0.1)  # past its next gap and its period
         assert calls == [1]  # once per news
     finally:
         saver.stop()
 
 
 def test_background_save_waits_its_gap_before_the_first_save_so_news_is_saved_together():
-    import time
-
     from keras_scaling import _background_save
 
     calls = []
@@ -390,7 +411,7 @@ def test_background_save_waits_its_gap_before_the_first_save_so_news_is_saved_to
     try:
         saver.news()
         saver.news()
-        time.sleep(0.3)
+        _save_thread_goes_round()
         assert calls == []  # a fit shorter than the gap saves only at its end
     finally:
         saver.stop()
@@ -399,7 +420,6 @@ def test_background_save_waits_its_gap_before_the_first_save_so_news_is_saved_to
 
 def test_background_save_runs_its_first_save_after_first_gap_s_and_the_next_after_min_gap_s():
     import threading
-    import time
 
     from keras_scaling import _background_save
 
@@ -416,7 +436,7 @@ def test_background_save_runs_its_first_save_after_first_gap_s_and_the_next_afte
         assert saved.wait(5)  # at once, not after the 30 s gap
         saver.news()
         saver.news()
-        time.sleep(0.3)
+        _save_thread_goes_round()
         assert len(calls) == 1  # the next news waits for the gap
     finally:
         saver.stop()
@@ -438,7 +458,7 @@ def test_background_saves_share_one_thread_and_stop_waits_for_a_save_in_progress
     def slow():
         threads.append(threading.get_ident())
         started.set()
-        time.sleep(0.3)
+        time.sleep(0.3)  # a save that takes a while, which stop() must wait for
         finished.append(1)
 
     first = _background_save.BackgroundSave(quick, min_gap_s=0.0)
@@ -450,7 +470,7 @@ def test_background_saves_share_one_thread_and_stop_waits_for_a_save_in_progress
         second.stop()
         assert finished == [1]  # stop returned only after the save in progress
         second.news()
-        time.sleep(0.3)
+        _save_thread_goes_round()
         assert finished == [1]  # a stopped saver saves no more
         assert len(threads) == 2 and threads[0] == threads[1] != threading.get_ident()
     finally:

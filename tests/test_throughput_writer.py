@@ -72,8 +72,9 @@ def test_the_record_is_rewritten_after_an_epoch_and_complete_on_stop(tmp_path):
     with figures.lock:
         figures.startup_time_s = 2.5
         writer.changed()  # not an epoch: the record waits (up to a minute here)
-    writer.save_soon()
-    time.sleep(0.5)
+    writer.scalars(10, {"throughput/samples_per_sec": 100.0})
+    # The point is flushed by the save after the change: that save has run.
+    assert _wait_for(lambda: _points(tmp_path) == [(10, 100.0)], timeout_s=30.0)
     assert _startup_in_json(tmp_path) == 1.5
     writer.stop()
     assert _startup_in_json(tmp_path) == 2.5
