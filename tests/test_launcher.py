@@ -50,12 +50,21 @@ def wait_for_files(paths, timeout_s=20.0):
     raise AssertionError(f"the workers did not write {paths} within {timeout_s} s")
 
 
-# A worker that records its pid in `pids/worker{i}`, then runs `body`.
+# A worker that records its pid in `pids/worker{i}`, then runs `body`, which
+# can wait for files that other workers write there.
 WORKER_PRELUDE = """
 import json, os, signal, subprocess, sys, time
 index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
 with open(os.path.join(sys.argv[1], f"worker{index}"), "w") as file:
     file.write(str(os.getpid()))
+
+def wait_for(*names):
+    paths = [os.path.join(sys.argv[1], name) for name in names]
+    deadline = time.monotonic() + 30
+    while not all(os.path.exists(path) and os.path.getsize(path) for path in paths):
+        if time.monotonic() > deadline:
+            sys.exit(f"worker {index}: no {names} within 30 s")
+        time.sleep(0.01)
 """
 
 
@@ -183,7 +192,7 @@ def test_a_failed_worker_stops_the_others_and_sets_the_exit_status(tmp_path):
         worker(
             """
             if index == 1:
-                time.sleep(0.5)
+                wait_for("worker0")  # fails once worker 0 runs
                 sys.exit(3)
             time.sleep(120)
             """
@@ -204,7 +213,7 @@ def test_a_worker_killed_by_a_signal_is_named_with_the_signal(tmp_path):
         worker(
             """
             if index == 1:
-                time.sleep(0.5)
+                wait_for("worker0", "worker2")  # dies once the others run
                 os.kill(os.getpid(), signal.SIGKILL)
             time.sleep(120)
             """
@@ -226,9 +235,11 @@ def test_a_worker_ignoring_sigterm_is_killed_after_the_grace_period(tmp_path):
         worker(
             """
             if index == 1:
-                time.sleep(0.5)
+                wait_for("ignores0")  # fails once worker 0 ignores SIGTERM
                 sys.exit(1)
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            with open(os.path.join(sys.argv[1], f"ignores{index}"), "w") as file:
+                file.write("SIGTERM")
             time.sleep(120)
             """
         )
@@ -407,8 +418,12 @@ def test_ctrl_c_is_forwarded_to_every_worker_and_nothing_is_left(tmp_path):
 def test_a_second_ctrl_c_kills_the_workers_without_waiting(tmp_path):
     worker_code = WORKER_PRELUDE + textwrap.dedent(
         """
-        # Like a worker stuck in a collective operation: deaf to both signals.
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        # Like a worker stuck in a collective operation: deaf to both signals,
+        # it only notes that SIGINT arrived.
+        def on_sigint(signum, frame):
+            with open(os.path.join(sys.argv[1], f"sigint{index}"), "w") as file:
+                file.write(str(os.getpid()))
+        signal.signal(signal.SIGINT, on_sigint)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         time.sleep(120)
         """
@@ -436,7 +451,8 @@ def test_a_second_ctrl_c_kills_the_workers_without_waiting(tmp_path):
     try:
         workers = wait_for_files([tmp_path / "worker0", tmp_path / "worker1"])
         launch_process.send_signal(signal.SIGINT)
-        time.sleep(0.5)
+        # The launcher passed the first Ctrl-C on, and now waits out its grace period.
+        wait_for_files([tmp_path / "sigint0", tmp_path / "sigint1"])
         launch_process.send_signal(signal.SIGINT)
         # Well within the 60 s grace period it would otherwise wait, twice.
         launch_process.communicate(timeout=30)

@@ -121,9 +121,10 @@ def test_sigterm_to_launch_is_followed_by_sigkill_after_the_grace_period(tmp_pat
 def test_max_restarts_restarts_the_job_after_a_failure_and_says_why(tmp_path):
     command = worker(
         """
-        if index == 1 and attempt == 0:
-            sys.exit(3)
-        time.sleep(0.2)
+        if attempt == 0:
+            if index == 1:
+                sys.exit(3)
+            time.sleep(120)  # until the launcher stops it
         """,
         tmp_path,
     )
@@ -157,7 +158,17 @@ def test_max_restarts_gives_up_after_n_restarts_with_the_last_status(tmp_path):
 def test_a_preempted_worker_gives_its_peers_time_to_save_and_exit(tmp_path):
     command = worker(
         """
-        time.sleep(0.3 if index == 1 else 1.5)   # worker 0 saves for longer
+        if index == 0:
+            # Worker 0 saves for longer: it exits once the launcher has seen
+            # worker 1 exit and reaped it (its pid is gone).
+            while True:
+                try:
+                    os.kill(int(open(os.path.join(directory, "worker1")).read()), 0)
+                except (FileNotFoundError, ValueError):
+                    pass  # worker 1 has not written its pid yet
+                except ProcessLookupError:
+                    break
+                time.sleep(0.01)
         sys.exit(75)
         """,
         tmp_path,
