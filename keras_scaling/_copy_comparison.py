@@ -318,7 +318,8 @@ class VariableReport:
     check = keras_scaling.ReplicaSyncCheck()
     check.set_model(model)
     bias_copies = strategy.experimental_local_results(model.layers[0].bias.value)
-    bias_copies[-1].assign([0.5])   # as if the last replica had its own update
+    # As if the last replica had its own update:
+    bias_copies[-1].assign([0.5])
     for variable in check.check().divergences:
         print(variable.path, variable.difference.max_abs_diff, variable.likely_cause)
     ```

@@ -492,7 +492,7 @@ def strategy_kind(strategy):
     import tensorflow as tf
     from keras_scaling import devices
     strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
-    devices.strategy_kind(strategy)   # "MirroredStrategy"
+    devices.strategy_kind(strategy)   # 'MirroredStrategy'
     ```
     """
     if _is_multi_worker(strategy):

@@ -138,7 +138,7 @@ def training_flops_per_sample(model, *, sample=None):
     model = keras.Sequential([keras.Input((784,)), keras.layers.Dense(512),
                               keras.layers.Dense(10)])
     model.compile(optimizer="sgd", loss="mse")
-    flops.training_flops_per_sample(model)   # ~1.64e6: forward, weight gradients,
+    flops.training_flops_per_sample(model)   # 1637401.625: forward, weight gradients,
     # and the input gradient of the second layer
     ```
     """

@@ -123,8 +123,8 @@ def worker_env(base_env, ports, index, cpu_devices=None):
     import json, os
     from keras_scaling import launcher
     env = launcher.worker_env(os.environ, launcher.free_ports(2), 0, cpu_devices=2)
-    json.loads(env["TF_CONFIG"])["task"]   # {"type": "worker", "index": 0}
-    env["KERAS_SCALING_CPU_DEVICES"]      # "2"
+    json.loads(env["TF_CONFIG"])["task"]   # {'type': 'worker', 'index': 0}
+    env["KERAS_SCALING_CPU_DEVICES"]      # '2'
     ```
     """
     ports = [_validation.positive_int(port, "ports[]") for port in ports]

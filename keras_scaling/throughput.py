@@ -400,8 +400,8 @@ def auto_update_freq(
 
     ```python
     from keras_scaling.throughput import auto_update_freq
-    auto_update_freq(0.0005, 0.0002)   # 0.2 ms per read over 0.5 ms steps: 200
-    auto_update_freq(0.010, 0.0002)    # long steps: the floor, 10
+    auto_update_freq(0.0005, 0.0002)   # 200: 0.2 ms per read over 0.5 ms steps
+    auto_update_freq(0.010, 0.0002)    # 10: long steps, the floor
     auto_update_freq(0.0005, 0.0002, run_steps=96, steps_per_execution=4)   # 8
     ```
     """
@@ -446,7 +446,7 @@ def spacing_for_points(run_steps, steps_per_execution=1, points=POINTS_PER_RUN):
 
     ```python
     from keras_scaling.throughput import spacing_for_points
-    spacing_for_points(96, steps_per_execution=4)   # 3 epochs of 32 steps: 8
+    spacing_for_points(96, steps_per_execution=4)   # 8: 3 epochs of 32 steps
     spacing_for_points(100_000)                     # 8333
     ```
     """
@@ -479,10 +479,13 @@ class ReadSchedule:
     ```python
     from keras_scaling.throughput import ReadSchedule
     schedule = ReadSchedule(every_steps=10)
-    schedule.restart(iterations=3)   # the counter just read 3
-    [schedule.count_execution() for _ in range(7)]   # due at step 10: the 7th call
-    schedule.restart(iterations=10, warmup_steps=5)  # due at step 15
-    schedule.executions_until_due()   # 5 calls of one step each
+    # The counter just read 3:
+    schedule.restart(iterations=3)
+    # Due at step 10, the 7th call:
+    [schedule.count_execution() for _ in range(7)]   # [False, False, False, False, False, False, True]
+    # Due at step 15:
+    schedule.restart(iterations=10, warmup_steps=5)
+    schedule.executions_until_due()   # 5: calls of one step each
     ```
     """
 

@@ -9,6 +9,11 @@ made (`import keras, numpy as np, tensorflow as tf, keras_scaling`); in a proces
 directory: examples that split the CPU (`use_logical_cpus(N)`) or build a
 `MirroredStrategy` in a process with N (default 2) logical CPUs, one process
 per N; the others in one process with one device.
+
+An example's output comments are checked as it runs: a comment after an
+expression statement states its output (`interval.samples_per_sec   # 640.0`);
+`tests/workers/run_examples.py` defines the convention, and the tests at the
+end of this file show it, a wrong comment failing the runner.
 """
 
 import importlib
@@ -157,3 +162,105 @@ def test_docstring_example_runs(name, outcomes):
         assert outcomes[name] is not None, f"{name} runs now: take it off PENDING"
         pytest.xfail("pending: fixed in its own module")
     assert outcomes[name] is None, outcomes[name]
+
+
+# --- the output comments of the examples are checked ---------------------------------
+
+
+def _runner():
+    """tests/workers/run_examples.py as a module, for its output check in this process."""
+    spec = importlib.util.spec_from_file_location("run_examples", WORKER)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_WRONG_COMMENT_DOCSTRING = """Spacing of the reads.
+
+Example:
+
+```python
+auto_update_freq(0.010, 0.0002)    # 11: long steps, the floor
+```
+"""
+
+
+def test_the_runner_fails_an_example_whose_output_comment_is_wrong(tmp_path):
+    (wrong,) = _examples_of(_WRONG_COMMENT_DOCSTRING)
+    right = wrong.replace("# 11:", "# 10:")
+    path = tmp_path / "examples.json"
+    path.write_text(
+        json.dumps(
+            [
+                {"name": "wrong", "module": "keras_scaling.throughput", "code": wrong},
+                {"name": "right", "module": "keras_scaling.throughput", "code": right},
+            ]
+        )
+    )
+    result = subprocess.run(
+        [sys.executable, WORKER, str(path), "1"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    found = json.loads(result.stdout.strip().splitlines()[-1])
+    assert found["right"] is None, found["right"]
+    assert "OutputMismatch" in found["wrong"]
+    assert "line 1: auto_update_freq(0.010, 0.0002)    # 11: long steps" in found["wrong"]
+    assert "the output is: 10" in found["wrong"]
+
+
+@pytest.mark.parametrize(
+    "comment, output, holds",
+    [
+        ("640.0", "640.0", True),
+        ("641.0", "640.0", False),
+        ("True 8", "True 8", True),
+        ("True 8", "True 9", False),
+        ("'host'", "'host'", True),
+        ('"host"', "'host'", False),  # the repr, as the Python prompt shows it
+        ("None: one process", "None", True),  # the output, then a remark
+        ("2: the chief and one worker", "3", False),
+        ("{'type': 'worker', 'index': 1}", "{'type': 'worker', 'index': 1}", True),
+        ("0.05", "0.05000000000000001", True),  # floats up to their rounding
+        ("312e12", "312000000000000.0", True),
+        ("0.2", "0.25", False),
+        ("3", "3.0000001", False),
+        ("8333", "83330", False),
+        (
+            "MirroredStrategy: 1 worker, 2 replicas ...",
+            "MirroredStrategy: 1 worker, 2 replicas (x)",
+            True,
+        ),
+        ("... steps per epoch: 32 ...", "plan:\n  steps per epoch:  32\n  shuffle: no", True),
+        ("... steps per epoch: 32 ...", "plan:\n  steps per epoch:  31\n  shuffle: no", False),
+    ],
+)
+def test_an_output_comment_holds_for_the_output_it_states(comment, output, holds):
+    assert _runner().output_matches(comment, output) is holds
+
+
+def test_a_printed_output_is_the_text_printed_and_a_value_its_repr():
+    runner = _runner()
+    runner.check_outputs("x = [1, 'a']\nprint(*x)  # 1 a\nx  # [1, 'a']\n", {})
+    with pytest.raises(runner.OutputMismatch, match=r"line 2: print\(\*x\)  # 1 'a'"):
+        runner.check_outputs("x = [1, 'a']\nprint(*x)  # 1 'a'\n", {})
+    with pytest.raises(runner.OutputMismatch, match="the output is: None"):
+        runner.check_outputs("x = []\nx.append(1)  # appends 1\n", {})
+
+
+def test_comments_on_assignments_and_lines_of_their_own_are_remarks():
+    namespace = {}
+    _runner().check_outputs("x = 2  # 3\n# 4\nif x:\n    y = x  # 5\n", namespace)
+    assert namespace["y"] == 2
+
+
+def test_a_line_run_several_times_holds_each_time_and_a_line_never_run_fails():
+    runner = _runner()
+    with pytest.raises(runner.OutputMismatch, match="line 2: i % 2  # 0\n  the output is: 1"):
+        runner.check_outputs("for i in (0, 2, 3):\n    i % 2  # 0\n", {})
+    with pytest.raises(runner.OutputMismatch, match="line 2: 1  # 1\n  never ran"):
+        runner.check_outputs("if False:\n    1  # 1\n", {})

@@ -59,10 +59,13 @@ class ReplicaDivergenceError(RuntimeError):
     keras_scaling.use_logical_cpus(2)
     strategy = keras_scaling.auto_strategy()
     with strategy.scope():
-        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        model = keras.Sequential(
+            [keras.Input((4,)), keras.layers.Dense(1, name="dense")], name="sequential"
+        )
         model.compile(optimizer="sgd", loss="mse")
     bias_copies = strategy.experimental_local_results(model.layers[0].bias.value)
-    bias_copies[-1].assign([0.5])   # as if the last replica had its own update
+    # As if the last replica had its own update:
+    bias_copies[-1].assign([0.5])
     x = np.ones((32, 4), "float32")
     try:
         model.fit(x, x[:, :1], callbacks=[keras_scaling.ReplicaSyncCheck()], verbose=0)
@@ -168,7 +171,8 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
     y = x.sum(axis=1, keepdims=True)
     check = keras_scaling.ReplicaSyncCheck(every_n_steps=4, log_dir=tempfile.mkdtemp())
     model.fit(x, y, batch_size=32, epochs=2, callbacks=[check], verbose=0)
-    print(check.check())   # compare now, and read the report
+    # Compare now, and read the report:
+    print(check.check())   # Replica sync check at step 16: ... 0 diverged, ...
     ```
     """
 

@@ -96,7 +96,7 @@ def step_port_base(job_id, step_id, tasks_on_busiest_node=1):
 
     ```python
     from keras_scaling import cluster
-    cluster.step_port_base(1234, 0)   # 26000 + ...: same on every task
+    cluster.step_port_base(1234, 0)   # 21184: the same on every task of the step
     ```
     """
     block = PORT_BLOCK * max(1, -(-tasks_on_busiest_node // PORT_BLOCK))
@@ -136,7 +136,7 @@ class NotInStepError(RuntimeError):
     try:
         cluster.slurm_cluster(env)
     except cluster.NotInStepError as error:
-        print(error)   # ... Start one process per task with srun ...
+        print(error)   # ... Start one process per task with srun: ...
     ```
     """
 

@@ -116,8 +116,8 @@ class CompatStatus:
 
     ```python
     print(keras_scaling.compat.status())
-    status = keras_scaling.compat.status()
-    status["steps_per_execution"].active   # True once enabled
+    status = keras_scaling.compat.enable()
+    status["steps_per_execution"].active   # True: applied, as this Keras needs it
     ```
     """
 
@@ -266,8 +266,10 @@ def disable(name=None):
     Example:
 
     ```python
-    keras_scaling.compat.disable()                        # all fixes
-    keras_scaling.compat.disable("steps_per_execution")   # only this one
+    # Every fix:
+    keras_scaling.compat.disable()
+    # Only this one:
+    keras_scaling.compat.disable("steps_per_execution")
     ```
     """
     with _lock:

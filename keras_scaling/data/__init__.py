@@ -332,7 +332,7 @@ def describe(data, **kwargs):
         per_replica_batch_size=32,
         last_batch="pad",
     )
-    print(plan)   # 32 steps per epoch, 24 padding rows of weight 0
+    print(plan)   # ... steps per epoch: 32 last batch: pad: 0 dropped, 24 padded per epoch ...
     ```
     """
     existing = plan_of(data)

@@ -96,7 +96,7 @@ def explain(
     result = keras_scaling.explain(
         model, (x, y), per_replica_batch_size=32, steps=10, rounds=2, verbose=False
     )
-    result.verdict.bound   # "host": a tiny model's step is mostly the loop's cost
+    result.verdict.bound   # 'host': a tiny model's step is mostly the loop's cost
     ```
     """
     import tensorflow as tf
