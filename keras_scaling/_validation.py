@@ -101,6 +101,30 @@ def boolean(value, parameter, *, fix=None):
     )
 
 
+def optional_boolean(value, parameter, *, fix=None):
+    """`None`, or `value` checked by `boolean`."""
+    if value is None:
+        return None
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise TypeError(
+        f"{parameter} must be True, False or None, got {type(value).__name__} {value!r}"
+        f"{_suffix(fix)}"
+    )
+
+
+def optional_integer(value, parameter, *, fix=None):
+    """`None`, or `value` as an `int`, checked to be an integer of any sign."""
+    if value is None:
+        return None
+    if not _is_integer(value):
+        raise TypeError(
+            f"{parameter} must be an integer or None, got {type(value).__name__} {value!r}"
+            f"{_suffix(fix)}"
+        )
+    return int(value)
+
+
 def positive_number_or_one_of(value, parameter, choices, *, unit=None, fix=None):
     """Returns `value`: one of `choices` as it is, or a positive number as a `float`.
 

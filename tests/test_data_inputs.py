@@ -246,8 +246,3 @@ def test_several_inputs_as_a_list_stay_separate_and_fit_trains():
 def test_other_bad_arguments_are_named(argument, value, message):
     with pytest.raises(TypeError, match=message):
         data.distribute(np.arange(4), global_batch_size=2, **{argument: value})
-
-
-def test_numpy_integer_seed_and_batch_size_are_accepted():
-    plan = data.describe(np.arange(8), global_batch_size=np.int64(4), seed=np.int32(3))
-    assert (plan.global_batch_size, plan.seed) == (4, 3)

@@ -202,13 +202,6 @@ def test_speedup_refuses_nonsense(args, message):
         speedup(*args)
 
 
-def test_speedup_accepts_numpy_numbers():
-    import numpy as np
-
-    figures = speedup(np.float32(1800.0), np.float64(1000.0), num_replicas=np.int64(2))
-    assert (figures.speedup, figures.ideal_speedup) == (pytest.approx(1.8), 2.0)
-
-
 @pytest.mark.parametrize(
     "step_time_s, read_cost_s, expected",
     [

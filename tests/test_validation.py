@@ -61,68 +61,215 @@ def test_booleans_accept_numpy_booleans_only_besides_bool():
         _validation.boolean(1, "flag")
 
 
-# Every public entry point with an integer or number argument, fed NumPy and float.
+@pytest.mark.parametrize("value, checked", [(None, None), (np.bool_(True), True), (False, False)])
+def test_an_optional_boolean_is_none_or_a_bool_of_either_kind(value, checked):
+    assert _validation.optional_boolean(value, "shuffle") is checked
 
 
-def test_data_takes_numpy_integers_and_refuses_floats():
-    assert data.global_batch_size(np.int64(16)) == 16
-    samples = np.zeros((40, 2), "float32")
-    plan = data.describe(
-        samples, global_batch_size=np.int64(8), num_samples=np.int64(40), seed=np.int64(3)
-    )
-    assert (plan.global_batch_size, plan.steps_per_epoch) == (8, 5)
-    for argument in ("global_batch_size", "per_replica_batch_size", "num_samples"):
-        with pytest.raises(TypeError, match=f"{argument} must be a positive integer, got float"):
-            data.describe(samples, **{argument: 8.0})
+@pytest.mark.parametrize("value, checked", [(None, None), (np.int32(-3), -3), (0, 0)])
+def test_an_optional_integer_is_none_or_an_integer_of_any_sign(value, checked):
+    result = _validation.optional_integer(value, "seed")
+    assert result == checked and type(result) is type(checked)
 
 
-def test_launch_takes_numpy_integers_and_refuses_floats():
-    result = launcher.launch(
-        [sys.executable, "-c", "pass"],
-        num_workers=np.int64(1),
-        max_restarts=np.int64(0),
-        grace_period_s=np.float32(1.0),
-        isolation="off",
-    )
-    assert result.exit_code == 0
-    for argument in ("num_workers", "cpu_devices", "port_base", "max_restarts"):
-        kwargs = {"num_workers": 1, argument: 2.0}
-        with pytest.raises(TypeError, match=f"{argument} must be"):
-            launcher.launch([sys.executable, "-c", "pass"], **kwargs)
+def test_optional_booleans_and_integers_refuse_other_types_naming_parameter_and_value():
+    with pytest.raises(TypeError, match="^shuffle must be True, False or None, got str 'yes'$"):
+        _validation.optional_boolean("yes", "shuffle")
+    with pytest.raises(TypeError, match="^seed must be an integer or None, got bool True$"):
+        _validation.optional_integer(True, "seed")
 
 
-def test_worker_env_takes_numpy_integers():
-    env = launcher.worker_env({}, [np.int64(2222)], np.int64(0), cpu_devices=np.int64(2))
-    assert env["KERAS_SCALING_CPU_DEVICES"] == "2"
-    assert "127.0.0.1:2222" in env["TF_CONFIG"]
+# Every public entry point with an integer or number argument, once: fed NumPy
+# numbers, each takes them as the Python numbers they are (the values it keeps
+# or returns are Python ints and floats); fed a float where an integer is due,
+# each raises one TypeError naming the parameter.
 
 
-def test_use_logical_cpus_takes_numpy_integers_and_refuses_floats():
+def _doctor_checks(size_mb, rounds):
+    import tensorflow as tf
+
+    from keras_scaling.doctor import run_checks
+
+    return run_checks(tf.distribute.get_strategy(), size_mb=size_mb, rounds=rounds)
+
+
+def _itself(value):
+    return value
+
+
+# (a call with NumPy numbers, what is read back from its result, the Python values expected)
+NUMPY_NUMBERS_TAKEN = [
+    pytest.param(
+        lambda _: data.global_batch_size(np.int64(16)), _itself, 16, id="data.global_batch_size"
+    ),
+    pytest.param(
+        lambda _: data.describe(
+            np.zeros((40, 2), "float32"),
+            global_batch_size=np.int64(8),
+            num_samples=np.int64(40),
+            seed=np.int32(3),
+            shuffle=np.bool_(True),
+        ),
+        lambda plan: (plan.global_batch_size, plan.steps_per_epoch, plan.seed),
+        (8, 5, 3),
+        id="data.describe",
+    ),
+    pytest.param(
+        lambda _: launcher.launch(
+            [sys.executable, "-c", "pass"],
+            num_workers=np.int64(1),
+            max_restarts=np.int64(0),
+            grace_period_s=np.float32(1.0),
+            isolation="off",
+        ),
+        lambda result: result.exit_code,
+        0,
+        id="launcher.launch",
+    ),
+    pytest.param(
+        lambda _: launcher.worker_env({}, [np.int64(2222)], np.int64(0), cpu_devices=np.int64(2)),
+        lambda env: (env["KERAS_SCALING_CPU_DEVICES"], "127.0.0.1:2222" in env["TF_CONFIG"]),
+        ("2", True),
+        id="launcher.worker_env",
+    ),
     # This process has one logical CPU already: asking for 1 again is harmless.
-    assert len(keras_scaling.use_logical_cpus(np.int64(1))) == 1
-    with pytest.raises(TypeError, match="n must be a positive integer, got float"):
-        keras_scaling.use_logical_cpus(1.0)
+    pytest.param(
+        lambda _: keras_scaling.use_logical_cpus(np.int64(1)), len, 1, id="use_logical_cpus"
+    ),
+    pytest.param(
+        lambda _: utilization.utilization(np.float32(3.2e6), np.int64(10_000), np.int64(2), 1e11),
+        lambda figures: round(figures.mfu, 12),
+        0.16,
+        id="utilization.utilization",
+    ),
+    pytest.param(
+        lambda _: utilization.check_peak_flops(np.int64(10**12)),
+        _itself,
+        1e12,
+        id="utilization.check_peak_flops",
+    ),
+    pytest.param(
+        lambda _: peak_flops.resolve(
+            np.int64(10**12), device_kind="CPU", device="/device:CPU:0", compute_dtype="float32"
+        ),
+        lambda resolved: (resolved[0].flops_per_sec, resolved[0].source, resolved[1]),
+        (1e12, "given", None),
+        id="peak_flops.resolve",
+    ),
+    pytest.param(
+        lambda _: keras_scaling.throughput.speedup(
+            np.float32(1800.0), np.float64(1000.0), num_replicas=np.int64(2)
+        ),
+        lambda figures: (figures.speedup, figures.ideal_speedup),
+        (1.8, 2.0),
+        id="throughput.speedup",
+    ),
+    pytest.param(
+        lambda _: keras_scaling.ReplicaSyncCheck(
+            np.int64(5), atol=np.float32(0.5), rtol=np.int32(0)
+        ),
+        lambda check: (check.every_n_steps, check.atol, check.rtol),
+        (5, 0.5, 0.0),
+        id="ReplicaSyncCheck",
+    ),
+    pytest.param(
+        lambda tmp_path: keras_scaling.ThroughputLogger(
+            tmp_path,
+            global_batch_size=np.int64(32),
+            update_freq=np.int32(4),
+            warmup_steps=np.int64(0),
+            baseline=np.float64(100.0),
+        ),
+        lambda logger: (logger.global_batch_size, logger.update_freq, logger.warmup_steps),
+        (32, 4, 0),
+        id="ThroughputLogger",
+    ),
+    pytest.param(
+        lambda tmp_path: keras_scaling.BackupAndRestore(tmp_path, save_every_n_steps=np.int64(3)),
+        lambda callback: callback.save_every_n_steps,
+        3,
+        id="BackupAndRestore",
+    ),
+    pytest.param(
+        lambda _: _doctor_checks(size_mb=np.float32(0.001), rounds=np.int64(1)),
+        lambda report: report.ok,
+        True,
+        id="doctor.run_checks",
+    ),
+]
 
 
-def test_utilization_takes_numpy_numbers_and_refuses_a_float_replica_count():
-    figures = utilization.utilization(np.float32(3.2e6), np.int64(10_000), np.int64(2), 1e11)
-    assert figures.mfu == pytest.approx(0.16)
-    assert utilization.check_peak_flops(np.int64(10**12)) == 1e12
-    with pytest.raises(TypeError, match="num_replicas must be a positive integer, got float"):
-        utilization.utilization(3.2e6, 1e4, 2.0)
+@pytest.mark.parametrize("call, read, expected", NUMPY_NUMBERS_TAKEN)
+def test_numpy_numbers_are_taken_as_the_python_numbers_they_are(call, read, expected, tmp_path):
+    taken = read(call(tmp_path))
+    assert taken == expected
+    if not isinstance(expected, tuple):
+        taken, expected = (taken,), (expected,)
+    assert [type(value) for value in taken] == [type(value) for value in expected]
 
 
-def test_peak_flops_takes_numpy_numbers_as_a_given_peak():
-    peak, reason = peak_flops.resolve(
-        np.int64(10**12), device_kind="CPU", device="/device:CPU:0", compute_dtype="float32"
-    )
-    assert (peak.flops_per_sec, peak.source, reason) == (1e12, "given", None)
-    with pytest.raises(TypeError, match="repeats must be a positive integer, got float"):
-        peak_flops.measure_matmul_flops_per_sec("/device:CPU:0", repeats=2.0)
+FLOAT_FOR_AN_INTEGER_REFUSED = [
+    *[
+        pytest.param(
+            lambda _, argument=argument: data.describe(
+                np.zeros((40, 2), "float32"), **{argument: 8.0}
+            ),
+            argument,
+            id=f"data.describe-{argument}",
+        )
+        for argument in ("global_batch_size", "per_replica_batch_size", "num_samples")
+    ],
+    pytest.param(
+        lambda _: data.distribute(np.arange(4), global_batch_size=2, seed=1.5),
+        "seed",
+        id="data.distribute-seed",
+    ),
+    *[
+        pytest.param(
+            lambda _, argument=argument: launcher.launch(
+                [sys.executable, "-c", "pass"], **{"num_workers": 1, argument: 2.0}
+            ),
+            argument,
+            id=f"launcher.launch-{argument}",
+        )
+        for argument in ("num_workers", "cpu_devices", "port_base", "max_restarts")
+    ],
+    pytest.param(lambda _: keras_scaling.use_logical_cpus(1.0), "n", id="use_logical_cpus"),
+    pytest.param(
+        lambda _: utilization.utilization(3.2e6, 1e4, 2.0),
+        "num_replicas",
+        id="utilization.utilization",
+    ),
+    pytest.param(
+        lambda _: peak_flops.measure_matmul_flops_per_sec("/device:CPU:0", repeats=2.0),
+        "repeats",
+        id="peak_flops.measure_matmul_flops_per_sec",
+    ),
+    pytest.param(
+        lambda _: keras_scaling.throughput.speedup(1800.0, 1000.0, num_replicas=2.0),
+        "num_replicas",
+        id="throughput.speedup",
+    ),
+    pytest.param(
+        lambda _: keras_scaling.ReplicaSyncCheck(5.0), "every_n_steps", id="ReplicaSyncCheck"
+    ),
+    pytest.param(
+        lambda tmp_path: keras_scaling.ThroughputLogger(tmp_path, warmup_steps=2.0),
+        "warmup_steps",
+        id="ThroughputLogger",
+    ),
+    pytest.param(
+        lambda tmp_path: keras_scaling.BackupAndRestore(tmp_path, save_every_n_steps=3.0),
+        "save_every_n_steps",
+        id="BackupAndRestore",
+    ),
+    pytest.param(lambda _: _doctor_checks(size_mb=1, rounds=1.0), "rounds", id="doctor.run_checks"),
+]
 
 
-def test_backup_and_restore_takes_numpy_integers_and_refuses_floats(tmp_path):
-    callback = keras_scaling.BackupAndRestore(tmp_path, save_every_n_steps=np.int64(3))
-    assert callback.save_every_n_steps == 3 and type(callback.save_every_n_steps) is int
-    with pytest.raises(TypeError, match="save_every_n_steps must be a positive integer"):
-        keras_scaling.BackupAndRestore(tmp_path, save_every_n_steps=3.0)
+@pytest.mark.parametrize("call, parameter", FLOAT_FOR_AN_INTEGER_REFUSED)
+def test_a_float_where_an_integer_is_due_is_a_type_error_naming_the_parameter(
+    call, parameter, tmp_path
+):
+    with pytest.raises(TypeError, match=rf"^{parameter} must be .*, got float "):
+        call(tmp_path)

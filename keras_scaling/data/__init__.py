@@ -8,7 +8,6 @@ what each replica and worker reads.
 """
 
 import logging
-import numbers
 
 import tensorflow as tf
 
@@ -420,10 +419,8 @@ def _make_plan(
         static_shapes_required=static_shapes_required,
     )
     _input_plan.check_shard(shard)
-    if shuffle is not None and not isinstance(shuffle, bool):
-        raise TypeError(f"shuffle must be True, False or None, got {shuffle!r}.")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
-        raise TypeError(f"seed must be an integer or None, got {seed!r}.")
+    shuffle = _input_plan.check_shuffle(shuffle)
+    seed = _input_plan.check_seed(seed)
     if not (cache is False or cache is True or isinstance(cache, str)):
         raise TypeError(f"cache must be False, True (in memory) or a file path, got {cache!r}.")
     _sources.check_num_samples(num_samples)

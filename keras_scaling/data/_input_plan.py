@@ -124,6 +124,16 @@ def check_shard(shard):
     return _validation.one_of(shard, "shard", SHARD_MODES)
 
 
+def check_shuffle(shuffle):
+    """Validates `shuffle` (True, False or None for the default); returns it as a bool or None."""
+    return _validation.optional_boolean(shuffle, "shuffle")
+
+
+def check_seed(seed):
+    """Validates `seed` (an integer or None); returns it as an int or None."""
+    return _validation.optional_integer(seed, "seed")
+
+
 def choose_shard_mode(shard, num_workers, num_files=None, unit="files"):
     """Decides how the data is split between workers, and says why.
 

@@ -158,6 +158,7 @@ def run_checks(
         A `DoctorReport`; `report.ok` is False when a check failed.
 
     Raises:
+        TypeError: `size_mb` is not a number, or `rounds` not an integer.
         ValueError: `size_mb` is not positive, or `rounds` is below 1.
 
     Example:
@@ -173,13 +174,15 @@ def run_checks(
     # Here, not at the top: `import keras_scaling.doctor` must stay cheap and
     # leave TensorFlow's devices uninitialised.
     import keras_scaling
-    from keras_scaling import _versions, cluster, devices
+    from keras_scaling import _validation, _versions, cluster, devices
     from keras_scaling.doctor import _collectives
 
-    if isinstance(size_mb, bool) or not isinstance(size_mb, (int, float)) or not size_mb > 0:
-        raise ValueError(f"size_mb must be a positive number of MB, such as 102.2, got {size_mb!r}")
-    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
-        raise ValueError(f"rounds must be a positive integer, such as 3, got {rounds!r}")
+    size_mb = _validation.positive_number(
+        size_mb, "size_mb", unit="MB", fix="Pass the tensor's size in MB, such as 102.2."
+    )
+    rounds = _validation.positive_int(
+        rounds, "rounds", fix="Pass the number of timed all-reduces, such as 3."
+    )
 
     def say(text):
         if out is not None:

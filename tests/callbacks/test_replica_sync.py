@@ -471,13 +471,6 @@ def test_bad_arguments_raise_clear_errors(kwargs, error, message):
 
 
 @pytest.mark.logical_cpus(1)
-def test_numpy_numbers_are_accepted_as_arguments():
-    check = ReplicaSyncCheck(np.int64(5), atol=np.float32(0.5), rtol=np.int32(0))
-    assert (check.every_n_steps, check.atol, check.rtol) == (5, 0.5, 0.0)
-    assert type(check.every_n_steps) is int
-
-
-@pytest.mark.logical_cpus(1)
 def test_one_replica_does_nothing_and_says_so_once(caplog):
     caplog.set_level(logging.WARNING, logger="keras_scaling")
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])

@@ -707,18 +707,6 @@ def test_bad_arguments_are_refused_in_the_constructor(tmp_path, kwargs, error, m
         keras_scaling.ThroughputLogger(tmp_path, **kwargs)
 
 
-def test_numpy_integers_are_accepted(tmp_path):
-    logger = keras_scaling.ThroughputLogger(
-        tmp_path,
-        global_batch_size=np.int64(32),
-        update_freq=np.int32(4),
-        warmup_steps=np.int64(0),
-        baseline=np.float64(100.0),
-    )
-    assert (logger.global_batch_size, logger.update_freq, logger.warmup_steps) == (32, 4, 0)
-    assert type(logger.global_batch_size) is int
-
-
 def test_unwritable_log_dir_is_refused(tmp_path):
     blocker = tmp_path / "a_file"
     blocker.write_text("")
