@@ -115,11 +115,31 @@ def logical_cpus_for(code):
 
 EXAMPLES = collect_examples()
 
+# A docstring whose output comment is wrong, and the same with the right one: run
+# with the examples above (in the process with one device), the first must fail.
+_WRONG_COMMENT_DOCSTRING = """Spacing of the reads.
+
+Example:
+
+```python
+auto_update_freq(0.010, 0.0002)    # 11: long steps, the floor
+```
+"""
+(_WRONG_COMMENT_CODE,) = _examples_of(_WRONG_COMMENT_DOCSTRING)
+RUNNER_CHECKS = [
+    {"name": "wrong comment", "module": "keras_scaling.throughput", "code": _WRONG_COMMENT_CODE},
+    {
+        "name": "right comment",
+        "module": "keras_scaling.throughput",
+        "code": _WRONG_COMMENT_CODE.replace("# 11:", "# 10:"),
+    },
+]
+
 
 @pytest.fixture(scope="module")
 def outcomes(tmp_path_factory):
     """{example name: None, or the error it raised}, one process per CPU count."""
-    groups = {}
+    groups = {1: list(RUNNER_CHECKS)}
     for name, module, code in EXAMPLES:
         groups.setdefault(logical_cpus_for(code), []).append(
             {"name": name, "module": module, "code": code}
@@ -175,42 +195,14 @@ def _runner():
     return module
 
 
-_WRONG_COMMENT_DOCSTRING = """Spacing of the reads.
-
-Example:
-
-```python
-auto_update_freq(0.010, 0.0002)    # 11: long steps, the floor
-```
-"""
-
-
-def test_the_runner_fails_an_example_whose_output_comment_is_wrong(tmp_path):
-    (wrong,) = _examples_of(_WRONG_COMMENT_DOCSTRING)
-    right = wrong.replace("# 11:", "# 10:")
-    path = tmp_path / "examples.json"
-    path.write_text(
-        json.dumps(
-            [
-                {"name": "wrong", "module": "keras_scaling.throughput", "code": wrong},
-                {"name": "right", "module": "keras_scaling.throughput", "code": right},
-            ]
-        )
+@pytest.mark.timeout(2 * TIMEOUT_S)
+def test_the_runner_fails_an_example_whose_output_comment_is_wrong(outcomes):
+    assert outcomes["right comment"] is None, outcomes["right comment"]
+    assert "OutputMismatch" in outcomes["wrong comment"]
+    assert (
+        "line 1: auto_update_freq(0.010, 0.0002)    # 11: long steps" in outcomes["wrong comment"]
     )
-    result = subprocess.run(
-        [sys.executable, WORKER, str(path), "1"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    found = json.loads(result.stdout.strip().splitlines()[-1])
-    assert found["right"] is None, found["right"]
-    assert "OutputMismatch" in found["wrong"]
-    assert "line 1: auto_update_freq(0.010, 0.0002)    # 11: long steps" in found["wrong"]
-    assert "the output is: 10" in found["wrong"]
+    assert "the output is: 10" in outcomes["wrong comment"]
 
 
 @pytest.mark.parametrize(
