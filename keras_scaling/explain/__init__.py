@@ -96,7 +96,10 @@ def explain(
     result = keras_scaling.explain(
         model, (x, y), per_replica_batch_size=32, steps=10, rounds=2, verbose=False
     )
-    result.verdict.bound   # 'host': a tiny model's step is mostly the loop's cost
+    [part.name for part in result.split.parts]  # ['input', 'compute', 'synchronization', 'host']
+    # Usually "host": a tiny model's step is mostly the loop's cost; on a
+    # loaded machine the parts can fall within noise of each other.
+    result.verdict.bound
     ```
     """
     import tensorflow as tf
