@@ -138,7 +138,6 @@ def render(chart):
     """
     try:
         import matplotlib.style
-        from matplotlib import ticker
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError as error:
@@ -151,12 +150,12 @@ def render(chart):
         figure = Figure(figsize=(WIDTH_PX / _DPI, HEIGHT_PX / _DPI), dpi=_DPI, layout="constrained")
         canvas = FigureCanvasAgg(figure)
         axes = figure.add_subplot()
-        _draw(chart, axes, ticker)
+        _draw(chart, axes)
         canvas.draw()
         renderer = canvas.get_renderer()
         texts = _placed_texts(axes, renderer)
         buffer = io.BytesIO()
-        # No timestamp or version in the file, so the same chart gives the same bytes.
+        # No matplotlib version in the metadata: the same chart gives the same bytes.
         figure.savefig(buffer, format="png", dpi=_DPI, metadata={"Software": None})
     return Rendered(
         png=buffer.getvalue(),
@@ -178,7 +177,9 @@ def _points(size_px):
     return size_px * _POINTS_PER_INCH / _DPI
 
 
-def _draw(chart, axes, ticker):
+def _draw(chart, axes):
+    from matplotlib import ticker
+
     for line in chart.lines:
         xs, ys = zip(*line.points) if line.points else ((), ())
         axes.plot(
