@@ -260,4 +260,6 @@ def _placed_texts(axes, renderer):
 
 def _box(bbox):
     """matplotlib's box (from the bottom left) as `(left, top, right, bottom)` from the top left."""
-    return (bbox.x0, HEIGHT_PX - bbox.y1, bbox.x1, HEIGHT_PX - bbox.y0)
+    return tuple(
+        float(value) for value in (bbox.x0, HEIGHT_PX - bbox.y1, bbox.x1, HEIGHT_PX - bbox.y0)
+    )
