@@ -54,15 +54,25 @@ def test_tensorflow_is_an_extra_so_pip_keeps_an_installed_tensorflow_build():
     assert project["optional-dependencies"]["tensorflow-cpu"] == ["tensorflow-cpu>=2.18"]
 
 
-def test_import_loads_neither_tensorflow_nor_pillow():
+def test_import_loads_neither_tensorflow_nor_the_plotting_libraries():
     result = _python(
         "import sys, keras_scaling, keras_scaling.cli; "
-        "print(sorted(name for name in ('tensorflow', 'PIL', 'keras') "
+        "print(sorted(name for name in ('tensorflow', 'PIL', 'keras', 'matplotlib') "
         "if name in sys.modules))"
     )
 
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip() == "[]"
+
+
+def test_matplotlib_is_the_plot_extra_and_pillow_is_no_dependency():
+    project = _pyproject()["project"]
+    names = [requirement.split(">")[0].split("=")[0] for requirement in project["dependencies"]]
+
+    assert not [name for name in names if name.lower() in ("pillow", "matplotlib")]
+    assert project["optional-dependencies"]["plot"] == ["matplotlib>=3.7"]
+    # `make test` runs the tests of the charts.
+    assert "keras-scaling[tensorflow,plot]" in project["optional-dependencies"]["test"]
 
 
 def test_without_tensorflow_the_import_error_names_the_extras_to_install():

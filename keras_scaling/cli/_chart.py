@@ -1,10 +1,16 @@
-"""Line charts drawn with Pillow: what a chart shows, and its PNG.
+"""Line charts drawn with matplotlib: what a chart shows, and its PNG.
 
 `Chart` holds what a chart shows (lines, point labels, axes, legend) and
-nothing of how it is drawn. `render` lays it out on a 640 x 480 canvas and
-returns the PNG, with the box of each text it placed, so that the layout can
-be checked. It draws at twice the size and scales down, so lines and text
-are smooth.
+nothing of how it is drawn. `render` draws it with matplotlib's Agg canvas
+(no display, no pyplot state) into a 640 x 480 PNG and returns the PNG with
+what the figure holds: each line's points as plotted, the y ticks matplotlib
+chose, and the box of each text, so that tests check the picture's content
+and layout, not only that a file exists.
+
+matplotlib is the optional extra `keras-scaling[plot]`, imported only when a
+chart is drawn: Keras imports `matplotlib.pyplot` whenever matplotlib is
+installed, so it costs every `import keras` of its users. Without it,
+`render` raises `MatplotlibMissing`, whose message says how to install it.
 
 Sizes suit TensorBoard's image cards, which show an image about 300 pixels
 wide: text 18 to 20 pixels high stays readable at half size.
@@ -12,39 +18,40 @@ wide: text 18 to 20 pixels high stays readable at half size.
 
 import dataclasses
 import io
-import math
 
 WIDTH_PX = 640
 HEIGHT_PX = 480
 FONT_PX = 20
 SMALL_FONT_PX = 18
-# matplotlib's default colours, so that the plots look as users expect.
+# matplotlib's default colour cycle ("tab10"), written out so that a user's
+# matplotlibrc does not change the charts.
 COLORS = (
-    (31, 119, 180),
-    (255, 127, 14),
-    (44, 160, 44),
-    (214, 39, 40),
-    (148, 103, 189),
-    (140, 86, 75),
-    (227, 119, 194),
-    (188, 189, 34),
-    (23, 190, 207),
+    "#1f77b4",
+    "#ff7f0e",
+    "#2ca02c",
+    "#d62728",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#bcbd22",
+    "#17becf",
 )
-GREY = (128, 128, 128)
+GREY = "#808080"
+PLOT_EXTRA = "pip install 'keras-scaling[plot]'"
 
-_SUPERSAMPLING = 2
-_MARGIN_PX = 10
-_GAP_PX = 6
-_TICK_PX = 5
+_DPI = 100
+_POINTS_PER_INCH = 72
 _LINE_PX = 3
-_MARKER_RADIUS_PX = 5
+_MARKER_PX = 10
 _POINT_LABEL_LIFT_PX = 9
-_DASH_PX = (10, 6)
-_LEGEND_SAMPLE_PX = 28
-_BLACK = (0, 0, 0)
-_WHITE = (255, 255, 255)
-_GRID = (226, 226, 226)
-_LEGEND_EDGE = (204, 204, 204)
+_GRID = "#e2e2e2"
+# At most 6 y ticks, on steps of 1, 2, 2.5 or 5 times a power of 10.
+_Y_TICK_BINS = 5
+_Y_TICK_STEPS = (1, 2, 2.5, 5, 10)
+
+
+class MatplotlibMissing(ImportError):
+    """matplotlib, which draws the charts, cannot be imported; the message says how to install it."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,7 +59,7 @@ class Line:
     """A line through `points`, `((x, y), ...)`; `label` names it in the legend."""
 
     points: tuple
-    color: tuple
+    color: str
     label: str = ""
     dashed: bool = False
     markers: bool = False
@@ -65,14 +72,14 @@ class PointLabel:
     text: str
     x: float
     y: float
-    color: tuple
+    color: str
 
 
 @dataclasses.dataclass(frozen=True)
 class Chart:
     """What a chart shows.
 
-    `x_ticks` are `((value, text), ...)`; the y ticks are chosen to fall on
+    `x_ticks` are `((value, text), ...)`; matplotlib chooses the y ticks on
     round numbers of `y_range`. With `x_log2`, the x axis is logarithmic.
     `legend_at` is `"upper left"` or `"lower right"`, inside the axes.
     """
@@ -96,272 +103,163 @@ class PlacedText:
     text: str
     role: str
     box: tuple
-    size_px: int
+    size_px: float
+
+
+@dataclasses.dataclass(frozen=True)
+class PlottedLine:
+    """A line as matplotlib plotted it: its legend `label` ("" if none) and `points`."""
+
+    label: str
+    points: tuple
 
 
 @dataclasses.dataclass(frozen=True)
 class Rendered:
-    """A rendered chart: the PNG, the box of its axes, and every text placed."""
+    """A rendered chart: the PNG and what the figure holds.
+
+    `axes_box` and each text's box are `(left, top, right, bottom)` in
+    pixels of the PNG, from its top left corner; `lines` are read back from
+    the figure's axes, `y_ticks` are the y ticks drawn.
+    """
 
     png: bytes
     axes_box: tuple
     texts: tuple
-
-
-def round_ticks(low, high, most=6):
-    """Round values from `low` to `high`, at most `most` of them, a step of 1, 2, 2.5 or 5 times a power of 10."""
-    span = high - low
-    if not span > 0:
-        return (low,)
-    rough = span / (most - 1)
-    power = 10.0 ** math.floor(math.log10(rough))
-    step = next(power * m for m in (1, 2, 2.5, 5, 10) if power * m >= rough)
-    first = math.ceil(low / step - 1e-9)
-    last = math.floor(high / step + 1e-9)
-    return tuple(round(i * step, 10) for i in range(first, last + 1))
-
-
-def tick_text(value):
-    """`2` for 2.0, `0.25` for 0.25: as short as exact."""
-    return f"{value:g}"
+    lines: tuple
+    y_ticks: tuple
 
 
 def render(chart):
-    """Draws `chart`; returns a `Rendered` with a 640 x 480 PNG."""
-    from PIL import Image
+    """Draws `chart` with matplotlib; returns a `Rendered` with a 640 x 480 PNG.
 
-    canvas = _Canvas()
-    layout = _Layout(chart, canvas)
-    layout.draw()
-    image = canvas.image.resize((WIDTH_PX, HEIGHT_PX), Image.Resampling.LANCZOS)
-    buffer = io.BytesIO()
-    image.save(buffer, format="PNG")
+    Raises:
+        MatplotlibMissing: matplotlib cannot be imported.
+    """
+    try:
+        import matplotlib.style
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError as error:
+        raise MatplotlibMissing(
+            f"matplotlib cannot be imported ({error}); {PLOT_EXTRA} draws the charts"
+        ) from error
+
+    # matplotlib's defaults, whatever the user's matplotlibrc says.
+    with matplotlib.style.context("default"):
+        figure = Figure(figsize=(WIDTH_PX / _DPI, HEIGHT_PX / _DPI), dpi=_DPI, layout="constrained")
+        canvas = FigureCanvasAgg(figure)
+        axes = figure.add_subplot()
+        _draw(chart, axes)
+        canvas.draw()
+        renderer = canvas.get_renderer()
+        texts = _placed_texts(axes, renderer)
+        buffer = io.BytesIO()
+        # No matplotlib version in the metadata: the same chart gives the same bytes.
+        figure.savefig(buffer, format="png", dpi=_DPI, metadata={"Software": None})
     return Rendered(
         png=buffer.getvalue(),
-        axes_box=tuple(value / _SUPERSAMPLING for value in layout.axes_box),
-        texts=tuple(canvas.placed),
+        axes_box=_box(axes.get_window_extent(renderer)),
+        texts=texts,
+        lines=tuple(
+            PlottedLine(
+                label="" if line.get_label().startswith("_") else line.get_label(),
+                points=tuple((float(x), float(y)) for x, y in line.get_xydata()),
+            )
+            for line in axes.get_lines()
+        ),
+        y_ticks=tuple(float(value) for value in _visible_ticks(axes.yaxis, axes.get_ylim())),
     )
 
 
-class _Canvas:
-    """A white image twice the size of the PNG; records where each text lands."""
+def _points(size_px):
+    """Font and line sizes are in points; ours are in pixels of the 100-dpi PNG."""
+    return size_px * _POINTS_PER_INCH / _DPI
 
-    def __init__(self):
-        from PIL import Image, ImageDraw, ImageFont
 
-        self.image = Image.new(
-            "RGB", (WIDTH_PX * _SUPERSAMPLING, HEIGHT_PX * _SUPERSAMPLING), _WHITE
+def _draw(chart, axes):
+    from matplotlib import ticker
+
+    for line in chart.lines:
+        xs, ys = zip(*line.points) if line.points else ((), ())
+        axes.plot(
+            xs,
+            ys,
+            color=line.color,
+            # matplotlib leaves labels starting with "_" out of the legend.
+            label=line.label or "_unlabelled",
+            linestyle="--" if line.dashed else "-",
+            linewidth=_points(_LINE_PX),
+            marker="o" if line.markers else None,
+            markersize=_points(_MARKER_PX),
         )
-        self.draw = ImageDraw.Draw(self.image)
-        self._fonts = {
-            size: ImageFont.load_default(size=size * _SUPERSAMPLING)
-            for size in (FONT_PX, SMALL_FONT_PX)
-        }
-        self.placed = []
-
-    def text_size(self, text, size_px):
-        left, top, right, bottom = self.draw.multiline_textbbox(
-            (0, 0), text, font=self._fonts[size_px], anchor="la", align="center"
+    for label in chart.point_labels:
+        axes.annotate(
+            label.text,
+            (label.x, label.y),
+            xytext=(0, _points(_POINT_LABEL_LIFT_PX)),
+            textcoords="offset points",
+            ha="center",
+            va="bottom",
+            color=label.color,
+            fontsize=_points(SMALL_FONT_PX),
         )
-        return right - left, bottom - top
+    axes.set_title(chart.title, fontsize=_points(FONT_PX))
+    axes.set_xlabel(chart.x_label, fontsize=_points(FONT_PX))
+    axes.set_ylabel(chart.y_label, fontsize=_points(FONT_PX))
+    if chart.x_log2:
+        axes.set_xscale("log", base=2)
+    axes.set_xlim(*chart.x_range)
+    axes.set_ylim(*chart.y_range)
+    axes.set_xticks([value for value, _ in chart.x_ticks], [text for _, text in chart.x_ticks])
+    axes.xaxis.set_minor_locator(ticker.NullLocator())
+    axes.yaxis.set_major_locator(ticker.MaxNLocator(nbins=_Y_TICK_BINS, steps=_Y_TICK_STEPS))
+    # 2 for 2.0, 0.25 for 0.25: as short as exact.
+    axes.yaxis.set_major_formatter(ticker.StrMethodFormatter("{x:g}"))
+    axes.tick_params(labelsize=_points(FONT_PX))
+    axes.grid(True, color=_GRID)
+    axes.set_axisbelow(True)
+    if any(line.label for line in chart.lines):
+        axes.legend(loc=chart.legend_at, fontsize=_points(SMALL_FONT_PX))
 
-    def text(self, at, text, size_px, anchor, role, color=_BLACK):
-        font = self._fonts[size_px]
-        self.draw.multiline_text(at, text, font=font, fill=color, anchor=anchor, align="center")
-        box = self.draw.multiline_textbbox(at, text, font=font, anchor=anchor, align="center")
-        self._place(text, role, box, size_px)
 
-    def vertical_text(self, centre, text, size_px, role):
-        """`text` turned a quarter left (read bottom to top), centred on `centre`."""
-        from PIL import Image, ImageDraw
+def _visible_ticks(axis, limits):
+    low, high = sorted(limits)
+    return [value for value in axis.get_majorticklocs() if low <= value <= high]
 
-        font = self._fonts[size_px]
-        left, top, right, bottom = self.draw.textbbox((0, 0), text, font=font, anchor="la")
-        strip = Image.new("L", (right - left, bottom - top), 0)
-        ImageDraw.Draw(strip).text((-left, -top), text, font=font, fill=255, anchor="la")
-        strip = strip.rotate(90, expand=True)
-        corner = (round(centre[0] - strip.width / 2), round(centre[1] - strip.height / 2))
-        self.image.paste(
-            _BLACK, (*corner, corner[0] + strip.width, corner[1] + strip.height), strip
+
+def _placed_texts(axes, renderer):
+    """Every text drawn, with its role and box, after the figure is drawn."""
+    low, high = sorted(axes.get_ylim())
+    y_tick_labels = [
+        text
+        for value, text in zip(axes.yaxis.get_majorticklocs(), axes.get_yticklabels())
+        if low <= value <= high
+    ]
+    roles = [
+        ("title", [axes.title]),
+        ("x label", [axes.xaxis.label]),
+        ("y label", [axes.yaxis.label]),
+        ("x tick", axes.get_xticklabels()),
+        ("y tick", y_tick_labels),
+        ("point label", axes.texts),
+        ("legend", axes.get_legend().get_texts() if axes.get_legend() else []),
+    ]
+    return tuple(
+        PlacedText(
+            text=text.get_text(),
+            role=role,
+            box=_box(text.get_window_extent(renderer)),
+            size_px=text.get_fontsize() * _DPI / _POINTS_PER_INCH,
         )
-        self._place(
-            text,
-            role,
-            (corner[0], corner[1], corner[0] + strip.width, corner[1] + strip.height),
-            size_px,
-        )
-
-    def _place(self, text, role, box, size_px):
-        self.placed.append(
-            PlacedText(
-                text=text,
-                role=role,
-                box=tuple(value / _SUPERSAMPLING for value in box),
-                size_px=size_px,
-            )
-        )
+        for role, texts in roles
+        for text in texts
+        if text.get_visible() and text.get_text()
+    )
 
 
-class _Layout:
-    """Places the axes so that the title, labels and tick labels fit around them."""
-
-    def __init__(self, chart, canvas):
-        self.chart = chart
-        self.canvas = canvas
-        s = _SUPERSAMPLING
-        self.y_ticks = round_ticks(*chart.y_range)
-        _, title_height = canvas.text_size(chart.title, FONT_PX)
-        _, x_label_height = canvas.text_size(chart.x_label, FONT_PX)
-        y_tick_width = max(canvas.text_size(tick_text(v), FONT_PX)[0] for v in self.y_ticks)
-        x_tick_height = max(
-            [canvas.text_size(text, FONT_PX)[1] for _, text in chart.x_ticks] or [0]
-        )
-        # Turned a quarter, the y label is as wide as a line of text is high.
-        _, self._y_label_width = canvas.text_size(chart.y_label, FONT_PX)
-        last_x_tick_half = max(
-            [canvas.text_size(text, FONT_PX)[0] / 2 for _, text in chart.x_ticks[-1:]] or [0]
-        )
-        left = (_MARGIN_PX + _GAP_PX + _TICK_PX + _GAP_PX) * s + self._y_label_width + y_tick_width
-        top = (_MARGIN_PX + _GAP_PX) * s + title_height
-        right = WIDTH_PX * s - _MARGIN_PX * s - last_x_tick_half
-        bottom = (
-            HEIGHT_PX * s
-            - (_MARGIN_PX + _GAP_PX + _TICK_PX + _GAP_PX) * s
-            - x_label_height
-            - x_tick_height
-        )
-        self.axes_box = (round(left), round(top), round(right), round(bottom))
-
-    def x(self, value):
-        low, high = self.chart.x_range
-        if self.chart.x_log2:
-            value, low, high = math.log2(value), math.log2(low), math.log2(high)
-        left, _, right, _ = self.axes_box
-        return left + (value - low) / (high - low) * (right - left)
-
-    def y(self, value):
-        low, high = self.chart.y_range
-        _, top, _, bottom = self.axes_box
-        return bottom - (value - low) / (high - low) * (bottom - top)
-
-    def draw(self):
-        chart, canvas, draw = self.chart, self.canvas, self.canvas.draw
-        s = _SUPERSAMPLING
-        left, top, right, bottom = self.axes_box
-        for value, _ in chart.x_ticks:
-            draw.line([(self.x(value), top), (self.x(value), bottom)], fill=_GRID, width=s)
-        for value in self.y_ticks:
-            draw.line([(left, self.y(value)), (right, self.y(value))], fill=_GRID, width=s)
-        for line in chart.lines:
-            self._draw_line(line)
-        for label in chart.point_labels:
-            canvas.text(
-                (self.x(label.x), self.y(label.y) - _POINT_LABEL_LIFT_PX * s),
-                label.text,
-                SMALL_FONT_PX,
-                anchor="md",
-                role="point label",
-                color=label.color,
-            )
-        draw.rectangle([left, top, right, bottom], outline=_BLACK, width=s)
-        for value, text in chart.x_ticks:
-            x = self.x(value)
-            draw.line([(x, bottom), (x, bottom + _TICK_PX * s)], fill=_BLACK, width=s)
-            canvas.text(
-                (x, bottom + (_TICK_PX + _GAP_PX) * s), text, FONT_PX, anchor="ma", role="x tick"
-            )
-        for value in self.y_ticks:
-            y = self.y(value)
-            draw.line([(left - _TICK_PX * s, y), (left, y)], fill=_BLACK, width=s)
-            canvas.text(
-                (left - (_TICK_PX + _GAP_PX) * s, y),
-                tick_text(value),
-                FONT_PX,
-                anchor="rm",
-                role="y tick",
-            )
-        canvas.text(
-            ((left + right) / 2, HEIGHT_PX * s - _MARGIN_PX * s),
-            chart.x_label,
-            FONT_PX,
-            anchor="md",
-            role="x label",
-        )
-        canvas.vertical_text(
-            (_MARGIN_PX * s + self._y_label_width / 2, (top + bottom) / 2),
-            chart.y_label,
-            FONT_PX,
-            role="y label",
-        )
-        canvas.text(
-            ((left + right) / 2, _MARGIN_PX * s), chart.title, FONT_PX, anchor="ma", role="title"
-        )
-        self._draw_legend()
-
-    def _draw_line(self, line):
-        points = [(self.x(x), self.y(y)) for x, y in line.points]
-        self._stroke(points, line, markers_at=points)
-
-    def _stroke(self, points, line, markers_at):
-        """`points` joined in `line`'s style; its markers, if it has them, at `markers_at`."""
-        draw, width = self.canvas.draw, _LINE_PX * _SUPERSAMPLING
-        if line.dashed:
-            for start, end in zip(points, points[1:]):
-                _dashes(draw, start, end, line.color, width)
-        elif len(points) > 1:
-            draw.line(points, fill=line.color, width=width, joint="curve")
-        if line.markers:
-            radius = _MARKER_RADIUS_PX * _SUPERSAMPLING
-            for x, y in markers_at:
-                draw.ellipse([x - radius, y - radius, x + radius, y + radius], fill=line.color)
-
-    def _draw_legend(self):
-        entries = [line for line in self.chart.lines if line.label]
-        if not entries:
-            return
-        s = _SUPERSAMPLING
-        canvas = self.canvas
-        pad, sample = _GAP_PX * s, _LEGEND_SAMPLE_PX * s
-        sizes = [canvas.text_size(line.label, SMALL_FONT_PX) for line in entries]
-        row_height = max(height for _, height in sizes) + _GAP_PX * s
-        width = pad + sample + pad + max(width for width, _ in sizes) + pad
-        height = pad + row_height * len(entries)
-        left, top, right, bottom = self.axes_box
-        if self.chart.legend_at == "upper left":
-            corner = (left + pad, top + pad)
-        else:
-            corner = (right - pad - width, bottom - pad - height)
-        canvas.draw.rectangle(
-            [corner[0], corner[1], corner[0] + width, corner[1] + height],
-            fill=_WHITE,
-            outline=_LEGEND_EDGE,
-            width=s,
-        )
-        for index, line in enumerate(entries):
-            middle = corner[1] + pad + row_height * index + (row_height - _GAP_PX * s) / 2
-            start, end = (corner[0] + pad, middle), (corner[0] + pad + sample, middle)
-            self._stroke([start, end], line, markers_at=[((start[0] + end[0]) / 2, middle)])
-            canvas.text(
-                (end[0] + pad, middle), line.label, SMALL_FONT_PX, anchor="lm", role="legend"
-            )
-
-
-def _dashes(draw, start, end, color, width):
-    """A dashed segment from `start` to `end`."""
-    length = math.dist(start, end)
-    if length == 0:
-        return
-    on, off = (value * _SUPERSAMPLING for value in _DASH_PX)
-    unit = ((end[0] - start[0]) / length, (end[1] - start[1]) / length)
-    position = 0.0
-    while position < length:
-        stop = min(position + on, length)
-        draw.line(
-            [
-                (start[0] + unit[0] * position, start[1] + unit[1] * position),
-                (start[0] + unit[0] * stop, start[1] + unit[1] * stop),
-            ],
-            fill=color,
-            width=width,
-        )
-        position = stop + off
+def _box(bbox):
+    """matplotlib's box (from the bottom left) as `(left, top, right, bottom)` from the top left."""
+    return tuple(
+        float(value) for value in (bbox.x0, HEIGHT_PX - bbox.y1, bbox.x1, HEIGHT_PX - bbox.y0)
+    )

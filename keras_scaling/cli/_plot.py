@@ -1,8 +1,9 @@
 """The bench's plots: speedup against replicas, efficiency against per-replica batch.
 
-Each is a `_chart.Chart` (what it shows, testable as data), drawn by
-`_chart.render` into a 640 x 480 PNG for `scaling.png`, `efficiency.png` and
-TensorBoard's image cards.
+Each is a `_chart.Chart` (what it shows, testable as data), drawn with
+matplotlib by `_chart.render` into a 640 x 480 PNG for `scaling.png`,
+`efficiency.png` and TensorBoard's image cards. Without matplotlib (the extra
+`keras-scaling[plot]`) the `*_png` functions raise `_chart.MatplotlibMissing`.
 """
 
 import math
@@ -25,6 +26,9 @@ def scaling_plot_png(rows, title, by_batch=False):
 
     Returns:
         bytes, a 640 x 480 PNG image.
+
+    Raises:
+        _chart.MatplotlibMissing: matplotlib cannot be imported.
     """
     return _chart.render(scaling_chart(rows, title, by_batch)).png
 
@@ -82,7 +86,7 @@ def scaling_chart(rows, title, by_batch=False):
     return _chart.Chart(
         title=f"{title}\nlabels: scaling efficiency",
         x_label="replicas",
-        y_label="speedup over 1 replica" if over_one_replica else "speedup over the baseline",
+        y_label=f"speedup over {'1 replica' if over_one_replica else 'the baseline'} (×)",
         x_ticks=tuple((count, str(count)) for count in replicas),
         x_range=(0, max(replicas) * (1 + _RIGHT_MARGIN)),
         y_range=(0, highest * _HEADROOM),
@@ -105,6 +109,9 @@ def efficiency_plot_png(rows, title, threshold=0.9):
 
     Returns:
         bytes, a 640 x 480 PNG image.
+
+    Raises:
+        _chart.MatplotlibMissing: matplotlib cannot be imported.
     """
     return _chart.render(efficiency_chart(rows, title, threshold)).png
 
@@ -142,8 +149,8 @@ def efficiency_chart(rows, title, threshold=0.9):
     )
     return _chart.Chart(
         title=title,
-        x_label="per-replica batch",
-        y_label="scaling efficiency",
+        x_label="per-replica batch (samples)",
+        y_label="scaling efficiency (1 = ideal)",
         x_ticks=tuple((batch, str(batch)) for batch in batches),
         x_range=x_range,
         y_range=(0, highest * _HEADROOM),

@@ -13,6 +13,7 @@ import time
 
 from keras_scaling.cli import _bench_worker, _models, _speedup_table, _sweep_plan
 from keras_scaling.cli._arguments import positive_int
+from keras_scaling.cli._chart import MatplotlibMissing
 from keras_scaling.cli._errors import UsageError
 from keras_scaling.cli._plot import efficiency_plot_png, scaling_plot_png
 from keras_scaling.cli._table import format_table
@@ -75,7 +76,9 @@ wrapped by keras_scaling.data.distribute as training would.
 Writes LOGDIR/scaling.json, LOGDIR/scaling.png, and the plots and the tables
 into TensorBoard (tensorboard --logdir LOGDIR): the run "summary" holds them
 (Images and Text tabs), and each count's figures are in the run
-"replicas_N/scaling" (Time Series and Custom Scalars tabs).
+"replicas_N/scaling" (Time Series and Custom Scalars tabs). The plots need
+matplotlib: pip install 'keras-scaling[plot]'; without it the bench writes
+everything else and says so.
 """
 
 _EXAMPLE = """\
@@ -267,12 +270,10 @@ def run(args):
             f"WARNING: counts above {cores} replicas exceed the {cores} cores; "
             "their figures are not meaningful."
         )
-    _write_results(log_dir, summary, table, args, sweep)
-    written = ["scaling.json", "scaling.png"]
+    charts = _write_results(log_dir, summary, table, args, sweep)
+    written = ["scaling.json", *charts]
     if args.explain:
         written.append(_explain(log_dir, summary, args, sweep))
-    if sweep.batch_sweep is not None:
-        written.append("efficiency.png")
     print(f"\nWrote {', '.join(os.path.join(log_dir, name) for name in written)}.")
     print(f"Open TensorBoard: tensorboard --logdir {shlex.quote(log_dir)}")
     return 0
@@ -571,7 +572,11 @@ class _Progress:
 
 
 def _write_results(log_dir, summary, table, args, sweep):
-    """scaling.json, scaling.png, and the plot and table in TensorBoard."""
+    """scaling.json, the charts, and the charts and table in TensorBoard.
+
+    Returns the names of the chart files written: none, with a message that
+    says how to get them, when matplotlib is not installed.
+    """
     from keras_scaling import _tensorboard
 
     title = f"{args.model}, {sweep.scaling_mode} scaling on {sweep.device_kind}"
@@ -594,24 +599,37 @@ def _write_results(log_dir, summary, table, args, sweep):
     with open(os.path.join(log_dir, "scaling.json"), "w", encoding="utf-8") as file:
         json.dump(_speedup_table.summary_to_json(summary, **setup), file, indent=2)
         file.write("\n")
-    png = scaling_plot_png(summary.rows, title, by_batch=sweep.batch_sweep is not None)
-    with open(os.path.join(log_dir, "scaling.png"), "wb") as file:
-        file.write(png)
-    text = f"{table}\n\nSpeedup over {summary.baseline_source}."
-    _tensorboard.write_image(log_dir, 0, "scaling/speedup_vs_replicas", png, run=SUMMARY_RUN)
-    if sweep.batch_sweep is not None:
-        efficiency_png = efficiency_plot_png(summary.rows, title, _EFFICIENT)
-        with open(os.path.join(log_dir, "efficiency.png"), "wb") as file:
-            file.write(efficiency_png)
-        _tensorboard.write_image(
-            log_dir,
-            0,
-            "scaling/efficiency_vs_per_replica_batch",
-            efficiency_png,
-            run=SUMMARY_RUN,
+    charts = [
+        (
+            "scaling.png",
+            "scaling/speedup_vs_replicas",
+            lambda: scaling_plot_png(summary.rows, title, by_batch=sweep.batch_sweep is not None),
         )
+    ]
+    if sweep.batch_sweep is not None:
+        charts.append(
+            (
+                "efficiency.png",
+                "scaling/efficiency_vs_per_replica_batch",
+                lambda: efficiency_plot_png(summary.rows, title, _EFFICIENT),
+            )
+        )
+    written = []
+    for name, tag, draw in charts:
+        try:
+            png = draw()
+        except MatplotlibMissing as error:
+            print(f"\nNo charts ({', '.join(name for name, _, _ in charts)}): {error}.", flush=True)
+            break
+        with open(os.path.join(log_dir, name), "wb") as file:
+            file.write(png)
+        _tensorboard.write_image(log_dir, 0, tag, png, run=SUMMARY_RUN)
+        written.append(name)
+    text = f"{table}\n\nSpeedup over {summary.baseline_source}."
+    if sweep.batch_sweep is not None:
         text += f"\n\n{_efficient_batch_line(summary.rows)}"
     _tensorboard.write_text(log_dir, 0, "scaling/table", text, run=SUMMARY_RUN)
+    return written
 
 
 def _explain(log_dir, summary, args, sweep):

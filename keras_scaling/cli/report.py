@@ -6,6 +6,7 @@ import os
 import sys
 
 from keras_scaling.cli import _speedup_table
+from keras_scaling.cli._chart import MatplotlibMissing
 from keras_scaling.cli._errors import UsageError
 from keras_scaling.cli._plot import scaling_plot_png
 from keras_scaling.cli._table import format_table
@@ -16,7 +17,7 @@ ThroughputLogger at the end of training: the runs of a `keras-scaling bench`
 or your own training runs. Print the scaling table (replicas, global batch,
 samples/sec, speedup, efficiency, ideal, model TFLOP/s and MFU when the
 runs recorded them) and write the plot of speedup
-against replicas.
+against replicas (with matplotlib: pip install 'keras-scaling[plot]').
 
 Speedup is relative to the 1-replica run when there is exactly one among
 the runs, otherwise to each run's own recorded baseline.
@@ -62,8 +63,13 @@ def run(args):
         print(f"Note: {note}.")
     output = args.output or os.path.join(log_dir, "scaling.png")
     try:
+        png = scaling_plot_png(summary.rows, _title(log_dir))
+    except MatplotlibMissing as error:
+        print(f"\nNo chart ({output}): {error}.")
+        return 0
+    try:
         with open(output, "wb") as file:
-            file.write(scaling_plot_png(summary.rows, _title(log_dir)))
+            file.write(png)
     except OSError as error:
         raise UsageError(f"cannot write the plot to {output!r} ({error.strerror})") from None
     print(f"Wrote {output}.")

@@ -21,14 +21,14 @@ from keras_scaling.cli._errors import UsageError
 _TIMEOUT_S = 300
 
 
-def _bench(*args, cwd=None, python_options=()):
+def _bench(*args, cwd=None, python_options=(), env=None):
     return subprocess.run(
         [sys.executable, *python_options, "-m", "keras_scaling", "bench", *map(str, args)],
         capture_output=True,
         text=True,
         timeout=_TIMEOUT_S,
         cwd=cwd,
-        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+        env={**(env or os.environ), "TF_CPP_MIN_LOG_LEVEL": "2"},
     )
 
 
@@ -391,6 +391,21 @@ def test_sweep_writes_a_png_plot(sweep):
     assert pixels.std() > 0.05  # not a blank canvas
 
 
+def test_the_sweeps_plot_is_the_chart_of_the_figures_in_scaling_json(sweep):
+    from keras_scaling.cli import _chart, _plot, _speedup_table
+
+    log_dir, _ = sweep
+    scaling = _read_json(log_dir / "scaling.json")
+    rows = [_speedup_table.Row(**row) for row in scaling["rows"]]
+
+    rendered = _chart.render(_plot.scaling_chart(rows, scaling["title"]))
+
+    # The same chart gives the same bytes: scaling.png plots these points.
+    assert rendered.png == (log_dir / "scaling.png").read_bytes()
+    measured = next(line for line in rendered.lines if line.label == "measured")
+    assert measured.points == tuple((row["replicas"], row["speedup"]) for row in scaling["rows"])
+
+
 def _rendered_scaling_chart():
     from keras_scaling.cli import _chart, _plot
 
@@ -644,3 +659,59 @@ def test_a_run_directory_without_a_bench_is_not_an_earlier_bench(tmp_path, run):
     bench._prepare_log_dir(tmp_path, overwrite=False)
 
     assert os.listdir(tmp_path / run) == ["events"]
+
+
+# Without matplotlib (no `keras-scaling[plot]`): everything but the charts.
+
+
+@pytest.fixture(scope="module")
+def sweep_without_matplotlib(tmp_path_factory, env_without_matplotlib):
+    log_dir = tmp_path_factory.mktemp("without_matplotlib") / "logs"
+    result = _bench(
+        "--cpu-devices",
+        "1",
+        "--replicas",
+        "1",
+        "--model",
+        "mlp",
+        "--per-replica-batch",
+        "8,16",
+        "--steps",
+        "10",
+        "--logdir",
+        log_dir,
+        env=env_without_matplotlib,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return log_dir, result
+
+
+def test_without_matplotlib_bench_says_once_how_to_get_the_charts(sweep_without_matplotlib):
+    log_dir, result = sweep_without_matplotlib
+
+    assert result.stdout.count("pip install 'keras-scaling[plot]'") == 1
+    assert "No charts (scaling.png, efficiency.png): matplotlib cannot be imported" in (
+        result.stdout
+    )
+    assert "Traceback" not in result.stderr
+    assert f"Wrote {log_dir / 'scaling.json'}." in result.stdout
+    assert not (log_dir / "scaling.png").exists() and not (log_dir / "efficiency.png").exists()
+
+
+def test_without_matplotlib_bench_writes_the_table_json_and_tensorboard_summaries(
+    sweep_without_matplotlib,
+):
+    from keras_scaling import _tensorboard
+
+    log_dir, result = sweep_without_matplotlib
+    rows = _read_json(log_dir / "scaling.json")["rows"]
+
+    assert [(row["per_replica_batch_size"], row["replicas"]) for row in rows] == [(8, 1), (16, 1)]
+    assert all(row["samples_per_sec"] > 0 for row in rows)
+    for line, row in zip(_table_lines(result.stdout)[2::3], rows):
+        assert _cells(line)[2] == f"{row['samples_per_sec']:.1f}"
+    summary = _tensorboard.read_summaries(log_dir / "summary")
+    assert {tag: points[0].plugin for tag, points in summary.items()} == {"scaling/table": "text"}
+    for batch in (8, 16):
+        scalars = _tensorboard.read_summaries(log_dir / f"batch_{batch}" / "replicas_1" / "scaling")
+        assert [point.value > 0 for point in scalars["throughput/samples_per_sec"]][-1:] == [True]

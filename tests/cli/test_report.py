@@ -58,12 +58,13 @@ def _write_run(
         json.dump(record, file)
 
 
-def _report(*args):
+def _report(*args, env=None):
     return subprocess.run(
         [sys.executable, "-m", "keras_scaling", "report", *map(str, args)],
         capture_output=True,
         text=True,
         timeout=120,
+        env=env,
     )
 
 
@@ -191,6 +192,21 @@ def test_report_prints_the_table_and_writes_the_plot(sweep):
         assert image.size == (640, 480)
 
 
+def test_report_without_matplotlib_prints_the_table_and_says_how_to_get_the_plot(
+    sweep, env_without_matplotlib
+):
+    result = _report(sweep, env=env_without_matplotlib)
+
+    assert result.returncode == 0, result.stderr
+    assert "|        2 |           64 |      1800.0 |   1.80x |       0.90 |    2x |" in (
+        result.stdout
+    )
+    assert result.stdout.count("pip install 'keras-scaling[plot]'") == 1
+    assert f"No chart ({sweep / 'scaling.png'}): matplotlib cannot be imported" in result.stdout
+    assert "Traceback" not in result.stderr
+    assert not (sweep / "scaling.png").exists()
+
+
 def test_report_skips_unreadable_files_and_says_which(sweep):
     os.makedirs(sweep / "broken")
     (sweep / "broken" / "throughput.json").write_text("{not json")
@@ -254,7 +270,7 @@ def test_report_plots_the_ideal_of_a_multi_replica_baseline():
     ideal_one = next(line for line in over_one.lines if line.label.startswith("ideal"))
     assert ideal_two.points == ((4, 2.0), (8, 4.0))
     assert ideal_two.label == "ideal (replicas / baseline's)"
-    assert over_two.y_label == "speedup over the baseline"
+    assert over_two.y_label == "speedup over the baseline (×)"
     assert ideal_one.points == ((1, 1.0), (4, 4.0))
     assert ideal_one.label == "ideal (= replicas)"
-    assert over_one.y_label == "speedup over 1 replica"
+    assert over_one.y_label == "speedup over 1 replica (×)"
