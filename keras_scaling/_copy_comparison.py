@@ -334,7 +334,7 @@ class VariableReport:
     difference: CopyDifference
     devices: tuple
     likely_cause: str
-    repair: str = None
+    repair: str | None = None
 
     def __str__(self):
         diff = self.difference

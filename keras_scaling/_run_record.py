@@ -204,7 +204,8 @@ def speedup_of(record, baseline=None):
 
 
 def _is_positive(value):
-    return isinstance(value, numbers.Real) and not isinstance(value, bool) and value > 0
+    # mypy does not order numbers.Real (python/mypy#3186)
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and value > 0  # type: ignore[operator]
 
 
 def validate_record(record, where="record"):

@@ -56,7 +56,7 @@ class TrackedVariable:
     path: str
     variable: tf.Variable
     role: str
-    per_replica_reason: str = None
+    per_replica_reason: str | None = None
 
     @property
     def shape(self):

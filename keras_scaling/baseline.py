@@ -79,11 +79,11 @@ class Baseline:
     """
 
     mode: str
-    samples_per_sec: float = None
-    source: str = None
+    samples_per_sec: float | None = None
+    source: str | None = None
     num_replicas: int = 1
-    record: dict = None
-    measure_time_s: float = None
+    record: dict | None = None
+    measure_time_s: float | None = None
 
     def with_value(self, samples_per_sec, source):
         """A copy with the measured figure filled in."""
@@ -172,7 +172,7 @@ def resolve_baseline(baseline, parameter="baseline"):
 
 
 # model -> {(one replica's batch spec, device, dtype policy): samples/sec}
-_MEASURED = weakref.WeakKeyDictionary()
+_MEASURED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def for_run(baseline, setup, *, model, one_replica_spec, device, measures=True, shared_cores=False):

@@ -277,7 +277,7 @@ def warn_if_keras_distribution_set():
 
 # The origin of the cluster of each strategy auto_strategy built, for
 # describe_strategy; weak, so a strategy is not kept alive by being described.
-_cluster_origins = weakref.WeakKeyDictionary()
+_cluster_origins: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _choose_strategy(spec=None):

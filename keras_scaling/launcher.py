@@ -201,7 +201,7 @@ class LaunchResult:
 
     exit_code: int
     returncodes: list
-    failed_worker: int = None
+    failed_worker: int | None = None
     interrupted: bool = False
     message: str = ""
     restarts: int = 0

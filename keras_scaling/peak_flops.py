@@ -138,7 +138,7 @@ class Peak:
 
     flops_per_sec: float
     source: str
-    device: str = None
+    device: str | None = None
 
 
 def device_key(device_kind, device_details=None, environ=None):

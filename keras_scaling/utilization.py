@@ -50,7 +50,7 @@ class Utilization:
 
     tflops_per_sec: float
     tflops_per_sec_per_replica: float
-    mfu: float = None
+    mfu: float | None = None
 
 
 def utilization(flops_per_sample, samples_per_sec, num_replicas, peak_flops_per_replica=None):

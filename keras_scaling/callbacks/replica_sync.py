@@ -34,7 +34,7 @@ _SCALAR_TAGS = frozenset({"replica_sync/max_abs_diff", "replica_sync/diverged_va
 # than once per callback (a new callback in each `fit` would pay it at each
 # start). Keyed weakly: a checker holds the variables and the strategy, not
 # the model.
-_checkers_by_model = weakref.WeakKeyDictionary()
+_checkers_by_model: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 class ReplicaDivergenceError(RuntimeError):

@@ -188,7 +188,7 @@ class _Sweep:
     device_kind: str
     num_devices: int
     scaling_mode: str
-    cpu_threads: _sweep_plan.CpuThreads = None
+    cpu_threads: _sweep_plan.CpuThreads | None = None
 
     @property
     def replica_counts(self):

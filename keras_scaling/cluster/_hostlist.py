@@ -38,7 +38,7 @@ def _split_top_level(text, parameter):
 
 def _expand_ranges(ranges, text, parameter):
     """`"01-03,07"` -> `["01", "02", "03", "07"]`, keeping the zero padding of each range."""
-    values = []
+    values: list[str] = []
     for part in ranges.split(","):
         match = _RANGE.match(part.strip())
         if match is None:

@@ -52,10 +52,10 @@ _FIXES = (_steps_per_execution, _symbolic_build, _scalar_reduce, _multi_worker_e
 _FIX_NAMES = tuple(fix.NAME for fix in _FIXES)
 _lock = threading.RLock()
 # name -> (owner, attribute, original object, replacement)
-_active = {}
+_active: dict[str, tuple] = {}
 # Fixes turned off by `disable()`: automatic enabling leaves them off.
-_disabled_by_user = set()
-_probe_results = {}
+_disabled_by_user: set[str] = set()
+_probe_results: dict[str, tuple[bool, str | None]] = {}
 _env_notice_logged = False
 
 

@@ -238,7 +238,7 @@ def assign_files(file_sizes, num_workers):
         A list, per worker, of file indices in their original order.
     """
     loads = [0] * num_workers
-    assignment = [[] for _ in range(num_workers)]
+    assignment: list[list[int]] = [[] for _ in range(num_workers)]
     order = sorted(range(len(file_sizes)), key=lambda i: (-file_sizes[i], i))
     for file_index in order:
         worker = min(range(num_workers), key=lambda w: (loads[w], w))
@@ -447,8 +447,8 @@ class InputPlan:
     worker_examples: int
     shuffle: bool
     seed: int
-    num_files: int = None
-    worker_files: int = None
+    num_files: int | None = None
+    worker_files: int | None = None
     device_kind: str = "CPU"
     strategy: str = ""
     warnings: tuple = ()

@@ -44,7 +44,7 @@ class DatasetSource:
 
     dataset: tf.data.Dataset
     num_examples: int
-    batch_size: int = None
+    batch_size: int | None = None
     kind: str = "tf.data.Dataset"
     notes: tuple = ()
     num_files = None
