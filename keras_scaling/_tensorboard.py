@@ -576,7 +576,7 @@ def _event_file_paths(run_dir):
 
 def _read_summaries(paths):
 
-    points: dict[str, list["Point"]] = {}
+    points: dict[str, list[Point]] = {}
     metadata_of = {}
     for path in paths:
         for event in event_file_loader.EventFileLoader(path).Load():

@@ -18,6 +18,7 @@ import numbers
 import os
 import time
 import weakref
+from typing import Any
 
 from keras_scaling import _probes, _threads, _validation
 from keras_scaling._run_record import (
@@ -251,7 +252,9 @@ def for_run(baseline, setup, *, model, one_replica_spec, device, measures=True, 
         if baseline.mode == "auto":
             no_room = _no_room_for_a_copy(model, one_replica_spec, device)
             if no_room is not None:
-                note = f"baseline='auto' did not measure, to leave the run its memory: {no_room}"
+                note: str | None = (
+                    f"baseline='auto' did not measure, to leave the run its memory: {no_room}"
+                )
                 logger.warning("ThroughputLogger: %s; no scaling/ tags", note)
                 return None, note
         start_s = time.perf_counter()
@@ -612,7 +615,12 @@ def _baseline_timer(duration_s, min_steps, clock):
     from keras_scaling import _train_function_hook
 
     window = ThroughputWindow()
-    state = {"steps": 0, "start_time_s": None, "start_steps": None, "interval": None}
+    state: dict[str, Any] = {
+        "steps": 0,
+        "start_time_s": None,
+        "start_steps": None,
+        "interval": None,
+    }
 
     # No batch hook: one would make Keras wait for every step to finish
     # before dispatching the next, as the timed training does not.
@@ -620,8 +628,9 @@ def _baseline_timer(duration_s, min_steps, clock):
         state["steps"] += model.steps_per_execution
         if state["start_time_s"] is None:
             iterations = int(model.optimizer.iterations.numpy())
-            state["start_time_s"], state["start_steps"] = clock(), state["steps"]
-            window.restart(time_s=state["start_time_s"], iterations=iterations, samples=0)
+            start_time_s = clock()
+            state["start_time_s"], state["start_steps"] = start_time_s, state["steps"]
+            window.restart(time_s=start_time_s, iterations=iterations, samples=0)
             return
         # The host clock alone decides when to stop; the counter read below
         # waits for the device, so the timed figure is exact.

@@ -5,6 +5,7 @@ import os
 import shutil
 import signal
 import threading
+from typing import Any
 
 import keras
 import numpy as np
@@ -137,10 +138,12 @@ class BackupAndRestore(keras.callbacks.Callback):
         self.backup_dir = os.fspath(backup_dir)
         self.save_on_preemption = save_on_preemption
         self.delete_checkpoint = delete_checkpoint
-        self._hook = None
+        # Set while a fit runs (Any: mypy cannot see that the hooks that use
+        # them run only then).
+        self._hook: Any = None
         self._handler = None
-        self._train_hook = None
-        self._changes = None
+        self._train_hook: Any = None
+        self._changes: Any = None
         self._signal_received = threading.Event()
         self._previous_sigterm_handler = None
         self._preempted = False

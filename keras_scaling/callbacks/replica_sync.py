@@ -8,6 +8,7 @@ TensorBoard scalars).
 
 import logging
 import weakref
+from typing import Any
 
 import keras
 import tensorflow as tf
@@ -195,7 +196,7 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
         self.rtol = _validation.non_negative_number(rtol, "rtol", fix=bitwise)
         self.log_dir = None if log_dir is None else _tensorboard.check_log_dir(log_dir)
         self.last_report = None
-        self._checker = None
+        self._checker: Any = None  # set when the first fit starts
         self._checker_key = None
         self._checker_optimizer = None
         self._last_checked_step = None

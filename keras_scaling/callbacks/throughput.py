@@ -6,6 +6,7 @@ import os
 import threading
 import time
 import weakref
+from typing import Any
 
 import keras
 
@@ -252,8 +253,10 @@ class ThroughputLogger(keras.callbacks.Callback):
         self._epoch_stats = ThroughputStats()
         self._window = ThroughputWindow()
         self._epochs = []
-        self._setup = None
-        self._flops = None
+        # Set at the first measurement of a fit (Any: mypy cannot see that
+        # the methods that use them run only after it).
+        self._setup: Any = None
+        self._flops: Any = None
         self._startup_time_s = None
         self._baseline_note = None
         self._advised = set()
@@ -262,7 +265,7 @@ class ThroughputLogger(keras.callbacks.Callback):
         self._executions_until_due = 1  # a closed window opens at the next call
         # Held while figures change and while the writer's thread takes them.
         self._lock = threading.RLock()
-        self._writer = None  # the chief's, once the first fit starts
+        self._writer: Any = None  # the chief's, once the first fit starts
         # `keras-scaling bench` sets it: advice names its options, not Python's.
         self._command_line = False
 
@@ -676,6 +679,7 @@ class ThroughputLogger(keras.callbacks.Callback):
         if len(self._stats) < _ADVICE_AFTER_INTERVALS or not self._info.is_chief:
             return
         steady = self._stats.steady_state()
+        assert steady is not None  # intervals were measured
         for kind, text in advice_lib.due(
             self._advised,
             steady=steady,

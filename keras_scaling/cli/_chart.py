@@ -177,7 +177,7 @@ class _Canvas:
 
         font = self._fonts[size_px]
         left, top, right, bottom = self.draw.textbbox((0, 0), text, font=font, anchor="la")
-        strip = Image.new("L", (right - left, bottom - top), 0)
+        strip = Image.new("L", (int(right - left), int(bottom - top)), 0)
         ImageDraw.Draw(strip).text((-left, -top), text, font=font, fill=255, anchor="la")
         strip = strip.rotate(90, expand=True)
         corner = (round(centre[0] - strip.width / 2), round(centre[1] - strip.height / 2))

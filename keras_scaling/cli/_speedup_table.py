@@ -75,7 +75,7 @@ class Summary:
     """
 
     rows: tuple
-    baseline_samples_per_sec: float
+    baseline_samples_per_sec: float | None
     baseline_source: str
     notes: tuple
 

@@ -462,6 +462,7 @@ def _run_point(args, sweep, point, index, log_dir, baseline, prefix=""):
             env=env,
             text=True,
         )
+        assert process.stdout is not None  # a pipe
         try:
             for line in process.stdout:
                 if line.startswith(_bench_worker.PROGRESS_PREFIX):

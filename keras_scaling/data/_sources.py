@@ -255,7 +255,7 @@ def _inspect_batched(dataset, batch, cardinality, num_samples):
         file_paths = None
     pipeline = _tf_internals.directory_pipeline(dataset, file_paths)
     if pipeline is not None:
-        source = DirectorySource(
+        source: DatasetSource | DirectorySource = DirectorySource(
             files=pipeline.files,
             decoders=pipeline.decoders,
             paths=pipeline.paths,
