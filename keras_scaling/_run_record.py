@@ -30,6 +30,8 @@ Files written before a key existed are read with it null (`baseline_num_replicas
 import json
 import numbers
 import os
+from collections.abc import Mapping
+from typing import Any, TypeGuard
 
 from keras_scaling import throughput as throughput_lib
 
@@ -162,7 +164,9 @@ def build_record(
     return record
 
 
-def speedup_of(record, baseline=None):
+def speedup_of(
+    record: Mapping[str, Any], baseline: Mapping[str, Any] | None = None
+) -> throughput_lib.Speedup | None:
     """Speedup, ideal speedup and efficiency of a run record over its baseline.
 
     The baseline is `baseline` when given (another run's record, such as the
@@ -203,7 +207,7 @@ def speedup_of(record, baseline=None):
     )
 
 
-def _is_positive(value):
+def _is_positive(value: object) -> TypeGuard[float]:
     # mypy does not order numbers.Real (python/mypy#3186)
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and value > 0  # type: ignore[operator]
 
@@ -248,7 +252,7 @@ def measured_samples_per_sec(record, where, remedy):
     return float(samples_per_sec)
 
 
-def write_throughput_json(log_dir, record):
+def write_throughput_json(log_dir: str | os.PathLike[str], record: Mapping[str, Any]) -> str:
     """Writes `record` to `log_dir/throughput.json`, atomically.
 
     Readers never see a half-written file: it is written beside and renamed.
@@ -297,7 +301,7 @@ def write_throughput_json(log_dir, record):
     return path
 
 
-def read_throughput_json(path, parameter="path"):
+def read_throughput_json(path: str | os.PathLike[str], parameter: str = "path") -> dict[str, Any]:
     """Reads a run's `throughput.json`.
 
     Args:

@@ -29,8 +29,12 @@ The count is refused (None, with the reason logged) when it would be wrong:
 import contextlib
 import logging
 import math
+from typing import TYPE_CHECKING, Any
 
 from keras_scaling import _probes, _threads
+
+if TYPE_CHECKING:
+    import keras
 
 __all__ = ["count_training_flops", "training_flops_per_sample"]
 
@@ -97,7 +101,7 @@ _HEAVY_OPS = frozenset(
 )
 
 
-def training_flops_per_sample(model, *, sample=None):
+def training_flops_per_sample(model: "keras.Model", *, sample: Any = None) -> float | None:
     """Floating-point operations of one training sample, forward and backward.
 
     Traces the model's forward pass (`training=True`), its loss
@@ -148,7 +152,9 @@ def training_flops_per_sample(model, *, sample=None):
     return flops_per_sample
 
 
-def count_training_flops(model, *, sample=None):
+def count_training_flops(
+    model: "keras.Model", *, sample: Any = None
+) -> tuple[float, None] | tuple[None, str]:
     """The count of `training_flops_per_sample`, with the reason it failed.
 
     For callers that report the reason themselves: nothing is logged.
