@@ -30,7 +30,7 @@ def _is_multi_worker(strategy):
     return isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
 
 
-def num_workers(strategy):
+def num_workers(strategy: tf.distribute.Strategy) -> int:
     """The number of workers (machines or processes) the strategy spans.
 
     1 for every strategy but `MultiWorkerMirroredStrategy` (the workers of
@@ -58,7 +58,7 @@ def num_workers(strategy):
     return 1
 
 
-def worker_index(strategy):
+def worker_index(strategy: tf.distribute.Strategy) -> int:
     """This worker's index among `num_workers(strategy)`: 0 on a single worker.
 
     With a `chief` task in `TF_CONFIG` the chief is worker 0 and the
@@ -87,7 +87,7 @@ def worker_index(strategy):
     return resolver.task_id + (1 if has_chief else 0)
 
 
-def is_chief(strategy):
+def is_chief(strategy: tf.distribute.Strategy) -> bool:
     """Whether this worker is the one that writes logs, files and checkpoints.
 
     Always true on a single worker; under `MultiWorkerMirroredStrategy`, true
@@ -113,7 +113,7 @@ def is_chief(strategy):
     return bool(strategy.extended.should_checkpoint)
 
 
-def num_replicas(strategy):
+def num_replicas(strategy: tf.distribute.Strategy) -> int:
     """All replicas of the strategy, in sync across every worker.
 
     Args:
@@ -133,7 +133,7 @@ def num_replicas(strategy):
     return int(strategy.num_replicas_in_sync)
 
 
-def replicas_per_worker(strategy):
+def replicas_per_worker(strategy: tf.distribute.Strategy) -> int:
     """The replicas of one worker: `num_replicas(strategy) // num_workers(strategy)`.
 
     Args:
@@ -226,7 +226,7 @@ def step_counter(model):
     return read_int(local_copy(model.optimizer.iterations, model.distribute_strategy))
 
 
-def replica_device_names(strategy):
+def replica_device_names(strategy: tf.distribute.Strategy) -> list[str]:
     """A device name for every replica, in the order of `all_gather`.
 
     This worker's replicas are named by their devices; another worker's

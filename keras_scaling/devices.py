@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import weakref
+from typing import Any
 
 import tensorflow as tf
 
@@ -43,7 +44,7 @@ __all__ = [
 logger = logging.getLogger("keras_scaling")
 
 
-def use_logical_cpus(n):
+def use_logical_cpus(n: int) -> list[str]:
     """Split the host CPU into `n` logical devices.
 
     A real `tf.distribute.MirroredStrategy` with `n` replicas then runs on a
@@ -119,7 +120,7 @@ def _apply_cpu_devices_from_env(spec=None):
     use_logical_cpus(count)
 
 
-def tf_config():
+def tf_config() -> dict[str, Any]:
     """Returns the parsed `TF_CONFIG` environment variable, or `{}`.
 
     `TF_CONFIG` describes a multi-worker cluster and this process's task in
@@ -172,7 +173,7 @@ def _tpu_address():
     return None
 
 
-def auto_strategy():
+def auto_strategy() -> tf.distribute.Strategy:
     """Pick the `tf.distribute` strategy that fits this machine, and say why.
 
     In order of preference:
@@ -237,7 +238,7 @@ def auto_strategy():
 _keras_distribution_warned = False
 
 
-def warn_if_keras_distribution_set():
+def warn_if_keras_distribution_set() -> bool:
     """Warns once when a `keras.distribution` distribution is set.
 
     On the TensorFlow backend, `keras.distribution.set_distribution(...)`
@@ -401,16 +402,16 @@ class StrategyInfo:
     worker_index: int
     is_chief: bool
     num_replicas: int
-    local_devices: tuple
+    local_devices: tuple[str, ...]
     device_kind: str
     cluster_origin: str = ""
 
     @property
-    def replicas_per_worker(self):
+    def replicas_per_worker(self) -> int:
         """Replicas on each worker."""
         return self.num_replicas // self.num_workers
 
-    def __str__(self):
+    def __str__(self) -> str:
         workers = "worker" if self.num_workers == 1 else "workers"
         replicas = "replica" if self.num_replicas == 1 else "replicas"
         text = (
@@ -425,7 +426,7 @@ class StrategyInfo:
         return text
 
 
-def describe_strategy(strategy=None):
+def describe_strategy(strategy: tf.distribute.Strategy | None = None) -> StrategyInfo:
     """Describe a strategy: kind, workers, replicas and device names.
 
     Args:
@@ -474,7 +475,7 @@ def _cluster_origin(strategy):
     return f"a {type(resolver).__name__}"
 
 
-def strategy_kind(strategy):
+def strategy_kind(strategy: tf.distribute.Strategy) -> str:
     """The strategy's public class name.
 
     `tf.distribute.MultiWorkerMirroredStrategy()` is an instance of the
