@@ -451,17 +451,17 @@ class InputPlan:
     worker_files: int | None = None
     device_kind: str = "CPU"
     strategy: str = ""
-    warnings: tuple = ()
+    warnings: tuple[str, ...] = ()
     source_kind: str = "arrays"
-    notes: tuple = ()
+    notes: tuple[str, ...] = ()
     file_unit: str = "files"
 
     @property
-    def per_worker_batch_size(self):
+    def per_worker_batch_size(self) -> int:
         """Samples each worker feeds to its replicas per step."""
         return self.global_batch_size // self.num_workers
 
-    def __str__(self):
+    def __str__(self) -> str:
         workers = "worker" if self.num_workers == 1 else "workers"
         lines = [
             f"Input plan ({self.strategy}, {self.device_kind}):",
