@@ -6,7 +6,7 @@ import json
 import logging
 import os
 import weakref
-from typing import Any
+from typing import Any, TypeGuard
 
 import tensorflow as tf
 
@@ -160,7 +160,7 @@ def _tf_config_worker_count():
     return len(jobs.get("worker", [])) + len(jobs.get("chief", []))
 
 
-def _trains_with_others(spec):
+def _trains_with_others(spec: cluster.ClusterSpec | None) -> TypeGuard[cluster.ClusterSpec]:
     return spec is not None and spec.task_type != "evaluator" and spec.num_workers > 1
 
 

@@ -73,7 +73,7 @@ def _expand_one(name, text, parameter):
     return hosts
 
 
-def expand_hostlist_python(text, parameter="host list"):
+def expand_hostlist_python(text: str, parameter: str = "host list") -> list[str]:
     """Expands a Slurm host list in pure Python, checking its syntax.
 
     Args:
@@ -126,7 +126,9 @@ def _scontrol_hostnames(text):
     return hosts
 
 
-def expand_hostlist(text, parameter="host list", use_scontrol=True):
+def expand_hostlist(
+    text: str, parameter: str = "host list", use_scontrol: bool = True
+) -> list[str]:
     """Expands a Slurm compressed host list into host names.
 
     The syntax is checked in Python; the expansion is `scontrol show

@@ -9,6 +9,7 @@ so it holds whatever `--distribution` placed the ranks.
 """
 
 import re
+from collections.abc import Callable, Mapping
 
 from keras_scaling.cluster._hostlist import expand_hostlist
 from keras_scaling.cluster._spec import ClusterSpec
@@ -22,7 +23,7 @@ PORT_BLOCK = 32
 _TASKS_PER_NODE = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
 
 
-def parse_tasks_per_node(text, parameter="SLURM_STEP_TASKS_PER_NODE"):
+def parse_tasks_per_node(text: str, parameter: str = "SLURM_STEP_TASKS_PER_NODE") -> list[int]:
     """Expands Slurm's tasks-per-node notation: `"2(x3),1"` is `[2, 2, 2, 1]`.
 
     Args:
@@ -77,7 +78,7 @@ def in_slurm_step(env):
     return in_slurm_job(env) and step is not None and step.isdigit()
 
 
-def step_port_base(job_id, step_id, tasks_on_busiest_node=1):
+def step_port_base(job_id: int, step_id: int, tasks_on_busiest_node: int = 1) -> int:
     """The first port of a step's tasks on each node, the same on every task.
 
     Consecutive jobs get consecutive blocks of `PORT_BLOCK` ports in
@@ -141,7 +142,9 @@ class NotInStepError(RuntimeError):
     """
 
 
-def slurm_cluster(env, expand=expand_hostlist):
+def slurm_cluster(
+    env: Mapping[str, str], expand: Callable[[str, str], list[str]] = expand_hostlist
+) -> ClusterSpec | None:
     """The cluster of the Slurm job step this process is a task of, or None.
 
     None outside Slurm and in a step of one task. The step's tasks are the
@@ -244,7 +247,7 @@ def _device_ids(text):
     return [value for value in ids if value.upper() not in ("N/A", "NONE", "NOGPU")]
 
 
-def task_gpus(env, local_rank, tasks_on_node):
+def task_gpus(env: Mapping[str, str], local_rank: int, tasks_on_node: int) -> list[str] | None:
     """The GPU ids this task should see, from what Slurm bound, or None to leave them be.
 
     Slurm with `--gpus-per-task` (or `--gpu-bind`) sets each task's
