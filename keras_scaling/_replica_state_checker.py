@@ -10,11 +10,16 @@ re-exports it.
 """
 
 import dataclasses
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import tensorflow as tf
 
 from keras_scaling import _copy_comparison, _fingerprint, _topology, _validation
+
+if TYPE_CHECKING:
+    from keras_scaling._tracked_variables import TrackedVariable
 
 
 class ReplicaStateChecker:
@@ -63,7 +68,14 @@ class ReplicaStateChecker:
     ```
     """
 
-    def __init__(self, strategy, variables, atol=0.0, rtol=0.0, per_replica_state="warn"):
+    def __init__(
+        self,
+        strategy: tf.distribute.Strategy,
+        variables: "Iterable[TrackedVariable]",
+        atol: float = 0.0,
+        rtol: float = 0.0,
+        per_replica_state: str = "warn",
+    ) -> None:
         self.per_replica_state = _validation.one_of(
             per_replica_state, "per_replica_state", _copy_comparison.PER_REPLICA_STATE_MODES
         )
@@ -76,8 +88,8 @@ class ReplicaStateChecker:
         self.num_replicas = _topology.num_replicas(strategy)
         self.num_workers = _topology.num_workers(strategy)
         self.replica_devices = _topology.replica_device_names(strategy)
-        self._fingerprint_function = None
-        self._gather_functions = {}
+        self._fingerprint_function: Callable[[], Any] | None = None
+        self._gather_functions: dict[tuple[int, ...], Callable[[], Any]] = {}
 
     def _build_fingerprint_function(self):
         tf_variables = [v.variable for v in self.variables]
@@ -100,7 +112,7 @@ class ReplicaStateChecker:
 
         return fingerprint_all
 
-    def fingerprints(self):
+    def fingerprints(self) -> np.ndarray:
         """The int64 table `[num_replicas, num_variables]` of fingerprints.
 
         Returns:
@@ -118,7 +130,7 @@ class ReplicaStateChecker:
         # instance keys and can clash.)
         return np.stack([row.numpy() for row in local])
 
-    def gather(self, indices):
+    def gather(self, indices: Sequence[int]) -> list[list[np.ndarray]]:
         """Every replica's copy of `self.variables[i]` for `i` in `indices`.
 
         Args:
@@ -162,7 +174,7 @@ class ReplicaStateChecker:
 
         return gather_all
 
-    def check(self, step):
+    def check(self, step: int) -> "_copy_comparison.ReplicaSyncReport":
         """Compares the copies now and returns a `ReplicaSyncReport`.
 
         With `per_replica_state="average"`, per-replica state that differs is
@@ -213,7 +225,9 @@ class ReplicaStateChecker:
             variables=tuple(reports),
         )
 
-    def resync(self, report):
+    def resync(
+        self, report: "_copy_comparison.ReplicaSyncReport"
+    ) -> "_copy_comparison.ReplicaSyncReport":
         """Copies replica 0's value to every replica for the diverged variables.
 
         Args:

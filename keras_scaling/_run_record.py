@@ -166,7 +166,7 @@ def build_record(
 
 def speedup_of(
     record: Mapping[str, Any], baseline: Mapping[str, Any] | None = None
-) -> throughput_lib.Speedup | None:
+) -> "throughput_lib.Speedup | None":
     """Speedup, ideal speedup and efficiency of a run record over its baseline.
 
     The baseline is `baseline` when given (another run's record, such as the

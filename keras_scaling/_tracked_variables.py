@@ -9,6 +9,7 @@ re-exports its public names.
 """
 
 import dataclasses
+from typing import TYPE_CHECKING, Any
 
 import tensorflow as tf
 
@@ -21,6 +22,9 @@ from keras_scaling._copy_comparison import (
     SEED_GENERATOR,
     TRAINABLE,
 )
+
+if TYPE_CHECKING:
+    import keras
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,23 +63,23 @@ class TrackedVariable:
     per_replica_reason: str | None = None
 
     @property
-    def shape(self):
+    def shape(self) -> tuple[int, ...]:
         return tuple(self.variable.shape)
 
     @property
-    def dtype(self):
+    def dtype(self) -> str:
         return self.variable.dtype.name
 
     @property
-    def aggregation(self):
+    def aggregation(self) -> str:
         return _enum_name(self.variable.aggregation)
 
     @property
-    def synchronization(self):
+    def synchronization(self) -> str:
         return _enum_name(self.variable.synchronization)
 
     @property
-    def is_per_replica_state(self):
+    def is_per_replica_state(self) -> bool:
         return self.per_replica_reason is not None
 
 
@@ -83,7 +87,7 @@ def _enum_name(value):
     return getattr(value, "name", str(value))
 
 
-def distributed_variable(variable):
+def distributed_variable(variable: Any) -> tf.Variable:
     """The `tf.Variable` under a Keras variable (or the variable itself).
 
     Keras 3 variables wrap a `tf.Variable`; under a strategy's scope that is
@@ -122,7 +126,7 @@ def distributed_variable(variable):
     )
 
 
-def is_distributed(tf_variable):
+def is_distributed(tf_variable: tf.Variable) -> bool:
     """Whether a `tf.Variable` holds one copy per replica.
 
     A variable created under a strategy's scope is a
@@ -178,7 +182,9 @@ def inner_optimizers(optimizer):
     return optimizers
 
 
-def tracked_variables(model, optimizer=None):
+def tracked_variables(
+    model: "keras.Model", optimizer: "keras.optimizers.Optimizer | None" = None
+) -> list[TrackedVariable]:
     """Lists the distributed variables of a model and, optionally, its optimizer.
 
     Variables with a single copy (created outside the strategy's scope) are

@@ -160,7 +160,7 @@ def _tf_config_worker_count():
     return len(jobs.get("worker", [])) + len(jobs.get("chief", []))
 
 
-def _trains_with_others(spec: cluster.ClusterSpec | None) -> TypeGuard[cluster.ClusterSpec]:
+def _trains_with_others(spec: "cluster.ClusterSpec | None") -> "TypeGuard[cluster.ClusterSpec]":
     return spec is not None and spec.task_type != "evaluator" and spec.num_workers > 1
 
 
