@@ -14,23 +14,28 @@ whether Python bound the name to this package or to its function.
 
 import sys
 import types
+from typing import TYPE_CHECKING, Any
 
 from keras_scaling import _validation
 from keras_scaling.explain._report import Explanation
+
+if TYPE_CHECKING:
+    import keras
+    import tensorflow as tf
 
 __all__ = ["explain"]
 
 
 def explain(
-    model,
-    data,
+    model: "keras.Model",
+    data: Any,
     *,
-    strategy=None,
+    strategy: "tf.distribute.Strategy | None" = None,
     steps: int = 50,
     rounds: int = 3,
     per_replica_batch_size: int | None = None,
     amortized_steps_per_execution: int | None = None,
-    peak_flops="auto",
+    peak_flops: float | str | None = "auto",
     log_dir: str | None = None,
     verbose: bool = True,
 ) -> Explanation:
