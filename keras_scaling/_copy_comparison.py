@@ -70,14 +70,14 @@ class CopyDifference:
     within_tolerance: bool
 
 
-def _bits(array):
+def _bits(array: np.ndarray) -> np.ndarray:
     array = np.asarray(array)
     if array.dtype == np.bool_:
         return array.view(np.uint8)
     return array.view(f"u{array.dtype.itemsize}") if array.dtype.itemsize <= 8 else array
 
 
-def _non_finite_counts(array):
+def _non_finite_counts(array: np.ndarray) -> tuple[int, int]:
     if not (np.issubdtype(array.dtype, np.inexact) or array.dtype.name == "bfloat16"):
         return 0, 0
     values = array.astype(np.complex128 if np.iscomplexobj(array) else np.float64)
@@ -151,7 +151,7 @@ def compare_copies(
     )
 
 
-def differing_columns(fingerprint_table):
+def differing_columns(fingerprint_table: np.ndarray) -> list[int]:
     """The variables whose fingerprints are not the same on every replica.
 
     Args:
@@ -165,7 +165,9 @@ def differing_columns(fingerprint_table):
     return [int(i) for i in np.flatnonzero(np.any(table != table[:1], axis=0))]
 
 
-def tier_of(is_per_replica_state, per_replica_state_mode, difference):
+def tier_of(
+    is_per_replica_state: bool, per_replica_state_mode: str, difference: CopyDifference
+) -> str:
     """The tier of a variable whose copies differ.
 
     Per-replica state is its own tier unless `per_replica_state_mode` is
@@ -188,7 +190,7 @@ def tier_of(is_per_replica_state, per_replica_state_mode, difference):
     return DIVERGENCE
 
 
-def mean_copy(copies):
+def mean_copy(copies: Sequence[np.ndarray]) -> np.ndarray:
     """The element-wise mean of the copies, in replica 0's dtype.
 
     Integer copies are rounded to the nearest integer; the mean is taken in

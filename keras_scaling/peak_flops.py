@@ -292,13 +292,13 @@ def measure_matmul_flops_per_sec(
 
     chain = 4
 
-    def run():
+    def run() -> float:
         with tf.device(device):
             a = tf.random.stateless_uniform((size, size), (1, 2), dtype=tf.float32)
             a = tf.cast(a, compute_dtype)
 
             @tf.function
-            def multiply(x):
+            def multiply(x: tf.Tensor) -> tf.Tensor:
                 for _ in range(chain):
                     x = tf.matmul(x, a)
                 return x

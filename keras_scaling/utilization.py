@@ -221,5 +221,7 @@ def underuse_advice(
     )
 
 
-def _check_choice(value, parameter, choices, unit):
+def _check_choice(
+    value: float | str | None, parameter: str, choices: tuple[str, ...], unit: str
+) -> float | str | None:
     return _validation.positive_number_or_one_of(value, parameter, (*choices, None), unit=unit)

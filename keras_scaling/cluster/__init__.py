@@ -54,7 +54,7 @@ __all__ = [
 NO_CLUSTER = "one process: no TF_CONFIG, Kubernetes worker list or Slurm step of several tasks"
 
 
-def _count(number, noun):
+def _count(number: int, noun: str) -> str:
     return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
 
 

@@ -21,7 +21,7 @@ WORKER_HOSTS_ENV = "KERAS_SCALING_WORKER_HOSTS"
 INDEX_ENV = "JOB_COMPLETION_INDEX"
 
 
-def _check_address(address):
+def _check_address(address: str) -> None:
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(

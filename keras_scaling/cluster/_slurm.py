@@ -55,7 +55,7 @@ def parse_tasks_per_node(text: str, parameter: str = "SLURM_STEP_TASKS_PER_NODE"
     return counts
 
 
-def _int(env, name):
+def _int(env: Mapping[str, str], name: str) -> int | None:
     value = env.get(name)
     if value is None or value == "":
         return None
@@ -65,12 +65,12 @@ def _int(env, name):
         raise ValueError(f"{name} must be an integer, got {value!r}") from None
 
 
-def in_slurm_job(env):
+def in_slurm_job(env: Mapping[str, str]) -> bool:
     """Whether the environment is a Slurm job's (a batch script, `salloc` shell or step)."""
     return bool(env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID"))
 
 
-def in_slurm_step(env):
+def in_slurm_step(env: Mapping[str, str]) -> bool:
     """Whether this process is a task of a Slurm job step (started by `srun`)."""
     step = env.get("SLURM_STEP_ID", env.get("SLURM_STEPID"))
     # The batch script itself runs as the step "batch" (or without the
@@ -106,7 +106,7 @@ def step_port_base(job_id: int, step_id: int, tasks_on_busiest_node: int = 1) ->
     return PORT_RANGE[0] + slot * block
 
 
-def _port_override(env, tasks_on_busiest_node):
+def _port_override(env: Mapping[str, str], tasks_on_busiest_node: int) -> int | None:
     port = _int(env, PORT_ENV)
     if port is None:
         return None
@@ -221,6 +221,7 @@ def slurm_cluster(
             f"SLURM_STEP_NODELIST={nodelist!r} with SLURM_STEP_TASKS_PER_NODE={tasks_text!r}"
         )
     busiest = max(tasks_per_node)
+    assert job_id is not None and step_id is not None  # in_slurm_step read both
     override = _port_override(env, busiest)
     port_base = override if override is not None else step_port_base(job_id, step_id, busiest)
     workers = tuple(
@@ -241,7 +242,7 @@ def slurm_cluster(
     )
 
 
-def _device_ids(text):
+def _device_ids(text: object) -> list[str]:
     ids = [part.strip() for part in str(text).split(",") if part.strip()]
     # Slurm writes "N/A" or an empty list when it bound nothing.
     return [value for value in ids if value.upper() not in ("N/A", "NONE", "NOGPU")]

@@ -164,7 +164,7 @@ def explain(
     return result
 
 
-def _is_py_dataset(data):
+def _is_py_dataset(data: object) -> bool:
     import keras
 
     return isinstance(data, keras.utils.PyDataset)
@@ -177,7 +177,7 @@ class _CallableModule(types.ModuleType):
     importing `keras_scaling.explain._measure` binds the package to it.
     """
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, *args: Any, **kwargs: Any) -> Explanation:
         return explain(*args, **kwargs)
 
 
