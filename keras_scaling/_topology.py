@@ -5,10 +5,16 @@ keras_scaling, so every module (including `compat`) can use them without an
 import cycle. `keras_scaling.devices` re-exports the public ones.
 """
 
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
 import tensorflow as tf
 
+if TYPE_CHECKING:
+    import keras
 
-def _local_devices(strategy):
+
+def _local_devices(strategy: tf.distribute.Strategy) -> tuple[str, ...]:
     try:
         return tuple(strategy.extended.worker_devices)
     except RuntimeError:
@@ -19,14 +25,14 @@ def _local_devices(strategy):
         return ((gpus or cpus)[0].name,)
 
 
-def _device_kind(device_names):
+def _device_kind(device_names: Iterable[str]) -> str:
     for kind in ("TPU", "GPU"):
         if any(f"{kind}:" in name.upper() for name in device_names):
             return kind
     return "CPU"
 
 
-def _is_multi_worker(strategy):
+def _is_multi_worker(strategy: tf.distribute.Strategy) -> bool:
     return isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
 
 
@@ -153,7 +159,7 @@ def replicas_per_worker(strategy: tf.distribute.Strategy) -> int:
     return num_replicas(strategy) // num_workers(strategy)
 
 
-def local_copy(variable, strategy):
+def local_copy(variable: Any, strategy: tf.distribute.Strategy) -> Any:
     """This worker's first copy of a (possibly mirrored) variable or per-replica value.
 
     All copies of a mirrored variable are equal; reading one costs a fraction
@@ -175,7 +181,7 @@ def local_copy(variable, strategy):
     return strategy.experimental_local_results(variable)[0]
 
 
-def read_int(variable):
+def read_int(variable: Any) -> int:
     """The value of a local integer `tf.Variable` (one copy), read eagerly.
 
     Reading waits for the work queued before it on the variable's device.
@@ -198,7 +204,7 @@ def read_int(variable):
     return int(variable.numpy())
 
 
-def work_done_on_return(device_kind):
+def work_done_on_return(device_kind: str) -> bool:
     """Whether a call of a `tf.function` on `device_kind` devices returns only once their work is done.
 
     CPU kernels run within the call under eager's synchronous execution (the
@@ -214,7 +220,7 @@ def work_done_on_return(device_kind):
     return device_kind == "CPU" and tf.config.experimental.get_synchronous_execution()
 
 
-def step_counter(model):
+def step_counter(model: "keras.Model") -> int:
     """The optimizer's step counter of a compiled `model`, read from one copy.
 
     Args:

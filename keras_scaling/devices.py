@@ -97,7 +97,7 @@ def use_logical_cpus(n: int) -> list[str]:
     return [device.name for device in tf.config.list_logical_devices("CPU")]
 
 
-def _apply_cpu_devices_from_env(spec=None):
+def _apply_cpu_devices_from_env(spec: "cluster.ClusterSpec | None" = None) -> None:
     """Honours `KERAS_SCALING_CPU_DEVICES`, set by `keras-scaling launch`."""
     value = os.environ.get(_CPU_DEVICES_ENV)
     if not value:
@@ -155,7 +155,7 @@ def tf_config() -> dict[str, Any]:
     return config
 
 
-def _tf_config_worker_count():
+def _tf_config_worker_count() -> int:
     jobs = tf_config().get("cluster", {})
     return len(jobs.get("worker", [])) + len(jobs.get("chief", []))
 
@@ -164,7 +164,7 @@ def _trains_with_others(spec: "cluster.ClusterSpec | None") -> "TypeGuard[cluste
     return spec is not None and spec.task_type != "evaluator" and spec.num_workers > 1
 
 
-def _tpu_address():
+def _tpu_address() -> str | None:
     """The TPU to resolve, or None: looks only at local signs, never the network."""
     if os.environ.get("TPU_NAME"):
         return os.environ["TPU_NAME"]
@@ -281,7 +281,9 @@ def warn_if_keras_distribution_set() -> bool:
 _cluster_origins: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _choose_strategy(spec=None):
+def _choose_strategy(
+    spec: "cluster.ClusterSpec | None" = None,
+) -> tuple[tf.distribute.Strategy, str]:
     tpu = _tpu_address()
     if tpu is not None:
         try:
@@ -323,7 +325,7 @@ def _choose_strategy(spec=None):
     return tf.distribute.get_strategy(), "one device: no TPU, workers or several devices"
 
 
-def _multi_worker_strategy(cluster_resolver=None):
+def _multi_worker_strategy(cluster_resolver: Any = None) -> tf.distribute.Strategy:
     """MultiWorkerMirroredStrategy with one replica per logical CPU when there is no GPU."""
     cpu = tf.config.list_physical_devices("CPU")[0]
     cpu_count = len(tf.config.get_logical_device_configuration(cpu) or [None])
@@ -337,7 +339,9 @@ def _multi_worker_strategy(cluster_resolver=None):
     # TensorFlow gives a worker without accelerators a single CPU replica,
     # whatever its logical CPUs; here the replicas follow the logical CPUs, as
     # MirroredStrategy's do on one machine.
-    def _initialize_local_devices(self, cluster_resolver, worker_device):
+    def _initialize_local_devices(
+        self: Any, cluster_resolver: Any, worker_device: str
+    ) -> tuple[tuple[str, ...], str]:
         devices, kind = original(self, cluster_resolver, worker_device)
         if kind == "CPU":
             devices = tuple(f"{worker_device}/device:CPU:{i}" for i in range(cpu_count))
@@ -357,7 +361,7 @@ def _multi_worker_strategy(cluster_resolver=None):
     lost="each worker without a GPU runs one replica, not one per logical CPU",
     workaround="Run one logical CPU per worker (launch --cpu-devices 1), or use GPUs.",
 )
-def _collective_local_devices_hook():
+def _collective_local_devices_hook() -> tuple[Any, Any]:
     """(the class that picks a worker's devices, its original method), or None."""
     from tensorflow.python.distribute import collective_all_reduce_strategy as collective
 
@@ -462,7 +466,7 @@ def describe_strategy(strategy: tf.distribute.Strategy | None = None) -> Strateg
     )
 
 
-def _cluster_origin(strategy):
+def _cluster_origin(strategy: tf.distribute.Strategy) -> str:
     origin = _cluster_origins.get(strategy)
     if origin is not None:
         return origin
