@@ -91,11 +91,11 @@ class ReplicaStateChecker:
         self._fingerprint_function: Callable[[], Any] | None = None
         self._gather_functions: dict[tuple[int, ...], Callable[[], Any]] = {}
 
-    def _build_fingerprint_function(self):
+    def _build_fingerprint_function(self) -> Callable[[], Any]:
         tf_variables = [v.variable for v in self.variables]
         strategy, across_workers = self.strategy, self.num_workers > 1
 
-        def replica_fn():
+        def replica_fn() -> tf.Tensor:
             # In replica context, reading a distributed variable reads this
             # replica's own copy.
             table = _fingerprint.fingerprint_table(
@@ -107,7 +107,7 @@ class ReplicaStateChecker:
             return context.all_gather(table[tf.newaxis], axis=0)
 
         @tf.function(autograph=False)
-        def fingerprint_all():
+        def fingerprint_all() -> Any:
             return strategy.run(replica_fn)
 
         return fingerprint_all
@@ -157,11 +157,11 @@ class ReplicaStateChecker:
         local = [self.strategy.experimental_local_results(values)[0].numpy() for values in gathered]
         return [list(values) for values in local]
 
-    def _build_gather_function(self, indices):
+    def _build_gather_function(self, indices: tuple[int, ...]) -> Callable[[], Any]:
         tf_variables = [self.variables[i].variable for i in indices]
         strategy = self.strategy
 
-        def replica_fn():
+        def replica_fn() -> list[tf.Tensor]:
             context = tf.distribute.get_replica_context()
             return [
                 context.all_gather(tf.identity(variable)[tf.newaxis], axis=0)
@@ -169,7 +169,7 @@ class ReplicaStateChecker:
             ]
 
         @tf.function(autograph=False)
-        def gather_all():
+        def gather_all() -> Any:
             return strategy.run(replica_fn)
 
         return gather_all
@@ -248,6 +248,6 @@ class ReplicaStateChecker:
         )
         return dataclasses.replace(report, variables=repaired)
 
-    def _assign_everywhere(self, variable, value):
+    def _assign_everywhere(self, variable: "TrackedVariable", value: np.ndarray) -> None:
         for component in self.strategy.experimental_local_results(variable.variable):
             component.assign(value)

@@ -83,7 +83,7 @@ class TrackedVariable:
         return self.per_replica_reason is not None
 
 
-def _enum_name(value):
+def _enum_name(value: object) -> str:
     return getattr(value, "name", str(value))
 
 
@@ -157,10 +157,10 @@ def is_distributed(tf_variable: tf.Variable) -> bool:
     return isinstance(tf_variable, tf.distribute.DistributedValues)
 
 
-def _unsynchronized_batch_norm_statistics(model):
+def _unsynchronized_batch_norm_statistics(model: "keras.Model") -> dict[int, str]:
     import keras
 
-    found = {}
+    found: dict[int, str] = {}
     for layer in _keras_internals.all_layers(model):
         if isinstance(layer, keras.layers.BatchNormalization) and not getattr(
             layer, "synchronized", False
@@ -171,7 +171,7 @@ def _unsynchronized_batch_norm_statistics(model):
     return found
 
 
-def inner_optimizers(optimizer):
+def inner_optimizers(optimizer: "keras.optimizers.Optimizer") -> list[Any]:
     """The optimizer and those it wraps, outermost first.
 
     A `LossScaleOptimizer` wraps the optimizer that counts the steps.
@@ -227,7 +227,7 @@ def tracked_variables(
     seed_states = _keras_internals.seed_generator_state_ids(model)
     found, seen = [], set()
 
-    def add(keras_variable, role, reason=None):
+    def add(keras_variable: Any, role: str, reason: str | None = None) -> None:
         tf_variable = distributed_variable(keras_variable)
         if id(tf_variable) in seen or not is_distributed(tf_variable):
             return
@@ -270,7 +270,9 @@ def tracked_variables(
     return found
 
 
-def single_copy_paths(model, optimizer=None):
+def single_copy_paths(
+    model: "keras.Model", optimizer: "keras.optimizers.Optimizer | None" = None
+) -> list[str]:
     """The paths of the model's (and optimizer's) variables with one copy only.
 
     They were created outside the strategy's scope, so there is nothing to
@@ -282,7 +284,9 @@ def single_copy_paths(model, optimizer=None):
     return [v.path for v in candidates if not is_distributed(distributed_variable(v))]
 
 
-def step_counter(optimizer, strategy):
+def step_counter(
+    optimizer: "keras.optimizers.Optimizer", strategy: tf.distribute.Strategy
+) -> tuple[tf.Variable, int | None]:
     """What to read the optimizer step from, cheaply, at every batch.
 
     Args:
