@@ -41,10 +41,12 @@ $(VENV)/.installed-%: pyproject.toml $(STAMP)
 	$(PY) -m pip install --quiet -e '.[$*]'
 	touch $@
 
-# ruff, as configured in pyproject.toml: the lint rules and the format check.
+# ruff, as configured in pyproject.toml: the lint rules and the format check;
+# then mypy over the package (pyproject.toml's [tool.mypy]).
 lint: $(VENV)/.installed-lint
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 # The documentation site, built with --strict (a broken link or reference
 # fails), then every Python and shell block of docs/ run in order, page by page.

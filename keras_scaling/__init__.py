@@ -21,8 +21,36 @@ not initialise TensorFlow's devices: `use_logical_cpus` can still follow it.
 """
 
 import importlib
+from typing import TYPE_CHECKING
 
 from keras_scaling import _versions
+
+if TYPE_CHECKING:
+    # What `__getattr__` imports on first use, spelled out for type checkers.
+    from keras_scaling import baseline as baseline
+    from keras_scaling import callbacks as callbacks
+    from keras_scaling import cluster as cluster
+    from keras_scaling import compat as compat
+    from keras_scaling import data as data
+    from keras_scaling import devices as devices
+    from keras_scaling import doctor as doctor
+    from keras_scaling import explain as explain
+    from keras_scaling import flops as flops
+    from keras_scaling import launcher as launcher
+    from keras_scaling import peak_flops as peak_flops
+    from keras_scaling import replica_state as replica_state
+    from keras_scaling import throughput as throughput
+    from keras_scaling import utilization as utilization
+    from keras_scaling.callbacks.backup_and_restore import BackupAndRestore as BackupAndRestore
+    from keras_scaling.callbacks.replica_sync import (
+        ReplicaDivergenceError as ReplicaDivergenceError,
+    )
+    from keras_scaling.callbacks.replica_sync import ReplicaSyncCheck as ReplicaSyncCheck
+    from keras_scaling.callbacks.throughput import ThroughputLogger as ThroughputLogger
+    from keras_scaling.devices import StrategyInfo as StrategyInfo
+    from keras_scaling.devices import auto_strategy as auto_strategy
+    from keras_scaling.devices import describe_strategy as describe_strategy
+    from keras_scaling.devices import use_logical_cpus as use_logical_cpus
 
 _versions.check_supported()
 
@@ -58,7 +86,7 @@ _SUBMODULES = (
 __all__ = sorted(_EXPORTS) + list(_SUBMODULES)
 
 
-def __getattr__(name):
+def __getattr__(name: str) -> object:
     if name in _EXPORTS:
         value = getattr(importlib.import_module(_EXPORTS[name]), name)
     elif name in _SUBMODULES:
@@ -69,5 +97,5 @@ def __getattr__(name):
     return value
 
 
-def __dir__():
+def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))

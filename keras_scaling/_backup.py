@@ -65,7 +65,7 @@ class Position:
     epoch: int
     step_in_epoch: int
     iterations: int
-    dataset_iterations: int = None
+    dataset_iterations: int | None = None
 
 
 def variable_spec(path, shape, dtype):
@@ -121,7 +121,7 @@ def write(backup_dir, *, values, specs, header):
         os.umask(umask)
         os.chmod(temp_path, 0o666 & ~umask)
         with os.fdopen(descriptor, "wb") as file:
-            np.savez(file, **arrays)
+            np.savez(file, **arrays)  # type: ignore[arg-type]  # numpy types **kwds as allow_pickle
             file.flush()
             os.fsync(file.fileno())
         os.replace(temp_path, backup_path(backup_dir))

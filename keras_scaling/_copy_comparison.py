@@ -10,6 +10,8 @@ names.
 """
 
 import dataclasses
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -58,31 +60,33 @@ class CopyDifference:
     ```
     """
 
-    differing_replicas: tuple
+    differing_replicas: tuple[int, ...]
     num_differing_elements: int
     num_elements: int
     max_abs_diff: float
     max_rel_diff: float
-    nan_counts: tuple
-    inf_counts: tuple
+    nan_counts: tuple[int, ...]
+    inf_counts: tuple[int, ...]
     within_tolerance: bool
 
 
-def _bits(array):
+def _bits(array: np.ndarray) -> np.ndarray:
     array = np.asarray(array)
     if array.dtype == np.bool_:
         return array.view(np.uint8)
     return array.view(f"u{array.dtype.itemsize}") if array.dtype.itemsize <= 8 else array
 
 
-def _non_finite_counts(array):
+def _non_finite_counts(array: np.ndarray) -> tuple[int, int]:
     if not (np.issubdtype(array.dtype, np.inexact) or array.dtype.name == "bfloat16"):
         return 0, 0
     values = array.astype(np.complex128 if np.iscomplexobj(array) else np.float64)
     return int(np.isnan(values).sum()), int(np.isinf(values).sum())
 
 
-def compare_copies(copies, atol=0.0, rtol=0.0):
+def compare_copies(
+    copies: Sequence[np.ndarray], atol: float = 0.0, rtol: float = 0.0
+) -> CopyDifference:
     """Compares every replica's copy of a variable with replica 0's copy.
 
     Equality is bitwise: `-0.0` and `0.0`, or two NaNs with different
@@ -147,7 +151,7 @@ def compare_copies(copies, atol=0.0, rtol=0.0):
     )
 
 
-def differing_columns(fingerprint_table):
+def differing_columns(fingerprint_table: np.ndarray) -> list[int]:
     """The variables whose fingerprints are not the same on every replica.
 
     Args:
@@ -161,7 +165,9 @@ def differing_columns(fingerprint_table):
     return [int(i) for i in np.flatnonzero(np.any(table != table[:1], axis=0))]
 
 
-def tier_of(is_per_replica_state, per_replica_state_mode, difference):
+def tier_of(
+    is_per_replica_state: bool, per_replica_state_mode: str, difference: CopyDifference
+) -> str:
     """The tier of a variable whose copies differ.
 
     Per-replica state is its own tier unless `per_replica_state_mode` is
@@ -184,7 +190,7 @@ def tier_of(is_per_replica_state, per_replica_state_mode, difference):
     return DIVERGENCE
 
 
-def mean_copy(copies):
+def mean_copy(copies: Sequence[np.ndarray]) -> np.ndarray:
     """The element-wise mean of the copies, in replica 0's dtype.
 
     Integer copies are rounded to the nearest integer; the mean is taken in
@@ -203,7 +209,7 @@ def mean_copy(copies):
     return mean.astype(reference.dtype)
 
 
-def likely_cause(variable, difference):
+def likely_cause(variable: Any, difference: CopyDifference) -> str:
     """What usually makes a variable's copies differ like this, in one sentence.
 
     NaN or Inf on some replicas only comes first; then per-replica state,
@@ -326,18 +332,18 @@ class VariableReport:
     """
 
     path: str
-    shape: tuple
+    shape: tuple[int, ...]
     dtype: str
     aggregation: str
     synchronization: str
     role: str
     tier: str
     difference: CopyDifference
-    devices: tuple
+    devices: tuple[str, ...]
     likely_cause: str
-    repair: str = None
+    repair: str | None = None
 
-    def __str__(self):
+    def __str__(self) -> str:
         diff = self.difference
         replicas = ", ".join(
             f"{replica} ({device})"
@@ -405,38 +411,38 @@ class ReplicaSyncReport:
     num_replicas: int
     num_workers: int
     num_variables: int
-    variables: tuple = ()
+    variables: tuple[VariableReport, ...] = ()
 
-    def _tier(self, tier):
+    def _tier(self, tier: str) -> tuple[VariableReport, ...]:
         return tuple(v for v in self.variables if v.tier == tier)
 
     @property
-    def divergences(self):
+    def divergences(self) -> tuple[VariableReport, ...]:
         """The `VariableReport`s of the "divergence" tier."""
         return self._tier(DIVERGENCE)
 
     @property
-    def float_drift(self):
+    def float_drift(self) -> tuple[VariableReport, ...]:
         """The `VariableReport`s within `atol`/`rtol`."""
         return self._tier(FLOAT_DRIFT)
 
     @property
-    def per_replica_state(self):
+    def per_replica_state(self) -> tuple[VariableReport, ...]:
         """The `VariableReport`s of per-replica state."""
         return self._tier(PER_REPLICA_STATE)
 
     @property
-    def ok(self):
+    def ok(self) -> bool:
         """True when no variable diverged."""
         return not self.divergences
 
     @property
-    def max_abs_diff(self):
+    def max_abs_diff(self) -> float:
         """The largest absolute difference among diverged and drifting variables."""
         values = [v.difference.max_abs_diff for v in self.divergences + self.float_drift]
         return max(values, default=0.0)
 
-    def __str__(self):
+    def __str__(self) -> str:
         workers = "worker" if self.num_workers == 1 else "workers"
         head = (
             f"Replica sync check at step {self.step}: {self.num_variables} "

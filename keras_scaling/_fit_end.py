@@ -29,7 +29,7 @@ import weakref
 logger = logging.getLogger("keras_scaling")
 
 _lock = threading.RLock()
-_open = {}
+_open: dict[int, "FitChanges"] = {}
 
 
 class FitChanges:

@@ -134,8 +134,8 @@ def _hold(user_namespace):
         step = "bringing lo up"
         _bring_loopback_up()
     except OSError as error:
-        code = errno.errorcode.get(error.errno, f"errno {error.errno}")
-        print(f"{step} failed: {code} ({os.strerror(error.errno)})", flush=True)
+        code = errno.errorcode.get(error.errno or 0, f"errno {error.errno}")
+        print(f"{step} failed: {code} ({error.strerror})", flush=True)
         return 1
     print(_READY, flush=True)
     sys.stdin.read()
@@ -218,6 +218,7 @@ def _create_once(user_namespace, env):
         text=True,
         start_new_session=True,  # the terminal's Ctrl-C is for the launcher
     )
+    assert holder.stdin and holder.stdout and holder.stderr  # all three are pipes
     try:
         line = holder.stdout.readline().strip()
         if line != _READY:

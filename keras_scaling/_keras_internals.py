@@ -89,7 +89,7 @@ def _accumulators_by_path(optimizers):
 )
 def gradient_accumulator_ids(optimizers):
     """The ids of the gradient accumulators of `optimizers` (and their inner ones)."""
-    found = set()
+    found: set[int] = set()
     for optimizer in optimizers:
         if getattr(optimizer, "gradient_accumulation_steps", None):
             found.update(id(v) for v in optimizer._accumulated_gradients or ())

@@ -41,8 +41,8 @@ class ReachError(Exception):
 REACH_ERRORS = (AttributeError, ImportError, TypeError, LookupError, ReachError)
 
 _lock = threading.Lock()
-_registry = {}
-_warned = set()
+_registry: dict[str, "Probe"] = {}
+_warned: set[str] = set()
 
 
 class Probe:
@@ -108,7 +108,7 @@ def guarded(name, *, reaches, lost, workaround, fallback=None):
                     return fallback(*args, **kwargs)
                 return fallback
 
-        wrapper.probe = probe
+        wrapper.probe = probe  # type: ignore[attr-defined]
         return wrapper
 
     return decorate

@@ -10,11 +10,16 @@ re-exports it.
 """
 
 import dataclasses
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import tensorflow as tf
 
 from keras_scaling import _copy_comparison, _fingerprint, _topology, _validation
+
+if TYPE_CHECKING:
+    from keras_scaling._tracked_variables import TrackedVariable
 
 
 class ReplicaStateChecker:
@@ -63,7 +68,14 @@ class ReplicaStateChecker:
     ```
     """
 
-    def __init__(self, strategy, variables, atol=0.0, rtol=0.0, per_replica_state="warn"):
+    def __init__(
+        self,
+        strategy: tf.distribute.Strategy,
+        variables: "Iterable[TrackedVariable]",
+        atol: float = 0.0,
+        rtol: float = 0.0,
+        per_replica_state: str = "warn",
+    ) -> None:
         self.per_replica_state = _validation.one_of(
             per_replica_state, "per_replica_state", _copy_comparison.PER_REPLICA_STATE_MODES
         )
@@ -76,14 +88,14 @@ class ReplicaStateChecker:
         self.num_replicas = _topology.num_replicas(strategy)
         self.num_workers = _topology.num_workers(strategy)
         self.replica_devices = _topology.replica_device_names(strategy)
-        self._fingerprint_function = None
-        self._gather_functions = {}
+        self._fingerprint_function: Callable[[], Any] | None = None
+        self._gather_functions: dict[tuple[int, ...], Callable[[], Any]] = {}
 
-    def _build_fingerprint_function(self):
+    def _build_fingerprint_function(self) -> Callable[[], Any]:
         tf_variables = [v.variable for v in self.variables]
         strategy, across_workers = self.strategy, self.num_workers > 1
 
-        def replica_fn():
+        def replica_fn() -> tf.Tensor:
             # In replica context, reading a distributed variable reads this
             # replica's own copy.
             table = _fingerprint.fingerprint_table(
@@ -95,12 +107,12 @@ class ReplicaStateChecker:
             return context.all_gather(table[tf.newaxis], axis=0)
 
         @tf.function(autograph=False)
-        def fingerprint_all():
+        def fingerprint_all() -> Any:
             return strategy.run(replica_fn)
 
         return fingerprint_all
 
-    def fingerprints(self):
+    def fingerprints(self) -> np.ndarray:
         """The int64 table `[num_replicas, num_variables]` of fingerprints.
 
         Returns:
@@ -118,7 +130,7 @@ class ReplicaStateChecker:
         # instance keys and can clash.)
         return np.stack([row.numpy() for row in local])
 
-    def gather(self, indices):
+    def gather(self, indices: Sequence[int]) -> list[list[np.ndarray]]:
         """Every replica's copy of `self.variables[i]` for `i` in `indices`.
 
         Args:
@@ -145,11 +157,11 @@ class ReplicaStateChecker:
         local = [self.strategy.experimental_local_results(values)[0].numpy() for values in gathered]
         return [list(values) for values in local]
 
-    def _build_gather_function(self, indices):
+    def _build_gather_function(self, indices: tuple[int, ...]) -> Callable[[], Any]:
         tf_variables = [self.variables[i].variable for i in indices]
         strategy = self.strategy
 
-        def replica_fn():
+        def replica_fn() -> list[tf.Tensor]:
             context = tf.distribute.get_replica_context()
             return [
                 context.all_gather(tf.identity(variable)[tf.newaxis], axis=0)
@@ -157,12 +169,12 @@ class ReplicaStateChecker:
             ]
 
         @tf.function(autograph=False)
-        def gather_all():
+        def gather_all() -> Any:
             return strategy.run(replica_fn)
 
         return gather_all
 
-    def check(self, step):
+    def check(self, step: int) -> "_copy_comparison.ReplicaSyncReport":
         """Compares the copies now and returns a `ReplicaSyncReport`.
 
         With `per_replica_state="average"`, per-replica state that differs is
@@ -213,7 +225,9 @@ class ReplicaStateChecker:
             variables=tuple(reports),
         )
 
-    def resync(self, report):
+    def resync(
+        self, report: "_copy_comparison.ReplicaSyncReport"
+    ) -> "_copy_comparison.ReplicaSyncReport":
         """Copies replica 0's value to every replica for the diverged variables.
 
         Args:
@@ -234,6 +248,6 @@ class ReplicaStateChecker:
         )
         return dataclasses.replace(report, variables=repaired)
 
-    def _assign_everywhere(self, variable, value):
+    def _assign_everywhere(self, variable: "TrackedVariable", value: np.ndarray) -> None:
         for component in self.strategy.experimental_local_results(variable.variable):
             component.assign(value)

@@ -18,6 +18,7 @@ own `BackupAndRestore` does).
 """
 
 import sys
+import types
 
 from keras_scaling import _probes, data
 
@@ -42,7 +43,7 @@ def running_epoch_iterator():
     Raises when it is not found or not of the shape this module knows; the
     guard then warns once and returns None.
     """
-    frame = sys._getframe(1)
+    frame: types.FrameType | None = sys._getframe(1)
     try:
         while frame is not None:
             if frame.f_code.co_name == "fit" and "epoch_iterator" in frame.f_locals:

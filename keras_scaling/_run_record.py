@@ -30,6 +30,8 @@ Files written before a key existed are read with it null (`baseline_num_replicas
 import json
 import numbers
 import os
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeGuard
 
 from keras_scaling import throughput as throughput_lib
 
@@ -79,16 +81,16 @@ _LATER_FIELDS = (
 
 
 def build_record(
-    setup,
+    setup: Mapping[str, Any],
     *,
-    steady=None,
-    baseline_samples_per_sec=None,
-    baseline_source=None,
-    baseline_num_replicas=None,
-    startup_time_s=None,
-    epochs=(),
-    flops=None,
-):
+    steady: "throughput_lib.SteadyState | None" = None,
+    baseline_samples_per_sec: float | None = None,
+    baseline_source: str | None = None,
+    baseline_num_replicas: int | None = None,
+    startup_time_s: float | None = None,
+    epochs: "Sequence[tuple[int, throughput_lib.SteadyState]]" = (),
+    flops: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
     """A complete record from a run's set-up and what was measured.
 
     Args:
@@ -162,7 +164,9 @@ def build_record(
     return record
 
 
-def speedup_of(record, baseline=None):
+def speedup_of(
+    record: Mapping[str, Any], baseline: Mapping[str, Any] | None = None
+) -> "throughput_lib.Speedup | None":
     """Speedup, ideal speedup and efficiency of a run record over its baseline.
 
     The baseline is `baseline` when given (another run's record, such as the
@@ -203,11 +207,12 @@ def speedup_of(record, baseline=None):
     )
 
 
-def _is_positive(value):
-    return isinstance(value, numbers.Real) and not isinstance(value, bool) and value > 0
+def _is_positive(value: object) -> TypeGuard[float]:
+    # mypy does not order numbers.Real (python/mypy#3186)
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and value > 0  # type: ignore[operator]
 
 
-def validate_record(record, where="record"):
+def validate_record(record: Mapping[str, Any], where: str = "record") -> dict[str, Any]:
     """Checks that `record` is a version-1 throughput record; returns it completed.
 
     Keys added to version 1 later may be missing and are set to null.
@@ -237,7 +242,7 @@ def validate_record(record, where="record"):
     return {key: record[key] for key in FIELDS}
 
 
-def measured_samples_per_sec(record, where, remedy):
+def measured_samples_per_sec(record: Mapping[str, Any], where: str, remedy: str) -> float:
     """The record's `samples_per_sec`, or a ValueError saying the run measured nothing."""
     samples_per_sec = record["samples_per_sec"]
     if not _is_positive(samples_per_sec):
@@ -247,7 +252,7 @@ def measured_samples_per_sec(record, where, remedy):
     return float(samples_per_sec)
 
 
-def write_throughput_json(log_dir, record):
+def write_throughput_json(log_dir: str | os.PathLike[str], record: Mapping[str, Any]) -> str:
     """Writes `record` to `log_dir/throughput.json`, atomically.
 
     Readers never see a half-written file: it is written beside and renamed.
@@ -296,7 +301,7 @@ def write_throughput_json(log_dir, record):
     return path
 
 
-def read_throughput_json(path, parameter="path"):
+def read_throughput_json(path: str | os.PathLike[str], parameter: str = "path") -> dict[str, Any]:
     """Reads a run's `throughput.json`.
 
     Args:

@@ -121,8 +121,8 @@ TAG_DESCRIPTIONS = {
 # Held by every write, flush, open and close of an event file (an RLock: a
 # write may open the file it writes to).
 _lock = threading.RLock()
-_event_files = {}  # run directory: its open _EventFile
-_holds = {}  # run directory: how many holds keep its file open
+_event_files: dict[str, "_EventFile"] = {}  # run directory: its open _EventFile
+_holds: dict[str, int] = {}  # run directory: how many holds keep its file open
 _event_file_ids = itertools.count()
 
 
@@ -576,7 +576,7 @@ def _event_file_paths(run_dir):
 
 def _read_summaries(paths):
 
-    points = {}
+    points: dict[str, list[Point]] = {}
     metadata_of = {}
     for path in paths:
         for event in event_file_loader.EventFileLoader(path).Load():

@@ -23,10 +23,10 @@ logger = logging.getLogger("keras_scaling")
 _FLOPS_UNITS = {"CPU": ("gflops", 1e9), "GPU": ("tflops", 1e12), "TPU": ("tflops", 1e12)}
 
 # A device without a peak figure is named once per process, not once per fit.
-_PEAK_REASONS_LOGGED = set()
+_PEAK_REASONS_LOGGED: set[str] = set()
 # Counting traces the model's training graph (a fixed cost of a few hundred
 # ms); a model trained again on batches of the same spec is not counted again.
-_COUNTED = weakref.WeakKeyDictionary()
+_COUNTED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 class ModelFlops:

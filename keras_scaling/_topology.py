@@ -5,10 +5,16 @@ keras_scaling, so every module (including `compat`) can use them without an
 import cycle. `keras_scaling.devices` re-exports the public ones.
 """
 
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
 import tensorflow as tf
 
+if TYPE_CHECKING:
+    import keras
 
-def _local_devices(strategy):
+
+def _local_devices(strategy: tf.distribute.Strategy) -> tuple[str, ...]:
     try:
         return tuple(strategy.extended.worker_devices)
     except RuntimeError:
@@ -19,18 +25,18 @@ def _local_devices(strategy):
         return ((gpus or cpus)[0].name,)
 
 
-def _device_kind(device_names):
+def _device_kind(device_names: Iterable[str]) -> str:
     for kind in ("TPU", "GPU"):
         if any(f"{kind}:" in name.upper() for name in device_names):
             return kind
     return "CPU"
 
 
-def _is_multi_worker(strategy):
+def _is_multi_worker(strategy: tf.distribute.Strategy) -> bool:
     return isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
 
 
-def num_workers(strategy):
+def num_workers(strategy: tf.distribute.Strategy) -> int:
     """The number of workers (machines or processes) the strategy spans.
 
     1 for every strategy but `MultiWorkerMirroredStrategy` (the workers of
@@ -58,7 +64,7 @@ def num_workers(strategy):
     return 1
 
 
-def worker_index(strategy):
+def worker_index(strategy: tf.distribute.Strategy) -> int:
     """This worker's index among `num_workers(strategy)`: 0 on a single worker.
 
     With a `chief` task in `TF_CONFIG` the chief is worker 0 and the
@@ -87,7 +93,7 @@ def worker_index(strategy):
     return resolver.task_id + (1 if has_chief else 0)
 
 
-def is_chief(strategy):
+def is_chief(strategy: tf.distribute.Strategy) -> bool:
     """Whether this worker is the one that writes logs, files and checkpoints.
 
     Always true on a single worker; under `MultiWorkerMirroredStrategy`, true
@@ -113,7 +119,7 @@ def is_chief(strategy):
     return bool(strategy.extended.should_checkpoint)
 
 
-def num_replicas(strategy):
+def num_replicas(strategy: tf.distribute.Strategy) -> int:
     """All replicas of the strategy, in sync across every worker.
 
     Args:
@@ -133,7 +139,7 @@ def num_replicas(strategy):
     return int(strategy.num_replicas_in_sync)
 
 
-def replicas_per_worker(strategy):
+def replicas_per_worker(strategy: tf.distribute.Strategy) -> int:
     """The replicas of one worker: `num_replicas(strategy) // num_workers(strategy)`.
 
     Args:
@@ -153,7 +159,7 @@ def replicas_per_worker(strategy):
     return num_replicas(strategy) // num_workers(strategy)
 
 
-def local_copy(variable, strategy):
+def local_copy(variable: Any, strategy: tf.distribute.Strategy) -> Any:
     """This worker's first copy of a (possibly mirrored) variable or per-replica value.
 
     All copies of a mirrored variable are equal; reading one costs a fraction
@@ -175,7 +181,7 @@ def local_copy(variable, strategy):
     return strategy.experimental_local_results(variable)[0]
 
 
-def read_int(variable):
+def read_int(variable: Any) -> int:
     """The value of a local integer `tf.Variable` (one copy), read eagerly.
 
     Reading waits for the work queued before it on the variable's device.
@@ -198,7 +204,7 @@ def read_int(variable):
     return int(variable.numpy())
 
 
-def work_done_on_return(device_kind):
+def work_done_on_return(device_kind: str) -> bool:
     """Whether a call of a `tf.function` on `device_kind` devices returns only once their work is done.
 
     CPU kernels run within the call under eager's synchronous execution (the
@@ -214,7 +220,7 @@ def work_done_on_return(device_kind):
     return device_kind == "CPU" and tf.config.experimental.get_synchronous_execution()
 
 
-def step_counter(model):
+def step_counter(model: "keras.Model") -> int:
     """The optimizer's step counter of a compiled `model`, read from one copy.
 
     Args:
@@ -226,7 +232,7 @@ def step_counter(model):
     return read_int(local_copy(model.optimizer.iterations, model.distribute_strategy))
 
 
-def replica_device_names(strategy):
+def replica_device_names(strategy: tf.distribute.Strategy) -> list[str]:
     """A device name for every replica, in the order of `all_gather`.
 
     This worker's replicas are named by their devices; another worker's

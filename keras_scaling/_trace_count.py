@@ -9,7 +9,7 @@ The counting `train_step` is an attribute of the model object, set for one
 
 import weakref
 
-_trace_counts = weakref.WeakKeyDictionary()
+_trace_counts: weakref.WeakKeyDictionary[type, int] = weakref.WeakKeyDictionary()
 
 
 def count_traces(model):

@@ -9,6 +9,7 @@ re-exports its public names.
 """
 
 import dataclasses
+from typing import TYPE_CHECKING, Any
 
 import tensorflow as tf
 
@@ -21,6 +22,9 @@ from keras_scaling._copy_comparison import (
     SEED_GENERATOR,
     TRAINABLE,
 )
+
+if TYPE_CHECKING:
+    import keras
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,34 +60,34 @@ class TrackedVariable:
     path: str
     variable: tf.Variable
     role: str
-    per_replica_reason: str = None
+    per_replica_reason: str | None = None
 
     @property
-    def shape(self):
+    def shape(self) -> tuple[int, ...]:
         return tuple(self.variable.shape)
 
     @property
-    def dtype(self):
+    def dtype(self) -> str:
         return self.variable.dtype.name
 
     @property
-    def aggregation(self):
+    def aggregation(self) -> str:
         return _enum_name(self.variable.aggregation)
 
     @property
-    def synchronization(self):
+    def synchronization(self) -> str:
         return _enum_name(self.variable.synchronization)
 
     @property
-    def is_per_replica_state(self):
+    def is_per_replica_state(self) -> bool:
         return self.per_replica_reason is not None
 
 
-def _enum_name(value):
+def _enum_name(value: object) -> str:
     return getattr(value, "name", str(value))
 
 
-def distributed_variable(variable):
+def distributed_variable(variable: Any) -> tf.Variable:
     """The `tf.Variable` under a Keras variable (or the variable itself).
 
     Keras 3 variables wrap a `tf.Variable`; under a strategy's scope that is
@@ -122,7 +126,7 @@ def distributed_variable(variable):
     )
 
 
-def is_distributed(tf_variable):
+def is_distributed(tf_variable: tf.Variable) -> bool:
     """Whether a `tf.Variable` holds one copy per replica.
 
     A variable created under a strategy's scope is a
@@ -153,10 +157,10 @@ def is_distributed(tf_variable):
     return isinstance(tf_variable, tf.distribute.DistributedValues)
 
 
-def _unsynchronized_batch_norm_statistics(model):
+def _unsynchronized_batch_norm_statistics(model: "keras.Model") -> dict[int, str]:
     import keras
 
-    found = {}
+    found: dict[int, str] = {}
     for layer in _keras_internals.all_layers(model):
         if isinstance(layer, keras.layers.BatchNormalization) and not getattr(
             layer, "synchronized", False
@@ -167,7 +171,7 @@ def _unsynchronized_batch_norm_statistics(model):
     return found
 
 
-def inner_optimizers(optimizer):
+def inner_optimizers(optimizer: "keras.optimizers.Optimizer") -> list[Any]:
     """The optimizer and those it wraps, outermost first.
 
     A `LossScaleOptimizer` wraps the optimizer that counts the steps.
@@ -178,7 +182,9 @@ def inner_optimizers(optimizer):
     return optimizers
 
 
-def tracked_variables(model, optimizer=None):
+def tracked_variables(
+    model: "keras.Model", optimizer: "keras.optimizers.Optimizer | None" = None
+) -> list[TrackedVariable]:
     """Lists the distributed variables of a model and, optionally, its optimizer.
 
     Variables with a single copy (created outside the strategy's scope) are
@@ -221,7 +227,7 @@ def tracked_variables(model, optimizer=None):
     seed_states = _keras_internals.seed_generator_state_ids(model)
     found, seen = [], set()
 
-    def add(keras_variable, role, reason=None):
+    def add(keras_variable: Any, role: str, reason: str | None = None) -> None:
         tf_variable = distributed_variable(keras_variable)
         if id(tf_variable) in seen or not is_distributed(tf_variable):
             return
@@ -264,7 +270,9 @@ def tracked_variables(model, optimizer=None):
     return found
 
 
-def single_copy_paths(model, optimizer=None):
+def single_copy_paths(
+    model: "keras.Model", optimizer: "keras.optimizers.Optimizer | None" = None
+) -> list[str]:
     """The paths of the model's (and optimizer's) variables with one copy only.
 
     They were created outside the strategy's scope, so there is nothing to
@@ -276,7 +284,9 @@ def single_copy_paths(model, optimizer=None):
     return [v.path for v in candidates if not is_distributed(distributed_variable(v))]
 
 
-def step_counter(optimizer, strategy):
+def step_counter(
+    optimizer: "keras.optimizers.Optimizer", strategy: tf.distribute.Strategy
+) -> tuple[tf.Variable, int | None]:
     """What to read the optimizer step from, cheaply, at every batch.
 
     Args:

@@ -18,6 +18,8 @@ import numbers
 import os
 import time
 import weakref
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from keras_scaling import _probes, _threads, _validation
 from keras_scaling._run_record import (
@@ -31,6 +33,11 @@ from keras_scaling._run_record import (
 )
 from keras_scaling.throughput import ThroughputWindow
 from keras_scaling.throughput import speedup as _speedup
+
+if TYPE_CHECKING:
+    import keras
+
+    from keras_scaling.throughput import Speedup
 
 logger = logging.getLogger("keras_scaling")
 
@@ -79,17 +86,17 @@ class Baseline:
     """
 
     mode: str
-    samples_per_sec: float = None
-    source: str = None
+    samples_per_sec: float | None = None
+    source: str | None = None
     num_replicas: int = 1
-    record: dict = None
-    measure_time_s: float = None
+    record: dict | None = None
+    measure_time_s: float | None = None
 
-    def with_value(self, samples_per_sec, source):
+    def with_value(self, samples_per_sec: float, source: str) -> "Baseline":
         """A copy with the measured figure filled in."""
         return dataclasses.replace(self, samples_per_sec=samples_per_sec, source=source)
 
-    def speedup(self, samples_per_sec, num_replicas):
+    def speedup(self, samples_per_sec: float, num_replicas: int) -> "Speedup | None":
         """The `keras_scaling.throughput.Speedup` of a run's figure, or None while unknown.
 
         A `"self"` baseline is the run itself: speedup and ideal are 1.
@@ -100,7 +107,7 @@ class Baseline:
             return None
         return _speedup(samples_per_sec, self.samples_per_sec, num_replicas, self.num_replicas)
 
-    def record_fields(self, samples_per_sec):
+    def record_fields(self, samples_per_sec: float | None) -> dict[str, Any]:
         """The `baseline_*` fields of a run record whose figure is `samples_per_sec`."""
         fields = dict(
             baseline_source=self.source,
@@ -112,7 +119,9 @@ class Baseline:
         return fields
 
 
-def resolve_baseline(baseline, parameter="baseline"):
+def resolve_baseline(
+    baseline: float | str | os.PathLike[str] | None, parameter: str = "baseline"
+) -> Baseline | None:
     """Checks a `baseline` argument and says where the figure will come from.
 
     Args:
@@ -172,10 +181,19 @@ def resolve_baseline(baseline, parameter="baseline"):
 
 
 # model -> {(one replica's batch spec, device, dtype policy): samples/sec}
-_MEASURED = weakref.WeakKeyDictionary()
+_MEASURED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def for_run(baseline, setup, *, model, one_replica_spec, device, measures=True, shared_cores=False):
+def for_run(
+    baseline: Baseline | None,
+    setup: Mapping[str, Any],
+    *,
+    model: "keras.Model",
+    one_replica_spec: Any,
+    device: str,
+    measures: bool = True,
+    shared_cores: bool = False,
+) -> tuple[Baseline | None, str | None]:
     """The baseline of a run once its set-up is known, and what its speedup means.
 
     A file's set-up is compared with the run's (a warning names each
@@ -220,6 +238,7 @@ def for_run(baseline, setup, *, model, one_replica_spec, device, measures=True, 
     if baseline is None:
         return None, None
     if baseline.mode == "file":
+        assert baseline.record is not None  # a file's baseline holds its record
         differences = setup_differences(
             baseline.record,
             per_replica_batch_size=setup["per_replica_batch_size"],
@@ -251,7 +270,9 @@ def for_run(baseline, setup, *, model, one_replica_spec, device, measures=True, 
         if baseline.mode == "auto":
             no_room = _no_room_for_a_copy(model, one_replica_spec, device)
             if no_room is not None:
-                note = f"baseline='auto' did not measure, to leave the run its memory: {no_room}"
+                note: str | None = (
+                    f"baseline='auto' did not measure, to leave the run its memory: {no_room}"
+                )
                 logger.warning("ThroughputLogger: %s; no scaling/ tags", note)
                 return None, note
         start_s = time.perf_counter()
@@ -436,7 +457,9 @@ def _device_lib_memory_limit(short_name):
     return None
 
 
-def setup_differences(record, *, per_replica_batch_size, dtype_policy, device_kind):
+def setup_differences(
+    record: Mapping[str, Any], *, per_replica_batch_size: int, dtype_policy: str, device_kind: str
+) -> list[str]:
     """What differs between a baseline file's set-up and this run's.
 
     A baseline is only comparable when it ran with the same per-replica
@@ -473,15 +496,15 @@ def setup_differences(record, *, per_replica_batch_size, dtype_policy, device_ki
 
 
 def measure_samples_per_sec(
-    model,
-    element_spec,
-    device,
+    model: "keras.Model",
+    element_spec: Any,
+    device: str,
     *,
-    duration_s=1.0,
-    min_steps=10,
-    max_steps=10_000,
-    clock=time.perf_counter,
-):
+    duration_s: float = 1.0,
+    min_steps: int = 10,
+    max_steps: int = 10_000,
+    clock: Callable[[], float] = time.perf_counter,
+) -> float:
     """Times a copy of `model` training alone on one device.
 
     The copy (`keras.models.clone_model` compiled with the model's compile
@@ -612,7 +635,12 @@ def _baseline_timer(duration_s, min_steps, clock):
     from keras_scaling import _train_function_hook
 
     window = ThroughputWindow()
-    state = {"steps": 0, "start_time_s": None, "start_steps": None, "interval": None}
+    state: dict[str, Any] = {
+        "steps": 0,
+        "start_time_s": None,
+        "start_steps": None,
+        "interval": None,
+    }
 
     # No batch hook: one would make Keras wait for every step to finish
     # before dispatching the next, as the timed training does not.
@@ -620,8 +648,9 @@ def _baseline_timer(duration_s, min_steps, clock):
         state["steps"] += model.steps_per_execution
         if state["start_time_s"] is None:
             iterations = int(model.optimizer.iterations.numpy())
-            state["start_time_s"], state["start_steps"] = clock(), state["steps"]
-            window.restart(time_s=state["start_time_s"], iterations=iterations, samples=0)
+            start_time_s = clock()
+            state["start_time_s"], state["start_steps"] = start_time_s, state["steps"]
+            window.restart(time_s=start_time_s, iterations=iterations, samples=0)
             return
         # The host clock alone decides when to stop; the counter read below
         # waits for the device, so the timed figure is exact.

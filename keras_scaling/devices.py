@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import weakref
+from typing import Any, TypeGuard
 
 import tensorflow as tf
 
@@ -43,7 +44,7 @@ __all__ = [
 logger = logging.getLogger("keras_scaling")
 
 
-def use_logical_cpus(n):
+def use_logical_cpus(n: int) -> list[str]:
     """Split the host CPU into `n` logical devices.
 
     A real `tf.distribute.MirroredStrategy` with `n` replicas then runs on a
@@ -96,7 +97,7 @@ def use_logical_cpus(n):
     return [device.name for device in tf.config.list_logical_devices("CPU")]
 
 
-def _apply_cpu_devices_from_env(spec=None):
+def _apply_cpu_devices_from_env(spec: "cluster.ClusterSpec | None" = None) -> None:
     """Honours `KERAS_SCALING_CPU_DEVICES`, set by `keras-scaling launch`."""
     value = os.environ.get(_CPU_DEVICES_ENV)
     if not value:
@@ -119,7 +120,7 @@ def _apply_cpu_devices_from_env(spec=None):
     use_logical_cpus(count)
 
 
-def tf_config():
+def tf_config() -> dict[str, Any]:
     """Returns the parsed `TF_CONFIG` environment variable, or `{}`.
 
     `TF_CONFIG` describes a multi-worker cluster and this process's task in
@@ -154,16 +155,16 @@ def tf_config():
     return config
 
 
-def _tf_config_worker_count():
+def _tf_config_worker_count() -> int:
     jobs = tf_config().get("cluster", {})
     return len(jobs.get("worker", [])) + len(jobs.get("chief", []))
 
 
-def _trains_with_others(spec):
+def _trains_with_others(spec: "cluster.ClusterSpec | None") -> "TypeGuard[cluster.ClusterSpec]":
     return spec is not None and spec.task_type != "evaluator" and spec.num_workers > 1
 
 
-def _tpu_address():
+def _tpu_address() -> str | None:
     """The TPU to resolve, or None: looks only at local signs, never the network."""
     if os.environ.get("TPU_NAME"):
         return os.environ["TPU_NAME"]
@@ -172,7 +173,7 @@ def _tpu_address():
     return None
 
 
-def auto_strategy():
+def auto_strategy() -> tf.distribute.Strategy:
     """Pick the `tf.distribute` strategy that fits this machine, and say why.
 
     In order of preference:
@@ -237,7 +238,7 @@ def auto_strategy():
 _keras_distribution_warned = False
 
 
-def warn_if_keras_distribution_set():
+def warn_if_keras_distribution_set() -> bool:
     """Warns once when a `keras.distribution` distribution is set.
 
     On the TensorFlow backend, `keras.distribution.set_distribution(...)`
@@ -277,10 +278,12 @@ def warn_if_keras_distribution_set():
 
 # The origin of the cluster of each strategy auto_strategy built, for
 # describe_strategy; weak, so a strategy is not kept alive by being described.
-_cluster_origins = weakref.WeakKeyDictionary()
+_cluster_origins: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _choose_strategy(spec=None):
+def _choose_strategy(
+    spec: "cluster.ClusterSpec | None" = None,
+) -> tuple[tf.distribute.Strategy, str]:
     tpu = _tpu_address()
     if tpu is not None:
         try:
@@ -322,7 +325,7 @@ def _choose_strategy(spec=None):
     return tf.distribute.get_strategy(), "one device: no TPU, workers or several devices"
 
 
-def _multi_worker_strategy(cluster_resolver=None):
+def _multi_worker_strategy(cluster_resolver: Any = None) -> tf.distribute.Strategy:
     """MultiWorkerMirroredStrategy with one replica per logical CPU when there is no GPU."""
     cpu = tf.config.list_physical_devices("CPU")[0]
     cpu_count = len(tf.config.get_logical_device_configuration(cpu) or [None])
@@ -336,7 +339,9 @@ def _multi_worker_strategy(cluster_resolver=None):
     # TensorFlow gives a worker without accelerators a single CPU replica,
     # whatever its logical CPUs; here the replicas follow the logical CPUs, as
     # MirroredStrategy's do on one machine.
-    def _initialize_local_devices(self, cluster_resolver, worker_device):
+    def _initialize_local_devices(
+        self: Any, cluster_resolver: Any, worker_device: str
+    ) -> tuple[tuple[str, ...], str]:
         devices, kind = original(self, cluster_resolver, worker_device)
         if kind == "CPU":
             devices = tuple(f"{worker_device}/device:CPU:{i}" for i in range(cpu_count))
@@ -356,7 +361,7 @@ def _multi_worker_strategy(cluster_resolver=None):
     lost="each worker without a GPU runs one replica, not one per logical CPU",
     workaround="Run one logical CPU per worker (launch --cpu-devices 1), or use GPUs.",
 )
-def _collective_local_devices_hook():
+def _collective_local_devices_hook() -> tuple[Any, Any]:
     """(the class that picks a worker's devices, its original method), or None."""
     from tensorflow.python.distribute import collective_all_reduce_strategy as collective
 
@@ -401,16 +406,16 @@ class StrategyInfo:
     worker_index: int
     is_chief: bool
     num_replicas: int
-    local_devices: tuple
+    local_devices: tuple[str, ...]
     device_kind: str
     cluster_origin: str = ""
 
     @property
-    def replicas_per_worker(self):
+    def replicas_per_worker(self) -> int:
         """Replicas on each worker."""
         return self.num_replicas // self.num_workers
 
-    def __str__(self):
+    def __str__(self) -> str:
         workers = "worker" if self.num_workers == 1 else "workers"
         replicas = "replica" if self.num_replicas == 1 else "replicas"
         text = (
@@ -425,7 +430,7 @@ class StrategyInfo:
         return text
 
 
-def describe_strategy(strategy=None):
+def describe_strategy(strategy: tf.distribute.Strategy | None = None) -> StrategyInfo:
     """Describe a strategy: kind, workers, replicas and device names.
 
     Args:
@@ -461,7 +466,7 @@ def describe_strategy(strategy=None):
     )
 
 
-def _cluster_origin(strategy):
+def _cluster_origin(strategy: tf.distribute.Strategy) -> str:
     origin = _cluster_origins.get(strategy)
     if origin is not None:
         return origin
@@ -474,7 +479,7 @@ def _cluster_origin(strategy):
     return f"a {type(resolver).__name__}"
 
 
-def strategy_kind(strategy):
+def strategy_kind(strategy: tf.distribute.Strategy) -> str:
     """The strategy's public class name.
 
     `tf.distribute.MultiWorkerMirroredStrategy()` is an instance of the

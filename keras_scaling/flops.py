@@ -29,8 +29,12 @@ The count is refused (None, with the reason logged) when it would be wrong:
 import contextlib
 import logging
 import math
+from typing import TYPE_CHECKING, Any
 
 from keras_scaling import _probes, _threads
+
+if TYPE_CHECKING:
+    import keras
 
 __all__ = ["count_training_flops", "training_flops_per_sample"]
 
@@ -97,7 +101,7 @@ _HEAVY_OPS = frozenset(
 )
 
 
-def training_flops_per_sample(model, *, sample=None):
+def training_flops_per_sample(model: "keras.Model", *, sample: Any = None) -> float | None:
     """Floating-point operations of one training sample, forward and backward.
 
     Traces the model's forward pass (`training=True`), its loss
@@ -148,7 +152,9 @@ def training_flops_per_sample(model, *, sample=None):
     return flops_per_sample
 
 
-def count_training_flops(model, *, sample=None):
+def count_training_flops(
+    model: "keras.Model", *, sample: Any = None
+) -> tuple[float, None] | tuple[None, str]:
     """The count of `training_flops_per_sample`, with the reason it failed.
 
     For callers that report the reason themselves: nothing is logged.
@@ -184,12 +190,12 @@ def count_training_flops(model, *, sample=None):
         candidates = _sample_specs(model, sample)
     except ValueError as error:
         return None, str(error)
-    error = None
+    last_error = None
     for specs in candidates:
         try:
             graph = _training_graph(model, specs)
         except Exception as trace_error:  # a wrong guess of the target
-            error = trace_error
+            last_error = trace_error
             continue
         batch_size = _batch_size_of(specs)
         if batch_size is None:
@@ -199,8 +205,8 @@ def count_training_flops(model, *, sample=None):
             return None, reason
         return flops / batch_size, None
     return None, (
-        f"the loss and gradients could not be traced ({type(error).__name__}: "
-        f"{error}); pass sample=(x, y) with one batch of the training data"
+        f"the loss and gradients could not be traced ({type(last_error).__name__}: "
+        f"{last_error}); pass sample=(x, y) with one batch of the training data"
     )
 
 
@@ -239,7 +245,7 @@ def _sample_specs(model, sample):
             targets.reverse()
         if len(outputs_flat) == 1:
             targets = [target[0] for target in targets]
-        candidates = [(x, y, None) for y in targets]
+        candidates: list[tuple] = [(x, y, None) for y in targets]
     else:
         if isinstance(sample, tuple) and 1 < len(sample) <= 3:
             parts = tuple(sample) + (None,) * (3 - len(sample))
@@ -543,7 +549,7 @@ def _einsum_count(equation, shapes):
     operands = inputs.split(",")
     if len(operands) != len(shapes):
         raise ValueError(f"einsum {equation!r} has {len(shapes)} operands")
-    sizes = {}
+    sizes: dict[str, int] = {}
     for labels, shape in zip(operands, shapes):
         head, ellipsis, tail = labels.partition("...")
         names = list(head)

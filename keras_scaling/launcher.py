@@ -16,6 +16,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping, Sequence
+from typing import TextIO
 
 from keras_scaling import _isolation, _validation
 from keras_scaling._backup import EXIT_PREEMPTED
@@ -26,7 +28,7 @@ __all__ = ["CPU_DEVICES_ENV", "LaunchResult", "free_ports", "launch", "worker_en
 _POLL_INTERVAL_S = 0.05
 
 
-def free_ports(count, host="127.0.0.1"):
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     """Returns `count` distinct TCP ports that are free on `host` right now.
 
     All sockets stay bound until every port is chosen, so the ports are
@@ -93,7 +95,9 @@ def _tf_config(ports, index, host="127.0.0.1"):
     }
 
 
-def worker_env(base_env, ports, index, cpu_devices=None):
+def worker_env(
+    base_env: Mapping[str, str], ports: Sequence[int], index: int, cpu_devices: int | None = None
+) -> dict[str, str]:
     """The environment of worker `index`: `base_env` plus its cluster settings.
 
     Sets `TF_CONFIG`, `KERAS_SCALING_LAUNCHED=1` (so that
@@ -200,8 +204,8 @@ class LaunchResult:
     """
 
     exit_code: int
-    returncodes: list
-    failed_worker: int = None
+    returncodes: list[int]
+    failed_worker: int | None = None
     interrupted: bool = False
     message: str = ""
     restarts: int = 0
@@ -325,17 +329,17 @@ class _Signals:
 
 
 def launch(
-    command,
-    num_workers,
-    cpu_devices=None,
-    port_base=None,
-    grace_period_s=5.0,
-    stdout=None,
-    stderr=None,
-    env=None,
-    max_restarts=0,
-    isolation="auto",
-):
+    command: Sequence[str],
+    num_workers: int,
+    cpu_devices: int | None = None,
+    port_base: int | None = None,
+    grace_period_s: float = 5.0,
+    stdout: TextIO | None = None,
+    stderr: TextIO | None = None,
+    env: Mapping[str, str] | None = None,
+    max_restarts: int = 0,
+    isolation: str = "auto",
+) -> LaunchResult:
     """Runs `command` as `num_workers` local workers of one cluster, and waits.
 
     Each worker runs `command` with a `TF_CONFIG` naming every worker on

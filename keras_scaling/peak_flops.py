@@ -23,6 +23,8 @@ import logging
 import os
 import re
 import time
+from collections.abc import Mapping
+from typing import Any
 
 from keras_scaling import _threads, _validation
 
@@ -138,10 +140,14 @@ class Peak:
 
     flops_per_sec: float
     source: str
-    device: str = None
+    device: str | None = None
 
 
-def device_key(device_kind, device_details=None, environ=None):
+def device_key(
+    device_kind: str,
+    device_details: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> str | None:
     """The `PEAK_FLOPS` key of a device, or None when it is not in the table.
 
     Args:
@@ -177,7 +183,13 @@ def device_key(device_kind, device_details=None, environ=None):
     return None
 
 
-def lookup(key, compute_dtype, *, compute_capability=None, tf32_enabled=True):
+def lookup(
+    key: str,
+    compute_dtype: str,
+    *,
+    compute_capability: tuple[int, int] | None = None,
+    tf32_enabled: bool = True,
+) -> Peak | None:
     """The datasheet `Peak` of a table device for a compute dtype, or None.
 
     float32 becomes TF32 on GPUs of compute capability 8.0 and newer while
@@ -216,7 +228,7 @@ def lookup(key, compute_dtype, *, compute_capability=None, tf32_enabled=True):
     return Peak(flops_per_sec=figures[dtype], source=f"datasheet: {key}, {dtype}", device=key)
 
 
-def faster_dtypes(peak):
+def faster_dtypes(peak: Peak) -> list[tuple[str, float]]:
     """The float16/bfloat16 figures of the table device of `peak` that beat it.
 
     Args:
@@ -233,7 +245,7 @@ def faster_dtypes(peak):
     # [('bfloat16', 2.0), ('float16', 2.0)]
     ```
     """
-    figures = PEAK_FLOPS.get(peak.device)
+    figures = PEAK_FLOPS.get(peak.device or "")  # a measured or given peak has no device
     if figures is None:
         return []
     faster = [
@@ -245,8 +257,12 @@ def faster_dtypes(peak):
 
 
 def measure_matmul_flops_per_sec(
-    device, compute_dtype="float32", *, size=_MATMUL_SIZE, repeats=_MATMUL_REPEATS
-):
+    device: str,
+    compute_dtype: str = "float32",
+    *,
+    size: int = _MATMUL_SIZE,
+    repeats: int = _MATMUL_REPEATS,
+) -> Peak:
     """Times a `size` x `size` matrix multiply on one device; its best FLOPs/sec.
 
     The achievable peak of a device without a datasheet figure (CPUs): the
@@ -276,13 +292,13 @@ def measure_matmul_flops_per_sec(
 
     chain = 4
 
-    def run():
+    def run() -> float:
         with tf.device(device):
             a = tf.random.stateless_uniform((size, size), (1, 2), dtype=tf.float32)
             a = tf.cast(a, compute_dtype)
 
             @tf.function
-            def multiply(x):
+            def multiply(x: tf.Tensor) -> tf.Tensor:
                 for _ in range(chain):
                     x = tf.matmul(x, a)
                 return x
@@ -302,7 +318,9 @@ def measure_matmul_flops_per_sec(
     )
 
 
-def resolve(peak_flops, *, device_kind, device, compute_dtype):
+def resolve(
+    peak_flops: float | str, *, device_kind: str, device: str, compute_dtype: str
+) -> tuple[Peak, None] | tuple[None, str]:
     """The `Peak` of one replica for a `peak_flops` argument, or `(None, reason)`.
 
     Args:

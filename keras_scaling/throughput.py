@@ -11,6 +11,7 @@ after validation and checkpoints, a retrace).
 """
 
 import dataclasses
+from collections.abc import Sequence
 
 from keras_scaling import _validation
 
@@ -55,17 +56,17 @@ class Interval:
     duration_s: float
 
     @property
-    def samples_per_sec(self):
+    def samples_per_sec(self) -> float:
         """Samples per second over the interval, all replicas together."""
         return self.samples / self.duration_s
 
     @property
-    def steps_per_sec(self):
+    def steps_per_sec(self) -> float:
         """Optimizer steps per second over the interval."""
         return self.steps / self.duration_s
 
     @property
-    def step_time_s(self):
+    def step_time_s(self) -> float:
         """Mean seconds per optimizer step over the interval."""
         return self.duration_s / self.steps
 
@@ -93,21 +94,23 @@ class ThroughputWindow:
     ```
     """
 
-    def __init__(self):
-        self._last = None
-        self._measure_from_iterations = None
+    def __init__(self) -> None:
+        self._last: tuple[float, int, int] | None = None
+        self._measure_from_iterations: int | None = None
 
     @property
-    def is_open(self):
+    def is_open(self) -> bool:
         """Whether the window has a starting point."""
         return self._last is not None
 
     @property
-    def is_measuring(self):
+    def is_measuring(self) -> bool:
         """Whether the window is open and its warm-up is over."""
         return self._last is not None and self._measure_from_iterations is None
 
-    def restart(self, *, time_s, iterations, samples, warmup_steps=0):
+    def restart(
+        self, *, time_s: float, iterations: int, samples: int, warmup_steps: int = 0
+    ) -> None:
         """Opens the window at a point; nothing before it is measured.
 
         Args:
@@ -123,12 +126,12 @@ class ThroughputWindow:
             int(iterations) + int(warmup_steps) if warmup_steps else None
         )
 
-    def close(self):
+    def close(self) -> None:
         """Closes the window: the next point must `restart` it."""
         self._last = None
         self._measure_from_iterations = None
 
-    def update(self, *, time_s, iterations, samples):
+    def update(self, *, time_s: float, iterations: int, samples: int) -> Interval | None:
         """Adds a point and returns the `Interval` since the previous one.
 
         Returns None while warming up and when no step was taken since the
@@ -174,7 +177,7 @@ class ThroughputWindow:
         )
 
 
-def weighted_percentile(values, weights, q):
+def weighted_percentile(values: Sequence[float], weights: Sequence[float], q: float) -> float:
     """The smallest value whose cumulative weight reaches `q` percent.
 
     With all weights 1 this is the "lower" percentile of the values: no
@@ -265,17 +268,17 @@ class ThroughputStats:
     ```
     """
 
-    def __init__(self):
-        self._intervals = []
+    def __init__(self) -> None:
+        self._intervals: list[Interval] = []
 
-    def add(self, interval):
+    def add(self, interval: Interval) -> None:
         """Adds one `Interval`."""
         self._intervals.append(interval)
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self._intervals)
 
-    def steady_state(self):
+    def steady_state(self) -> SteadyState | None:
         """The `SteadyState` of the intervals so far, or None without any."""
         if not self._intervals:
             return None
@@ -321,7 +324,12 @@ class Speedup:
     efficiency: float
 
 
-def speedup(samples_per_sec, baseline_samples_per_sec, num_replicas, baseline_num_replicas=1):
+def speedup(
+    samples_per_sec: float,
+    baseline_samples_per_sec: float,
+    num_replicas: int,
+    baseline_num_replicas: int = 1,
+) -> Speedup:
     """Speedup, ideal speedup and scaling efficiency of a run over its baseline.
 
     The one place this arithmetic is done: `ThroughputLogger` (through it for
@@ -365,14 +373,14 @@ def speedup(samples_per_sec, baseline_samples_per_sec, num_replicas, baseline_nu
 
 
 def auto_update_freq(
-    step_time_s,
-    read_cost_s,
+    step_time_s: float,
+    read_cost_s: float,
     *,
-    max_share=0.0025,
-    floor_steps=10,
-    run_steps=None,
-    steps_per_execution=1,
-):
+    max_share: float = 0.0025,
+    floor_steps: int = 10,
+    run_steps: int | None = None,
+    steps_per_execution: int = 1,
+) -> int:
     """Steps between counter reads so that reading costs at most `max_share` of training.
 
     Each read of the step counter waits for the devices and costs
@@ -430,7 +438,9 @@ def auto_update_freq(
 POINTS_PER_RUN = 12
 
 
-def spacing_for_points(run_steps, steps_per_execution=1, points=POINTS_PER_RUN):
+def spacing_for_points(
+    run_steps: int, steps_per_execution: int = 1, points: int = POINTS_PER_RUN
+) -> int:
     """The widest spacing of reads that still gives a run of `run_steps` about `points` points.
 
     A multiple of `steps_per_execution` (reads happen between calls of the
@@ -489,16 +499,16 @@ class ReadSchedule:
     ```
     """
 
-    def __init__(self, every_steps, steps_per_execution=1):
+    def __init__(self, every_steps: int, steps_per_execution: int = 1) -> None:
         self.every_steps = _validation.positive_int(every_steps, "every_steps")
         self.steps_per_execution = _validation.positive_int(
             steps_per_execution, "steps_per_execution"
         )
-        self.next_read_iterations = None
-        self.epoch_end_iterations = None
+        self.next_read_iterations: int | None = None
+        self.epoch_end_iterations: int | None = None
         self._upper_bound = 0
 
-    def restart(self, iterations, warmup_steps=0):
+    def restart(self, iterations: int, warmup_steps: int = 0) -> None:
         """Counts from a read of the counter: due after the warm-up, else at the next multiple.
 
         Or at the end of the epoch (`epoch_end_iterations`), when that comes first.
@@ -512,16 +522,25 @@ class ReadSchedule:
             if iterations < self.epoch_end_iterations < self.next_read_iterations:
                 self.next_read_iterations = self.epoch_end_iterations
 
-    def count_execution(self):
+    def count_execution(self) -> bool:
         """Counts one call of the train function; True when a read is due."""
+        next_read_iterations = self._next_read_iterations("count_execution")
         self._upper_bound += self.steps_per_execution
-        return self._upper_bound >= self.next_read_iterations
+        return self._upper_bound >= next_read_iterations
 
-    def executions_until_due(self):
+    def executions_until_due(self) -> int:
         """Calls of the train function from here until a read is due: at least 1.
 
         The `count_execution` that returns True is the one this many calls on;
         a caller that only counts down need not call it for the calls before.
         """
-        remaining = self.next_read_iterations - self._upper_bound
+        remaining = self._next_read_iterations("executions_until_due") - self._upper_bound
         return max(1, -(-remaining // self.steps_per_execution))
+
+    def _next_read_iterations(self, method: str) -> int:
+        if self.next_read_iterations is None:
+            raise RuntimeError(
+                f"ReadSchedule.{method} called before restart: restart it at a read of "
+                "the step counter first"
+            )
+        return self.next_read_iterations

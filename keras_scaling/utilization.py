@@ -14,6 +14,7 @@ compares set-ups fairly: 0.4 means the devices do useful model arithmetic at
 """
 
 import dataclasses
+from collections.abc import Sequence
 
 from keras_scaling import _validation
 
@@ -50,10 +51,15 @@ class Utilization:
 
     tflops_per_sec: float
     tflops_per_sec_per_replica: float
-    mfu: float = None
+    mfu: float | None = None
 
 
-def utilization(flops_per_sample, samples_per_sec, num_replicas, peak_flops_per_replica=None):
+def utilization(
+    flops_per_sample: float,
+    samples_per_sec: float,
+    num_replicas: int,
+    peak_flops_per_replica: float | None = None,
+) -> Utilization:
     """Model TFLOP/s and MFU of a throughput figure.
 
     Args:
@@ -96,7 +102,9 @@ def utilization(flops_per_sample, samples_per_sec, num_replicas, peak_flops_per_
     )
 
 
-def check_flops_per_sample(value, parameter="flops_per_sample"):
+def check_flops_per_sample(
+    value: float | str | None, parameter: str = "flops_per_sample"
+) -> float | str | None:
     """Checks a `flops_per_sample` argument: `"auto"`, None or a positive number.
 
     Args:
@@ -119,7 +127,9 @@ def check_flops_per_sample(value, parameter="flops_per_sample"):
     return _check_choice(value, parameter, ("auto",), "floating-point operations of one sample")
 
 
-def check_peak_flops(value, parameter="peak_flops"):
+def check_peak_flops(
+    value: float | str | None, parameter: str = "peak_flops"
+) -> float | str | None:
     """Checks a `peak_flops` argument: `"auto"`, `"measure"`, None or a positive number.
 
     Args:
@@ -144,14 +154,14 @@ def check_peak_flops(value, parameter="peak_flops"):
 
 def underuse_advice(
     *,
-    efficiency,
-    mfu,
-    per_replica_batch_size,
-    compute_dtype,
-    faster_dtypes=(),
-    input_samples_per_sec=None,
-    samples_per_sec=None,
-):
+    efficiency: float | None,
+    mfu: float | None,
+    per_replica_batch_size: int,
+    compute_dtype: str,
+    faster_dtypes: Sequence[tuple[str, float]] = (),
+    input_samples_per_sec: float | None = None,
+    samples_per_sec: float | None = None,
+) -> str | None:
     """What keeps devices underused when training scales well, or None.
 
     Efficiency at or above 0.8 with MFU below 0.2 means every replica is
@@ -211,5 +221,7 @@ def underuse_advice(
     )
 
 
-def _check_choice(value, parameter, choices, unit):
+def _check_choice(
+    value: float | str | None, parameter: str, choices: tuple[str, ...], unit: str
+) -> float | str | None:
     return _validation.positive_number_or_one_of(value, parameter, (*choices, None), unit=unit)

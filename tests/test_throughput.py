@@ -256,6 +256,16 @@ def test_a_read_is_due_at_the_end_of_the_epoch_when_it_comes_first():
     assert schedule.next_read_iterations == 40
 
 
+@pytest.mark.parametrize("method", ["count_execution", "executions_until_due"])
+def test_a_read_schedule_used_before_restart_says_to_restart_it(method):
+    # Without a read of the counter there is nothing to count from: the
+    # schedule says so instead of comparing with None.
+    schedule = ReadSchedule(every_steps=10)
+
+    with pytest.raises(RuntimeError, match=f"ReadSchedule.{method} called before restart"):
+        getattr(schedule, method)()
+
+
 def test_auto_update_freq_refuses_a_step_of_no_time():
     with pytest.raises(ValueError, match="step_time_s must be a positive number"):
         auto_update_freq(0.0, 0.001)

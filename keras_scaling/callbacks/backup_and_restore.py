@@ -5,6 +5,7 @@ import os
 import shutil
 import signal
 import threading
+from typing import Any
 
 import keras
 import numpy as np
@@ -114,12 +115,12 @@ class BackupAndRestore(keras.callbacks.Callback):
 
     def __init__(
         self,
-        backup_dir,
+        backup_dir: str | os.PathLike[str],
         *,
-        save_every_n_steps=None,
-        save_on_preemption=True,
-        delete_checkpoint=True,
-    ):
+        save_every_n_steps: int | None = None,
+        save_on_preemption: bool = True,
+        delete_checkpoint: bool = True,
+    ) -> None:
         super().__init__()
         if not isinstance(backup_dir, (str, os.PathLike)) or not os.fspath(backup_dir):
             raise TypeError(
@@ -137,18 +138,20 @@ class BackupAndRestore(keras.callbacks.Callback):
         self.backup_dir = os.fspath(backup_dir)
         self.save_on_preemption = save_on_preemption
         self.delete_checkpoint = delete_checkpoint
-        self._hook = None
+        # Set while a fit runs (Any: mypy cannot see that the hooks that use
+        # them run only then).
+        self._hook: Any = None
         self._handler = None
-        self._train_hook = None
-        self._changes = None
+        self._train_hook: Any = None
+        self._changes: Any = None
         self._signal_received = threading.Event()
-        self._previous_sigterm_handler = None
+        self._previous_sigterm_handler: Any = None
         self._preempted = False
-        self._warned = set()
+        self._warned: set[str] = set()
 
     # Keras hooks.
 
-    def on_train_begin(self, logs=None):
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         # A fit of this thread that raised left its changes: it is over.
         _fit_end.end_other_fits(self.params)
         _train_function_hook.abandon_other_fits(self.model, self.params)
@@ -183,7 +186,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         if self.save_on_preemption:
             self._watch_for_preemption(strategy)
 
-    def on_epoch_begin(self, epoch, logs=None):
+    def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self._epoch = epoch
         self._epoch_start_iterations = self._read_iterations()
         self._steps_run_in_epoch = 0
@@ -195,7 +198,7 @@ class BackupAndRestore(keras.callbacks.Callback):
             self._train_hook.before = self._see_iterator
             self._train_hook.attach()
 
-    def on_epoch_end(self, epoch, logs=None):
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         if self._preempted:
             return
         iterations = self._read_iterations()
@@ -205,7 +208,7 @@ class BackupAndRestore(keras.callbacks.Callback):
             self._announce_preemption(iterations)
             self.model.stop_training = True
 
-    def on_train_end(self, logs=None):
+    def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
         self._end_fit()
         if self._preempted:
             raise SystemExit(EXIT_PREEMPTED)

@@ -7,7 +7,9 @@ TensorBoard scalars).
 """
 
 import logging
+import os
 import weakref
+from typing import Any
 
 import keras
 import tensorflow as tf
@@ -34,7 +36,7 @@ _SCALAR_TAGS = frozenset({"replica_sync/max_abs_diff", "replica_sync/diverged_va
 # than once per callback (a new callback in each `fit` would pay it at each
 # start). Keyed weakly: a checker holds the variables and the strategy, not
 # the model.
-_checkers_by_model = weakref.WeakKeyDictionary()
+_checkers_by_model: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 class ReplicaDivergenceError(RuntimeError):
@@ -74,7 +76,7 @@ class ReplicaDivergenceError(RuntimeError):
     ```
     """
 
-    def __init__(self, report):
+    def __init__(self, report: "replica_state.ReplicaSyncReport") -> None:
         super().__init__(str(report))
         self.report = report
 
@@ -178,15 +180,15 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
 
     def __init__(
         self,
-        every_n_steps=100,
+        every_n_steps: int = 100,
         *,
-        include_optimizer=True,
-        on_divergence="raise",
-        per_replica_state="warn",
-        atol=0.0,
-        rtol=0.0,
-        log_dir=None,
-    ):
+        include_optimizer: bool = True,
+        on_divergence: str = "raise",
+        per_replica_state: str = "warn",
+        atol: float = 0.0,
+        rtol: float = 0.0,
+        log_dir: str | os.PathLike[str] | None = None,
+    ) -> None:
         super().__init__()
         self.every_n_steps = _validation.positive_int(every_n_steps, "every_n_steps")
         self.include_optimizer = bool(include_optimizer)
@@ -198,30 +200,30 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
         self.atol = _validation.non_negative_number(atol, "atol", fix=bitwise)
         self.rtol = _validation.non_negative_number(rtol, "rtol", fix=bitwise)
         self.log_dir = None if log_dir is None else _tensorboard.check_log_dir(log_dir)
-        self.last_report = None
-        self._checker = None
-        self._checker_key = None
+        self.last_report: replica_state.ReplicaSyncReport | None = None
+        self._checker: Any = None  # set when the first fit starts
+        self._checker_key: tuple | None = None
         self._checker_optimizer = None
         self._last_checked_step = None
         self._step_upper_bound = 0
-        self._num_replicas = None
-        self._step_counter = None
+        self._num_replicas: int | None = None
+        self._step_counter: tuple | None = None
         self._last_written_step = None
         self._said_single_replica = False
         self._warned_per_replica_state = False
-        self._hook = None
+        self._hook: _train_function_hook.TrainFunctionHook | None = None
         self._execution_steps = 1
         self._holds_log_dir = False
 
     # Hooks.
 
-    def set_model(self, model):
+    def set_model(self, model: keras.Model) -> None:
         super().set_model(model)
         self._num_replicas = None
         self._step_counter = None
         compat._enable_for_quietly(self._strategy())
 
-    def on_train_begin(self, logs=None):
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         devices.warn_if_keras_distribution_set()
         _train_function_hook.abandon_other_fits(self.model, self.params)
         compat._enable_for_quietly(self._strategy())
@@ -240,7 +242,7 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
             )
             self._hook.attach()
 
-    def on_epoch_begin(self, epoch, logs=None):
+    def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         if self._hook is not None:
             self._execution_steps = self._steps_per_execution()
             self._hook.attach()  # again, in case the train function was rebuilt
@@ -268,7 +270,7 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
     def _steps_per_execution(self):
         return max(1, int(getattr(self.model, "steps_per_execution", 1) or 1))
 
-    def on_train_end(self, logs=None):
+    def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
         self._detach_hook()
         try:
             if not self._single_replica() and self._current_step() != self._last_checked_step:
@@ -306,7 +308,7 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
 
     # Public API.
 
-    def check(self):
+    def check(self) -> "replica_state.ReplicaSyncReport":
         """Compares every replica's copies now and returns the report.
 
         It neither raises nor resyncs (the training hooks do that according

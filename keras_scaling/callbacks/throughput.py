@@ -6,6 +6,8 @@ import os
 import threading
 import time
 import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import keras
 
@@ -34,6 +36,9 @@ from keras_scaling.throughput import (
     auto_update_freq,
     spacing_for_points,
 )
+
+if TYPE_CHECKING:
+    from keras_scaling.throughput import SteadyState
 
 logger = logging.getLogger("keras_scaling")
 
@@ -207,16 +212,16 @@ class ThroughputLogger(keras.callbacks.Callback):
 
     def __init__(
         self,
-        log_dir,
+        log_dir: str | os.PathLike[str],
         *,
-        baseline="auto",
-        update_freq="auto",
-        warmup_steps=None,
-        global_batch_size=None,
-        flops_per_sample="auto",
-        peak_flops="auto",
-        clock=time.perf_counter,
-    ):
+        baseline: float | str | os.PathLike[str] | None = "auto",
+        update_freq: int | str = "auto",
+        warmup_steps: int | None = None,
+        global_batch_size: int | None = None,
+        flops_per_sample: float | str | None = "auto",
+        peak_flops: float | str | None = "auto",
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
         super().__init__()
         self.log_dir = _tensorboard.check_log_dir_can_be_made(log_dir)
         if isinstance(update_freq, str):
@@ -242,7 +247,9 @@ class ThroughputLogger(keras.callbacks.Callback):
         if not callable(clock):
             raise TypeError(f"clock must be a callable returning seconds, got {clock!r}")
         self._clock = clock
-        self._schedule = ReadSchedule(_AUTO_FLOOR_STEPS if update_freq == "auto" else update_freq)
+        self._schedule = ReadSchedule(
+            _AUTO_FLOOR_STEPS if isinstance(update_freq, str) else update_freq
+        )
         self._calibrated = update_freq != "auto"
         # update_freq="auto": the spacing that keeps reads cheap, once measured.
         self._cost_spacing = _AUTO_FLOOR_STEPS
@@ -251,18 +258,20 @@ class ThroughputLogger(keras.callbacks.Callback):
         self._stats = ThroughputStats()
         self._epoch_stats = ThroughputStats()
         self._window = ThroughputWindow()
-        self._epochs = []
-        self._setup = None
-        self._flops = None
-        self._startup_time_s = None
-        self._baseline_note = None
-        self._advised = set()
+        self._epochs: list[tuple[int, SteadyState]] = []
+        # Set at the first measurement of a fit (Any: mypy cannot see that
+        # the methods that use them run only after it).
+        self._setup: Any = None
+        self._flops: Any = None
+        self._startup_time_s: float | None = None
+        self._baseline_note: str | None = None
+        self._advised: set[str] = set()
         self._finished = True
-        self._hook = None
+        self._hook: _train_function_hook.TrainFunctionHook | None = None
         self._executions_until_due = 1  # a closed window opens at the next call
         # Held while figures change and while the writer's thread takes them.
         self._lock = threading.RLock()
-        self._writer = None  # the chief's, once the first fit starts
+        self._writer: Any = None  # the chief's, once the first fit starts
         # `keras-scaling bench` sets it: advice names its options, not Python's.
         self._command_line = False
 
@@ -270,13 +279,13 @@ class ThroughputLogger(keras.callbacks.Callback):
     # is no batch hook (see `_train_function_hook`): the work of each step is
     # done after each call of the train function.
 
-    def set_model(self, model):
+    def set_model(self, model: keras.Model) -> None:
         super().set_model(model)
         self._undo_fit_changes()  # of an earlier fit that did not end here
         self._compat_applied = _enable_compat(model)
         self._trace_count_undo = _trace_count.count_traces(model)
 
-    def on_train_begin(self, logs=None):
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         devices.warn_if_keras_distribution_set()
         if _topology.is_chief(self.model.distribute_strategy):
             # A read-only or full log_dir fails here, not at the first save.
@@ -319,7 +328,7 @@ class ThroughputLogger(keras.callbacks.Callback):
                 self._writer = ThroughputWriter(self.log_dir, self._record, self._lock)
             self._writer.start()
 
-    def on_epoch_begin(self, epoch, logs=None):
+    def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         if getattr(self, "_changes", None) is not None:
             # The fit is alive; Keras drops the last epoch's iterator now.
             self._changes.unwatch()
@@ -330,11 +339,11 @@ class ThroughputLogger(keras.callbacks.Callback):
             self._hook.before = self._see_iterator  # the epoch may bring a new iterator
             self._hook.attach()  # again, in case the train function was rebuilt
 
-    def on_test_begin(self, logs=None):
+    def on_test_begin(self, logs: dict[str, Any] | None = None) -> None:
         self._window.close()
         self._executions_until_due = 1
 
-    def on_epoch_end(self, epoch, logs=None):
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         steady = self._epoch_stats.steady_state()
         if steady is not None:
             if logs is not None:
@@ -347,7 +356,7 @@ class ThroughputLogger(keras.callbacks.Callback):
                 self._writer.changed(epoch_ended=True)
             self._writer.save_soon()
 
-    def on_train_end(self, logs=None):
+    def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
         self._finish()
 
     # Around each call of the train function.
@@ -676,6 +685,7 @@ class ThroughputLogger(keras.callbacks.Callback):
         if len(self._stats) < _ADVICE_AFTER_INTERVALS or not self._info.is_chief:
             return
         steady = self._stats.steady_state()
+        assert steady is not None  # intervals were measured
         for kind, text in advice_lib.due(
             self._advised,
             steady=steady,

@@ -18,6 +18,9 @@ wide: text 18 to 20 pixels high stays readable at half size.
 
 import dataclasses
 import io
+from typing import Any
+
+import numpy as np
 
 WIDTH_PX = 640
 HEIGHT_PX = 480
@@ -161,14 +164,17 @@ def render(chart):
         png=buffer.getvalue(),
         axes_box=_box(axes.get_window_extent(renderer)),
         texts=texts,
-        lines=tuple(
-            PlottedLine(
-                label="" if line.get_label().startswith("_") else line.get_label(),
-                points=tuple((float(x), float(y)) for x, y in line.get_xydata()),
-            )
-            for line in axes.get_lines()
-        ),
+        lines=tuple(_plotted_line(line) for line in axes.get_lines()),
         y_ticks=tuple(float(value) for value in _visible_ticks(axes.yaxis, axes.get_ylim())),
+    )
+
+
+def _plotted_line(line: Any) -> "PlottedLine":
+    label = str(line.get_label())
+    return PlottedLine(
+        # matplotlib names the lines without a legend entry "_child0", ...
+        label="" if label.startswith("_") else label,
+        points=tuple((float(x), float(y)) for x, y in np.asarray(line.get_xydata())),
     )
 
 

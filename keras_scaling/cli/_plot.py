@@ -46,7 +46,8 @@ def scaling_chart(rows, title, by_batch=False):
         {(row.replicas, row.ideal_speedup) for row in rows if not math.isnan(row.ideal_speedup)}
     )
     over_one_replica = all(speedup == count for count, speedup in ideal)
-    lines, point_labels = [], []
+    lines: list[_chart.Line] = []
+    point_labels: list[_chart.PointLabel] = []
     if ideal:
         lines.append(
             _chart.Line(

@@ -55,8 +55,8 @@ class Row:
     speedup: float
     efficiency: float
     ideal_speedup: float
-    tflops_per_sec: float = None
-    mfu: float = None
+    tflops_per_sec: float | None = None
+    mfu: float | None = None
 
     def to_json(self):
         return dataclasses.asdict(self)
@@ -75,7 +75,7 @@ class Summary:
     """
 
     rows: tuple
-    baseline_samples_per_sec: float
+    baseline_samples_per_sec: float | None
     baseline_source: str
     notes: tuple
 

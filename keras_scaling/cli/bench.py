@@ -191,7 +191,7 @@ class _Sweep:
     device_kind: str
     num_devices: int
     scaling_mode: str
-    cpu_threads: _sweep_plan.CpuThreads = None
+    cpu_threads: _sweep_plan.CpuThreads | None = None
 
     @property
     def replica_counts(self):
@@ -463,6 +463,7 @@ def _run_point(args, sweep, point, index, log_dir, baseline, prefix=""):
             env=env,
             text=True,
         )
+        assert process.stdout is not None  # a pipe
         try:
             for line in process.stdout:
                 if line.startswith(_bench_worker.PROGRESS_PREFIX):

@@ -19,6 +19,7 @@ and `keras-scaling doctor` print.
 import dataclasses
 import json
 import os
+from collections.abc import Callable, Mapping
 
 from keras_scaling._environment import LAUNCHED_ENV
 from keras_scaling.cluster._hostlist import expand_hostlist
@@ -53,11 +54,11 @@ __all__ = [
 NO_CLUSTER = "one process: no TF_CONFIG, Kubernetes worker list or Slurm step of several tasks"
 
 
-def _count(number, noun):
+def _count(number: int, noun: str) -> str:
     return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
 
 
-def tf_config_cluster(env):
+def tf_config_cluster(env: Mapping[str, str]) -> ClusterSpec | None:
     """The cluster `TF_CONFIG` describes, or None when it is unset or names one process.
 
     `chief`, `worker` and `evaluator` tasks are read as Vertex AI and Kubeflow
@@ -135,7 +136,9 @@ def tf_config_cluster(env):
     )
 
 
-def resolve_cluster(env=None, expand=expand_hostlist):
+def resolve_cluster(
+    env: Mapping[str, str] | None = None, expand: Callable[[str, str], list[str]] = expand_hostlist
+) -> ClusterSpec | None:
     """The multi-worker cluster this process is part of, or None for a single process.
 
     `TF_CONFIG` wins over `KERAS_SCALING_WORKER_HOSTS`, which wins over a
@@ -191,7 +194,7 @@ def resolve_cluster(env=None, expand=expand_hostlist):
     return None
 
 
-def describe_cluster(env=None):
+def describe_cluster(env: Mapping[str, str] | None = None) -> str:
     """One sentence saying where this process's cluster comes from.
 
     Such as `"Slurm job 1234 step 0: 4 tasks on 2 nodes"`, `"TF_CONFIG: 2

@@ -15,7 +15,7 @@ _RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
 _SCONTROL_TIMEOUT_S = 10
 
 
-def _split_top_level(text, parameter):
+def _split_top_level(text: str, parameter: str) -> list[str]:
     """Splits `text` at the commas outside brackets."""
     parts, depth, start = [], 0, 0
     for position, char in enumerate(text):
@@ -36,9 +36,9 @@ def _split_top_level(text, parameter):
     return parts
 
 
-def _expand_ranges(ranges, text, parameter):
+def _expand_ranges(ranges: str, text: str, parameter: str) -> list[str]:
     """`"01-03,07"` -> `["01", "02", "03", "07"]`, keeping the zero padding of each range."""
-    values = []
+    values: list[str] = []
     for part in ranges.split(","):
         match = _RANGE.match(part.strip())
         if match is None:
@@ -53,7 +53,7 @@ def _expand_ranges(ranges, text, parameter):
     return values
 
 
-def _expand_one(name, text, parameter):
+def _expand_one(name: str, text: str, parameter: str) -> list[str]:
     """One comma-free entry with any number of bracket groups: their product, in order."""
     hosts = [""]
     rest = name
@@ -73,7 +73,7 @@ def _expand_one(name, text, parameter):
     return hosts
 
 
-def expand_hostlist_python(text, parameter="host list"):
+def expand_hostlist_python(text: str, parameter: str = "host list") -> list[str]:
     """Expands a Slurm host list in pure Python, checking its syntax.
 
     Args:
@@ -102,7 +102,7 @@ def expand_hostlist_python(text, parameter="host list"):
 _SLURM_CONF_PATHS = ("/etc/slurm/slurm.conf", "/run/slurm/conf/slurm.conf")
 
 
-def _scontrol_hostnames(text):
+def _scontrol_hostnames(text: str) -> list[str] | None:
     """`scontrol show hostnames TEXT`, or None when scontrol is absent or fails."""
     scontrol = shutil.which("scontrol")
     if scontrol is None:
@@ -126,7 +126,9 @@ def _scontrol_hostnames(text):
     return hosts
 
 
-def expand_hostlist(text, parameter="host list", use_scontrol=True):
+def expand_hostlist(
+    text: str, parameter: str = "host list", use_scontrol: bool = True
+) -> list[str]:
     """Expands a Slurm compressed host list into host names.
 
     The syntax is checked in Python; the expansion is `scontrol show

@@ -12,6 +12,8 @@ behind the headless Service `train-svc`), and the pod of index 2 is worker 2.
 A plain comma list works too.
 """
 
+from collections.abc import Mapping
+
 from keras_scaling.cluster._hostlist import expand_hostlist_python
 from keras_scaling.cluster._spec import ClusterSpec
 
@@ -19,7 +21,7 @@ WORKER_HOSTS_ENV = "KERAS_SCALING_WORKER_HOSTS"
 INDEX_ENV = "JOB_COMPLETION_INDEX"
 
 
-def _check_address(address):
+def _check_address(address: str) -> None:
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(
@@ -28,7 +30,7 @@ def _check_address(address):
         )
 
 
-def worker_hosts_cluster(env):
+def worker_hosts_cluster(env: Mapping[str, str]) -> ClusterSpec | None:
     """The cluster named by `KERAS_SCALING_WORKER_HOSTS` and `JOB_COMPLETION_INDEX`, or None.
 
     None when `KERAS_SCALING_WORKER_HOSTS` is unset. The pod of index `i` is

@@ -9,6 +9,7 @@ so it holds whatever `--distribution` placed the ranks.
 """
 
 import re
+from collections.abc import Callable, Mapping
 
 from keras_scaling.cluster._hostlist import expand_hostlist
 from keras_scaling.cluster._spec import ClusterSpec
@@ -22,7 +23,7 @@ PORT_BLOCK = 32
 _TASKS_PER_NODE = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
 
 
-def parse_tasks_per_node(text, parameter="SLURM_STEP_TASKS_PER_NODE"):
+def parse_tasks_per_node(text: str, parameter: str = "SLURM_STEP_TASKS_PER_NODE") -> list[int]:
     """Expands Slurm's tasks-per-node notation: `"2(x3),1"` is `[2, 2, 2, 1]`.
 
     Args:
@@ -54,7 +55,7 @@ def parse_tasks_per_node(text, parameter="SLURM_STEP_TASKS_PER_NODE"):
     return counts
 
 
-def _int(env, name):
+def _int(env: Mapping[str, str], name: str) -> int | None:
     value = env.get(name)
     if value is None or value == "":
         return None
@@ -64,12 +65,12 @@ def _int(env, name):
         raise ValueError(f"{name} must be an integer, got {value!r}") from None
 
 
-def in_slurm_job(env):
+def in_slurm_job(env: Mapping[str, str]) -> bool:
     """Whether the environment is a Slurm job's (a batch script, `salloc` shell or step)."""
     return bool(env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID"))
 
 
-def in_slurm_step(env):
+def in_slurm_step(env: Mapping[str, str]) -> bool:
     """Whether this process is a task of a Slurm job step (started by `srun`)."""
     step = env.get("SLURM_STEP_ID", env.get("SLURM_STEPID"))
     # The batch script itself runs as the step "batch" (or without the
@@ -77,7 +78,7 @@ def in_slurm_step(env):
     return in_slurm_job(env) and step is not None and step.isdigit()
 
 
-def step_port_base(job_id, step_id, tasks_on_busiest_node=1):
+def step_port_base(job_id: int, step_id: int, tasks_on_busiest_node: int = 1) -> int:
     """The first port of a step's tasks on each node, the same on every task.
 
     Consecutive jobs get consecutive blocks of `PORT_BLOCK` ports in
@@ -105,7 +106,7 @@ def step_port_base(job_id, step_id, tasks_on_busiest_node=1):
     return PORT_RANGE[0] + slot * block
 
 
-def _port_override(env, tasks_on_busiest_node):
+def _port_override(env: Mapping[str, str], tasks_on_busiest_node: int) -> int | None:
     port = _int(env, PORT_ENV)
     if port is None:
         return None
@@ -141,7 +142,9 @@ class NotInStepError(RuntimeError):
     """
 
 
-def slurm_cluster(env, expand=expand_hostlist):
+def slurm_cluster(
+    env: Mapping[str, str], expand: Callable[[str, str], list[str]] = expand_hostlist
+) -> ClusterSpec | None:
     """The cluster of the Slurm job step this process is a task of, or None.
 
     None outside Slurm and in a step of one task. The step's tasks are the
@@ -218,6 +221,7 @@ def slurm_cluster(env, expand=expand_hostlist):
             f"SLURM_STEP_NODELIST={nodelist!r} with SLURM_STEP_TASKS_PER_NODE={tasks_text!r}"
         )
     busiest = max(tasks_per_node)
+    assert job_id is not None and step_id is not None  # in_slurm_step read both
     override = _port_override(env, busiest)
     port_base = override if override is not None else step_port_base(job_id, step_id, busiest)
     workers = tuple(
@@ -238,13 +242,13 @@ def slurm_cluster(env, expand=expand_hostlist):
     )
 
 
-def _device_ids(text):
+def _device_ids(text: object) -> list[str]:
     ids = [part.strip() for part in str(text).split(",") if part.strip()]
     # Slurm writes "N/A" or an empty list when it bound nothing.
     return [value for value in ids if value.upper() not in ("N/A", "NONE", "NOGPU")]
 
 
-def task_gpus(env, local_rank, tasks_on_node):
+def task_gpus(env: Mapping[str, str], local_rank: int, tasks_on_node: int) -> list[str] | None:
     """The GPU ids this task should see, from what Slurm bound, or None to leave them be.
 
     Slurm with `--gpus-per-task` (or `--gpu-bind`) sets each task's

@@ -1,6 +1,7 @@
 """`ClusterSpec`: one process's view of a multi-worker cluster, with no TensorFlow."""
 
 import dataclasses
+from typing import Any
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,31 +40,31 @@ class ClusterSpec:
 
     source: str
     origin: str
-    workers: tuple
+    workers: tuple[str, ...]
     task_type: str
     task_index: int
-    chief: tuple = ()
-    evaluator: tuple = ()
+    chief: tuple[str, ...] = ()
+    evaluator: tuple[str, ...] = ()
     local_rank: int = 0
     tasks_on_node: int = 1
     port_source: str = ""
 
     @property
-    def num_workers(self):
+    def num_workers(self) -> int:
         """The processes that train together: the chief and the workers."""
         return len(self.chief) + len(self.workers)
 
     @property
-    def address(self):
+    def address(self) -> str:
         """This task's `"host:port"`."""
         return self.cluster_dict()[self.task_type][self.task_index]
 
-    def cluster_dict(self):
+    def cluster_dict(self) -> dict[str, list[str]]:
         """`{"chief": [...], "worker": [...], "evaluator": [...]}`, empty jobs left out."""
         jobs = {"chief": self.chief, "worker": self.workers, "evaluator": self.evaluator}
         return {name: list(tasks) for name, tasks in jobs.items() if tasks}
 
-    def tf_config(self):
+    def tf_config(self) -> dict[str, Any]:
         """The `TF_CONFIG` dict that describes this cluster and task."""
         return {
             "cluster": self.cluster_dict(),

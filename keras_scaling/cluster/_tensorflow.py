@@ -7,16 +7,20 @@
 import logging
 import os
 import socket
+from typing import TYPE_CHECKING
 
 import tensorflow as tf
 
 from keras_scaling.cluster._kubernetes import WORKER_HOSTS_ENV
 from keras_scaling.cluster._slurm import PORT_ENV, task_gpus
 
+if TYPE_CHECKING:
+    from keras_scaling.cluster import ClusterSpec
+
 logger = logging.getLogger("keras_scaling")
 
 
-def check_addresses(spec):
+def check_addresses(spec: "ClusterSpec") -> None:
     """Fails, naming the fix, when a Slurm node does not resolve or this task's port is taken."""
     if spec.source == "slurm":
         for address in (*spec.chief, *spec.workers):
@@ -55,7 +59,7 @@ def check_addresses(spec):
             ) from None
 
 
-def bind_task_gpus(spec):
+def bind_task_gpus(spec: "ClusterSpec") -> None:
     """Gives this task its share of the node's GPUs when Slurm bound them all to every task."""
     gpus = task_gpus(os.environ, spec.local_rank, spec.tasks_on_node)
     if gpus is None:
@@ -69,7 +73,7 @@ def bind_task_gpus(spec):
     )
 
 
-def cluster_resolver(spec):
+def cluster_resolver(spec: "ClusterSpec") -> tf.distribute.cluster_resolver.ClusterResolver:
     """The TensorFlow resolver of a cluster that no TF_CONFIG describes."""
     # A SimpleClusterResolver reports the accelerators it is given; the
     # physical list (what Slurm or CUDA_VISIBLE_DEVICES left visible) is read

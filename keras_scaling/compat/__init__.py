@@ -22,6 +22,7 @@ import dataclasses
 import logging
 import os
 import threading
+from typing import TYPE_CHECKING
 
 from keras_scaling import _probes, _topology, _versions
 from keras_scaling.compat import (
@@ -32,6 +33,10 @@ from keras_scaling.compat import (
     _steps_per_execution,
     _symbolic_build,
 )
+
+if TYPE_CHECKING:
+    import keras
+    import tensorflow as tf
 
 __all__ = [
     "CompatStatus",
@@ -52,10 +57,10 @@ _FIXES = (_steps_per_execution, _symbolic_build, _scalar_reduce, _multi_worker_e
 _FIX_NAMES = tuple(fix.NAME for fix in _FIXES)
 _lock = threading.RLock()
 # name -> (owner, attribute, original object, replacement)
-_active = {}
+_active: dict[str, tuple] = {}
 # Fixes turned off by `disable()`: automatic enabling leaves them off.
-_disabled_by_user = set()
-_probe_results = {}
+_disabled_by_user: set[str] = set()
+_probe_results: dict[str, tuple[bool, str | None]] = {}
 _env_notice_logged = False
 
 
@@ -121,22 +126,22 @@ class CompatStatus:
     ```
     """
 
-    fixes: tuple
+    fixes: tuple[FixStatus, ...]
     keras_version: str
     disabled_by_env: bool
 
-    def __getitem__(self, name):
+    def __getitem__(self, name: str) -> FixStatus:
         for fix in self.fixes:
             if fix.name == name:
                 return fix
         raise KeyError(f"no fix named {name!r}; fixes: {', '.join(_FIX_NAMES)}")
 
     @property
-    def active(self):
+    def active(self) -> tuple[str, ...]:
         """The names of the fixes applied now."""
         return tuple(fix.name for fix in self.fixes if fix.active)
 
-    def __str__(self):
+    def __str__(self) -> str:
         lines = [f"keras_scaling.compat (Keras {self.keras_version})"]
         if self.disabled_by_env:
             lines[0] += f": off, {NO_COMPAT_ENV}=1"
@@ -212,7 +217,7 @@ def _log_applied(applied):
         )
 
 
-def enable():
+def enable() -> CompatStatus:
     """Apply the fixes that the installed Keras needs.
 
     Whether a fix is needed is decided by reading the installed Keras (the
@@ -246,7 +251,7 @@ def enable():
         return status()
 
 
-def disable(name=None):
+def disable(name: str | None = None) -> CompatStatus:
     """Restore Keras exactly: put the original functions back.
 
     The fixes stay off until `enable()` is called again: the automatic
@@ -296,7 +301,9 @@ def disable(name=None):
         return status()
 
 
-def enable_for(strategy, model=None):
+def enable_for(
+    strategy: "tf.distribute.Strategy", model: "keras.Model | None" = None
+) -> CompatStatus:
     """Apply the fixes a strategy needs, in time for the `fit` in progress.
 
     With more than one replica in sync this enables the fixes Keras needs
@@ -426,7 +433,7 @@ def _rebuild_functions_built_without_fix(model):
             getattr(model, make)(force=True)
 
 
-def status():
+def status() -> CompatStatus:
     """Which fixes exist, whether this Keras needs them and whether they are on.
 
     Returns:

@@ -56,7 +56,7 @@ def probe():
     num_batches = adapter.__dict__.get("num_batches")
     sources = [
         _probe.source_of(getattr(num_batches, "fget", None)),
-        _probe.source_of(iterator.__init__),
+        _probe.source_of(iterator.__dict__["__init__"]),
     ]
     if None in sources:
         return _probe.by_version(
@@ -107,7 +107,7 @@ def steps_per_batch(strategy, dataset):
 def _worker_share_adapter_class(keras_adapter_class):
     """A subclass of Keras' dataset adapter whose epoch lasts the steps it takes."""
 
-    class _WorkerShareAdapter(keras_adapter_class):
+    class _WorkerShareAdapter(keras_adapter_class):  # type: ignore[valid-type, misc]
         """Keras' adapter of a worker's dataset, with the epoch in steps it lasts."""
 
         def __init__(self, adapter, steps_per_batch):
@@ -136,7 +136,9 @@ def make_replacement(original_init):
             getattr(self, "_distribute_strategy", None), adapter.get_tf_dataset()
         )
         if factor > 1:
-            self.data_adapter = _worker_share_adapter_class(keras_adapter_class)(adapter, factor)
+            self.data_adapter = _worker_share_adapter_class(keras_adapter_class)(  # type: ignore[arg-type]
+                adapter, factor
+            )
             self._num_batches = self.data_adapter.num_batches
 
     return __init__

@@ -8,6 +8,9 @@ what each replica and worker reads.
 """
 
 import logging
+import os
+from collections.abc import Callable
+from typing import Any
 
 import tensorflow as tf
 
@@ -28,7 +31,9 @@ _PLAN_ATTRIBUTE = "_keras_scaling_input_plan"
 _REBUILD_ATTRIBUTE = "_keras_scaling_rebuild"
 
 
-def global_batch_size(per_replica_batch_size, strategy=None):
+def global_batch_size(
+    per_replica_batch_size: int, strategy: tf.distribute.Strategy | None = None
+) -> int:
     """The global batch size for a per-replica batch size under a strategy.
 
     One training step consumes `per_replica_batch_size` samples on each of
@@ -56,20 +61,20 @@ def global_batch_size(per_replica_batch_size, strategy=None):
 
 
 def distribute(
-    data,
+    data: Any,
     *,
-    strategy=None,
-    per_replica_batch_size=None,
-    global_batch_size=None,
-    shuffle=None,
-    seed=None,
-    last_batch="drop",
-    shard="auto",
-    cache=False,
-    parse_fn=None,
-    num_samples=None,
-    output_signature=None,
-):
+    strategy: tf.distribute.Strategy | None = None,
+    per_replica_batch_size: int | None = None,
+    global_batch_size: int | None = None,
+    shuffle: bool | None = None,
+    seed: int | None = None,
+    last_batch: str = "drop",
+    shard: str = "auto",
+    cache: bool | str | os.PathLike[str] = False,
+    parse_fn: Callable[[Any], Any] | None = None,
+    num_samples: int | None = None,
+    output_signature: Any = None,
+) -> tf.data.Dataset:
     """Builds the input pipeline for data-parallel training under a strategy.
 
     The returned `tf.data.Dataset` yields batches of `global_batch_size`
@@ -303,7 +308,7 @@ def _independent_copy(dataset):
     return None if rebuild is None else rebuild()
 
 
-def describe(data, **kwargs):
+def describe(data: Any, **kwargs: Any) -> InputPlan:
     """The input plan `distribute` would follow, without building the pipeline.
 
     Pass the same arguments as to `distribute`, or a dataset `distribute`
@@ -353,7 +358,7 @@ def describe(data, **kwargs):
     )[0]
 
 
-def plan_of(dataset):
+def plan_of(dataset: tf.data.Dataset) -> InputPlan | None:
     """The `InputPlan` of a dataset returned by `distribute`, else None.
 
     Transformations applied after `distribute` (such as `.map`) return new

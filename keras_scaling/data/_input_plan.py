@@ -248,7 +248,7 @@ def assign_files(file_sizes, num_workers):
         A list, per worker, of file indices in their original order.
     """
     loads = [0] * num_workers
-    assignment = [[] for _ in range(num_workers)]
+    assignment: list[list[int]] = [[] for _ in range(num_workers)]
     order = sorted(range(len(file_sizes)), key=lambda i: (-file_sizes[i], i))
     for file_index in order:
         worker = min(range(num_workers), key=lambda w: (loads[w], w))
@@ -457,21 +457,21 @@ class InputPlan:
     worker_examples: int
     shuffle: bool
     seed: int
-    num_files: int = None
-    worker_files: int = None
+    num_files: int | None = None
+    worker_files: int | None = None
     device_kind: str = "CPU"
     strategy: str = ""
-    warnings: tuple = ()
+    warnings: tuple[str, ...] = ()
     source_kind: str = "arrays"
-    notes: tuple = ()
+    notes: tuple[str, ...] = ()
     file_unit: str = "files"
 
     @property
-    def per_worker_batch_size(self):
+    def per_worker_batch_size(self) -> int:
         """Samples each worker feeds to its replicas per step."""
         return self.global_batch_size // self.num_workers
 
-    def __str__(self):
+    def __str__(self) -> str:
         workers = "worker" if self.num_workers == 1 else "workers"
         lines = [
             f"Input plan ({self.strategy}, {self.device_kind}):",

@@ -99,7 +99,8 @@ def planned_global_batch_size(iterator):
     from keras_scaling import data
 
     dataset = distributed_dataset(iterator)
-    return None if dataset is None else data.plan_of(dataset).global_batch_size
+    plan = None if dataset is None else data.plan_of(dataset)
+    return None if plan is None else plan.global_batch_size
 
 
 def distributed_dataset(iterator):

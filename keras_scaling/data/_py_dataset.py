@@ -12,6 +12,7 @@ import collections
 import concurrent.futures
 import dataclasses
 import itertools
+from typing import Any
 
 import keras
 import numpy as np
@@ -233,7 +234,7 @@ def sample_stream(source, item_indices, *, shuffle, seed):
     return samples.map(lambda *element: element[0] if len(element) == 1 else element)
 
 
-_shared_py_dataset = None
+_shared_py_dataset: Any = None
 
 
 def _share(py_dataset):
@@ -255,14 +256,14 @@ def _read_items(py_dataset, order):
             yield index, py_dataset[index]
         return
     if use_multiprocessing:
-        pool = concurrent.futures.ProcessPoolExecutor(
+        pool: concurrent.futures.Executor = concurrent.futures.ProcessPoolExecutor(
             workers, initializer=_share, initargs=(py_dataset,)
         )
         read = _shared_item
     else:
         pool = concurrent.futures.ThreadPoolExecutor(workers)
         read = py_dataset.__getitem__
-    pending = collections.deque()
+    pending: collections.deque = collections.deque()
     remaining = iter(order)
     try:
         for index in itertools.islice(remaining, queue_size):

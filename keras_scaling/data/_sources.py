@@ -44,7 +44,7 @@ class DatasetSource:
 
     dataset: tf.data.Dataset
     num_examples: int
-    batch_size: int = None
+    batch_size: int | None = None
     kind: str = "tf.data.Dataset"
     notes: tuple = ()
     num_files = None
@@ -255,7 +255,7 @@ def _inspect_batched(dataset, batch, cardinality, num_samples):
         file_paths = None
     pipeline = _tf_internals.directory_pipeline(dataset, file_paths)
     if pipeline is not None:
-        source = DirectorySource(
+        source: DatasetSource | DirectorySource = DirectorySource(
             files=pipeline.files,
             decoders=pipeline.decoders,
             paths=pipeline.paths,

@@ -123,9 +123,9 @@ class BatchNode:
     """
 
     transformation: str
-    batch_size: int = None
-    drop_remainder: bool = None
-    samples: int = None
+    batch_size: int | None = None
+    drop_remainder: bool | None = None
+    samples: int | None = None
     one_batch_per_element: bool = False
     reshapes_samples: bool = False
 

@@ -19,7 +19,7 @@ import os
 import socket
 import sys
 import time
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from keras_scaling.doctor._checks import (
     BYTES_PER_FLOAT32,
@@ -80,11 +80,11 @@ class DoctorReport:
         """The checks that failed."""
         return tuple(check for check in self.checks if not check.ok)
 
-    def __str__(self):
+    def __str__(self) -> str:
         return "\n".join(str(check) for check in self.checks)
 
 
-def _tf_config_line(config):
+def _tf_config_line(config: dict[str, Any]) -> str:
     if not config:
         return "TF_CONFIG is not set"
     cluster = config.get("cluster", {})
@@ -99,7 +99,7 @@ def _tf_config_line(config):
     )
 
 
-def _own_port(strategy, num_workers):
+def _own_port(strategy: "tf.distribute.Strategy", num_workers: int) -> int | None:
     """This worker's port in the strategy's cluster, or None when the job starts no server."""
     resolver = getattr(strategy, "cluster_resolver", None)
     if num_workers < 2 or resolver is None:
@@ -111,7 +111,7 @@ def _own_port(strategy, num_workers):
         return None
 
 
-def _listening(port):
+def _listening(port: int) -> list[str]:
     found = []
     for name in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
@@ -122,7 +122,7 @@ def _listening(port):
     return found
 
 
-def _interfaces():
+def _interfaces() -> list[str]:
     try:
         return os.listdir("/sys/class/net")
     except OSError:
@@ -184,7 +184,7 @@ def run_checks(
         rounds, "rounds", fix="Pass the number of timed all-reduces, such as 3."
     )
 
-    def say(text):
+    def say(text: str) -> None:
         if out is not None:
             print(text, file=out, flush=True)
 
@@ -209,7 +209,7 @@ def run_checks(
 
     checks = []
 
-    def record(check):
+    def record(check: Check) -> None:
         checks.append(check)
         say(str(check))
 

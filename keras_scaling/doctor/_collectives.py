@@ -46,7 +46,7 @@ def gather_reports(strategy, report):
     # One report per worker, by the index each worker wrote into its own:
     # the gathered rows need not be one per replica (a multi-worker strategy
     # over logical CPUs gathers one row per worker).
-    by_worker = {}
+    by_worker: dict[int, dict] = {}
     for row in rows:
         decoded = _decode(row)
         by_worker.setdefault(decoded["worker"], decoded)

@@ -14,23 +14,28 @@ whether Python bound the name to this package or to its function.
 
 import sys
 import types
+from typing import TYPE_CHECKING, Any
 
 from keras_scaling import _validation
 from keras_scaling.explain._report import Explanation
+
+if TYPE_CHECKING:
+    import keras
+    import tensorflow as tf
 
 __all__ = ["explain"]
 
 
 def explain(
-    model,
-    data,
+    model: "keras.Model",
+    data: Any,
     *,
-    strategy=None,
+    strategy: "tf.distribute.Strategy | None" = None,
     steps: int = 50,
     rounds: int = 3,
     per_replica_batch_size: int | None = None,
     amortized_steps_per_execution: int | None = None,
-    peak_flops="auto",
+    peak_flops: float | str | None = "auto",
     log_dir: str | None = None,
     verbose: bool = True,
 ) -> Explanation:
@@ -162,7 +167,7 @@ def explain(
     return result
 
 
-def _is_py_dataset(data):
+def _is_py_dataset(data: object) -> bool:
     import keras
 
     return isinstance(data, keras.utils.PyDataset)
@@ -175,7 +180,7 @@ class _CallableModule(types.ModuleType):
     importing `keras_scaling.explain._measure` binds the package to it.
     """
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, *args: Any, **kwargs: Any) -> Explanation:
         return explain(*args, **kwargs)
 
 

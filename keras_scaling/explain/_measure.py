@@ -244,7 +244,7 @@ def measure(model, dataset, strategy, *, steps, rounds, amortized=None, pipeline
         }
         for variant in variants.values():
             variant.run(2)  # traces, and warms up the pipeline and the devices
-        times = {name: [] for name in variants}
+        times: dict[str, list[float]] = {name: [] for name in variants}
         for _ in range(rounds):
             for name, variant in variants.items():
                 times[name].append(variant.run(calls[name]))
