@@ -317,7 +317,7 @@ def _plan_sweep(args):
 
 def _check_peak_flops(args):
     """Checks `--peak-flops`; keeps its text for the worker."""
-    from keras_scaling import utilization
+    from keras_scaling.mfu import utilization
 
     value = args.peak_flops
     if value not in ("auto", "measure"):
@@ -386,7 +386,7 @@ def _prepare_log_dir(log_dir, overwrite):
             shutil.rmtree(path)
         else:
             os.remove(path)
-    from keras_scaling import _tensorboard
+    from keras_scaling.summaries import _tensorboard
 
     try:
         return _tensorboard.check_log_dir(log_dir, parameter="--logdir", run=SUMMARY_RUN)
@@ -572,7 +572,7 @@ class _Progress:
 
 def _write_results(log_dir, summary, table, args, sweep):
     """scaling.json, scaling.png, and the plot and table in TensorBoard."""
-    from keras_scaling import _tensorboard
+    from keras_scaling.summaries import _tensorboard
 
     title = f"{args.model}, {sweep.scaling_mode} scaling on {sweep.device_kind}"
     threads = sweep.cpu_threads

@@ -20,7 +20,6 @@ import dataclasses
 import json
 import os
 
-from keras_scaling._environment import LAUNCHED_ENV
 from keras_scaling.cluster._hostlist import expand_hostlist
 from keras_scaling.cluster._kubernetes import INDEX_ENV, WORKER_HOSTS_ENV, worker_hosts_cluster
 from keras_scaling.cluster._slurm import (
@@ -32,6 +31,7 @@ from keras_scaling.cluster._slurm import (
     task_gpus,
 )
 from keras_scaling.cluster._spec import ClusterSpec
+from keras_scaling.launch._environment import LAUNCHED_ENV
 
 __all__ = [
     "INDEX_ENV",

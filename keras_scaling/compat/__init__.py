@@ -23,7 +23,6 @@ import logging
 import os
 import threading
 
-from keras_scaling import _probes, _topology, _versions
 from keras_scaling.compat import (
     _keras_trainer,
     _multi_worker_epoch,
@@ -32,6 +31,8 @@ from keras_scaling.compat import (
     _steps_per_execution,
     _symbolic_build,
 )
+from keras_scaling.devices import _topology
+from keras_scaling.internals import _probes, _versions
 
 __all__ = [
     "CompatStatus",

@@ -173,8 +173,9 @@ def run_checks(
     # Here, not at the top: `import keras_scaling.doctor` must stay cheap and
     # leave TensorFlow's devices uninitialised.
     import keras_scaling
-    from keras_scaling import _versions, cluster, devices
+    from keras_scaling import cluster, devices
     from keras_scaling.doctor import _collectives
+    from keras_scaling.internals import _versions
 
     if isinstance(size_mb, bool) or not isinstance(size_mb, (int, float)) or not size_mb > 0:
         raise ValueError(f"size_mb must be a positive number of MB, such as 102.2, got {size_mb!r}")

@@ -19,8 +19,9 @@ import os
 import time
 import weakref
 
-from keras_scaling import _probes, _threads, _validation
-from keras_scaling._run_record import (
+from keras_scaling import _threads, _validation
+from keras_scaling.internals import _probes
+from keras_scaling.throughput._run_record import (
     FIELDS,
     THROUGHPUT_JSON,
     VERSION,
@@ -29,8 +30,8 @@ from keras_scaling._run_record import (
     speedup_of,
     write_throughput_json,
 )
-from keras_scaling.throughput import ThroughputWindow
-from keras_scaling.throughput import speedup as _speedup
+from keras_scaling.throughput.arithmetic import ThroughputWindow
+from keras_scaling.throughput.arithmetic import speedup as _speedup
 
 logger = logging.getLogger("keras_scaling")
 
@@ -215,7 +216,7 @@ def for_run(baseline, setup, *, model, one_replica_spec, device, measures=True, 
     resolved.mode   # 'self': one replica is its own baseline
     ```
     """
-    from keras_scaling import _throughput_advice
+    from keras_scaling.throughput import _advice
 
     if baseline is None:
         return None, None
@@ -267,7 +268,7 @@ def for_run(baseline, setup, *, model, one_replica_spec, device, measures=True, 
         measured[key] = samples_per_sec
     note = None
     if shared_cores:
-        note = _throughput_advice.shared_cores_baseline(setup["num_replicas"])
+        note = _advice.shared_cores_baseline(setup["num_replicas"])
         logger.warning("ThroughputLogger: %s", note)
     resolved = baseline.with_value(
         samples_per_sec, f"measured: a copy of the model alone on {device}"
@@ -609,7 +610,7 @@ def _first_line(error):
 def _baseline_timer(duration_s, min_steps, clock):
     """A callback that times the `fit` it is given to from the end of its first execution."""
 
-    from keras_scaling import _train_function_hook
+    from keras_scaling.callbacks import _train_function_hook
 
     window = ThroughputWindow()
     state = {"steps": 0, "start_time_s": None, "start_steps": None, "interval": None}

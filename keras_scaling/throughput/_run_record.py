@@ -31,7 +31,7 @@ import json
 import numbers
 import os
 
-from keras_scaling import throughput as throughput_lib
+from keras_scaling.throughput import arithmetic as throughput_lib
 
 # The file name in a run's log_dir.
 THROUGHPUT_JSON = "throughput.json"

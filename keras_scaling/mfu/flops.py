@@ -30,7 +30,8 @@ import contextlib
 import logging
 import math
 
-from keras_scaling import _probes, _threads
+from keras_scaling import _threads
+from keras_scaling.internals import _probes
 
 __all__ = ["count_training_flops", "training_flops_per_sample"]
 
@@ -438,7 +439,7 @@ def _count_graph(graph):
     """`(flops, None)` for the ops the graph's outputs depend on, or `(None, reason)`."""
     statistics = _flops_statistics()
     if statistics is None:
-        from keras_scaling import _versions
+        from keras_scaling.internals import _versions
 
         return None, (
             f"TensorFlow {_versions.tf_version()} does not give the per-op FLOP "
