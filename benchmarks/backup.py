@@ -33,8 +33,8 @@ keras_scaling.use_logical_cpus(2)
 
 import tensorflow as tf  # noqa: E402
 
-from keras_scaling import _backup  # noqa: E402
 from keras_scaling.cli import _models  # noqa: E402
+from keras_scaling.preemption import _backup  # noqa: E402
 
 # The callback warns once that no fit is running when it is driven directly.
 logging.getLogger("keras_scaling").setLevel(logging.ERROR)

@@ -57,8 +57,8 @@ ANALYTIC_FLOPS_PER_SAMPLE = {
 
 def main(argv=None):
     args = parse_args(argv)
-    from keras_scaling import flops
     from keras_scaling.cli import _models
+    from keras_scaling.mfu import flops
 
     print(
         f"{'model':10} {'count (MFLOPs/sample)':>22} {'analytic':>10} {'ratio':>7} "

@@ -19,7 +19,7 @@ import sys
 import textwrap
 import time
 
-from keras_scaling import _isolation, launcher
+from keras_scaling.launch import _isolation, launcher
 
 _WORKER = textwrap.dedent(
     """

@@ -51,8 +51,8 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from keras_scaling import _fingerprint, replica_state  # noqa: E402
-from keras_scaling.callbacks.replica_sync import ReplicaSyncCheck  # noqa: E402
+from keras_scaling.replica_sync import _fingerprint, replica_state  # noqa: E402
+from keras_scaling.replica_sync.replica_sync_check import ReplicaSyncCheck  # noqa: E402
 
 # Goal of the fit rows: within 1% of fit without the callback.
 GOAL = 0.01

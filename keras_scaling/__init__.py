@@ -23,7 +23,7 @@ not initialise TensorFlow's devices: `use_logical_cpus` can still follow it.
 import importlib
 from typing import TYPE_CHECKING
 
-from keras_scaling import _versions
+from keras_scaling.internals import _versions
 
 if TYPE_CHECKING:
     # What `__getattr__` imports on first use, spelled out for type checkers.
@@ -57,17 +57,16 @@ _versions.check_supported()
 __version__ = "0.1.0"  # pyproject.toml reads the version from here
 
 _EXPORTS = {
-    "BackupAndRestore": "keras_scaling.callbacks.backup_and_restore",
+    "BackupAndRestore": "keras_scaling.preemption.backup_and_restore",
     "use_logical_cpus": "keras_scaling.devices",
     "auto_strategy": "keras_scaling.devices",
     "describe_strategy": "keras_scaling.devices",
     "StrategyInfo": "keras_scaling.devices",
-    "ReplicaSyncCheck": "keras_scaling.callbacks.replica_sync",
-    "ReplicaDivergenceError": "keras_scaling.callbacks.replica_sync",
-    "ThroughputLogger": "keras_scaling.callbacks.throughput",
+    "ReplicaSyncCheck": "keras_scaling.replica_sync.replica_sync_check",
+    "ReplicaDivergenceError": "keras_scaling.replica_sync.replica_sync_check",
+    "ThroughputLogger": "keras_scaling.throughput.throughput_logger",
 }
 _SUBMODULES = (
-    "baseline",
     "callbacks",
     "cluster",
     "compat",
@@ -75,12 +74,11 @@ _SUBMODULES = (
     "devices",
     "doctor",
     "explain",
-    "flops",
-    "launcher",
-    "peak_flops",
-    "replica_state",
+    "launch",
+    "mfu",
+    "preemption",
+    "replica_sync",
     "throughput",
-    "utilization",
 )
 
 __all__ = sorted(_EXPORTS) + list(_SUBMODULES)

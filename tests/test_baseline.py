@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_scaling import baseline as baseline_lib
+from keras_scaling.throughput import baseline as baseline_lib
 
 
 def _record(**changes):

@@ -19,7 +19,8 @@ import pytest
 import tensorflow as tf
 
 import keras_scaling
-from keras_scaling import _tensorboard, baseline
+from keras_scaling.summaries import _tensorboard
+from keras_scaling.throughput import baseline
 
 # Every instance of the layer below, weakly: the run's and the copy's.
 _instances = []

@@ -10,8 +10,8 @@ import json
 import pytest
 
 from keras_scaling import cluster
-from keras_scaling._environment import LAUNCHED_ENV
 from keras_scaling.cluster._hostlist import expand_hostlist_python
+from keras_scaling.launch._environment import LAUNCHED_ENV
 
 
 def _step_env(**overrides):

@@ -22,7 +22,8 @@ import sys
 import numpy as np
 import pytest
 
-from keras_scaling import _versions, launcher
+from keras_scaling.internals import _versions
+from keras_scaling.launch import launcher
 
 WORKER_SCRIPT = pathlib.Path(__file__).parent / "workers" / "compat_worker.py"
 NUM_WORKERS = 2

@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_scaling import data, launcher
+from keras_scaling import data
 from keras_scaling.devices import StrategyInfo
+from keras_scaling.launch import launcher
 
 
 def _worker(num_workers, worker_index, replicas_per_worker=2):

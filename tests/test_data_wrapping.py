@@ -17,8 +17,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_scaling import _probes, data
+from keras_scaling import data
 from keras_scaling.devices import StrategyInfo
+from keras_scaling.internals import _probes
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "workers"))
 import data_wrapping_sources as sources  # noqa: E402

@@ -80,11 +80,13 @@ def test_tf_config_rejects_malformed_json(monkeypatch):
 def test_tf_config_worker_count_counts_chief_and_workers(monkeypatch):
     cluster = {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2", "127.0.0.1:3"]}
     monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": cluster, "task": {}}))
-    assert devices._tf_config_worker_count() == 3
+    from keras_scaling.devices import strategies
+
+    assert strategies._tf_config_worker_count() == 3
 
 
 def test_only_cpu_work_is_done_when_a_call_returns_and_only_under_synchronous_execution():
-    from keras_scaling import _topology
+    from keras_scaling.devices import _topology
 
     assert _topology.work_done_on_return("CPU")
     assert not _topology.work_done_on_return("GPU")
@@ -99,7 +101,7 @@ def test_only_cpu_work_is_done_when_a_call_returns_and_only_under_synchronous_ex
 def test_read_int_reads_a_step_counter_and_a_tensor_without_a_handle():
     import keras
 
-    from keras_scaling import _topology
+    from keras_scaling.devices import _topology
 
     optimizer = keras.optimizers.SGD()
     optimizer.build([keras.Variable(1.0)])

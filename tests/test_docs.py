@@ -29,7 +29,7 @@ import sys
 
 import pytest
 
-from keras_scaling import baseline
+from keras_scaling.throughput import baseline
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = os.path.join(REPO, "docs")

@@ -13,7 +13,7 @@ import threading
 import numpy as np
 import pytest
 
-from keras_scaling import _tensorboard
+from keras_scaling.summaries import _tensorboard
 
 
 def _open_handles_under(directory):

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from keras_scaling import _tensorboard
+from keras_scaling.summaries import _tensorboard
 
 _EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(__file__)), "examples")
 _TIMEOUT_S = 300

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_scaling import flops
+from keras_scaling.mfu import flops
 
 
 def _dense_count(sizes, batch_norm=False):
@@ -180,7 +180,7 @@ def _small_mlp():
 def test_tracing_through_tf_function_when_the_graph_builder_is_gone_gives_the_same_count(
     monkeypatch, caplog
 ):
-    from keras_scaling import _probes
+    from keras_scaling.internals import _probes
 
     expected = flops.training_flops_per_sample(_small_mlp())
     _probes._warned.clear()
@@ -199,7 +199,7 @@ def test_tracing_through_tf_function_when_the_graph_builder_is_gone_gives_the_sa
 def test_without_tensorflows_flop_statistics_nothing_is_counted_and_the_reason_is_named(
     monkeypatch, caplog
 ):
-    from keras_scaling import _probes
+    from keras_scaling.internals import _probes
 
     _probes._warned.clear()
     monkeypatch.setenv(_probes.FAIL_PROBES_ENV, "tf.ops.flops_statistics")

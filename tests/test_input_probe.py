@@ -10,7 +10,7 @@ import numpy as np
 import tensorflow as tf
 
 import keras_scaling
-from keras_scaling import _input_probe
+from keras_scaling.throughput import _input_timing
 
 
 def _shuffled(seed=3):
@@ -25,7 +25,7 @@ def _epoch_orders(dataset, epochs, probe_in_epoch=None):
         order = []
         for step, (x, _) in enumerate(iterator):
             if epoch == probe_in_epoch and step == 2:
-                samples_per_sec, reason = _input_probe.input_samples_per_sec(iterator)
+                samples_per_sec, reason = _input_timing.input_samples_per_sec(iterator)
                 assert samples_per_sec is not None, reason
             order.extend(int(value) for value in x.numpy()[:, 0])
         orders.append(order)
@@ -45,7 +45,7 @@ def test_a_dataset_that_shuffles_by_itself_is_not_read_by_the_probe():
     iterator = iter(dataset)
     next(iterator)
 
-    samples_per_sec, reason = _input_probe.input_samples_per_sec(iterator)
+    samples_per_sec, reason = _input_timing.input_samples_per_sec(iterator)
 
     assert samples_per_sec is None
     assert "shuffles" in reason
@@ -54,6 +54,6 @@ def test_a_dataset_that_shuffles_by_itself_is_not_read_by_the_probe():
 def test_a_dataset_without_shared_state_is_timed():
     dataset = tf.data.Dataset.range(640).map(lambda i: tf.cast(i, tf.float32)).batch(8)
 
-    samples_per_sec, reason = _input_probe.input_samples_per_sec(iter(dataset))
+    samples_per_sec, reason = _input_timing.input_samples_per_sec(iter(dataset))
 
     assert reason is None and samples_per_sec > 0

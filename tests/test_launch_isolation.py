@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from keras_scaling import _isolation, launcher
+from keras_scaling.launch import _isolation, launcher
 
 pytestmark = pytest.mark.timeout(60)
 

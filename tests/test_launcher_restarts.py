@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from keras_scaling import launcher
 from keras_scaling.cli import launch as launch_cli
+from keras_scaling.launch import launcher
 
 pytestmark = pytest.mark.timeout(90)
 

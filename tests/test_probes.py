@@ -15,7 +15,8 @@ import os
 import subprocess
 import sys
 
-from keras_scaling import _probes, _versions, launcher
+from keras_scaling.internals import _probes, _versions
+from keras_scaling.launch import launcher
 
 _WORKER = os.path.join(os.path.dirname(__file__), "workers", "probe_scenario.py")
 _TIMEOUT_S = 180
@@ -49,15 +50,15 @@ PROBES_TESTED_IN = {
 
 def registered_probes():
     """Every probe of the package: importing every module registers them."""
-    import keras_scaling.baseline  # noqa: F401
-    import keras_scaling.callbacks.backup_and_restore  # noqa: F401
-    import keras_scaling.callbacks.replica_sync  # noqa: F401
-    import keras_scaling.callbacks.throughput  # noqa: F401
     import keras_scaling.compat  # noqa: F401
     import keras_scaling.data  # noqa: F401
-    import keras_scaling.devices  # noqa: F401
-    import keras_scaling.flops  # noqa: F401
-    import keras_scaling.replica_state  # noqa: F401
+    import keras_scaling.devices.strategies  # noqa: F401
+    import keras_scaling.mfu.flops  # noqa: F401
+    import keras_scaling.preemption.backup_and_restore  # noqa: F401
+    import keras_scaling.replica_sync.replica_state  # noqa: F401
+    import keras_scaling.replica_sync.replica_sync_check  # noqa: F401
+    import keras_scaling.throughput.baseline  # noqa: F401
+    import keras_scaling.throughput.throughput_logger  # noqa: F401
 
     return dict(_probes._registry)
 
@@ -194,7 +195,7 @@ def test_a_bug_around_the_batch_node_reach_surfaces_instead_of_keras_changed(cap
     import pytest
     import tensorflow as tf
 
-    from keras_scaling.data import _tf_internals
+    from keras_scaling.internals import _tf_data_batching
 
     source = tf.data.Dataset.range(50)
     # A deliberate bug in what the walk does with the node it read.
@@ -203,13 +204,13 @@ def test_a_bug_around_the_batch_node_reach_surfaces_instead_of_keras_changed(cap
     _probes._warned.clear()
     with caplog.at_level(logging.WARNING, logger="keras_scaling"):
         with pytest.raises(ZeroDivisionError):
-            _tf_internals.batch_node(batched)
+            _tf_data_batching.batch_node(batched)
     assert probe_warnings(caplog, "tf.data.batch_node") == []
     assert "tf.data.batch_node" not in _probes._warned
 
 
 def test_without_the_device_list_no_memory_limit_is_known_and_it_says_so(monkeypatch, caplog):
-    from keras_scaling import baseline
+    from keras_scaling.throughput import baseline
 
     # TensorFlow's device list gives every device a memory limit, the CPU too.
     assert baseline._device_lib_memory_limit("CPU:0") > 0

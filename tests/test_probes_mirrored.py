@@ -12,7 +12,8 @@ import os
 import pytest
 import tensorflow as tf
 
-from keras_scaling import _probes, _versions, compat
+from keras_scaling import compat
+from keras_scaling.internals import _probes, _versions
 
 pytestmark = pytest.mark.logical_cpus(2)
 
@@ -87,19 +88,19 @@ def test_throughput_without_the_dataset_walk_uses_static_shapes(strategy, tmp_pa
 
 
 def test_the_input_probe_and_replica_spec_degrade_to_unknown(strategy, monkeypatch):
-    from keras_scaling import _tf_data_internals
+    from keras_scaling.internals import _tf_data
 
     dataset = tf.data.Dataset.range(8).batch(2)
     spec = strategy.experimental_distribute_dataset(dataset).element_spec
-    healthy_ops = _tf_data_internals.op_types(dataset)
-    healthy_spec = _tf_data_internals.first_replica_spec(spec)
+    healthy_ops = _tf_data.op_types(dataset)
+    healthy_spec = _tf_data.first_replica_spec(spec)
     _probes._warned.clear()
     monkeypatch.setenv(
         _probes.FAIL_PROBES_ENV, "tf.data.serialized_graph,tf.distribute.per_replica_spec"
     )
     with scenarios.WarningCollector() as collector:
-        ops = _tf_data_internals.op_types(dataset)
-        one_spec = _tf_data_internals.first_replica_spec(spec)
+        ops = _tf_data.op_types(dataset)
+        one_spec = _tf_data.first_replica_spec(spec)
 
     assert "BatchDatasetV2" in healthy_ops and ops is None
     assert healthy_spec.shape.as_list() == [None] and one_spec is spec

@@ -22,12 +22,19 @@ PUBLIC_MODULES = (
     "keras_scaling.compat",
     "keras_scaling.data",
     "keras_scaling.devices",
+    "keras_scaling.devices.strategies",
     "keras_scaling.doctor",
     "keras_scaling.explain",
+    "keras_scaling.launch.launcher",
+    "keras_scaling.mfu.flops",
+    "keras_scaling.mfu.peak_flops",
+    "keras_scaling.mfu.utilization",
+    "keras_scaling.replica_sync.replica_state",
+    "keras_scaling.replica_sync.replica_sync_check",
     "keras_scaling.throughput",
-    "keras_scaling.baseline",
-    "keras_scaling.replica_state",
-    "keras_scaling.launcher",
+    "keras_scaling.throughput.arithmetic",
+    "keras_scaling.throughput.baseline",
+    "keras_scaling.throughput.throughput_logger",
 )
 
 PACKAGE_DIR = pathlib.Path(keras_scaling.__file__).parent
@@ -57,16 +64,16 @@ def _parameters(value):
     return list(inspect.signature(value).parameters.values())
 
 
-def _top_level_modules():
-    """The files of `keras_scaling/*.py` and its subpackages, except private ones."""
-    paths = [PACKAGE_DIR / "__init__.py"]
-    for path in sorted(PACKAGE_DIR.iterdir()):
+def _public_module_files(directory=PACKAGE_DIR):
+    """The files of the package's modules and subpackages, except private ones."""
+    paths = [directory / "__init__.py"]
+    for path in sorted(directory.iterdir()):
         if path.name.startswith("_"):
             continue
         if path.suffix == ".py":
             paths.append(path)
         elif path.is_dir() and (path / "__init__.py").is_file():
-            paths.append(path / "__init__.py")
+            paths.extend(_public_module_files(path))
     return paths
 
 
@@ -109,7 +116,7 @@ def test_public_function_or_class_with_parameters_documents_args(qualified_name,
 
 
 @pytest.mark.parametrize(
-    "path", _top_level_modules(), ids=lambda path: str(path.relative_to(PACKAGE_DIR))
+    "path", _public_module_files(), ids=lambda path: str(path.relative_to(PACKAGE_DIR))
 )
 def test_public_module_has_a_docstring(path):
     # Read from the source: importing every module (the CLI among them) is not

@@ -62,7 +62,7 @@ def test_the_quick_start_trains_and_logs_on_two_replicas(quick_start_run):
 
 
 def test_the_quick_start_draws_at_least_ten_points_per_chart(quick_start_run):
-    from keras_scaling import _tensorboard
+    from keras_scaling.summaries import _tensorboard
 
     summaries = _tensorboard.read_summaries(quick_start_run.logs / "run" / "scaling")
     for tag in (

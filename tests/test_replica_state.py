@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_scaling import _copy_comparison, _fingerprint, replica_state
+from keras_scaling.replica_sync import _copy_comparison, _fingerprint, replica_state
 
 # --- fingerprints -------------------------------------------------------------
 
@@ -189,7 +189,7 @@ def test_compare_copies_within_tolerance_only_when_every_difference_is():
 
 def test_comparison_of_copies_imports_neither_keras_nor_tensorflow():
     code = (
-        "import sys, keras_scaling._copy_comparison; "
+        "import sys, keras_scaling.replica_sync._copy_comparison; "
         "print(sorted({'keras', 'tensorflow'} & set(sys.modules)))"
     )
     result = subprocess.run(

@@ -19,7 +19,7 @@ import urllib.request
 import numpy as np
 import pytest
 
-from keras_scaling import _tensorboard
+from keras_scaling.summaries import _tensorboard
 
 _SERVER_START_TIMEOUT_S = 90
 _SERVER_CATCH_UP_TIMEOUT_S = 90
@@ -140,7 +140,7 @@ import sys
 
 from tensorboard.plugins.custom_scalar import layout_pb2
 
-from keras_scaling import _tensorboard
+from keras_scaling.summaries import _tensorboard
 
 
 def write(log_dir, png):
@@ -235,10 +235,10 @@ def test_a_tag_carries_its_description_on_its_first_event_only(tmp_path):
 
 
 def test_every_scalar_tag_the_callbacks_write_has_a_description():
-    from keras_scaling import _throughput_dashboard
-    from keras_scaling.callbacks import replica_sync
+    from keras_scaling.replica_sync import replica_sync_check as replica_sync
+    from keras_scaling.throughput import _dashboard
 
-    tags = set(replica_sync._SCALAR_TAGS) | set(_throughput_dashboard.SCALAR_TAGS)
+    tags = set(replica_sync._SCALAR_TAGS) | set(_dashboard.SCALAR_TAGS)
 
     assert tags - set(_tensorboard.TAG_DESCRIPTIONS) == set()
 
@@ -346,7 +346,7 @@ class _TensorBoard:
     """The real `tensorboard` server on 127.0.0.1, reloading every second."""
 
     def __init__(self, log_dir, load_fast, output_path):
-        from keras_scaling import launcher
+        from keras_scaling.launch import launcher
 
         (self.port,) = launcher.free_ports(1)
         self.load_fast = load_fast
@@ -539,7 +539,7 @@ import threading
 import tensorflow  # noqa: F401 - the writer a training process uses
 from tensorboard.plugins.custom_scalar import layout_pb2
 
-from keras_scaling import _tensorboard
+from keras_scaling.summaries import _tensorboard
 
 before = {name for name in sys.modules if name.startswith("tensorboard")}
 thread = threading.Thread(

@@ -2,7 +2,7 @@
 
 import pytest
 
-from keras_scaling.throughput import (
+from keras_scaling.throughput.arithmetic import (
     Interval,
     ReadSchedule,
     ThroughputStats,
@@ -288,7 +288,10 @@ def _examples(module_name):
 
 # The modules whose examples need no TensorFlow; test_docstring_examples.py
 # runs the public examples of the others (ThroughputLogger's, baseline's).
-_EXAMPLE_MODULES = ("keras_scaling.throughput", "keras_scaling._run_record")
+_EXAMPLE_MODULES = (
+    "keras_scaling.throughput.arithmetic",
+    "keras_scaling.throughput._run_record",
+)
 
 
 @pytest.mark.parametrize(
@@ -314,7 +317,7 @@ def test_docstring_example_runs_as_written_in_a_fresh_process(code, tmp_path):
 
 
 def test_a_baseline_inside_the_log_dir_is_named_relative_to_it(tmp_path):
-    from keras_scaling import _throughput_dashboard as dashboard
+    from keras_scaling.throughput import _dashboard as dashboard
 
     inside = tmp_path / "runs" / "one" / "throughput.json"
     assert dashboard.path_for_display(inside, tmp_path / "runs") == "one/throughput.json"
@@ -323,14 +326,14 @@ def test_a_baseline_inside_the_log_dir_is_named_relative_to_it(tmp_path):
 
 
 def test_setup_table_has_a_header_and_no_empty_rows():
-    from keras_scaling import _throughput_dashboard as dashboard
+    from keras_scaling.throughput import _dashboard as dashboard
 
     text = dashboard.setup_markdown([("replicas", 2), ("note", None), ("empty", "")])
     assert text.splitlines() == ["| setting | value |", "|---|---|", "| replicas | 2 |"]
 
 
 def test_short_step_advice_only_below_five_ms_and_one_step_per_call():
-    from keras_scaling import _throughput_advice as advice
+    from keras_scaling.throughput import _advice as advice
 
     assert "steps_per_execution=20" in advice.short_steps(0.001, 1)
     assert advice.short_steps(0.001, 4) is None
@@ -338,7 +341,7 @@ def test_short_step_advice_only_below_five_ms_and_one_step_per_call():
 
 
 def test_low_efficiency_advice_gives_the_input_rate_and_points_to_explain():
-    from keras_scaling import _throughput_advice as advice
+    from keras_scaling.throughput import _advice as advice
 
     low = speedup(1000.0, 1000.0, num_replicas=2)  # efficiency 0.5
     slow_input = advice.low_efficiency(low, 1000.0, 1100.0, None, host_cpu_replicas=False)
@@ -385,7 +388,7 @@ def _save_thread_goes_round(after_s=0.0):
 def test_background_save_saves_after_news_only():
     import threading
 
-    from keras_scaling import _background_save
+    from keras_scaling.throughput import _background_save
 
     saved = threading.Event()
     calls = []
@@ -407,7 +410,7 @@ def test_background_save_saves_after_news_only():
 
 
 def test_background_save_waits_its_gap_before_the_first_save_so_news_is_saved_together():
-    from keras_scaling import _background_save
+    from keras_scaling.throughput import _background_save
 
     calls = []
     saver = _background_save.BackgroundSave(lambda: calls.append(1), min_gap_s=30.0)
@@ -424,7 +427,7 @@ def test_background_save_waits_its_gap_before_the_first_save_so_news_is_saved_to
 def test_background_save_runs_its_first_save_after_first_gap_s_and_the_next_after_min_gap_s():
     import threading
 
-    from keras_scaling import _background_save
+    from keras_scaling.throughput import _background_save
 
     calls = []
     saved = threading.Event()
@@ -449,7 +452,7 @@ def test_background_saves_share_one_thread_and_stop_waits_for_a_save_in_progress
     import threading
     import time
 
-    from keras_scaling import _background_save
+    from keras_scaling.throughput import _background_save
 
     threads = []
     started = threading.Event()
@@ -482,7 +485,7 @@ def test_background_saves_share_one_thread_and_stop_waits_for_a_save_in_progress
 
 
 def test_flops_are_written_out_with_an_si_prefix_or_in_full():
-    from keras_scaling._throughput_dashboard import flops_text_of
+    from keras_scaling.throughput._dashboard import flops_text_of
 
     assert flops_text_of(4616.97) == "4,617 FLOPs"
     assert flops_text_of(3.21e6) == "3.21 MFLOPs"
@@ -491,7 +494,7 @@ def test_flops_are_written_out_with_an_si_prefix_or_in_full():
 
 
 def test_model_flops_per_sec_are_gflops_on_cpus_and_tflops_elsewhere():
-    from keras_scaling._throughput_flops import ModelFlops
+    from keras_scaling.mfu._throughput_flops import ModelFlops
 
     for device_kind, tag, value in (
         ("CPU", "throughput/gflops_per_sec", 4.0),
@@ -506,7 +509,7 @@ def test_model_flops_per_sec_are_gflops_on_cpus_and_tflops_elsewhere():
 
 
 def test_a_bench_run_names_the_peak_option_of_the_command_line():
-    from keras_scaling import _throughput_flops, peak_flops
+    from keras_scaling.mfu import _throughput_flops, peak_flops
 
     _, reason = peak_flops.resolve(
         "auto", device_kind="CPU", device="/device:CPU:0", compute_dtype="float32"

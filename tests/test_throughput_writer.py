@@ -4,8 +4,9 @@ import os
 import threading
 import time
 
-from keras_scaling import _run_record, _tensorboard
-from keras_scaling._throughput_writer import ThroughputWriter
+from keras_scaling.summaries import _tensorboard
+from keras_scaling.throughput import _run_record
+from keras_scaling.throughput._writer import ThroughputWriter
 
 SETUP = {
     "strategy": "_DefaultDistributionStrategy",

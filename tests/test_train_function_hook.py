@@ -8,8 +8,8 @@ import pytest
 import tensorflow as tf
 
 import keras_scaling
-from keras_scaling import _train_function_hook
-from keras_scaling._train_function_hook import TrainFunctionHook
+from keras_scaling.callbacks import _train_function_hook
+from keras_scaling.callbacks._train_function_hook import TrainFunctionHook
 
 
 def _model_with(function):
@@ -32,7 +32,7 @@ def _bench_progress_class():
 
 
 def _baseline_timer_class():
-    from keras_scaling import baseline
+    from keras_scaling.throughput import baseline
 
     return type(baseline._baseline_timer(1.0, 10, time.perf_counter))
 

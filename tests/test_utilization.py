@@ -2,7 +2,7 @@
 
 import pytest
 
-from keras_scaling import peak_flops, utilization
+from keras_scaling.mfu import peak_flops, utilization
 
 
 def test_mfu_is_achieved_flops_over_the_peak_of_all_replicas():

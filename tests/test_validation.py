@@ -12,7 +12,9 @@ import numpy as np
 import pytest
 
 import keras_scaling
-from keras_scaling import _validation, data, launcher, peak_flops, utilization
+from keras_scaling import _validation, data
+from keras_scaling.launch import launcher
+from keras_scaling.mfu import peak_flops, utilization
 
 
 @pytest.mark.parametrize("value", [3, np.int64(3), np.int32(3), np.uint8(3)])

@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from keras_scaling import _versions
+from keras_scaling.internals import _versions
 
 
 @pytest.mark.parametrize("tensorflow, keras", _versions.TESTED_PAIRS)
@@ -66,9 +66,9 @@ def test_import_refuses_a_keras_below_the_floor(tmp_path):
 def keras_distribution():
     import keras
 
-    from keras_scaling import devices
+    from keras_scaling.devices import strategies
 
-    devices._keras_distribution_warned = False
+    strategies._keras_distribution_warned = False
     try:
         distribution = keras.distribution.DataParallel()
     except AttributeError as error:
@@ -78,7 +78,7 @@ def keras_distribution():
     keras.distribution.set_distribution(distribution)
     yield
     keras.distribution.set_distribution(None)
-    devices._keras_distribution_warned = False
+    strategies._keras_distribution_warned = False
 
 
 def test_a_keras_distribution_on_tensorflow_is_named_once(keras_distribution, caplog, tmp_path):

@@ -1,4 +1,15 @@
-"""Keras callbacks of keras_scaling: `ReplicaSyncCheck` and `ThroughputLogger`."""
+"""Keras callbacks of keras_scaling, and what they share to hook into `fit`.
+
+Each callback lives with its feature (`keras_scaling.throughput`,
+`keras_scaling.replica_sync`, `keras_scaling.preemption`); its class is
+importable from here too, and `keras_scaling.callbacks.throughput`,
+`.replica_sync` and `.backup_and_restore` keep the import paths of 0.1.
+
+What every callback uses: `_train_function_hook` (per-step work in a wrapper
+of `model.train_function`, not a batch hook), `_fit_end` (undoing a `fit`'s
+changes however it ends) and `_trace_count` (retraces, from the public
+`train_step`).
+"""
 
 import importlib
 from typing import TYPE_CHECKING
@@ -13,10 +24,10 @@ if TYPE_CHECKING:
     from keras_scaling.callbacks.throughput import ThroughputLogger as ThroughputLogger
 
 _EXPORTS = {
-    "BackupAndRestore": "keras_scaling.callbacks.backup_and_restore",
-    "ReplicaSyncCheck": "keras_scaling.callbacks.replica_sync",
-    "ReplicaDivergenceError": "keras_scaling.callbacks.replica_sync",
-    "ThroughputLogger": "keras_scaling.callbacks.throughput",
+    "BackupAndRestore": "keras_scaling.preemption.backup_and_restore",
+    "ReplicaSyncCheck": "keras_scaling.replica_sync.replica_sync_check",
+    "ReplicaDivergenceError": "keras_scaling.replica_sync.replica_sync_check",
+    "ThroughputLogger": "keras_scaling.throughput.throughput_logger",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -22,7 +22,8 @@ import math
 import os
 import re
 
-from keras_scaling import _run_record, utilization
+from keras_scaling.mfu import utilization
+from keras_scaling.throughput import _run_record
 
 THROUGHPUT_FILE = _run_record.THROUGHPUT_JSON
 

@@ -54,7 +54,7 @@ def _cell(fmt, value):
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
     if fmt == "flops":
-        from keras_scaling._throughput_dashboard import flops_text_of
+        from keras_scaling.throughput._dashboard import flops_text_of
 
         return flops_text_of(value * 1e12, "/s")
     return fmt.format(value)

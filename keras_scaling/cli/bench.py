@@ -318,7 +318,7 @@ def _plan_sweep(args):
 
 def _check_peak_flops(args):
     """Checks `--peak-flops`; keeps its text for the worker."""
-    from keras_scaling import utilization
+    from keras_scaling.mfu import utilization
 
     value = args.peak_flops
     if value not in ("auto", "measure"):
@@ -387,7 +387,7 @@ def _prepare_log_dir(log_dir, overwrite):
             shutil.rmtree(path)
         else:
             os.remove(path)
-    from keras_scaling import _tensorboard
+    from keras_scaling.summaries import _tensorboard
 
     try:
         return _tensorboard.check_log_dir(log_dir, parameter="--logdir", run=SUMMARY_RUN)
@@ -578,7 +578,7 @@ def _write_results(log_dir, summary, table, args, sweep):
     Returns the names of the chart files written: none, with a message that
     says how to get them, when matplotlib is not installed.
     """
-    from keras_scaling import _tensorboard
+    from keras_scaling.summaries import _tensorboard
 
     title = f"{args.model}, {sweep.scaling_mode} scaling on {sweep.device_kind}"
     threads = sweep.cpu_threads

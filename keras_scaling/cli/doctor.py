@@ -6,9 +6,9 @@ import os
 import sys
 import threading
 
-from keras_scaling._environment import CPU_DEVICES_ENV
 from keras_scaling.cli import _arguments
 from keras_scaling.cli._arguments import positive_int
+from keras_scaling.launch._environment import CPU_DEVICES_ENV
 
 # ResNet50's gradients: keras_scaling.doctor._checks.RESNET50_GRADIENT_MB,
 # written out so that `keras-scaling --help` does not import TensorFlow.

@@ -3,8 +3,8 @@
 import argparse
 import sys
 
-from keras_scaling import _isolation, launcher
 from keras_scaling.cli._arguments import non_negative_int, positive_int
+from keras_scaling.launch import _isolation, launcher
 
 _DESCRIPTION = """\
 Run COMMAND as N local workers of one MultiWorkerMirroredStrategy cluster.

@@ -21,7 +21,6 @@ import json
 import os
 from collections.abc import Callable, Mapping
 
-from keras_scaling._environment import LAUNCHED_ENV
 from keras_scaling.cluster._hostlist import expand_hostlist
 from keras_scaling.cluster._kubernetes import INDEX_ENV, WORKER_HOSTS_ENV, worker_hosts_cluster
 from keras_scaling.cluster._slurm import (
@@ -33,6 +32,7 @@ from keras_scaling.cluster._slurm import (
     task_gpus,
 )
 from keras_scaling.cluster._spec import ClusterSpec
+from keras_scaling.launch._environment import LAUNCHED_ENV
 
 __all__ = [
     "INDEX_ENV",

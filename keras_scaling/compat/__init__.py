@@ -24,7 +24,6 @@ import os
 import threading
 from typing import TYPE_CHECKING
 
-from keras_scaling import _probes, _topology, _versions
 from keras_scaling.compat import (
     _keras_trainer,
     _multi_worker_epoch,
@@ -33,6 +32,8 @@ from keras_scaling.compat import (
     _steps_per_execution,
     _symbolic_build,
 )
+from keras_scaling.devices import _topology
+from keras_scaling.internals import _probes, _versions
 
 if TYPE_CHECKING:
     import keras

@@ -10,7 +10,8 @@ found; they then report themselves as unavailable.
 
 import importlib
 
-from keras_scaling import _probes, _topology
+from keras_scaling.devices import _topology
+from keras_scaling.internals import _probes
 
 _TRAINER_MODULE = "keras.src.backend.tensorflow.trainer"
 _DATASET_ADAPTER_MODULE = "keras.src.trainers.data_adapters.tf_dataset_adapter"

@@ -26,8 +26,8 @@ import functools
 
 import tensorflow as tf
 
-from keras_scaling import _topology
 from keras_scaling.compat import _keras_trainer, _probe
+from keras_scaling.devices import _topology
 
 NAME = "multi_worker_epoch"
 ISSUE = "no upstream issue"

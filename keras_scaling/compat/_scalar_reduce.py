@@ -9,8 +9,8 @@ scalars, which have no axis 0: "Invalid reduction dimension 0 for input with
 
 import keras
 
-from keras_scaling import _topology
 from keras_scaling.compat import _keras_trainer, _probe
+from keras_scaling.devices import _topology
 
 NAME = "scalar_reduce"
 ISSUE = "tensorflow/tensorflow#72388"

@@ -18,8 +18,8 @@ strategies, one replica, `run_eagerly` and `jit_compile` keep Keras' loop.
 
 import tensorflow as tf
 
-from keras_scaling import _topology
 from keras_scaling.compat import _keras_trainer, _probe
+from keras_scaling.devices import _topology
 
 NAME = "steps_per_execution"
 ISSUE = "keras-team/keras#19246"

@@ -11,8 +11,8 @@ builds from this worker's first replica's batch instead.
 import keras
 import tensorflow as tf
 
-from keras_scaling import _topology
 from keras_scaling.compat import _keras_trainer, _probe
+from keras_scaling.devices import _topology
 
 NAME = "symbolic_build"
 ISSUE = "keras-team/keras#20585"

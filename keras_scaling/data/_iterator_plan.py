@@ -8,7 +8,8 @@ import logging
 
 import tensorflow as tf
 
-from keras_scaling import _tf_data_internals, _validation
+from keras_scaling import _validation
+from keras_scaling.internals import _tf_data
 
 logger = logging.getLogger("keras_scaling")
 
@@ -114,7 +115,7 @@ def distributed_dataset(iterator):
     """
     from keras_scaling import data
 
-    pending = [_tf_data_internals.dataset_of_iterator(iterator)]
+    pending = [_tf_data.dataset_of_iterator(iterator)]
     seen = set()
     while pending:
         dataset = pending.pop()
@@ -123,5 +124,5 @@ def distributed_dataset(iterator):
         seen.add(id(dataset))
         if data.plan_of(dataset) is not None:
             return dataset
-        pending.extend(_tf_data_internals.dataset_inputs(dataset))
+        pending.extend(_tf_data.dataset_inputs(dataset))
     return None

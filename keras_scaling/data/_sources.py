@@ -14,7 +14,8 @@ import numpy as np
 import tensorflow as tf
 
 from keras_scaling import _validation
-from keras_scaling.data import _counting, _py_dataset, _tf_internals
+from keras_scaling.data import _counting, _py_dataset
+from keras_scaling.internals import _tf_data_batching
 
 
 @dataclasses.dataclass
@@ -212,7 +213,7 @@ def _check_finite(dataset):
 
 def _inspect_dataset(dataset, num_samples, kind="tf.data.Dataset"):
     cardinality = _check_finite(dataset)
-    batch = _tf_internals.batch_node(dataset)
+    batch = _tf_data_batching.batch_node(dataset)
     if batch is not None:
         return _inspect_batched(dataset, batch, cardinality, num_samples)
     if cardinality >= 0:
@@ -253,7 +254,7 @@ def _inspect_batched(dataset, batch, cardinality, num_samples):
     file_paths = getattr(dataset, "file_paths", None)
     if not _is_path_list(file_paths):
         file_paths = None
-    pipeline = _tf_internals.directory_pipeline(dataset, file_paths)
+    pipeline = _tf_data_batching.directory_pipeline(dataset, file_paths)
     if pipeline is not None:
         source: DatasetSource | DirectorySource = DirectorySource(
             files=pipeline.files,

@@ -174,8 +174,9 @@ def run_checks(
     # Here, not at the top: `import keras_scaling.doctor` must stay cheap and
     # leave TensorFlow's devices uninitialised.
     import keras_scaling
-    from keras_scaling import _validation, _versions, cluster, devices
+    from keras_scaling import _validation, cluster, devices
     from keras_scaling.doctor import _collectives
+    from keras_scaling.internals import _versions
 
     size_mb = _validation.positive_number(
         size_mb, "size_mb", unit="MB", fix="Pass the tensor's size in MB, such as 102.2."

@@ -25,7 +25,7 @@ import logging
 import math
 import time
 
-from keras_scaling import _topology
+from keras_scaling.devices import _topology
 
 logger = logging.getLogger("keras_scaling")
 
@@ -278,8 +278,8 @@ def compute_mfu(model, strategy, peak_flops, per_replica_batch_size, compute_s):
 
     Returns `(mfu, reason)`, one of them None.
     """
-    from keras_scaling import flops
-    from keras_scaling import peak_flops as peak_module
+    from keras_scaling.mfu import flops
+    from keras_scaling.mfu import peak_flops as peak_module
 
     if compute_s <= 0:
         return None, "the compute part measured 0 ms"

@@ -10,8 +10,8 @@ with the verdicts in the Text tab (tag `explain/verdict`), all in the run
 import json
 import os
 
-from keras_scaling import _tensorboard
 from keras_scaling.explain import _report, _split
+from keras_scaling.summaries import _tensorboard
 
 RUN = "explain"
 _SERIES = _split.PARTS + ("rest",)

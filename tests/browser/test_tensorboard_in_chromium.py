@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from keras_scaling import launcher
 from keras_scaling.cli.bench import _stop
+from keras_scaling.launch import launcher
 
 pytestmark = pytest.mark.timeout(420)
 

@@ -19,8 +19,10 @@ import numpy as np
 import pytest
 
 import keras_scaling
-from keras_scaling import _backup, _probes, _tensorboard
-from keras_scaling.callbacks.backup_and_restore import EXIT_PREEMPTED
+from keras_scaling.internals import _probes
+from keras_scaling.preemption import _backup
+from keras_scaling.preemption.backup_and_restore import EXIT_PREEMPTED
+from keras_scaling.summaries import _tensorboard
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WORKER = os.path.join(REPO, "tests", "workers", "backup_worker.py")
@@ -350,7 +352,7 @@ def test_bad_arguments_raise_naming_the_parameter(kwargs, error, fragment):
 _SLOW_SAVER = """
 import sys
 import numpy as np
-from keras_scaling import _backup
+from keras_scaling.preemption import _backup
 big = np.ones((64, 1024, 1024), np.float32)   # 256 MB: the save takes a while
 spec = _backup.variable_spec("big", big.shape, "float32")
 _backup.write(sys.argv[1], values=[big], specs=[spec], header={"position": {"iterations": 2}})

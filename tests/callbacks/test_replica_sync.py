@@ -20,9 +20,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_scaling import _tensorboard, replica_state
-from keras_scaling.callbacks import replica_sync
-from keras_scaling.callbacks.replica_sync import ReplicaDivergenceError, ReplicaSyncCheck
+from keras_scaling.replica_sync import replica_state
+from keras_scaling.replica_sync import replica_sync_check as replica_sync
+from keras_scaling.replica_sync.replica_sync_check import ReplicaDivergenceError, ReplicaSyncCheck
+from keras_scaling.summaries import _tensorboard
 
 pytestmark = pytest.mark.logical_cpus(2)
 
@@ -498,7 +499,7 @@ _WORKER = textwrap.dedent(
     import tensorflow as tf
     import keras
     import keras_scaling
-    from keras_scaling.callbacks.replica_sync import ReplicaDivergenceError
+    from keras_scaling.replica_sync.replica_sync_check import ReplicaDivergenceError
 
     strategy = keras_scaling.auto_strategy()
     index = keras_scaling.describe_strategy(strategy).worker_index

@@ -24,8 +24,10 @@ import tensorflow as tf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import keras_scaling
-from keras_scaling import _tensorboard, _train_function_hook, launcher
-from keras_scaling import baseline as baseline_lib
+from keras_scaling.callbacks import _train_function_hook
+from keras_scaling.launch import launcher
+from keras_scaling.summaries import _tensorboard
+from keras_scaling.throughput import baseline as baseline_lib
 
 NUM_FEATURES = 8
 
@@ -498,7 +500,7 @@ def test_arrays_with_a_partial_last_batch_ask_for_global_batch_size(mirrored, tm
 
 def _counter_reads(monkeypatch):
     """The values of the step counter that `ThroughputLogger` reads, in order."""
-    from keras_scaling import _topology
+    from keras_scaling.devices import _topology
 
     reads = []
     read_int = _topology.read_int
@@ -585,7 +587,7 @@ def test_one_replica_auto_is_its_own_baseline_and_advises_once(tmp_path, caplog)
 
 
 def test_traces_of_the_train_step_are_counted_without_reaching_into_keras(tmp_path):
-    from keras_scaling import _trace_count
+    from keras_scaling.callbacks import _trace_count
 
     model = _model()
     logger = keras_scaling.ThroughputLogger(tmp_path, baseline=None, update_freq=2)
@@ -641,7 +643,7 @@ def test_the_iterators_of_ended_epochs_are_freed_during_the_fit(tmp_path):
 
 
 def test_iterators_are_held_weakly_where_their_type_allows():
-    from keras_scaling.callbacks import throughput
+    from keras_scaling.throughput import throughput_logger as throughput
 
     iterator = iter(_dataset(64, 16))
     reference = throughput._weak_reference(iterator)

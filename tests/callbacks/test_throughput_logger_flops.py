@@ -10,7 +10,8 @@ import pytest
 import tensorflow as tf
 
 import keras_scaling
-from keras_scaling import _tensorboard, flops
+from keras_scaling.mfu import flops
+from keras_scaling.summaries import _tensorboard
 
 NUM_FEATURES = 8
 FLOPS_PER_SAMPLE = 5.0e6
@@ -202,7 +203,7 @@ def test_bad_flops_arguments_are_refused_in_the_constructor(tmp_path, kwargs, er
 
 
 def test_a_device_without_a_peak_is_named_once_per_process(tmp_path, caplog):
-    from keras_scaling import _throughput_flops
+    from keras_scaling.mfu import _throughput_flops
 
     _throughput_flops._PEAK_REASONS_LOGGED.clear()  # earlier tests of this process named it
     model = keras.Sequential([keras.Input((NUM_FEATURES,)), keras.layers.Dense(1)])

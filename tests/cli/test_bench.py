@@ -14,9 +14,9 @@ import textwrap
 import numpy as np
 import pytest
 
-from keras_scaling._throughput_dashboard import flops_text_of
 from keras_scaling.cli import _sweep_plan
 from keras_scaling.cli._errors import UsageError
+from keras_scaling.throughput._dashboard import flops_text_of
 
 _TIMEOUT_S = 300
 
@@ -348,8 +348,8 @@ def test_speedup_is_samples_per_sec_over_the_one_replica_run_of_the_sweep(sweep)
 
 
 def test_tflops_column_is_the_counted_flops_times_samples_per_sec(sweep):
-    from keras_scaling import flops
     from keras_scaling.cli import _models
+    from keras_scaling.mfu import flops
 
     log_dir, result = sweep
     model = _models.build_model("mlp")
@@ -465,7 +465,7 @@ def test_plot_text_stays_readable_in_a_card_half_the_image_width():
 
 
 def test_plot_and_table_are_in_the_summary_run_of_tensorboard(sweep):
-    from keras_scaling import _tensorboard
+    from keras_scaling.summaries import _tensorboard
 
     log_dir, result = sweep
     summaries = _tensorboard.read_summaries(log_dir / "summary")
@@ -498,7 +498,7 @@ def test_each_run_writes_one_event_file_per_run_directory(sweep):
 
 
 def test_each_replica_count_logs_its_throughput_in_its_own_run(sweep):
-    from keras_scaling import _tensorboard
+    from keras_scaling.summaries import _tensorboard
 
     log_dir, _ = sweep
     for run in ("replicas_1", "replicas_2"):
@@ -623,7 +623,7 @@ def test_batch_sweep_with_measured_peak_has_mfu(batch_sweep):
 
 
 def test_batch_sweep_writes_the_efficiency_plot_also_to_tensorboard(batch_sweep):
-    from keras_scaling import _tensorboard
+    from keras_scaling.summaries import _tensorboard
 
     log_dir, _ = batch_sweep
     png = (log_dir / "efficiency.png").read_bytes()

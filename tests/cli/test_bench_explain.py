@@ -10,7 +10,7 @@ import subprocess
 import sys
 import textwrap
 
-from keras_scaling import _tensorboard
+from keras_scaling.summaries import _tensorboard
 
 _TIMEOUT_S = 600
 

@@ -101,7 +101,7 @@ def test_srun_tasks_end_with_bitwise_equal_weights(trained):
 
 
 def test_srun_tasks_write_replica_sync_and_throughput_from_the_chief(trained):
-    from keras_scaling import _tensorboard
+    from keras_scaling.summaries import _tensorboard
 
     scalars = _tensorboard.read_scalars(_tensorboard.run_dir(str(trained["log_dir"])))
     throughput_tags = [tag for tag in scalars if "samples_per_sec" in tag]

@@ -52,7 +52,8 @@ def main():
     import tensorflow as tf
 
     import keras_scaling
-    from keras_scaling import _backup, _run_record
+    from keras_scaling.preemption import _backup
+    from keras_scaling.throughput import _run_record
 
     tf.config.experimental.enable_op_determinism()
     keras.utils.set_random_seed(0)

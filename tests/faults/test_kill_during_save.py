@@ -15,7 +15,7 @@ import time
 import pytest
 import storage_faults
 
-from keras_scaling import _backup
+from keras_scaling.preemption import _backup
 
 pytestmark = pytest.mark.timeout(3 * storage_faults.RUN_TIMEOUT_S)
 

@@ -34,16 +34,16 @@ class _EpochSteps(keras.callbacks.Callback):
 
 def _count_input_probe_calls():
     """Counts the advice's timings of the input pipeline (each still runs)."""
-    from keras_scaling import _input_probe
+    from keras_scaling.throughput import _input_timing
 
     calls = []
-    probe = _input_probe.input_samples_per_sec
+    probe = _input_timing.input_samples_per_sec
 
     def counted(*args, **kwargs):
         calls.append(1)
         return probe(*args, **kwargs)
 
-    _input_probe.input_samples_per_sec = counted
+    _input_timing.input_samples_per_sec = counted
     return calls
 
 

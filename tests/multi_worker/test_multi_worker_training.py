@@ -110,13 +110,13 @@ def details(returncode, out, err):
 
 def scalar_events(log_dir, tag):
     """(step, value) of `tag` in keras_scaling's run directory of `log_dir`."""
-    from keras_scaling import _tensorboard
+    from keras_scaling.summaries import _tensorboard
 
     return _tensorboard.read_scalars(_tensorboard.run_dir(log_dir)).get(tag, [])
 
 
 def event_files(log_dir):
-    from keras_scaling import _tensorboard
+    from keras_scaling.summaries import _tensorboard
 
     pattern = os.path.join(_tensorboard.run_dir(log_dir), "events.out.tfevents.*")
     return sorted(glob.glob(pattern))

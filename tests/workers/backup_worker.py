@@ -56,16 +56,16 @@ def main():
         with open(os.path.join(args.pid_dir, f"{os.getpid()}.pid"), "w") as file:
             file.write(str(os.getpid()))
     import keras_scaling
-    from keras_scaling import _input_probe
+    from keras_scaling.throughput import _input_timing
 
     probe_calls = []
-    probe = _input_probe.input_samples_per_sec
+    probe = _input_timing.input_samples_per_sec
 
     def counted_probe(*probe_args, **probe_kwargs):
         probe_calls.append(1)
         return probe(*probe_args, **probe_kwargs)
 
-    _input_probe.input_samples_per_sec = counted_probe
+    _input_timing.input_samples_per_sec = counted_probe
 
     if "TF_CONFIG" not in os.environ:
         keras_scaling.use_logical_cpus(args.cpus)

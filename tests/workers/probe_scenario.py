@@ -74,10 +74,10 @@ def trained(history, epochs):
 
 
 def throughput_record(log_dir):
-    path = os.path.join(log_dir, keras_scaling.baseline.THROUGHPUT_JSON)
+    path = os.path.join(log_dir, keras_scaling.throughput.baseline.THROUGHPUT_JSON)
     if not os.path.exists(path):
         return {"global_batch_size": None, "samples_per_sec": None}
-    return keras_scaling.baseline.read_throughput_json(path)
+    return keras_scaling.throughput.baseline.read_throughput_json(path)
 
 
 def throughput(strategy, out_dir):
@@ -123,13 +123,16 @@ def replica_sync(strategy, out_dir):
     # the roles of two models built alike compare equal.
     roles = {
         re.sub(r"_\d+(?=[/_]|$)", "", v.path): [v.role, v.is_per_replica_state]
-        for v in keras_scaling.replica_state.tracked_variables(model, model.optimizer)
+        for v in keras_scaling.replica_sync.replica_state.tracked_variables(model, model.optimizer)
     }
     with strategy.scope():
         accumulating = keras.optimizers.SGD(gradient_accumulation_steps=2)
         accumulating.build(model.trainable_variables)
     accumulator_roles = sorted(
-        {v.role for v in keras_scaling.replica_state.tracked_variables(model, accumulating)}
+        {
+            v.role
+            for v in keras_scaling.replica_sync.replica_state.tracked_variables(model, accumulating)
+        }
     )
     return {
         "trained": trained(history, 2),
@@ -156,11 +159,13 @@ def compat_fit(strategy, out_dir):
 def multi_worker_devices(out_dir):
     import tensorflow as tf
 
+    from keras_scaling.devices import strategies
+
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(
         cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(2)]
     )
-    strategy = keras_scaling.devices._multi_worker_strategy()
+    strategy = strategies._multi_worker_strategy()
     x, y = regression(256)
     model = mlp(strategy)
     history = model.fit(x, y, batch_size=32, epochs=3, verbose=0)

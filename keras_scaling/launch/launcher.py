@@ -19,9 +19,10 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TextIO
 
-from keras_scaling import _isolation, _validation
-from keras_scaling._backup import EXIT_PREEMPTED
-from keras_scaling._environment import CPU_DEVICES_ENV, LAUNCHED_ENV
+from keras_scaling import _validation
+from keras_scaling.launch import _isolation
+from keras_scaling.launch._environment import CPU_DEVICES_ENV, LAUNCHED_ENV
+from keras_scaling.preemption._backup import EXIT_PREEMPTED
 
 __all__ = ["CPU_DEVICES_ENV", "LaunchResult", "free_ports", "launch", "worker_env"]
 

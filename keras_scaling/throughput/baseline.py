@@ -21,8 +21,9 @@ import weakref
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from keras_scaling import _probes, _threads, _validation
-from keras_scaling._run_record import (
+from keras_scaling import _threads, _validation
+from keras_scaling.internals import _probes
+from keras_scaling.throughput._run_record import (
     FIELDS,
     THROUGHPUT_JSON,
     VERSION,
@@ -31,8 +32,8 @@ from keras_scaling._run_record import (
     speedup_of,
     write_throughput_json,
 )
-from keras_scaling.throughput import ThroughputWindow
-from keras_scaling.throughput import speedup as _speedup
+from keras_scaling.throughput.arithmetic import ThroughputWindow
+from keras_scaling.throughput.arithmetic import speedup as _speedup
 
 if TYPE_CHECKING:
     import keras
@@ -233,7 +234,7 @@ def for_run(
     resolved.mode   # 'self': one replica is its own baseline
     ```
     """
-    from keras_scaling import _throughput_advice
+    from keras_scaling.throughput import _advice
 
     if baseline is None:
         return None, None
@@ -288,7 +289,7 @@ def for_run(
         measured[key] = samples_per_sec
     note = None
     if shared_cores:
-        note = _throughput_advice.shared_cores_baseline(setup["num_replicas"])
+        note = _advice.shared_cores_baseline(setup["num_replicas"])
         logger.warning("ThroughputLogger: %s", note)
     resolved = baseline.with_value(
         samples_per_sec, f"measured: a copy of the model alone on {device}"
@@ -632,7 +633,7 @@ def _first_line(error):
 def _baseline_timer(duration_s, min_steps, clock):
     """A callback that times the `fit` it is given to from the end of its first execution."""
 
-    from keras_scaling import _train_function_hook
+    from keras_scaling.callbacks import _train_function_hook
 
     window = ThroughputWindow()
     state: dict[str, Any] = {

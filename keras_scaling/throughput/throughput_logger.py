@@ -11,25 +11,19 @@ from typing import TYPE_CHECKING, Any
 
 import keras
 
-from keras_scaling import (
-    _fit_end,
-    _input_probe,
-    _run_record,
-    _tensorboard,
-    _throughput_flops,
-    _topology,
-    _trace_count,
-    _train_function_hook,
-    _validation,
-    devices,
-)
-from keras_scaling import _throughput_advice as advice_lib
-from keras_scaling import _throughput_dashboard as dashboard
-from keras_scaling import baseline as baseline_lib
-from keras_scaling import utilization as utilization_lib
-from keras_scaling._throughput_writer import ThroughputWriter
+from keras_scaling import _validation, devices
+from keras_scaling.callbacks import _fit_end, _trace_count, _train_function_hook
 from keras_scaling.data import _iterator_plan
-from keras_scaling.throughput import (
+from keras_scaling.devices import _topology
+from keras_scaling.mfu import _throughput_flops
+from keras_scaling.mfu import utilization as utilization_lib
+from keras_scaling.summaries import _tensorboard
+from keras_scaling.throughput import _advice as advice_lib
+from keras_scaling.throughput import _dashboard as dashboard
+from keras_scaling.throughput import _input_timing, _run_record
+from keras_scaling.throughput import baseline as baseline_lib
+from keras_scaling.throughput._writer import ThroughputWriter
+from keras_scaling.throughput.arithmetic import (
     ReadSchedule,
     ThroughputStats,
     ThroughputWindow,
@@ -39,6 +33,8 @@ from keras_scaling.throughput import (
 
 if TYPE_CHECKING:
     from keras_scaling.throughput import SteadyState
+
+__all__ = ["ThroughputLogger"]
 
 logger = logging.getLogger("keras_scaling")
 
@@ -706,7 +702,7 @@ class ThroughputLogger(keras.callbacks.Callback):
 
     def _input_samples_per_sec(self):
         """The input pipeline's samples/sec over all workers, or (None, why not)."""
-        samples_per_sec, reason = _input_probe.input_samples_per_sec(self._iterator())
+        samples_per_sec, reason = _input_timing.input_samples_per_sec(self._iterator())
         if samples_per_sec is not None:
             samples_per_sec *= self._setup["num_workers"]
         return samples_per_sec, reason

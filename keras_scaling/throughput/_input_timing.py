@@ -19,7 +19,7 @@ import time
 
 import tensorflow as tf
 
-from keras_scaling import _tf_data_internals
+from keras_scaling.internals import _tf_data
 
 _PROBE_BATCHES = 20
 # Ops that run Python: reading such a pipeline a second time may have effects.
@@ -96,11 +96,11 @@ def _dataset_to_time(iterator):
         dataset = data._independent_copy(distributed)
         shared_state_allowed = True  # its shuffle and cache are its own
     else:
-        dataset = _tf_data_internals.dataset_of_iterator(iterator)
+        dataset = _tf_data.dataset_of_iterator(iterator)
         shared_state_allowed = False
     if dataset is None:
         return None, "its dataset is out of reach"
-    ops = _tf_data_internals.op_types(dataset)
+    ops = _tf_data.op_types(dataset)
     if ops is None:
         return None, "its graph cannot be inspected"
     if ops & _PYTHON_OPS:

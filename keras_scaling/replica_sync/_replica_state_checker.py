@@ -1,10 +1,10 @@
 """`ReplicaStateChecker`: reads every replica's copies on the devices and compares them.
 
 The TensorFlow side of the replica check: one compiled function in which
-every replica fingerprints its own copies (`keras_scaling._fingerprint`),
+every replica fingerprints its own copies (`keras_scaling.replica_sync._fingerprint`),
 gathered across workers when there are several; the copies of only the
 variables whose fingerprints differ are then fetched and handed to the pure
-comparison (`keras_scaling._copy_comparison`). It can also write one value
+comparison (`keras_scaling.replica_sync._copy_comparison`). It can also write one value
 to every replica's copy (resync, averaging). `keras_scaling.replica_state`
 re-exports it.
 """
@@ -16,7 +16,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import tensorflow as tf
 
-from keras_scaling import _copy_comparison, _fingerprint, _topology, _validation
+from keras_scaling import _validation
+from keras_scaling.devices import _topology
+from keras_scaling.replica_sync import _copy_comparison, _fingerprint
 
 if TYPE_CHECKING:
     from keras_scaling._tracked_variables import TrackedVariable
@@ -26,7 +28,7 @@ class ReplicaStateChecker:
     """Compares every replica's copy of a list of distributed variables.
 
     `check()` runs one compiled function in which every replica fingerprints
-    its own copy of every variable (see `keras_scaling._fingerprint`). On one
+    its own copy of every variable (see `keras_scaling.replica_sync._fingerprint`). On one
     worker the replicas' rows are read locally; across workers they are
     gathered with the replica context's `all_gather`, so every worker gets
     the same table and reaches the same verdict. Only the variables whose

@@ -11,9 +11,9 @@ import weakref
 
 import tensorflow as tf
 
-from keras_scaling import _tf_data_internals
-from keras_scaling import utilization as utilization_lib
-from keras_scaling._throughput_dashboard import flops_text_of
+from keras_scaling.internals import _tf_data
+from keras_scaling.mfu import utilization as utilization_lib
+from keras_scaling.throughput._dashboard import flops_text_of
 
 logger = logging.getLogger("keras_scaling")
 
@@ -148,8 +148,8 @@ def resolve(
         setup: dict with `num_replicas` and `device_kind`.
         device: str, one replica's device.
     """
-    from keras_scaling import flops as flops_lib
-    from keras_scaling import peak_flops as peak_lib
+    from keras_scaling.mfu import flops as flops_lib
+    from keras_scaling.mfu import peak_flops as peak_lib
 
     resolved = ModelFlops(num_replicas=setup["num_replicas"], device_kind=setup["device_kind"])
     if flops_per_sample is None:
@@ -217,7 +217,7 @@ def one_replica_spec(element_spec, per_replica_batch_size):
 
     def one(spec):
         # A PerReplicaSpec holds one spec per local replica.
-        spec = _tf_data_internals.first_replica_spec(spec)
+        spec = _tf_data.first_replica_spec(spec)
         if isinstance(spec, tf.TensorSpec) and spec.shape.rank:
             shape = [per_replica_batch_size] + spec.shape.as_list()[1:]
             return tf.TensorSpec(shape, spec.dtype, spec.name)

@@ -11,7 +11,7 @@ saved epoch gets its own order) and to consume the steps it had trained.
 
 Keras gives a callback no public handle on that iterator (it is created
 before the callbacks are), so these private Keras names are reached through
-one probe of `keras_scaling._probes`: when they are not there or not of the
+one probe of `keras_scaling.internals._probes`: when they are not there or not of the
 shape this module knows, exact resume is off with one warning naming the
 Keras version (the run resumes at the start of the saved epoch, as Keras'
 own `BackupAndRestore` does).
@@ -20,7 +20,8 @@ own `BackupAndRestore` does).
 import sys
 import types
 
-from keras_scaling import _probes, data
+from keras_scaling import data
+from keras_scaling.internals import _probes
 
 _REQUIRED_ATTRIBUTES = ("_get_iterator", "_num_batches", "data_adapter", "steps_per_epoch")
 

@@ -31,7 +31,8 @@ import logging
 import math
 from typing import TYPE_CHECKING, Any
 
-from keras_scaling import _probes, _threads
+from keras_scaling import _threads
+from keras_scaling.internals import _probes
 
 if TYPE_CHECKING:
     import keras
@@ -444,7 +445,7 @@ def _count_graph(graph):
     """`(flops, None)` for the ops the graph's outputs depend on, or `(None, reason)`."""
     statistics = _flops_statistics()
     if statistics is None:
-        from keras_scaling import _versions
+        from keras_scaling.internals import _versions
 
         return None, (
             f"TensorFlow {_versions.tf_version()} does not give the per-op FLOP "

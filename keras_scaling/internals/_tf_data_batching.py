@@ -5,7 +5,7 @@ batched, with what batch size, how many elements went into the batch, or
 what Keras' directory utilities decode each file with. These probes walk the
 dataset's inputs (`_inputs()`, `_input_dataset`, `_batch_size`,
 `_map_func`) and check every name and shape they rely on. Each is guarded
-by `keras_scaling._probes`: when something is not what they know, they
+by `keras_scaling.internals._probes`: when something is not what they know, they
 answer "unknown" and log ONE warning naming the Keras and TensorFlow versions
 and what is lost. Only the reads of private names are guarded; the walks
 over what they read are plain code, whose errors propagate.
@@ -15,7 +15,7 @@ import dataclasses
 
 import tensorflow as tf
 
-from keras_scaling import _probes
+from keras_scaling.internals import _probes
 
 # Transformations that leave elements batched; the walk up a dataset's inputs
 # stops at the first of these (batched) or at an `unbatch` (not batched).

@@ -33,7 +33,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeGuard
 
-from keras_scaling import throughput as throughput_lib
+from keras_scaling.throughput import arithmetic as throughput_lib
 
 # The file name in a run's log_dir.
 THROUGHPUT_JSON = "throughput.json"

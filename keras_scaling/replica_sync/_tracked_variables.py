@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import tensorflow as tf
 
-from keras_scaling import _keras_internals
-from keras_scaling._copy_comparison import (
+from keras_scaling.internals import _keras
+from keras_scaling.replica_sync._copy_comparison import (
     GRADIENT_ACCUMULATOR,
     NON_TRAINABLE,
     OPTIMIZER_ITERATIONS,
@@ -119,8 +119,8 @@ def distributed_variable(variable: Any) -> tf.Variable:
     """
     if isinstance(variable, tf.Variable):
         return variable
-    if _keras_internals.is_keras_variable(variable):
-        return _keras_internals.tf_variable_of(variable)
+    if _keras.is_keras_variable(variable):
+        return _keras.tf_variable_of(variable)
     raise TypeError(
         f"variable must be a Keras or TensorFlow variable, got {type(variable).__name__}"
     )
@@ -161,7 +161,7 @@ def _unsynchronized_batch_norm_statistics(model: "keras.Model") -> dict[int, str
     import keras
 
     found: dict[int, str] = {}
-    for layer in _keras_internals.all_layers(model):
+    for layer in _keras.all_layers(model):
         if isinstance(layer, keras.layers.BatchNormalization) and not getattr(
             layer, "synchronized", False
         ):
@@ -224,7 +224,7 @@ def tracked_variables(
     ```
     """
     batch_norm = _unsynchronized_batch_norm_statistics(model)
-    seed_states = _keras_internals.seed_generator_state_ids(model)
+    seed_states = _keras.seed_generator_state_ids(model)
     found, seen = [], set()
 
     def add(keras_variable: Any, role: str, reason: str | None = None) -> None:
@@ -254,7 +254,7 @@ def tracked_variables(
     if optimizer is not None:
         optimizers = inner_optimizers(optimizer)
         counters = {id(o.iterations) for o in optimizers}
-        accumulators = _keras_internals.gradient_accumulator_ids(optimizers)
+        accumulators = _keras.gradient_accumulator_ids(optimizers)
         for variable in optimizer.variables:
             if id(variable) in counters:
                 add(variable, OPTIMIZER_ITERATIONS)

@@ -11,14 +11,10 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_scaling import (
-    _backup,
-    _fit_end,
-    _resume,
-    _topology,
-    _train_function_hook,
-    _validation,
-)
+from keras_scaling import _validation
+from keras_scaling.callbacks import _fit_end, _train_function_hook
+from keras_scaling.devices import _topology
+from keras_scaling.preemption import _backup, _resume
 
 logger = logging.getLogger("keras_scaling")
 

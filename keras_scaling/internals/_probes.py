@@ -73,7 +73,7 @@ class Probe:
 
 def versions_text():
     """ "Keras X, TensorFlow Y" for messages, read without failing."""
-    from keras_scaling import _versions
+    from keras_scaling.internals import _versions
 
     return f"Keras {_versions.keras_version()}, TensorFlow {_versions.tf_version()}"
 

@@ -10,9 +10,9 @@ from typing import Any, TypeGuard
 
 import tensorflow as tf
 
-from keras_scaling import _probes, _validation, cluster, compat
-from keras_scaling._environment import CPU_DEVICES_ENV as _CPU_DEVICES_ENV
-from keras_scaling._topology import (
+from keras_scaling import _validation, cluster, compat
+from keras_scaling.cluster import _tensorflow as _cluster_tf
+from keras_scaling.devices._topology import (
     _device_kind,
     _is_multi_worker,
     _local_devices,
@@ -23,7 +23,8 @@ from keras_scaling._topology import (
     replicas_per_worker,
     worker_index,
 )
-from keras_scaling.cluster import _tensorflow as _cluster_tf
+from keras_scaling.internals import _probes
+from keras_scaling.launch._environment import CPU_DEVICES_ENV as _CPU_DEVICES_ENV
 
 __all__ = [
     "StrategyInfo",

@@ -6,7 +6,7 @@ the logger logs them once each and writes the same text to TensorBoard.
 
 import math
 
-from keras_scaling.utilization import underuse_advice
+from keras_scaling.mfu.utilization import underuse_advice
 
 # Steps shorter than this are dominated by the training loop's fixed cost per
 # call (Python, callbacks, dispatch), which steps_per_execution amortises.

@@ -14,16 +14,11 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from keras_scaling import (
-    _tensorboard,
-    _topology,
-    _tracked_variables,
-    _train_function_hook,
-    _validation,
-    compat,
-    devices,
-    replica_state,
-)
+from keras_scaling import _validation, compat, devices
+from keras_scaling.callbacks import _train_function_hook
+from keras_scaling.devices import _topology
+from keras_scaling.replica_sync import _tracked_variables, replica_state
+from keras_scaling.summaries import _tensorboard
 
 __all__ = ["ReplicaDivergenceError", "ReplicaSyncCheck"]
 
@@ -251,7 +246,7 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
         """Runs after each call of the train function (there is no batch hook).
 
         A batch hook would make Keras wait for every step to finish before
-        dispatching the next (see `keras_scaling._train_function_hook`).
+        dispatching the next (see `keras_scaling.callbacks._train_function_hook`).
         """
         last = self._last_checked_step
         if last is not None:

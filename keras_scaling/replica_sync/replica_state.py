@@ -4,17 +4,17 @@ The measuring core of `keras_scaling.callbacks.ReplicaSyncCheck`, usable on
 its own. It is three layers, each in a module of its own, and this module
 gathers their public names:
 
-- comparing copies, pure NumPy (`keras_scaling._copy_comparison`):
+- comparing copies, pure NumPy (`keras_scaling.replica_sync._copy_comparison`):
   `compare_copies(copies, atol, rtol)` measures how the copies of one
   variable (NumPy arrays, replica 0 first) differ, `likely_cause(variable,
   difference)` says what usually produces such a difference, and
   `VariableReport` and `ReplicaSyncReport` hold the verdict;
-- finding the variables, Keras (`keras_scaling._tracked_variables`):
+- finding the variables, Keras (`keras_scaling.replica_sync._tracked_variables`):
   `tracked_variables(model, optimizer)` lists the distributed variables of a
   model and its optimizer, with their role and, for per-replica state
   (values that legitimately differ between replicas), the reason;
 - running on the replicas, TensorFlow
-  (`keras_scaling._replica_state_checker`): `ReplicaStateChecker`
+  (`keras_scaling.replica_sync._replica_state_checker`): `ReplicaStateChecker`
   fingerprints every replica's copies on the devices in one compiled
   function, gathers the small fingerprint table across replicas (and
   workers), fetches the copies of only the variables whose fingerprints
@@ -22,7 +22,7 @@ gathers their public names:
   values to every replica (`resync`) and average per-replica state.
 """
 
-from keras_scaling._copy_comparison import (
+from keras_scaling.replica_sync._copy_comparison import (
     DIVERGENCE,
     FLOAT_DRIFT,
     GRADIENT_ACCUMULATOR,
@@ -39,8 +39,8 @@ from keras_scaling._copy_comparison import (
     compare_copies,
     likely_cause,
 )
-from keras_scaling._replica_state_checker import ReplicaStateChecker
-from keras_scaling._tracked_variables import (
+from keras_scaling.replica_sync._replica_state_checker import ReplicaStateChecker
+from keras_scaling.replica_sync._tracked_variables import (
     TrackedVariable,
     distributed_variable,
     is_distributed,

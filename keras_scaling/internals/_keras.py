@@ -10,7 +10,7 @@ gets a fallback built from public names, or "unknown".
 import keras
 import tensorflow as tf
 
-from keras_scaling import _probes
+from keras_scaling.internals import _probes
 
 
 def _public_layers(model):

@@ -14,8 +14,9 @@ unless `ReplicaSyncCheck` still holds it (`_tensorboard.hold`).
 import threading
 import time
 
-from keras_scaling import _background_save, _run_record, _tensorboard
-from keras_scaling import _throughput_dashboard as dashboard
+from keras_scaling.summaries import _tensorboard
+from keras_scaling.throughput import _background_save, _run_record
+from keras_scaling.throughput import _dashboard as dashboard
 
 
 class ThroughputWriter:

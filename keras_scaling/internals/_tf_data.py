@@ -9,7 +9,7 @@ release moves the name, one warning says what is lost and the caller gets
 
 import tensorflow as tf
 
-from keras_scaling import _probes
+from keras_scaling.internals import _probes
 
 
 @_probes.guarded(

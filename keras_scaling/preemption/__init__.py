@@ -1,0 +1,6 @@
+"""Preemption: surviving it, and resuming inside the epoch, bitwise.
+
+- `backup_and_restore`: `BackupAndRestore`, the callback;
+- `_backup`: the backup file: format, atomic writes, validation (pure core);
+- `_resume`: Keras' epoch iterator, positioned for an exact resume.
+"""
