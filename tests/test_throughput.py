@@ -372,7 +372,7 @@ def _save_thread_goes_round(after_s=0.0):
     """
     import threading
 
-    from keras_scaling import _background_save
+    from keras_scaling.throughput import _background_save
 
     saved = threading.Event()
     probe = _background_save.BackgroundSave(saved.set, min_gap_s=0.0, first_gap_s=after_s)

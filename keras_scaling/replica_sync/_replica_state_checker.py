@@ -21,7 +21,7 @@ from keras_scaling.devices import _topology
 from keras_scaling.replica_sync import _copy_comparison, _fingerprint
 
 if TYPE_CHECKING:
-    from keras_scaling._tracked_variables import TrackedVariable
+    from keras_scaling.replica_sync._tracked_variables import TrackedVariable
 
 
 class ReplicaStateChecker:

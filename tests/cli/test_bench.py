@@ -701,7 +701,7 @@ def test_without_matplotlib_bench_says_once_how_to_get_the_charts(sweep_without_
 def test_without_matplotlib_bench_writes_the_table_json_and_tensorboard_summaries(
     sweep_without_matplotlib,
 ):
-    from keras_scaling import _tensorboard
+    from keras_scaling.summaries import _tensorboard
 
     log_dir, result = sweep_without_matplotlib
     rows = _read_json(log_dir / "scaling.json")["rows"]
