@@ -39,6 +39,7 @@ _EXPORTS = {
     "ThroughputLogger": "keras_scaling.throughput.throughput_logger",
 }
 _SUBMODULES = (
+    "baseline",
     "callbacks",
     "cluster",
     "compat",
@@ -46,11 +47,16 @@ _SUBMODULES = (
     "devices",
     "doctor",
     "explain",
+    "flops",
     "launch",
+    "launcher",
     "mfu",
+    "peak_flops",
     "preemption",
+    "replica_state",
     "replica_sync",
     "throughput",
+    "utilization",
 )
 
 __all__ = sorted(_EXPORTS) + list(_SUBMODULES)
