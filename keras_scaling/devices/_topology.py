@@ -214,18 +214,6 @@ def work_done_on_return(device_kind):
     return device_kind == "CPU" and tf.config.experimental.get_synchronous_execution()
 
 
-def step_counter(model):
-    """The optimizer's step counter of a compiled `model`, read from one copy.
-
-    Args:
-        model: a compiled `keras.Model`.
-
-    Returns:
-        int, the optimizer's `iterations`: the steps trained so far.
-    """
-    return read_int(local_copy(model.optimizer.iterations, model.distribute_strategy))
-
-
 def replica_device_names(strategy):
     """A device name for every replica, in the order of `all_gather`.
 

@@ -13,7 +13,7 @@ import keras
 import tensorflow as tf
 
 from keras_scaling import _validation, compat, devices
-from keras_scaling.callbacks import _train_function_hook
+from keras_scaling.callbacks import _step_counter, _train_function_hook
 from keras_scaling.devices import _topology
 from keras_scaling.replica_sync import _tracked_variables, replica_state
 from keras_scaling.summaries import _tensorboard
@@ -83,9 +83,10 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
     iteration counter), across all replicas of all workers:
 
     - at the start of training, every `every_n_steps` optimizer steps
-      (counted from `optimizer.iterations`, so it stays right with
-      `steps_per_execution > 1` and across several `fit` calls), and at the
-      end of training;
+      (weight updates: the batches trained, read from the optimizer's step
+      counter, divided by its `gradient_accumulation_steps`; so it stays
+      right with `steps_per_execution > 1` and across several `fit` calls),
+      and at the end of training;
     - cheaply: each replica fingerprints its own copies on its device in one
       compiled function: 64 bits per copy, which always change when one
       element changes (even by one ulp) and when two elements trade places
@@ -363,15 +364,18 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
         return optimizer
 
     def _current_step(self):
+        """The optimizer steps (weight updates) so far: `every_n_steps` counts them."""
         optimizer = self._optimizer()
         if optimizer is None:
             return 0
-        if self._step_counter is None or self._step_counter[0] is not optimizer:
-            counter = _tracked_variables.step_counter(optimizer, self._strategy())
-            self._step_counter = (optimizer, *counter)
-        _, counter, accumulation_steps = self._step_counter
-        step = _topology.read_int(counter)
-        return step // accumulation_steps if accumulation_steps else step
+        if self._step_counter is None:
+            self._step_counter = _step_counter.BatchCounter(self.model)
+        batches = self._step_counter.read()
+        if batches is None:
+            # The probe of the step counter has said what is lost: without a
+            # step, the check runs at the start of each fit only.
+            return 0
+        return _step_counter.weight_updates(batches, _step_counter.accumulation_steps(optimizer))
 
     def _get_checker(self, strategy, find_variables):
         optimizer = self._optimizer() if self.include_optimizer else None
