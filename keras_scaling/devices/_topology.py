@@ -2,7 +2,8 @@
 
 Plain functions of a `tf.distribute.Strategy`, importing nothing else of
 keras_scaling, so every module (including `compat`) can use them without an
-import cycle. `keras_scaling.devices` re-exports the public ones.
+import cycle. `keras_scaling.devices` gives the public ones, beside the
+strategies of `keras_scaling.devices.strategies`.
 """
 
 import tensorflow as tf
