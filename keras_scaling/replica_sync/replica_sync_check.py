@@ -15,7 +15,7 @@ import tensorflow as tf
 from keras_scaling import _validation, compat, devices
 from keras_scaling.callbacks import _step_counter, _train_function_hook
 from keras_scaling.devices import _topology
-from keras_scaling.replica_sync import _tracked_variables, replica_state
+from keras_scaling.replica_sync import _schedule, _tracked_variables, replica_state
 from keras_scaling.summaries import _tensorboard
 
 __all__ = ["ReplicaDivergenceError", "ReplicaSyncCheck"]
@@ -250,11 +250,11 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
             # counter is read (tens of microseconds) only once this upper
             # bound reaches the next multiple.
             self._step_upper_bound += self._execution_steps
-            if self._step_upper_bound // self.every_n_steps <= last // self.every_n_steps:
+            if not _schedule.check_is_due(self._step_upper_bound, last, self.every_n_steps):
                 return
         step = self._current_step()
         self._step_upper_bound = step
-        if last is None or step // self.every_n_steps > last // self.every_n_steps:
+        if _schedule.check_is_due(step, last, self.every_n_steps):
             self._check_and_act(find_variables=False)
 
     def _steps_per_execution(self):
