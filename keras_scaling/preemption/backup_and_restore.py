@@ -11,8 +11,8 @@ import numpy as np
 import tensorflow as tf
 
 from keras_scaling import _validation
-from keras_scaling.callbacks import _fit_end, _step_counter, _train_function_hook
 from keras_scaling.devices import _topology
+from keras_scaling.fit_hooks import _fit_end, _step_counter, _train_function_hook
 from keras_scaling.preemption import _backup, _resume
 
 logger = logging.getLogger("keras_scaling")

@@ -13,8 +13,8 @@ import keras
 import tensorflow as tf
 
 from keras_scaling import _validation, compat, devices
-from keras_scaling.callbacks import _step_counter, _train_function_hook
 from keras_scaling.devices import _topology
+from keras_scaling.fit_hooks import _step_counter, _train_function_hook
 from keras_scaling.replica_sync import _schedule, _tracked_variables, replica_state
 from keras_scaling.summaries import _tensorboard
 
@@ -241,7 +241,7 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
         """Runs after each call of the train function (there is no batch hook).
 
         A batch hook would make Keras wait for every step to finish before
-        dispatching the next (see `keras_scaling.callbacks._train_function_hook`).
+        dispatching the next (see `keras_scaling.fit_hooks._train_function_hook`).
         """
         last = self._last_checked_step
         if last is not None:

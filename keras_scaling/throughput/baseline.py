@@ -610,7 +610,7 @@ def _first_line(error):
 def _baseline_timer(duration_s, min_steps, clock):
     """A callback that times the `fit` it is given to from the end of its first execution."""
 
-    from keras_scaling.callbacks import _step_counter, _train_function_hook
+    from keras_scaling.fit_hooks import _step_counter, _train_function_hook
 
     window = ThroughputWindow()
     state = {"steps": 0, "start_time_s": None, "start_steps": None, "interval": None}

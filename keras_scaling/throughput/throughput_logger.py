@@ -10,9 +10,9 @@ import weakref
 import keras
 
 from keras_scaling import _validation, devices
-from keras_scaling.callbacks import _fit_end, _step_counter, _trace_count, _train_function_hook
 from keras_scaling.data import _iterator_plan
 from keras_scaling.devices import _topology
+from keras_scaling.fit_hooks import _fit_end, _step_counter, _trace_count, _train_function_hook
 from keras_scaling.mfu import _throughput_flops
 from keras_scaling.mfu import utilization as utilization_lib
 from keras_scaling.summaries import _tensorboard

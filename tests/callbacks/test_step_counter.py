@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import keras_scaling
-from keras_scaling.callbacks import _step_counter
+from keras_scaling.fit_hooks import _step_counter
 from keras_scaling.internals import _probes
 from keras_scaling.preemption import _backup
 
