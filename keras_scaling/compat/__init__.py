@@ -24,9 +24,9 @@ import os
 import threading
 
 from keras_scaling.compat import (
+    _keras_source,
     _keras_trainer,
     _multi_worker_epoch,
-    _probe,
     _scalar_reduce,
     _steps_per_execution,
     _symbolic_build,
@@ -208,7 +208,7 @@ def _log_applied(applied):
     if applied:
         logger.info(
             "keras_scaling.compat: patched Keras %s: %s",
-            _probe.keras_version(),
+            _keras_source.keras_version(),
             ", ".join(f"{name} ({_fix_named(name).ISSUE})" for name in applied),
         )
 
@@ -408,7 +408,7 @@ def _warn_about_multi_worker_metrics(strategy):
         return
     if _keras_trainer.is_multi_worker_collective(strategy):
         _multi_worker_metrics_warned = True
-        logger.warning(_MULTI_WORKER_METRICS_WARNING, _probe.keras_version())
+        logger.warning(_MULTI_WORKER_METRICS_WARNING, _keras_source.keras_version())
 
 
 def _rebuild_functions_built_without_fix(model):
@@ -469,6 +469,6 @@ def status():
             )
         return CompatStatus(
             fixes=tuple(fixes),
-            keras_version=_probe.keras_version(),
+            keras_version=_keras_source.keras_version(),
             disabled_by_env=disabled_by_env,
         )
