@@ -67,6 +67,7 @@ _EXPORTS = {
     "ThroughputLogger": "keras_scaling.throughput.throughput_logger",
 }
 _SUBMODULES = (
+    "baseline",
     "callbacks",
     "cluster",
     "compat",
@@ -74,11 +75,16 @@ _SUBMODULES = (
     "devices",
     "doctor",
     "explain",
+    "flops",
     "launch",
+    "launcher",
     "mfu",
+    "peak_flops",
     "preemption",
+    "replica_state",
     "replica_sync",
     "throughput",
+    "utilization",
 )
 
 __all__ = sorted(_EXPORTS) + list(_SUBMODULES)

@@ -30,6 +30,7 @@ PROBES_TESTED_IN = {
     "keras.layer.flatten_layers": "test_probes_mirrored",
     "keras.layer.seed_generators": "test_probes_mirrored",
     "keras.optimizer.accumulated_gradients": "test_probes_mirrored",
+    "keras.optimizer.batch_counter": "callbacks/test_step_counter",
     "keras.trainer_module": "test_probes_mirrored",
     "keras.trainer_class": "test_probes_mirrored",
     "keras.tf_dataset_adapter": "test_probes_mirrored",

@@ -87,7 +87,7 @@ def test_throughput_without_the_dataset_walk_uses_static_shapes(strategy, tmp_pa
     assert report["arrays_global_batch_size"] is None
 
 
-def test_the_input_probe_and_replica_spec_degrade_to_unknown(strategy, monkeypatch):
+def test_the_input_timing_and_replica_spec_degrade_to_unknown(strategy, monkeypatch):
     from keras_scaling.internals import _tf_data
 
     dataset = tf.data.Dataset.range(8).batch(2)

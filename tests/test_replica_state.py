@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_scaling.replica_sync import _copy_comparison, _fingerprint, replica_state
+from keras_scaling.replica_sync import _copy_comparison, _fingerprint, _schedule, replica_state
 
 # --- fingerprints -------------------------------------------------------------
 
@@ -567,3 +567,15 @@ def test_checker_traces_its_fingerprint_function_once(strategy):
     for step in range(3):
         checker.check(step=step)
     assert checker._fingerprint_function.experimental_get_tracing_count() == 1
+
+
+def test_a_check_is_due_at_the_first_look():
+    assert _schedule.check_is_due(0, None, 100)
+
+
+def test_a_check_is_due_once_a_multiple_of_every_n_steps_is_passed():
+    assert not _schedule.check_is_due(99, 0, 100)
+    assert _schedule.check_is_due(100, 0, 100)
+    # One call of the train function may run past several multiples.
+    assert _schedule.check_is_due(450, 120, 100)
+    assert not _schedule.check_is_due(199, 120, 100)

@@ -8,8 +8,8 @@ import pytest
 import tensorflow as tf
 
 import keras_scaling
-from keras_scaling.callbacks import _train_function_hook
-from keras_scaling.callbacks._train_function_hook import TrainFunctionHook
+from keras_scaling.fit_hooks import _train_function_hook
+from keras_scaling.fit_hooks._train_function_hook import TrainFunctionHook
 
 
 def _model_with(function):

@@ -1,14 +1,10 @@
-"""Keras callbacks of keras_scaling, and what they share to hook into `fit`.
+"""Keras callbacks of keras_scaling: `ThroughputLogger`, `ReplicaSyncCheck`, `BackupAndRestore`.
 
 Each callback lives with its feature (`keras_scaling.throughput`,
 `keras_scaling.replica_sync`, `keras_scaling.preemption`); its class is
 importable from here too, and `keras_scaling.callbacks.throughput`,
-`.replica_sync` and `.backup_and_restore` keep the import paths of 0.1.
-
-What every callback uses: `_train_function_hook` (per-step work in a wrapper
-of `model.train_function`, not a batch hook), `_fit_end` (undoing a `fit`'s
-changes however it ends) and `_trace_count` (retraces, from the public
-`train_step`).
+`.replica_sync` and `.backup_and_restore` keep the import paths of 0.1. What
+the callbacks share to hook into `fit` is `keras_scaling.fit_hooks`.
 """
 
 import importlib

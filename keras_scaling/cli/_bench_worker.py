@@ -95,7 +95,7 @@ def _progress_callback(total_steps):
 
     every = max(1, total_steps // 50)
 
-    from keras_scaling.callbacks import _train_function_hook
+    from keras_scaling.fit_hooks import _train_function_hook
 
     done = [0]
 

@@ -25,9 +25,9 @@ import threading
 from typing import TYPE_CHECKING
 
 from keras_scaling.compat import (
+    _keras_source,
     _keras_trainer,
     _multi_worker_epoch,
-    _probe,
     _scalar_reduce,
     _steps_per_execution,
     _symbolic_build,
@@ -213,7 +213,7 @@ def _log_applied(applied):
     if applied:
         logger.info(
             "keras_scaling.compat: patched Keras %s: %s",
-            _probe.keras_version(),
+            _keras_source.keras_version(),
             ", ".join(f"{name} ({_fix_named(name).ISSUE})" for name in applied),
         )
 
@@ -417,7 +417,7 @@ def _warn_about_multi_worker_metrics(strategy):
         return
     if _keras_trainer.is_multi_worker_collective(strategy):
         _multi_worker_metrics_warned = True
-        logger.warning(_MULTI_WORKER_METRICS_WARNING, _probe.keras_version())
+        logger.warning(_MULTI_WORKER_METRICS_WARNING, _keras_source.keras_version())
 
 
 def _rebuild_functions_built_without_fix(model):
@@ -478,6 +478,6 @@ def status() -> CompatStatus:
             )
         return CompatStatus(
             fixes=tuple(fixes),
-            keras_version=_probe.keras_version(),
+            keras_version=_keras_source.keras_version(),
             disabled_by_env=disabled_by_env,
         )

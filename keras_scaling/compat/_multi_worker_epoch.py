@@ -26,7 +26,7 @@ import functools
 
 import tensorflow as tf
 
-from keras_scaling.compat import _keras_trainer, _probe
+from keras_scaling.compat import _keras_source, _keras_trainer
 from keras_scaling.devices import _topology
 
 NAME = "multi_worker_epoch"
@@ -47,7 +47,7 @@ def probe():
     """Whether Keras counts one step per batch of each worker's dataset."""
     adapter = _keras_trainer.dataset_adapter_class()
     if _keras_trainer.trainer_module() is None or adapter is None:
-        return False, _probe.TRAINER_NOT_FOUND
+        return False, _keras_source.TRAINER_NOT_FOUND
     iterator = _keras_trainer.module_function("TFEpochIterator")
     if not isinstance(iterator, type) or "__init__" not in iterator.__dict__:
         return False, (
@@ -55,20 +55,20 @@ def probe():
         )
     num_batches = adapter.__dict__.get("num_batches")
     sources = [
-        _probe.source_of(getattr(num_batches, "fget", None)),
-        _probe.source_of(iterator.__dict__["__init__"]),
+        _keras_source.source_of(getattr(num_batches, "fget", None)),
+        _keras_source.source_of(iterator.__dict__["__init__"]),
     ]
     if None in sources:
-        return _probe.by_version(
+        return _keras_source.by_version(
             "the epoch of one step per batch of each worker's dataset",
             upstream_issue_open=False,
         )
     num_batches_source, init_source = sources
-    if _probe.contains(r"auto_shard|num_workers", num_batches_source + init_source):
+    if _keras_source.contains(r"auto_shard|num_workers", num_batches_source + init_source):
         return False, (
             "Keras now looks at sharding or workers when it counts the steps of a tf.data.Dataset"
         )
-    if _probe.contains(r"cardinality", num_batches_source):
+    if _keras_source.contains(r"cardinality", num_batches_source):
         return True, (
             "TFDatasetAdapter.num_batches is the dataset's cardinality, one "
             "step per batch, whatever the workers and the sharding"

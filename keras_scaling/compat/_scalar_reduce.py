@@ -9,7 +9,7 @@ scalars, which have no axis 0: "Invalid reduction dimension 0 for input with
 
 import keras
 
-from keras_scaling.compat import _keras_trainer, _probe
+from keras_scaling.compat import _keras_source, _keras_trainer
 from keras_scaling.devices import _topology
 
 NAME = "scalar_reduce"
@@ -28,16 +28,18 @@ def target():
 def probe():
     """Whether the installed Keras reduces scalars with `axis=0`."""
     if _keras_trainer.trainer_module() is None:
-        return False, _probe.TRAINER_NOT_FOUND
+        return False, _keras_source.TRAINER_NOT_FOUND
     reduce_per_replica = _keras_trainer.module_function("reduce_per_replica")
     if reduce_per_replica is None:
         return False, (
             "keras' reduce_per_replica is gone: the reduction this fix replaces no longer exists"
         )
-    source = _probe.source_of(reduce_per_replica)
+    source = _keras_source.source_of(reduce_per_replica)
     if source is None:
-        return _probe.by_version("the axis=0 reduction of scalars")
-    if _probe.contains(r"strategy\.reduce\(\s*[\"']MEAN[\"']\s*,\s*v\s*,\s*axis=0\s*\)", source):
+        return _keras_source.by_version("the axis=0 reduction of scalars")
+    if _keras_source.contains(
+        r"strategy\.reduce\(\s*[\"']MEAN[\"']\s*,\s*v\s*,\s*axis=0\s*\)", source
+    ):
         return True, (
             "reduce_per_replica averages every output with axis=0 under "
             "MultiWorkerMirroredStrategy, scalars included"

@@ -18,7 +18,7 @@ strategies, one replica, `run_eagerly` and `jit_compile` keep Keras' loop.
 
 import tensorflow as tf
 
-from keras_scaling.compat import _keras_trainer, _probe
+from keras_scaling.compat import _keras_source, _keras_trainer
 from keras_scaling.devices import _topology
 
 NAME = "steps_per_execution"
@@ -41,18 +41,18 @@ def probe():
     """Whether the installed Keras nests the per-step function in `tf.cond`."""
     trainer = _keras_trainer.trainer_class()
     if trainer is None:
-        return False, _probe.TRAINER_NOT_FOUND
+        return False, _keras_source.TRAINER_NOT_FOUND
     if "_make_function" not in trainer.__dict__:
         return False, (
             f"{trainer.__name__} no longer has _make_function: the fused loop "
             "this fix replaces is gone"
         )
-    source = _probe.source_of(trainer._make_function)
+    source = _keras_source.source_of(trainer._make_function)
     if source is None:
-        return _probe.by_version("the nested per-step function")
-    nested = _probe.contains(r"one_step_on_data\s*=\s*tf\.function\(", source) and _probe.contains(
-        r"tf\.cond\(", source
-    )
+        return _keras_source.by_version("the nested per-step function")
+    nested = _keras_source.contains(
+        r"one_step_on_data\s*=\s*tf\.function\(", source
+    ) and _keras_source.contains(r"tf\.cond\(", source)
     if nested:
         return True, (
             f"{trainer.__name__}._make_function calls the per-step tf.function "

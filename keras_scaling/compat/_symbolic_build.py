@@ -11,7 +11,7 @@ builds from this worker's first replica's batch instead.
 import keras
 import tensorflow as tf
 
-from keras_scaling.compat import _keras_trainer, _probe
+from keras_scaling.compat import _keras_source, _keras_trainer
 from keras_scaling.devices import _topology
 
 NAME = "symbolic_build"
@@ -31,17 +31,17 @@ def probe():
     """Whether the installed Keras reduces the first batch across replicas."""
     trainer = _keras_trainer.trainer_class()
     if trainer is None:
-        return False, _probe.TRAINER_NOT_FOUND
+        return False, _keras_source.TRAINER_NOT_FOUND
     build = trainer.__dict__.get("_maybe_symbolic_build")
     if build is None:
         return False, (
             f"{trainer.__name__}._maybe_symbolic_build is gone: the build step "
             "this fix replaces no longer exists"
         )
-    source = _probe.source_of(build)
+    source = _keras_source.source_of(build)
     if source is None:
-        return _probe.by_version("the reduced first batch")
-    if _probe.contains(r"strategy\.reduce\(\s*[\"']MEAN[\"']", source):
+        return _keras_source.by_version("the reduced first batch")
+    if _keras_source.contains(r"strategy\.reduce\(\s*[\"']MEAN[\"']", source):
         return True, (
             f"{trainer.__name__}._maybe_symbolic_build averages the first batch "
             "with strategy.reduce, which MultiWorkerMirroredStrategy rejects"

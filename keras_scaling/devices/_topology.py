@@ -2,7 +2,8 @@
 
 Plain functions of a `tf.distribute.Strategy`, importing nothing else of
 keras_scaling, so every module (including `compat`) can use them without an
-import cycle. `keras_scaling.devices` re-exports the public ones.
+import cycle. `keras_scaling.devices` gives the public ones, beside the
+strategies of `keras_scaling.devices.strategies`.
 """
 
 from collections.abc import Iterable
@@ -11,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import tensorflow as tf
 
 if TYPE_CHECKING:
-    import keras
+    pass
 
 
 def _local_devices(strategy: tf.distribute.Strategy) -> tuple[str, ...]:
@@ -218,18 +219,6 @@ def work_done_on_return(device_kind: str) -> bool:
         bool.
     """
     return device_kind == "CPU" and tf.config.experimental.get_synchronous_execution()
-
-
-def step_counter(model: "keras.Model") -> int:
-    """The optimizer's step counter of a compiled `model`, read from one copy.
-
-    Args:
-        model: a compiled `keras.Model`.
-
-    Returns:
-        int, the optimizer's `iterations`: the steps trained so far.
-    """
-    return read_int(local_copy(model.optimizer.iterations, model.distribute_strategy))
 
 
 def replica_device_names(strategy: tf.distribute.Strategy) -> list[str]:

@@ -1,4 +1,9 @@
-"""Devices and strategies: the one place that knows replicas, workers and devices."""
+"""Making and describing strategies: the logical CPUs, the strategy that fits the devices, its description.
+
+A strategy's workers, replicas and devices are counted in
+`keras_scaling.devices._topology`, which this module re-exports; both are
+`keras_scaling.devices`.
+"""
 
 import dataclasses
 import glob

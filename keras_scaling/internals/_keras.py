@@ -113,3 +113,26 @@ def tf_variable_of(variable):
 def is_keras_variable(value):
     """Whether `value` is a Keras variable (not a raw `tf.Variable`)."""
     return isinstance(value, keras.Variable)
+
+
+@_probes.guarded(
+    "keras.optimizer.batch_counter",
+    reaches="keras.Optimizer._iterations",
+    lost=(
+        "with gradient_accumulation_steps, the batches trained are not counted: "
+        "ThroughputLogger measures nothing, BackupAndRestore refuses to start "
+        "and ReplicaSyncCheck checks at the start of each fit only"
+    ),
+    workaround="Train without gradient_accumulation_steps for these figures.",
+)
+def accumulating_batch_counter(optimizer):
+    """The variable in which an optimizer that accumulates gradients counts its batches.
+
+    With `gradient_accumulation_steps=N`, Keras' public `iterations` is the
+    number of weight updates (the batches divided by N) on recent releases,
+    computed anew at each read; the batches are counted in `_iterations`.
+    """
+    counter = optimizer._iterations
+    if not is_keras_variable(counter) and not isinstance(counter, tf.Variable):
+        raise _probes.ReachError(f"_iterations is a {type(counter).__name__}, not a variable")
+    return counter

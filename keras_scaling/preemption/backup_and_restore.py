@@ -12,8 +12,8 @@ import numpy as np
 import tensorflow as tf
 
 from keras_scaling import _validation
-from keras_scaling.callbacks import _fit_end, _train_function_hook
 from keras_scaling.devices import _topology
+from keras_scaling.fit_hooks import _fit_end, _step_counter, _train_function_hook
 from keras_scaling.preemption import _backup, _resume
 
 logger = logging.getLogger("keras_scaling")
@@ -36,8 +36,9 @@ class BackupAndRestore(keras.callbacks.Callback):
     epoch and the step within it) in `backup_dir/backup.npz`:
 
     - at the end of every epoch;
-    - every `save_every_n_steps` optimizer steps, when given (counted on the
-      optimizer's `iterations`, so right with `steps_per_execution > 1`);
+    - every `save_every_n_steps` steps, when given (the batches trained,
+      read from the optimizer's step counter, so right with
+      `steps_per_execution > 1` and `gradient_accumulation_steps`);
     - when the process gets SIGTERM (`save_on_preemption`): at the end of
       the step in progress it saves, stops training, and `fit` raises
       `SystemExit(75)` (`EXIT_PREEMPTED`, "try again") from `on_train_end`,
@@ -140,6 +141,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         self._handler = None
         self._train_hook: Any = None
         self._changes: Any = None
+        self._batch_counter: Any = None
         self._signal_received = threading.Event()
         self._previous_sigterm_handler: Any = None
         self._preempted = False
@@ -154,6 +156,15 @@ class BackupAndRestore(keras.callbacks.Callback):
         self._end_fit()
         # A read-only or full backup_dir fails here, not at the first save.
         _validation.writable_directory(self.backup_dir, "backup_dir", "BackupAndRestore")
+        self._batch_counter = _step_counter.BatchCounter(self.model)
+        if self._batch_counter.read() is None:
+            # A backup whose position in training is unknown would resume
+            # at the wrong batch: the probe of the step counter said why.
+            raise ValueError(
+                "BackupAndRestore cannot count the batches trained with this optimizer's "
+                "gradient_accumulation_steps on this Keras; train without "
+                "gradient_accumulation_steps to back up"
+            )
         self._changes = _fit_end.FitChanges(self.params)
         strategy = self.model.distribute_strategy
         self._is_chief = _topology.is_chief(strategy)
@@ -441,7 +452,10 @@ class BackupAndRestore(keras.callbacks.Callback):
     # Helpers.
 
     def _read_iterations(self):
-        return _topology.step_counter(self.model)
+        """The batches trained so far (the step counter), or None when it cannot be read."""
+        if self._batch_counter is None:
+            self._batch_counter = _step_counter.BatchCounter(self.model)
+        return self._batch_counter.read()
 
     def _warn_once(self, key, message):
         if key not in self._warned:

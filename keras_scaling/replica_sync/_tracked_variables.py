@@ -282,28 +282,3 @@ def single_copy_paths(
     if optimizer is not None:
         candidates += list(optimizer.variables)
     return [v.path for v in candidates if not is_distributed(distributed_variable(v))]
-
-
-def step_counter(
-    optimizer: "keras.optimizers.Optimizer", strategy: tf.distribute.Strategy
-) -> tuple[tf.Variable, int | None]:
-    """What to read the optimizer step from, cheaply, at every batch.
-
-    Args:
-        optimizer: a built Keras optimizer (a `LossScaleOptimizer` is looked
-            through to the optimizer that counts the steps).
-        strategy: the `tf.distribute.Strategy` the optimizer belongs to.
-
-    Returns:
-        `(counter, accumulation_steps)`: a `tf.Variable` whose value is the
-        number of batches applied, and the optimizer's gradient accumulation
-        steps (None without accumulation), so that the optimizer step is
-        `counter // accumulation_steps`.
-    """
-    counting = inner_optimizers(optimizer)[-1]
-    counter = distributed_variable(counting.iterations)
-    if is_distributed(counter):
-        # Read at every batch: the local copy of replica 0 costs tens of
-        # microseconds, the distributed variable several times as much.
-        counter = strategy.experimental_local_results(counter)[0]
-    return counter, getattr(counting, "gradient_accumulation_steps", None)

@@ -15,9 +15,9 @@ import keras
 import tensorflow as tf
 
 from keras_scaling import _validation, compat, devices
-from keras_scaling.callbacks import _train_function_hook
 from keras_scaling.devices import _topology
-from keras_scaling.replica_sync import _tracked_variables, replica_state
+from keras_scaling.fit_hooks import _step_counter, _train_function_hook
+from keras_scaling.replica_sync import _schedule, _tracked_variables, replica_state
 from keras_scaling.summaries import _tensorboard
 
 __all__ = ["ReplicaDivergenceError", "ReplicaSyncCheck"]
@@ -88,9 +88,10 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
     iteration counter), across all replicas of all workers:
 
     - at the start of training, every `every_n_steps` optimizer steps
-      (counted from `optimizer.iterations`, so it stays right with
-      `steps_per_execution > 1` and across several `fit` calls), and at the
-      end of training;
+      (weight updates: the batches trained, read from the optimizer's step
+      counter, divided by its `gradient_accumulation_steps`; so it stays
+      right with `steps_per_execution > 1` and across several `fit` calls),
+      and at the end of training;
     - cheaply: each replica fingerprints its own copies on its device in one
       compiled function: 64 bits per copy, which always change when one
       element changes (even by one ulp) and when two elements trade places
@@ -202,7 +203,7 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
         self._last_checked_step = None
         self._step_upper_bound = 0
         self._num_replicas: int | None = None
-        self._step_counter: tuple | None = None
+        self._step_counter: _step_counter.BatchCounter | None = None
         self._last_written_step = None
         self._said_single_replica = False
         self._warned_per_replica_state = False
@@ -246,7 +247,7 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
         """Runs after each call of the train function (there is no batch hook).
 
         A batch hook would make Keras wait for every step to finish before
-        dispatching the next (see `keras_scaling.callbacks._train_function_hook`).
+        dispatching the next (see `keras_scaling.fit_hooks._train_function_hook`).
         """
         last = self._last_checked_step
         if last is not None:
@@ -255,11 +256,11 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
             # counter is read (tens of microseconds) only once this upper
             # bound reaches the next multiple.
             self._step_upper_bound += self._execution_steps
-            if self._step_upper_bound // self.every_n_steps <= last // self.every_n_steps:
+            if not _schedule.check_is_due(self._step_upper_bound, last, self.every_n_steps):
                 return
         step = self._current_step()
         self._step_upper_bound = step
-        if last is None or step // self.every_n_steps > last // self.every_n_steps:
+        if _schedule.check_is_due(step, last, self.every_n_steps):
             self._check_and_act(find_variables=False)
 
     def _steps_per_execution(self):
@@ -369,15 +370,18 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
         return optimizer
 
     def _current_step(self):
+        """The optimizer steps (weight updates) so far: `every_n_steps` counts them."""
         optimizer = self._optimizer()
         if optimizer is None:
             return 0
-        if self._step_counter is None or self._step_counter[0] is not optimizer:
-            counter = _tracked_variables.step_counter(optimizer, self._strategy())
-            self._step_counter = (optimizer, *counter)
-        _, counter, accumulation_steps = self._step_counter
-        step = _topology.read_int(counter)
-        return step // accumulation_steps if accumulation_steps else step
+        if self._step_counter is None:
+            self._step_counter = _step_counter.BatchCounter(self.model)
+        batches = self._step_counter.read()
+        if batches is None:
+            # The probe of the step counter has said what is lost: without a
+            # step, the check runs at the start of each fit only.
+            return 0
+        return _step_counter.weight_updates(batches, _step_counter.accumulation_steps(optimizer))
 
     def _get_checker(self, strategy, find_variables):
         optimizer = self._optimizer() if self.include_optimizer else None

@@ -1,10 +1,10 @@
 """Timing the input pipeline alone: does it feed the replicas fast enough?
 
-The probe must change nothing training reads. Each iterator over a dataset
+The timing must change nothing training reads. Each iterator over a dataset
 that shuffles with `reshuffle_each_iteration=True` draws the next order from
 state the dataset's iterators share, so a pass over `fit`'s own dataset would
 change the order of the next epoch (and, under `MultiWorkerMirroredStrategy`,
-only on the chief, which runs the probe). So the probe reads:
+only on the chief, which times it). So the timing reads:
 
 - for a dataset of `keras_scaling.data.distribute`: the same pipeline built
   again from the same source (same steps, same batch, this worker's share),
@@ -21,7 +21,7 @@ import tensorflow as tf
 
 from keras_scaling.internals import _tf_data
 
-_PROBE_BATCHES = 20
+_TIMED_BATCHES = 20
 # Ops that run Python: reading such a pipeline a second time may have effects.
 _PYTHON_OPS = frozenset({"PyFunc", "PyFuncStateless", "EagerPyFunc", "GeneratorDataset"})
 # Ops whose state outlives an iterator: another pass over the dataset would
@@ -74,7 +74,7 @@ def input_samples_per_sec(iterator, clock=time.perf_counter):
     next(batches)
     samples = 0
     start_s = clock()
-    for _ in range(_PROBE_BATCHES):
+    for _ in range(_TIMED_BATCHES):
         try:
             batch = next(batches)
         except StopIteration:

@@ -633,7 +633,7 @@ def _first_line(error):
 def _baseline_timer(duration_s, min_steps, clock):
     """A callback that times the `fit` it is given to from the end of its first execution."""
 
-    from keras_scaling.callbacks import _train_function_hook
+    from keras_scaling.fit_hooks import _step_counter, _train_function_hook
 
     window = ThroughputWindow()
     state: dict[str, Any] = {
@@ -642,13 +642,24 @@ def _baseline_timer(duration_s, min_steps, clock):
         "start_steps": None,
         "interval": None,
     }
+    counter: dict[str, Any] = {"model": None, "reader": None}
+
+    def batches_trained(model):
+        if counter["model"] is not model:
+            counter["model"], counter["reader"] = model, _step_counter.BatchCounter(model)
+        return counter["reader"].read()
 
     # No batch hook: one would make Keras wait for every step to finish
     # before dispatching the next, as the timed training does not.
     def after_execution(model):
         state["steps"] += model.steps_per_execution
         if state["start_time_s"] is None:
-            iterations = int(model.optimizer.iterations.numpy())
+            iterations = batches_trained(model)
+            if iterations is None:
+                # The probe of the step counter has said why: nothing is timed.
+                state["counter_unknown"] = True
+                model.stop_training = True
+                return
             start_time_s = clock()
             state["start_time_s"], state["start_steps"] = start_time_s, state["steps"]
             window.restart(time_s=start_time_s, iterations=iterations, samples=0)
@@ -660,11 +671,16 @@ def _baseline_timer(duration_s, min_steps, clock):
             or state["steps"] - state["start_steps"] < min_steps
         ):
             return
-        iterations = int(model.optimizer.iterations.numpy())
+        iterations = batches_trained(model)
         state["interval"] = window.update(time_s=clock(), iterations=iterations, samples=0)
         model.stop_training = True
 
     def steps_per_sec():
+        if state.get("counter_unknown"):
+            raise RuntimeError(
+                "baseline='measure' cannot count the batches the copy of the model trained "
+                "(gradient_accumulation_steps on this Keras: see the warning above)"
+            )
         if state["interval"] is None:
             raise RuntimeError(
                 "baseline='measure' ran out of steps before it could time the copy of the model"

@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, Any
 import keras
 
 from keras_scaling import _validation, devices
-from keras_scaling.callbacks import _fit_end, _trace_count, _train_function_hook
 from keras_scaling.data import _iterator_plan
 from keras_scaling.devices import _topology
+from keras_scaling.fit_hooks import _fit_end, _step_counter, _trace_count, _train_function_hook
 from keras_scaling.mfu import _throughput_flops
 from keras_scaling.mfu import utilization as utilization_lib
 from keras_scaling.summaries import _tensorboard
@@ -35,6 +35,11 @@ if TYPE_CHECKING:
     from keras_scaling.throughput import SteadyState
 
 __all__ = ["ThroughputLogger"]
+
+
+class _CounterUnknown(Exception):
+    """The batches trained cannot be read in this fit."""
+
 
 logger = logging.getLogger("keras_scaling")
 
@@ -81,8 +86,9 @@ class ThroughputLogger(keras.callbacks.Callback):
 
     How it measures:
 
-    - Samples are counted from the optimizer's `iterations` times the global
-      batch, so `steps_per_execution` > 1, a partial last execution, several
+    - Samples are counted as the batches trained (the optimizer's step
+      counter, which counts every batch, also with
+      `gradient_accumulation_steps`) times the global batch, so `steps_per_execution` > 1, a partial last execution, several
       `fit` calls and resumed runs count right. The global batch is
       `global_batch_size` when given, else the plan of a dataset made by
       `keras_scaling.data.distribute`, else the data's static batch size times
@@ -306,7 +312,7 @@ class ThroughputLogger(keras.callbacks.Callback):
         )
         if self.update_freq == "auto":
             self._schedule.every_steps = self._auto_spacing()
-        self._iterations_variable = None
+        self._batch_counter: _step_counter.BatchCounter | None = None
         self._element_spec = None
         self._iterator = _no_iterator
         self._hook = _train_function_hook.TrainFunctionHook(
@@ -388,14 +394,13 @@ class ThroughputLogger(keras.callbacks.Callback):
     # Measuring.
 
     def _read_iterations(self):
-        """The optimizer's step counter; reading it waits for the devices."""
-        if self._iterations_variable is None:
-            # One replica's copy: all copies are equal, and reading a mirrored
-            # variable as a whole costs several times more.
-            self._iterations_variable = _topology.local_copy(
-                self.model.optimizer.iterations, self.model.distribute_strategy
-            )
-        return _topology.read_int(self._iterations_variable)
+        """The batches trained so far (the step counter); reading it waits for the devices."""
+        if self._batch_counter is None:
+            self._batch_counter = _step_counter.BatchCounter(self.model)
+        batches = self._batch_counter.read()
+        if batches is None:
+            raise _CounterUnknown()
+        return batches
 
     def _samples(self, iterations):
         return iterations * self._setup["global_batch_size"]
@@ -406,6 +411,9 @@ class ThroughputLogger(keras.callbacks.Callback):
         except _iterator_plan.GlobalBatchSizeUnknown as error:
             # Training goes on; only the figures that need it are lost.
             logger.warning("%s ThroughputLogger measures nothing in this fit.", error)
+            self._finish()
+        except _CounterUnknown:
+            # The probe of the step counter has said what is lost.
             self._finish()
         except BaseException:
             self._finish()

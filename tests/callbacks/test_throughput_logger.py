@@ -24,7 +24,7 @@ import tensorflow as tf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import keras_scaling
-from keras_scaling.callbacks import _train_function_hook
+from keras_scaling.fit_hooks import _train_function_hook
 from keras_scaling.launch import launcher
 from keras_scaling.summaries import _tensorboard
 from keras_scaling.throughput import baseline as baseline_lib
@@ -587,7 +587,7 @@ def test_one_replica_auto_is_its_own_baseline_and_advises_once(tmp_path, caplog)
 
 
 def test_traces_of_the_train_step_are_counted_without_reaching_into_keras(tmp_path):
-    from keras_scaling.callbacks import _trace_count
+    from keras_scaling.fit_hooks import _trace_count
 
     model = _model()
     logger = keras_scaling.ThroughputLogger(tmp_path, baseline=None, update_freq=2)

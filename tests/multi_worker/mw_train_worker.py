@@ -32,16 +32,16 @@ class _EpochSteps(keras.callbacks.Callback):
         self.steps_by_epoch[self.recorder.epoch] += 1
 
 
-def _count_input_probe_calls():
+def _count_input_timing_calls():
     """Counts the advice's timings of the input pipeline (each still runs)."""
     from keras_scaling.throughput import _input_timing
 
     calls = []
-    probe = _input_timing.input_samples_per_sec
+    timing = _input_timing.input_samples_per_sec
 
     def counted(*args, **kwargs):
         calls.append(1)
-        return probe(*args, **kwargs)
+        return timing(*args, **kwargs)
 
     _input_timing.input_samples_per_sec = counted
     return calls
@@ -63,7 +63,7 @@ def main():
     )
     parser.add_argument("--update-freq", type=int, default=2)
     args = parser.parse_args()
-    probe_calls = _count_input_probe_calls()
+    timing_calls = _count_input_timing_calls()
 
     strategy = keras_scaling.auto_strategy()
     info = keras_scaling.describe_strategy(strategy)
@@ -132,7 +132,7 @@ def main():
                 str(epoch): steps for epoch, steps in epoch_steps.steps_by_epoch.items()
             },
             "iterations": int(model.optimizer.iterations.numpy()),
-            "input_probe_calls": len(probe_calls),
+            "input_timing_calls": len(timing_calls),
             "evaluation": {key: float(value) for key, value in evaluation.items()},
         },
     )

@@ -58,14 +58,14 @@ def main():
     import keras_scaling
     from keras_scaling.throughput import _input_timing
 
-    probe_calls = []
-    probe = _input_timing.input_samples_per_sec
+    timing_calls = []
+    timing = _input_timing.input_samples_per_sec
 
-    def counted_probe(*probe_args, **probe_kwargs):
-        probe_calls.append(1)
-        return probe(*probe_args, **probe_kwargs)
+    def counted_timing(*args, **kwargs):
+        timing_calls.append(1)
+        return timing(*args, **kwargs)
 
-    _input_timing.input_samples_per_sec = counted_probe
+    _input_timing.input_samples_per_sec = counted_timing
 
     if "TF_CONFIG" not in os.environ:
         keras_scaling.use_logical_cpus(args.cpus)
@@ -143,7 +143,7 @@ def main():
                 {
                     "iterations": int(model.optimizer.iterations.numpy()),
                     "start_iterations": StartStep.step,
-                    "input_probe_calls": len(probe_calls),
+                    "input_timing_calls": len(timing_calls),
                 },
                 file,
             )

@@ -1,7 +1,8 @@
 """Reading the installed Keras to decide whether a fix applies.
 
-Probes only read source code, attributes and versions: they create no
-tensor, device or strategy, so they are safe before `use_logical_cpus` and
+Each fix's probe (guarded by `keras_scaling.internals._probes`) reads only
+source code, attributes and versions with these: it creates no
+tensor, device or strategy, so it is safe before `use_logical_cpus` and
 cannot set up collectives that would clash with the user's strategy.
 """
 

@@ -1,4 +1,4 @@
-"""The advice's input probe on 2 workers x 2 logical CPUs: no sample twice, none left out.
+"""The advice's input timing on 2 workers x 2 logical CPUs: no sample twice, none left out.
 
 Under `MultiWorkerMirroredStrategy` only the chief times the input pipeline
 (when `ThroughputLogger`'s efficiency is low). Its timing must not change the
@@ -47,8 +47,8 @@ def test_every_sample_is_trained_once_per_epoch_when_the_advice_times_the_input(
     assert returncode == 0, details(returncode, out, err)
     workers = [read_json(os.path.join(out_dir, f"worker{i}.json")) for i in (0, 1)]
 
-    assert workers[0]["input_probe_calls"] >= 1  # the advice fired on the chief
-    assert workers[1]["input_probe_calls"] == 0
+    assert workers[0]["input_timing_calls"] >= 1  # the advice fired on the chief
+    assert workers[1]["input_timing_calls"] == 0
     for epoch in map(str, range(EPOCHS)):
         ids_0, ids_1 = (worker["ids_by_epoch"][epoch] for worker in workers)
         assert len(ids_0) == len(set(ids_0)) == SAMPLES // 2, epoch

@@ -1,8 +1,8 @@
-"""The input probe of ThroughputLogger's advice changes nothing training reads.
+"""The input timing of ThroughputLogger's advice changes nothing training reads.
 
 A dataset of `keras_scaling.data.distribute` shuffles with
 `reshuffle_each_iteration=True`: each iterator draws the next order. The
-probe times a pipeline of its own, so the orders training draws are those of
+timing reads a pipeline of its own, so the orders training draws are those of
 a run without it.
 """
 
@@ -18,13 +18,13 @@ def _shuffled(seed=3):
     return keras_scaling.data.distribute((x, x), global_batch_size=8, shuffle=True, seed=seed)
 
 
-def _epoch_orders(dataset, epochs, probe_in_epoch=None):
+def _epoch_orders(dataset, epochs, timed_in_epoch=None):
     orders = []
     for epoch in range(epochs):
         iterator = iter(dataset)
         order = []
         for step, (x, _) in enumerate(iterator):
-            if epoch == probe_in_epoch and step == 2:
+            if epoch == timed_in_epoch and step == 2:
                 samples_per_sec, reason = _input_timing.input_samples_per_sec(iterator)
                 assert samples_per_sec is not None, reason
             order.extend(int(value) for value in x.numpy()[:, 0])
@@ -32,15 +32,15 @@ def _epoch_orders(dataset, epochs, probe_in_epoch=None):
     return orders
 
 
-def test_probing_a_distribute_dataset_leaves_its_later_orders_unchanged():
-    without_probe = _epoch_orders(_shuffled(), epochs=3)
-    with_probe = _epoch_orders(_shuffled(), epochs=3, probe_in_epoch=1)
+def test_timing_a_distribute_dataset_leaves_its_later_orders_unchanged():
+    untimed = _epoch_orders(_shuffled(), epochs=3)
+    timed = _epoch_orders(_shuffled(), epochs=3, timed_in_epoch=1)
 
-    assert with_probe == without_probe
-    assert without_probe[1] != without_probe[2]  # the data does reshuffle
+    assert timed == untimed
+    assert untimed[1] != untimed[2]  # the data does reshuffle
 
 
-def test_a_dataset_that_shuffles_by_itself_is_not_read_by_the_probe():
+def test_a_dataset_that_shuffles_by_itself_is_not_read_by_the_timing():
     dataset = tf.data.Dataset.range(64).shuffle(64, seed=1).batch(8)
     iterator = iter(dataset)
     next(iterator)
