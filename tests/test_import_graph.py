@@ -48,6 +48,19 @@ def _imported(node, module, modules):
     return found
 
 
+def _run_time_nodes(tree):
+    """Every node of `tree` except those under `if TYPE_CHECKING:`, which never run."""
+    pending = [tree]
+    while pending:
+        node = pending.pop()
+        yield node
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                pending.extend(child.orelse)
+            else:
+                pending.append(child)
+
+
 def import_graph():
     """{module: the package modules it imports}, parent packages left out."""
     modules = _modules()
@@ -55,7 +68,7 @@ def import_graph():
     for module, path in modules.items():
         tree = ast.parse(path.read_text(), filename=str(path))
         edges = set()
-        for node in ast.walk(tree):
+        for node in _run_time_nodes(tree):
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 edges |= _imported(node, module, modules)
         graph[module] = {

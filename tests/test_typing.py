@@ -111,13 +111,13 @@ def test_missing_hints_names_each_unannotated_parameter_and_the_return():
 def test_the_walk_reaches_functions_classes_methods_and_properties():
     names = {name for name, _ in PUBLIC_FUNCTIONS}
 
-    assert "keras_scaling.throughput.speedup" in names
-    assert "keras_scaling.throughput.ThroughputWindow.update" in names
-    assert "keras_scaling.throughput.Interval.samples_per_sec" in names
-    assert "keras_scaling.throughput.Interval.__init__" in names
-    assert "keras_scaling.callbacks.throughput.ThroughputLogger.__init__" in names
-    assert "keras_scaling.callbacks.throughput.ThroughputLogger.on_train_begin" in names
-    assert "keras_scaling.devices.use_logical_cpus" in names
+    assert "keras_scaling.throughput.arithmetic.speedup" in names
+    assert "keras_scaling.throughput.arithmetic.ThroughputWindow.update" in names
+    assert "keras_scaling.throughput.arithmetic.Interval.samples_per_sec" in names
+    assert "keras_scaling.throughput.arithmetic.Interval.__init__" in names
+    assert "keras_scaling.throughput.throughput_logger.ThroughputLogger.__init__" in names
+    assert "keras_scaling.throughput.throughput_logger.ThroughputLogger.on_train_begin" in names
+    assert "keras_scaling.devices.strategies.use_logical_cpus" in names
 
 
 @pytest.mark.parametrize(
