@@ -67,6 +67,49 @@ def test_arrays_are_shuffled_by_default_with_a_fixed_seed():
     assert plan.shuffle is True and plan.seed == data.DEFAULT_SEED
 
 
+def _samples(dataset):
+    return sorted(sample for batch in _ids(dataset) for sample in batch)
+
+
+@pytest.mark.parametrize(
+    "make_source",
+    [
+        pytest.param(lambda: np.arange(40), id="arrays"),
+        pytest.param(lambda: tf.data.Dataset.range(40), id="dataset"),
+    ],
+)
+def test_an_iterator_made_and_never_read_changes_no_order(make_source):
+    undisturbed = data.distribute(make_source(), global_batch_size=8, shuffle=True)
+    disturbed = data.distribute(make_source(), global_batch_size=8, shuffle=True)
+    expected = [_ids(undisturbed) for _ in range(3)]
+
+    orders = [_ids(disturbed)]
+    iter(disturbed)  # made and dropped unread, as Keras does at each epoch's end
+    iter(disturbed)
+    orders += [_ids(disturbed), _ids(disturbed)]
+
+    assert orders == expected
+    assert expected[0] != expected[1] != expected[2]
+    assert all(_samples(disturbed) == list(range(40)) for _ in range(2))
+
+
+def test_the_order_is_the_seeds_whatever_tensorflows_global_seed():
+    orders = []
+    try:
+        for global_seed in (0, 7):
+            tf.random.set_seed(global_seed)
+            dataset = data.distribute(tf.data.Dataset.range(40), global_batch_size=8, shuffle=True)
+            orders.append([_ids(dataset), _ids(dataset)])
+    finally:
+        tf.random.set_seed(None)
+
+    assert orders[0] == orders[1]
+    other_seed = data.distribute(
+        tf.data.Dataset.range(40), global_batch_size=8, shuffle=True, seed=5
+    )
+    assert _ids(other_seed) != orders[0][0]
+
+
 def test_pad_with_x_only_adds_rows_but_no_weights():
     dataset = data.distribute(np.arange(5), global_batch_size=4, last_batch="pad", shuffle=False)
     assert _ids(dataset) == [[0, 1, 2, 3], [4, 0, 0, 0]]

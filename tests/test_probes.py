@@ -23,7 +23,7 @@ _TIMEOUT_S = 180
 
 # Every probe, and the test module that makes it fail.
 PROBES_TESTED_IN = {
-    "tf.distribute.iterator_dataset": "test_probes_mirrored",
+    "tf.distribute.iterator_dataset": "test_probes_mirrored",  # and callbacks/test_backup_and_restore
     "tf.data.dataset_inputs": "test_probes_mirrored",
     "tf.distribute.per_replica_spec": "test_probes_mirrored",
     "tf.data.serialized_graph": "test_probes_mirrored",
@@ -42,7 +42,6 @@ PROBES_TESTED_IN = {
     "tf.data.batching_transformation": "test_probes",
     "tf.data.batch_node": "test_probes",
     "tf.data.directory_pipeline": "test_data_wrapping",
-    "keras.fit.resume_epoch_iterator": "callbacks/test_backup_and_restore",
     "tf.func_graph_from_py_func": "test_flops",
     "tf.ops.flops_statistics": "test_flops",
     "tf.device_lib_memory_limit": "test_probes",

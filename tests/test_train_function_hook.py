@@ -85,6 +85,28 @@ def test_before_can_be_switched_off_and_on_while_attached():
     assert seen == [first, third]
 
 
+def test_a_skipped_call_trains_nothing_and_returns_the_skip_logs():
+    events = []
+    model = _model_with(_keras_train_function)
+    hook = TrainFunctionHook(model, after=lambda: events.append("after"))
+    hook.attach()
+    remaining = [2]
+
+    def skip(iterator):
+        if not remaining[0]:
+            return None
+        remaining[0] -= 1
+        next(iterator)  # read, not trained
+        return {"loss": 0.0}
+
+    hook.skip = skip
+    iterator = iter([1.0, 2.0, 3.0])
+    results = [model.train_function(iterator) for _ in range(3)]
+
+    assert results == [{"loss": 0.0}, {"loss": 0.0}, {"loss": 3.0}]
+    assert events == ["after"]
+
+
 def test_errors_are_reported_but_the_end_of_the_data_is_not():
     errors = []
     model = _model_with(_keras_train_function)

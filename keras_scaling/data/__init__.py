@@ -15,7 +15,7 @@ from typing import Any
 import tensorflow as tf
 
 from keras_scaling import devices
-from keras_scaling.data import _input_plan, _pipeline, _sources
+from keras_scaling.data import _input_plan, _passes, _pipeline, _sources
 from keras_scaling.data._input_plan import InputPlan
 
 __all__ = ["InputPlan", "describe", "distribute", "global_batch_size", "plan_of"]
@@ -97,7 +97,10 @@ def distribute(
     - Shuffling is seeded: every worker draws the same permutation of the
       whole data and keeps its own part; each epoch has a new order; the
       same seed gives the same orders. Arrays get a full permutation;
-      datasets and records a shuffle buffer of up to 10 000 elements.
+      datasets and records a shuffle buffer of up to 10 000 elements. The
+      order of a pass over the dataset is a function of the seed and the
+      pass's number alone; a pass is numbered when its first batch is read,
+      so an iterator made and never read changes no order.
     - Shapes are static except for the last batch under
       `last_batch="partial"`; the pipeline ends with
       `prefetch(tf.data.AUTOTUNE)`.
@@ -271,6 +274,7 @@ def _distribute_for(data, info, *, static_shapes_required=False, **kwargs):
     for message in plan.warnings:
         logger.warning("%s", message)
     logger.info("%s", plan)
+    counter = _passes.PassCounter()
     dataset = _pipeline.build(
         source,
         plan=plan,
@@ -278,8 +282,10 @@ def _distribute_for(data, info, *, static_shapes_required=False, **kwargs):
         file_assignment=file_assignment,
         parse_fn=kwargs.get("parse_fn"),
         cache=kwargs.get("cache", False),
+        counter=counter,
     )
     setattr(dataset, _PLAN_ATTRIBUTE, plan)
+    _passes.attach(dataset, counter)
     cache = kwargs.get("cache", False)
 
     def rebuild():
@@ -291,6 +297,7 @@ def _distribute_for(data, info, *, static_shapes_required=False, **kwargs):
             parse_fn=kwargs.get("parse_fn"),
             # A cache file belongs to the training pipeline; a copy caches in memory.
             cache=bool(cache),
+            counter=_passes.PassCounter(),
         )
 
     setattr(dataset, _REBUILD_ATTRIBUTE, rebuild)
@@ -300,9 +307,9 @@ def _distribute_for(data, info, *, static_shapes_required=False, **kwargs):
 def _independent_copy(dataset):
     """The pipeline of a `distribute` dataset built again, or None for other datasets.
 
-    The copy reads the same source through the same steps, but its shuffle
-    and cache are its own: iterating it does not advance the order the
-    training dataset draws next. A cache starts empty.
+    The copy reads the same source through the same steps, but its pass
+    counter and cache are its own: iterating it does not advance the order
+    the training dataset draws next. A cache starts empty.
     """
     rebuild = getattr(dataset, _REBUILD_ATTRIBUTE, None)
     return None if rebuild is None else rebuild()

@@ -2,7 +2,7 @@
 
 import tensorflow as tf
 
-from keras_scaling.data import _py_dataset, _sources
+from keras_scaling.data import _passes, _py_dataset, _sources
 
 # Datasets and records are shuffled through a buffer of at most this many
 # elements (arrays get a full permutation of their row indices instead): a
@@ -10,12 +10,20 @@ from keras_scaling.data import _py_dataset, _sources
 SHUFFLE_BUFFER_ELEMENTS = 10_000
 
 
-def build(source, *, plan, schedule, file_assignment, parse_fn, cache):
-    """Returns the batched, prefetched dataset for this worker."""
+def build(source, *, plan, schedule, file_assignment, parse_fn, cache, counter):
+    """Returns the batched, prefetched dataset for this worker.
+
+    With shuffling, each pass (epoch) takes its number from `counter` (a
+    `PassCounter`) when its first element is read, and its order depends on
+    the seed and that number only. Only the shuffle is built again for each
+    pass; what follows it is built once.
+    """
     if isinstance(source, _sources.ArraySource) and parse_fn is None:
-        dataset = _batched_array_rows(source, plan, schedule)
+        dataset = _batched_array_rows(source, plan, schedule, counter)
     else:
-        dataset = _batched_elements(source, plan, schedule, file_assignment, parse_fn, cache)
+        dataset = _batched_elements(
+            source, plan, schedule, file_assignment, parse_fn, cache, counter
+        )
     dataset = dataset.apply(
         tf.data.experimental.assert_cardinality(_batches_per_worker(plan, schedule))
     )
@@ -36,18 +44,37 @@ def _drop_remainder(plan):
     return plan.last_batch != "partial"
 
 
-def _shuffle(dataset, plan, buffer_size):
-    return dataset.shuffle(buffer_size, seed=plan.seed, reshuffle_each_iteration=True)
+def _shuffle(dataset, plan, buffer_size, pass_index):
+    """`dataset` in the order of pass `pass_index`, whatever TensorFlow's global seed.
+
+    The graph's seed (`tf.random.set_seed`) is set aside while the shuffle is
+    made: the order is the plan's seed's alone, and TensorFlow's check of a
+    global seed of 0 against the op's seed would read this tensor as a bool.
+    """
+    seed = _passes.pass_seed(plan.seed, pass_index)
+    graph = tf.compat.v1.get_default_graph()
+    global_seed, graph.seed = graph.seed, None
+    try:
+        return dataset.shuffle(buffer_size, seed=seed, reshuffle_each_iteration=False)
+    finally:
+        graph.seed = global_seed
 
 
-def _batched_array_rows(source, plan, schedule):
+def _shuffled_in_each_pass(dataset, plan, buffer_size, counter):
+    """`dataset` shuffled anew in each pass, in the order of the pass's number."""
+    return _passes.each_pass(
+        counter, lambda pass_index: _shuffle(dataset, plan, buffer_size, pass_index)
+    )
+
+
+def _batched_array_rows(source, plan, schedule, counter):
     """Shuffles, shards and pads row indices, then gathers whole batches.
 
     Index `-1` marks a padding row: it gathers row 0 and gets weight 0.
     """
     positions = tf.data.Dataset.range(source.num_examples)
     if plan.shuffle:
-        positions = _shuffle(positions, plan, source.num_examples)
+        positions = _shuffled_in_each_pass(positions, plan, source.num_examples, counter)
     if plan.num_workers > 1:
         positions = positions.shard(plan.num_workers, plan.worker_index)
     positions = _keep_or_pad(
@@ -89,35 +116,44 @@ def _keep_or_pad(stream, schedule, plan, padding, read_to_end=False):
     return stream
 
 
-def _batched_elements(source, plan, schedule, file_assignment, parse_fn, cache):
+def _batched_elements(source, plan, schedule, file_assignment, parse_fn, cache, counter):
     """Shards and shuffles raw elements, then parses only this worker's share."""
-    raw, raw_size = _raw_elements(source, plan, file_assignment)
     load = _loader(source, parse_fn)
-    buffer_size = min(raw_size, SHUFFLE_BUFFER_ELEMENTS)
     element_sharded = plan.shard_mode == "element"
+    raw_of_pass, raw_size = _raw_elements(source, plan, file_assignment)
+    buffer_size = min(raw_size, SHUFFLE_BUFFER_ELEMENTS)
     if cache:
         # A cache replays its first pass, so the split between workers is
-        # fixed here and each worker shuffles its own share after the cache.
-        stream = raw
+        # fixed here (the files in the order of pass 0) and each worker
+        # shuffles its own share after the cache, anew in each pass.
+        stream = raw_of_pass(None)
         if element_sharded:
             stream = stream.shard(plan.num_workers, plan.worker_index)
         stream = stream.map(load, num_parallel_calls=tf.data.AUTOTUNE)
         stream = stream.cache() if cache is True else stream.cache(str(cache))
         if plan.shuffle:
-            stream = _shuffle(stream, plan, buffer_size)
+            stream = _shuffled_in_each_pass(stream, plan, buffer_size, counter)
     else:
         # Every worker draws the same order of the whole data and keeps its
         # own positions, so together they read each sample once per epoch.
-        stream = _shuffle(raw, plan, buffer_size) if plan.shuffle else raw
+        if not plan.shuffle:
+            stream = raw_of_pass(None)
+        else:
+
+            def raw_in_order_of_pass(pass_index):
+                return _shuffle(raw_of_pass(pass_index), plan, buffer_size, pass_index)
+
+            stream = _passes.each_pass(counter, raw_in_order_of_pass)
         if element_sharded:
             stream = stream.shard(plan.num_workers, plan.worker_index)
         stream = stream.map(load, num_parallel_calls=tf.data.AUTOTUNE)
     padded = plan.last_batch == "pad"
+    padding = None
     if padded:
         stream = stream.map(lambda *element: (_unpack(element), 1.0))
-        padding = _first_sample(source, raw, load).map(lambda *element: (_unpack(element), 0.0))
-    else:
-        padding = None
+        padding = _first_sample(source, raw_of_pass, load).map(
+            lambda *element: (_unpack(element), 0.0)
+        )
     stream = _keep_or_pad(
         stream,
         schedule,
@@ -131,12 +167,12 @@ def _batched_elements(source, plan, schedule, file_assignment, parse_fn, cache):
     return stream
 
 
-def _first_sample(source, raw, load):
+def _first_sample(source, raw_of_pass, load):
     """One sample to copy as padding, read without starting another pass."""
     if isinstance(source, _py_dataset.PyDatasetSource):
         # Reading the stream would start a pass, and with it on_epoch_begin.
         return tf.data.Dataset.from_tensors(source.first_sample)
-    return raw.take(1).map(load)
+    return raw_of_pass(None).take(1).map(load)
 
 
 def _unpack(element):
@@ -144,31 +180,43 @@ def _unpack(element):
 
 
 def _raw_elements(source, plan, file_assignment):
-    """The unparsed elements this worker reads, and how many there are."""
+    """The unparsed elements this worker reads, and how many there are.
+
+    Returns `(elements_of_pass, count)`: `elements_of_pass(pass_index)` is
+    the dataset of the elements in pass `pass_index` (a tensor; None for the
+    order of pass 0 built outside any pass). What does not depend on the
+    pass is built here, once.
+    """
     if isinstance(source, _sources.ArraySource):
         arrays = source.arrays
         positions = tf.data.Dataset.range(source.num_examples)
         rows = positions.map(
             lambda index: tf.nest.map_structure(lambda array: tf.gather(array, index), arrays)
         )
-        return rows, source.num_examples
+        return _same_in_every_pass(rows), source.num_examples
     if isinstance(source, _sources.DatasetSource):
-        return source.dataset, source.num_examples
+        return _same_in_every_pass(source.dataset), source.num_examples
     if isinstance(source, _py_dataset.PyDatasetSource):
         items = (
             file_assignment[plan.worker_index]
             if plan.shard_mode == "item"
             else range(source.num_files)
         )
-        samples = _py_dataset.sample_stream(source, items, shuffle=plan.shuffle, seed=plan.seed)
-        return samples, sum(source.item_sizes[index] for index in items)
+
+        def samples_of_pass(pass_index):
+            return _py_dataset.sample_stream(
+                source, items, shuffle=plan.shuffle, seed=plan.seed, pass_index=_or_0(pass_index)
+            )
+
+        return samples_of_pass, sum(source.item_sizes[index] for index in items)
     if isinstance(source, _sources.DirectorySource):
         if plan.shard_mode == "element":
-            return _in_path_order(source), source.num_examples
+            return _same_in_every_pass(_in_path_order(source)), source.num_examples
         if plan.shard_mode != "file":
-            return source.files, source.num_examples
+            return _same_in_every_pass(source.files), source.num_examples
         positions = source.positions_of(file_assignment[plan.worker_index])
-        return _select(source.files, positions, source.num_files)
+        selected, count = _select(source.files, positions, source.num_files)
+        return _same_in_every_pass(selected), count
     if plan.shard_mode == "file":
         indices = file_assignment[plan.worker_index]
         paths = [source.paths[index] for index in indices]
@@ -176,15 +224,27 @@ def _raw_elements(source, plan, file_assignment):
     else:
         paths, count = list(source.paths), source.num_examples
     files = tf.data.Dataset.from_tensor_slices(paths)
-    if plan.shuffle and len(paths) > 1:
-        files = _shuffle(files, plan, len(paths))
-    records = files.interleave(
-        tf.data.TFRecordDataset,
-        cycle_length=min(len(paths), 8),
-        num_parallel_calls=tf.data.AUTOTUNE,
-        deterministic=True,
-    )
-    return records, count
+
+    def records_of_pass(pass_index):
+        ordered = files
+        if plan.shuffle and len(paths) > 1:
+            ordered = _shuffle(files, plan, len(paths), _or_0(pass_index))
+        return ordered.interleave(
+            tf.data.TFRecordDataset,
+            cycle_length=min(len(paths), 8),
+            num_parallel_calls=tf.data.AUTOTUNE,
+            deterministic=True,
+        )
+
+    return records_of_pass, count
+
+
+def _or_0(pass_index):
+    return tf.constant(0, tf.int64) if pass_index is None else pass_index
+
+
+def _same_in_every_pass(dataset):
+    return lambda pass_index: dataset
 
 
 def _in_path_order(source):

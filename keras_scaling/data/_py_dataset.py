@@ -193,11 +193,11 @@ def inspect_py_dataset(py_dataset, num_samples=None):
     )
 
 
-def sample_stream(source, item_indices, *, shuffle, seed):
-    """The samples of the given items, one pass per iteration (epoch).
+def sample_stream(source, item_indices, *, shuffle, seed, pass_index):
+    """The samples of the given items in pass `pass_index` (a tensor) of the pipeline.
 
-    Items are read in the given order, or, with `shuffle`, in a new order
-    each epoch drawn from `seed` and the epoch number. `on_epoch_begin` is
+    Items are read in the given order, or, with `shuffle`, in the order of
+    that pass, drawn from `seed` and `pass_index`. `on_epoch_begin` is
     called when a pass starts and `on_epoch_end` when a pass has read every
     item, so they come in pairs, once per epoch: a pass given up early (a
     first batch peeked at to build the model) does not end the epoch, and
@@ -206,14 +206,13 @@ def sample_stream(source, item_indices, *, shuffle, seed):
     read every item, and then ends its epoch.
     """
     item_indices = list(item_indices)
-    epochs = itertools.count()
     in_epoch = [False]
 
-    def generate():
-        epoch = next(epochs)
+    def generate(pass_index):
         order = item_indices
         if shuffle:
-            order = np.random.default_rng([seed, epoch]).permutation(item_indices).tolist()
+            rng = np.random.default_rng([seed, int(pass_index)])
+            order = rng.permutation(item_indices).tolist()
         py_dataset = source.py_dataset
         if not in_epoch[0]:
             in_epoch[0] = True
@@ -229,7 +228,9 @@ def sample_stream(source, item_indices, *, shuffle, seed):
         in_epoch[0] = False
         py_dataset.on_epoch_end()
 
-    batches = tf.data.Dataset.from_generator(generate, output_signature=source.signature)
+    batches = tf.data.Dataset.from_generator(
+        generate, args=(pass_index,), output_signature=source.signature
+    )
     samples = batches.unbatch()
     return samples.map(lambda *element: element[0] if len(element) == 1 else element)
 

@@ -29,6 +29,11 @@ class TrainFunctionHook:
         before: callable taking the call's iterator, run before each call, or
             None. It is the attribute `before`, which may be set (to None
             too) while the hook is attached.
+        skip: callable taking the call's iterator, run after `before`: when
+            it returns logs, the call trains nothing (the train function is
+            not called, nor `after`) and returns them; when it returns None,
+            the call trains. None for no skipping. It is the attribute
+            `skip`, which may be set while the hook is attached.
         on_error: callable without arguments, run when a call raises anything
             but the end of the data (Ctrl-C included), or None.
         owner: the fit that attached the hook (the `params` dict its callbacks
@@ -37,10 +42,21 @@ class TrainFunctionHook:
         on_abandoned: callable without arguments, or None.
     """
 
-    def __init__(self, model, *, after, before=None, on_error=None, owner=None, on_abandoned=None):
+    def __init__(
+        self,
+        model,
+        *,
+        after,
+        before=None,
+        skip=None,
+        on_error=None,
+        owner=None,
+        on_abandoned=None,
+    ):
         self.model = model
         self._after = after
         self.before = before
+        self.skip = skip
         self._on_error = on_error
         self.owner = owner
         self._on_abandoned = on_abandoned
@@ -66,6 +82,11 @@ class TrainFunctionHook:
             before = hook.before
             if before is not None:
                 before(iterator)
+            skip = hook.skip
+            if skip is not None:
+                skipped_logs = skip(iterator)
+                if skipped_logs is not None:
+                    return skipped_logs
             try:
                 logs = original(iterator)
             except (StopIteration, tf.errors.OutOfRangeError):

@@ -33,7 +33,11 @@ def dataset_inputs(dataset):
 @_probes.guarded(
     "tf.distribute.iterator_dataset",
     reaches="DistributedIterator._iterators / _dataset",
-    lost="the dataset behind fit's iterator is not found (no data plan, no input timing)",
+    lost=(
+        "the dataset behind fit's iterator is not found (no data plan, no input "
+        "timing, no exact resume inside an epoch: BackupAndRestore resumes at "
+        "the start of the saved epoch)"
+    ),
     workaround="Pass ThroughputLogger(global_batch_size=...).",
 )
 def dataset_of_iterator(iterator):

@@ -2,5 +2,5 @@
 
 - `backup_and_restore`: `BackupAndRestore`, the callback;
 - `_backup`: the backup file: format, atomic writes, validation (pure core);
-- `_resume`: Keras' epoch iterator, positioned for an exact resume.
+- `_resume`: the training data found and positioned for an exact resume.
 """

@@ -57,15 +57,15 @@ class Position:
         epoch: int, the epoch in progress (0-based).
         step_in_epoch: int, optimizer steps already trained in that epoch.
         iterations: int, the optimizer's `iterations`.
-        dataset_iterations: int or None, iterators created so far on the
-            training dataset (each draws the next shuffle order), or None when
-            not known.
+        data_pass: int or None, the number of the pass over the training
+            data (of `keras_scaling.data.distribute`) that `epoch` reads, which
+            fixes its order, or None when the data is of another kind.
     """
 
     epoch: int
     step_in_epoch: int
     iterations: int
-    dataset_iterations: int | None = None
+    data_pass: int | None = None
 
 
 def variable_spec(path, shape, dtype):

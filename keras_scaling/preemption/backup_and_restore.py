@@ -57,8 +57,11 @@ class BackupAndRestore(keras.callbacks.Callback):
     the weights at the end are bitwise those of a run that was never
     stopped, with the same optimizer `iterations`. With other data the run
     resumes at the start of the saved epoch and says so once, as Keras
-    does. In the resumed epoch Keras numbers the steps from 0 and its
-    progress bar ends early by the skipped steps.
+    does. The resumed epoch keeps its length: Keras still counts its first
+    steps (each batch callbacks see, progress bar included), whose batches
+    are read and not trained, and reports the metrics as they stand there.
+    The data is found, and its plan compared with the backup's, just before
+    the first step.
 
     A save is atomic: the file is written beside the previous one and renamed
     over it, so a process killed during a save leaves the previous backup
@@ -77,8 +80,8 @@ class BackupAndRestore(keras.callbacks.Callback):
     `delete_checkpoint=False`), so the next run starts afresh.
 
     Exactness needs the same script, data and `steps_per_execution`, one
-    `fit` per `backup_dir`, and the training dataset iterated only by `fit`
-    (each iterator draws the next shuffle order).
+    `fit` per `backup_dir`, and the training dataset read only by `fit`
+    (each pass read over it takes the next shuffle order).
 
     Args:
         backup_dir: str or path, where the backup lives; created when missing.
@@ -137,7 +140,10 @@ class BackupAndRestore(keras.callbacks.Callback):
         self.delete_checkpoint = delete_checkpoint
         # Set while a fit runs (Any: mypy cannot see that the hooks that use
         # them run only then).
-        self._hook: Any = None
+        self._training_data: Any = None
+        self._data_found = False
+        self._resume_pending: Any = None
+        self._steps_skipped = 0
         self._handler = None
         self._train_hook: Any = None
         self._changes: Any = None
@@ -173,9 +179,9 @@ class BackupAndRestore(keras.callbacks.Callback):
         )
         self._preempted = False
         self._signal_received.clear()
-        self._hook = _resume.attach()
-        if self._hook is not None:
-            self._changes.add(self._detach_resume_hook)
+        self._training_data = None
+        self._data_found = False
+        self._resume_pending = None
         self._changes.add(self._reset_initial_epoch)
         self._train_hook = _train_function_hook.TrainFunctionHook(
             self.model,
@@ -197,6 +203,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         self._epoch = epoch
         self._epoch_start_iterations = self._read_iterations()
         self._steps_run_in_epoch = 0
+        self._steps_skipped = 0
         if self._changes is not None:
             # The fit is alive; Keras drops the last epoch's iterator now.
             self._changes.unwatch()
@@ -209,8 +216,8 @@ class BackupAndRestore(keras.callbacks.Callback):
         if self._preempted:
             return
         iterations = self._read_iterations()
-        dataset_iterations = None if self._hook is None else self._hook.iterators_created
-        self._save(_backup.Position(epoch + 1, 0, iterations, dataset_iterations), "epoch_end")
+        data_pass = None if self._training_data is None else self._training_data.next_pass
+        self._save(_backup.Position(epoch + 1, 0, iterations, data_pass), "epoch_end")
         if self._signal_received.is_set():
             self._announce_preemption(iterations)
             self.model.stop_training = True
@@ -258,6 +265,13 @@ class BackupAndRestore(keras.callbacks.Callback):
         if self._changes is not None:
             self._changes.watch(iterator)
         self._train_hook.before = None  # until the next epoch
+        if not self._data_found:
+            self._data_found = True
+            self._training_data = _resume.TrainingData.behind(iterator)
+            if self._resume_pending is not None:
+                position, saved_plan = self._resume_pending
+                self._resume_pending = None
+                self._position_data(position, saved_plan)
 
     # The end of the fit, however it ends.
 
@@ -265,10 +279,6 @@ class BackupAndRestore(keras.callbacks.Callback):
         """Undoes what this callback changed in the process for the fit (idempotent)."""
         if self._changes is not None:
             self._changes.end()
-
-    def _detach_resume_hook(self):
-        if self._hook is not None:
-            self._hook.detach()
 
     def _reset_initial_epoch(self):
         if hasattr(self.model, "_initial_epoch"):
@@ -283,13 +293,12 @@ class BackupAndRestore(keras.callbacks.Callback):
         return [_backup.variable_spec(v.path, v.shape, v.dtype) for v in variables]
 
     def _mid_epoch_position(self, iterations):
-        skipped = 0 if self._hook is None else self._hook.steps_skipped
-        dataset_iterations = None if self._hook is None else self._hook.iterators_created - 1
+        data = self._training_data
         return _backup.Position(
             self._epoch,
-            skipped + iterations - self._epoch_start_iterations,
+            self._steps_skipped + iterations - self._epoch_start_iterations,
             iterations,
-            dataset_iterations,
+            None if data is None else data.pass_in_progress,
         )
 
     def _save(self, position, reason):
@@ -303,10 +312,12 @@ class BackupAndRestore(keras.callbacks.Callback):
                 "epoch": position.epoch,
                 "step_in_epoch": position.step_in_epoch,
                 "iterations": position.iterations,
-                "dataset_iterations": position.dataset_iterations,
+                "data_pass": position.data_pass,
             },
-            "steps_per_epoch": None if self._hook is None else self._hook.steps_per_epoch,
-            "data_plan": _backup.plan_summary(None if self._hook is None else self._hook.plan),
+            "steps_per_epoch": self.params.get("steps"),
+            "data_plan": _backup.plan_summary(
+                None if self._training_data is None else self._training_data.plan
+            ),
         }
         _backup.write(
             self.backup_dir,
@@ -318,7 +329,7 @@ class BackupAndRestore(keras.callbacks.Callback):
     def _save_preempted(self):
         iterations = self._read_iterations()
         position = self._mid_epoch_position(iterations)
-        steps_per_epoch = None if self._hook is None else self._hook.steps_per_epoch
+        steps_per_epoch = self.params.get("steps")
         if steps_per_epoch and position.step_in_epoch >= steps_per_epoch:
             # The epoch is complete: its end saves, then training stops.
             self._signal_received.set()
@@ -357,10 +368,6 @@ class BackupAndRestore(keras.callbacks.Callback):
         differences = _backup.variable_differences(header["variables"], self._specs(variables))
         if differences:
             raise _backup.mismatch_error(self.backup_dir, "model", differences)
-        plan = None if self._hook is None else _backup.plan_summary(self._hook.plan)
-        differences = _backup.plan_differences(header.get("data_plan"), plan)
-        if differences:
-            raise _backup.mismatch_error(self.backup_dir, "data plan", differences)
         for variable, raw, spec in zip(variables, raw_values, header["variables"]):
             numpy_dtype = tf.as_dtype(variable.dtype).as_numpy_dtype
             variable.assign(_backup.decode(raw, spec, numpy_dtype))
@@ -369,9 +376,8 @@ class BackupAndRestore(keras.callbacks.Callback):
             saved["epoch"],
             saved["step_in_epoch"],
             saved["iterations"],
-            saved.get("dataset_iterations"),
+            saved.get("data_pass"),
         )
-        epoch, steps_to_skip = position.epoch, position.step_in_epoch
         if not hasattr(self.model, "_initial_epoch"):
             self._warn_once(
                 "initial_epoch",
@@ -379,25 +385,54 @@ class BackupAndRestore(keras.callbacks.Callback):
                 "weights are restored but training starts again at epoch 0",
             )
         else:
-            self.model._initial_epoch = epoch
-        skip_ok, why = (False, "") if self._hook is None else self._hook.can_skip()
-        if skip_ok and position.dataset_iterations is not None:
-            self._hook.resume_at(position.dataset_iterations, steps_to_skip)
-        elif steps_to_skip:
-            self._warn_once(
-                "skip",
-                f"{why or 'exact resume is off'}: resuming at the start of epoch "
-                f"{epoch + 1}, so its first {steps_to_skip} steps are trained again "
-                "(what keras.callbacks.BackupAndRestore does). Pass a dataset from "
-                "keras_scaling.data.distribute for an exact resume.",
-            )
+            self.model._initial_epoch = position.epoch
+        # The data is positioned before the first step, where it is found.
+        self._resume_pending = (position, header.get("data_plan"))
         logger.info(
             "Restored the backup in %s: epoch %d, step %d of it (optimizer step %d).",
             self.backup_dir,
-            epoch + 1,
-            steps_to_skip,
+            position.epoch + 1,
+            position.step_in_epoch,
             position.iterations,
         )
+
+    def _position_data(self, position, saved_plan):
+        """Before the first step of a resumed fit: the saved epoch's order, then its trained steps skipped."""
+        data = self._training_data
+        plan = None if data is None else _backup.plan_summary(data.plan)
+        differences = _backup.plan_differences(saved_plan, plan)
+        if differences:
+            self._end_fit()
+            raise _backup.mismatch_error(self.backup_dir, "data plan", differences)
+        steps_to_skip = position.step_in_epoch
+        why = _resume.why_not_exact(data, self.params.get("steps"))
+        if not why and position.data_pass is None:
+            why = "the backup does not say which pass over the data its epoch read"
+        if why:
+            if steps_to_skip:
+                self._warn_once(
+                    "skip",
+                    f"{why}: resuming at the start of epoch {position.epoch + 1}, so "
+                    f"its first {steps_to_skip} steps are trained again (what "
+                    "keras.callbacks.BackupAndRestore does). Pass a dataset from "
+                    "keras_scaling.data.distribute for an exact resume.",
+                )
+            return
+        data.read_pass_next(position.data_pass)
+        steps_per_execution = self.model.steps_per_execution
+        retrained = steps_to_skip % steps_per_execution
+        if retrained:
+            # A call of the train function reads steps_per_execution batches:
+            # skipping part of one would leave the epoch's last batches unread.
+            self._warn_once(
+                "steps_per_execution",
+                f"the backup was saved at step {steps_to_skip} of its epoch, not a "
+                f"multiple of steps_per_execution={steps_per_execution}: its last "
+                f"{retrained} steps are trained again",
+            )
+        self._steps_skipped = steps_to_skip - retrained
+        if self._steps_skipped:
+            self._train_hook.skip = _resume.BatchSkipper(self.model, self._steps_skipped)
 
     # Preemption.
 

@@ -299,7 +299,7 @@ def test_save_every_n_steps_saves_at_the_first_batch_end_past_each_multiple(tmp_
     assert seen == [None, None, 3, 3, 3, 6, 6, 6]
 
 
-def _dataset_iterations_saved_mid_epoch(backup_dir):
+def _data_pass_saved_mid_epoch(backup_dir):
     _model().fit(
         _data(),
         epochs=1,
@@ -310,26 +310,27 @@ def _dataset_iterations_saved_mid_epoch(backup_dir):
             )
         ],
     )
-    return _backup.read(backup_dir)[0]["position"]["dataset_iterations"]
+    return _backup.read(backup_dir)[0]["position"]["data_pass"]
 
 
-def test_without_the_epoch_iterator_probe_a_backup_resumes_at_its_epoch_start(
+def test_without_the_iterator_dataset_probe_a_backup_resumes_at_its_epoch_start(
     tmp_path, monkeypatch, caplog
 ):
-    assert isinstance(_dataset_iterations_saved_mid_epoch(tmp_path / "healthy"), int)
-    probe = _probes._registry["keras.fit.resume_epoch_iterator"]
+    assert isinstance(_data_pass_saved_mid_epoch(tmp_path / "healthy"), int)
+    probe = _probes._registry["tf.distribute.iterator_dataset"]
     _probes._warned.clear()
     monkeypatch.setenv(_probes.FAIL_PROBES_ENV, probe.name)
     with caplog.at_level(logging.WARNING, logger="keras_scaling"):
-        saved = _dataset_iterations_saved_mid_epoch(tmp_path / "degraded")
-        _dataset_iterations_saved_mid_epoch(tmp_path / "again")
+        saved = _data_pass_saved_mid_epoch(tmp_path / "degraded")
+        _data_pass_saved_mid_epoch(tmp_path / "again")
     monkeypatch.delenv(_probes.FAIL_PROBES_ENV)
     _probes._warned.clear()
 
-    # No position inside the epoch's data: a resume starts the saved epoch over.
+    # No pass over the data is known: a resume starts the saved epoch over.
     assert saved is None
     warnings = [r.getMessage() for r in caplog.records if probe.reaches in r.getMessage()]
     assert len(warnings) == 1
+    assert "exact resume" in probe.lost
     assert probe.lost in warnings[0] and keras.__version__ in warnings[0]
 
 
@@ -443,3 +444,108 @@ def test_the_previous_sigterm_handler_is_back_after_fit(tmp_path):
         assert signal.getsignal(signal.SIGTERM) is previous_handler
     finally:
         signal.signal(signal.SIGTERM, original)
+
+
+class _CountSamples(keras.layers.Layer):
+    """Counts, in a weight the backup holds, the training steps each sample (id in column 0) was in."""
+
+    def __init__(self, num_examples, **kwargs):
+        super().__init__(**kwargs)
+        self.num_examples = num_examples
+
+    def build(self, input_shape):
+        self.counts = self.add_weight(
+            shape=(self.num_examples,), initializer="zeros", trainable=False, name="counts"
+        )
+
+    def call(self, inputs, training=False):
+        if training:
+            ids = keras.ops.cast(inputs[:, 0], "int32")
+            self.counts.assign_add(
+                keras.ops.cast(keras.ops.bincount(ids, minlength=self.num_examples), "float32")
+            )
+        return inputs
+
+
+def _counting_model_and_data(num_examples=64, steps_per_execution=1):
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((3,))
+    outputs = keras.layers.Dense(1)(_CountSamples(num_examples)(inputs))
+    model = keras.Model(inputs, outputs)
+    model.compile(optimizer="adam", loss="mse", steps_per_execution=steps_per_execution)
+    x = np.random.default_rng(0).normal(size=(num_examples, 3)).astype("float32")
+    x[:, 0] = np.arange(num_examples)
+    data = keras_scaling.data.distribute((x, x[:, 1:].sum(axis=1)), global_batch_size=8)
+    return model, data
+
+
+class _BatchesOfEachEpoch(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.batches = {}
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.batches.setdefault(self.epoch, []).append(batch)
+
+
+def _preempted_at_step_4_of_epoch_2(backup_dir, epochs):
+    # 64 samples in batches of 8: 8 steps per epoch. SIGTERM after optimizer
+    # step 11: the backup is saved at the end of the step in progress, step 12.
+    model, data = _counting_model_and_data()
+    with pytest.raises(SystemExit):
+        model.fit(
+            data,
+            epochs=epochs,
+            verbose=0,
+            callbacks=[_SigtermAtStep(11), keras_scaling.BackupAndRestore(backup_dir)],
+        )
+    assert _backup.read(backup_dir)[0]["position"]["step_in_epoch"] == 4
+
+
+def test_a_resumed_epoch_keeps_its_length_and_trains_every_other_sample_once(tmp_path):
+    _preempted_at_step_4_of_epoch_2(tmp_path, epochs=3)
+
+    model, data = _counting_model_and_data()  # a new process would build both again
+    batches = _BatchesOfEachEpoch()
+    model.fit(
+        data, epochs=3, verbose=0, callbacks=[keras_scaling.BackupAndRestore(tmp_path), batches]
+    )
+
+    counts = model.layers[1].counts.numpy()
+    assert counts.tolist() == [3.0] * 64, "a sample was trained twice or left out"
+    assert int(model.optimizer.iterations.numpy()) == 24
+    # Keras counts every step of the resumed epoch: the first 4 read, not trained.
+    assert batches.batches == {1: list(range(8)), 2: list(range(8))}
+
+
+def test_a_backup_inside_an_execution_of_the_new_steps_per_execution_retrains_the_rest_and_says_so(
+    tmp_path, caplog
+):
+    _preempted_at_step_4_of_epoch_2(tmp_path, epochs=2)
+
+    # With 3 steps per call, 3 of the 4 trained steps are skipped and 1 trained again.
+    model, data = _counting_model_and_data(steps_per_execution=3)
+    with caplog.at_level(logging.WARNING, logger="keras_scaling"):
+        model.fit(data, epochs=2, verbose=0, callbacks=[keras_scaling.BackupAndRestore(tmp_path)])
+
+    assert "its last 1 steps are trained again" in caplog.text
+    assert int(model.optimizer.iterations.numpy()) == 17
+    counts = model.layers[1].counts.numpy()
+    assert sorted(set(counts.tolist())) == [2.0, 3.0] and counts.sum() == 17 * 8
+
+
+def test_no_module_of_the_package_reads_stack_frames():
+    import pathlib
+
+    package = pathlib.Path(keras_scaling.__file__).parent
+    readers = ("_getframe", "f_locals", "f_back", "currentframe", "inspect.stack")
+    found = [
+        f"{path.relative_to(package)}: {reader}"
+        for path in sorted(package.rglob("*.py"))
+        for reader in readers
+        if reader in path.read_text()
+    ]
+    assert found == []
