@@ -55,6 +55,27 @@ def test_fingerprint_on_device_equals_the_numpy_reference(dtype, shape):
     assert on_device == _fingerprint.fingerprint_numpy(array)
 
 
+@pytest.mark.parametrize("device", ["/CPU:0", "/GPU:0"], ids=["cpu-product", "gpu-sum"])
+def test_fingerprint_table_of_tensors_of_several_lengths_equals_the_numpy_reference(device):
+    # Under "/GPU:0" the function takes the elementwise form (GPUs have no
+    # int64 matrix product); soft placement runs it on this machine's CPU.
+    arrays = [
+        _random_array(dtype, shape, seed=index)
+        for index, (dtype, shape) in enumerate(
+            [("float32", (64, 33)), ("float64", (5,)), ("float16", (7,)), ("int64", (1000,))]
+        )
+    ]
+    tensors = [tf.constant(array) for array in arrays]
+
+    @tf.function
+    def table():
+        with tf.device(device):
+            return _fingerprint.fingerprint_table([tf.identity(t) for t in tensors])
+
+    tf.config.set_soft_device_placement(True)
+    assert table().numpy().tolist() == [_fingerprint.fingerprint_numpy(a) for a in arrays]
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_fingerprint_changes_when_any_single_element_changes_its_lowest_bit(dtype):
     array = _random_array(dtype, (3, 5), seed=1)
