@@ -45,17 +45,20 @@ class TrainingData:
 
     @property
     def pass_in_progress(self):
-        """The number of the pass being read (valid once a step of the epoch ran)."""
-        return self._counter.next_pass - 1
+        """The number of the pass being read (once a step of the epoch ran), or
+        None for data read in one order in every pass (not shuffled)."""
+        return self._counter.next_pass - 1 if self.plan.shuffle else None
 
     @property
     def next_pass(self):
-        """The number the next pass takes (at an epoch's end: the next epoch's)."""
-        return self._counter.next_pass
+        """The number the next pass takes (at an epoch's end: the next epoch's),
+        or None for data read in one order in every pass."""
+        return self._counter.next_pass if self.plan.shuffle else None
 
     def read_pass_next(self, pass_number):
         """Makes the next pass (the next epoch) read in the order of `pass_number`."""
-        self._counter.set_next_pass(pass_number)
+        if self.plan.shuffle:
+            self._counter.set_next_pass(pass_number)
 
 
 def why_not_exact(training_data, steps_per_epoch):

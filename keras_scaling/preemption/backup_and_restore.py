@@ -406,7 +406,7 @@ class BackupAndRestore(keras.callbacks.Callback):
             raise _backup.mismatch_error(self.backup_dir, "data plan", differences)
         steps_to_skip = position.step_in_epoch
         why = _resume.why_not_exact(data, self.params.get("steps"))
-        if not why and position.data_pass is None:
+        if not why and position.data_pass is None and data.plan.shuffle:
             why = "the backup does not say which pass over the data its epoch read"
         if why:
             if steps_to_skip:
@@ -418,7 +418,8 @@ class BackupAndRestore(keras.callbacks.Callback):
                     "keras_scaling.data.distribute for an exact resume.",
                 )
             return
-        data.read_pass_next(position.data_pass)
+        if position.data_pass is not None:
+            data.read_pass_next(position.data_pass)
         steps_per_execution = self.model.steps_per_execution
         retrained = steps_to_skip % steps_per_execution
         if retrained:

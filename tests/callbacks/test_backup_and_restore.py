@@ -467,7 +467,7 @@ class _CountSamples(keras.layers.Layer):
         return inputs
 
 
-def _counting_model_and_data(num_examples=64, steps_per_execution=1):
+def _counting_model_and_data(num_examples=64, steps_per_execution=1, shuffle=True):
     keras.utils.set_random_seed(0)
     inputs = keras.Input((3,))
     outputs = keras.layers.Dense(1)(_CountSamples(num_examples)(inputs))
@@ -475,7 +475,9 @@ def _counting_model_and_data(num_examples=64, steps_per_execution=1):
     model.compile(optimizer="adam", loss="mse", steps_per_execution=steps_per_execution)
     x = np.random.default_rng(0).normal(size=(num_examples, 3)).astype("float32")
     x[:, 0] = np.arange(num_examples)
-    data = keras_scaling.data.distribute((x, x[:, 1:].sum(axis=1)), global_batch_size=8)
+    data = keras_scaling.data.distribute(
+        (x, x[:, 1:].sum(axis=1)), global_batch_size=8, shuffle=shuffle
+    )
     return model, data
 
 
@@ -491,10 +493,10 @@ class _BatchesOfEachEpoch(keras.callbacks.Callback):
         self.batches.setdefault(self.epoch, []).append(batch)
 
 
-def _preempted_at_step_4_of_epoch_2(backup_dir, epochs):
+def _preempted_at_step_4_of_epoch_2(backup_dir, epochs, shuffle=True):
     # 64 samples in batches of 8: 8 steps per epoch. SIGTERM after optimizer
     # step 11: the backup is saved at the end of the step in progress, step 12.
-    model, data = _counting_model_and_data()
+    model, data = _counting_model_and_data(shuffle=shuffle)
     with pytest.raises(SystemExit):
         model.fit(
             data,
@@ -505,10 +507,12 @@ def _preempted_at_step_4_of_epoch_2(backup_dir, epochs):
     assert _backup.read(backup_dir)[0]["position"]["step_in_epoch"] == 4
 
 
-def test_a_resumed_epoch_keeps_its_length_and_trains_every_other_sample_once(tmp_path):
-    _preempted_at_step_4_of_epoch_2(tmp_path, epochs=3)
+@pytest.mark.parametrize("shuffle", [True, False], ids=["shuffled", "in order"])
+def test_a_resumed_epoch_keeps_its_length_and_trains_every_other_sample_once(tmp_path, shuffle):
+    _preempted_at_step_4_of_epoch_2(tmp_path, epochs=3, shuffle=shuffle)
 
-    model, data = _counting_model_and_data()  # a new process would build both again
+    # A new process would build both again.
+    model, data = _counting_model_and_data(shuffle=shuffle)
     batches = _BatchesOfEachEpoch()
     model.fit(
         data, epochs=3, verbose=0, callbacks=[keras_scaling.BackupAndRestore(tmp_path), batches]
