@@ -210,6 +210,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         if self._train_hook is not None:
             # Again each epoch: a callback's on_train_begin may rebuild it.
             self._train_hook.before = self._see_iterator
+            self._train_hook.skip = None  # only the resumed epoch skips
             self._train_hook.attach()
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
@@ -397,7 +398,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         )
 
     def _position_data(self, position, saved_plan):
-        """Before the first step of a resumed fit: the saved epoch's order, then its trained steps skipped."""
+        """Before a resumed fit's first step: the saved epoch's order, its trained steps skipped."""
         data = self._training_data
         plan = None if data is None else _backup.plan_summary(data.plan)
         differences = _backup.plan_differences(saved_plan, plan)
