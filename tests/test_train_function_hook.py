@@ -107,6 +107,33 @@ def test_a_skipped_call_trains_nothing_and_returns_the_skip_logs():
     assert events == ["after"]
 
 
+@pytest.mark.parametrize("skipping", ["inner", "outer"])
+def test_no_hook_counts_a_call_skipped_by_another(skipping):
+    # BackupAndRestore's skipped steps are not steps ThroughputLogger may time,
+    # whichever of the two wrapped the train function first.
+    events = []
+    model = _model_with(_keras_train_function)
+    inner = _recording_hook(model, events, "inner")
+    inner.attach()
+    outer = _recording_hook(model, events, "outer")
+    outer.attach()
+    remaining = [1]
+
+    def skip(iterator):
+        if not remaining[0]:
+            return None
+        remaining[0] -= 1
+        next(iterator)
+        return {"loss": 0.0}
+
+    (inner if skipping == "inner" else outer).skip = skip
+    iterator = iter([1.0, 2.0])
+    results = [model.train_function(iterator) for _ in range(2)]
+
+    assert results == [{"loss": 0.0}, {"loss": 2.0}]
+    assert events == ["inner", "outer"]  # the trained call only
+
+
 def test_errors_are_reported_but_the_end_of_the_data_is_not():
     errors = []
     model = _model_with(_keras_train_function)

@@ -12,12 +12,19 @@ Wrappers stack: several callbacks (and a callback of an earlier `fit` that
 ended by an exception) may each have wrapped the function. A hook that is
 detached while another wrapper sits on top of it stays in place as a
 pass-through, and is removed by the next hook attached to that model.
+A call that a hook skips trains nothing, so no hook wrapped around it runs
+its `after` either, whatever order the hooks were attached in.
 """
+
+import threading
 
 import tensorflow as tf
 
 _HOOK = "_keras_scaling_hook"
 _ORIGINAL = "_keras_scaling_original"
+
+# Whether the innermost call returned on this thread was skipped.
+_call = threading.local()
 
 
 class TrainFunctionHook:
@@ -31,9 +38,10 @@ class TrainFunctionHook:
             too) while the hook is attached.
         skip: callable taking the call's iterator, run after `before`: when
             it returns logs, the call trains nothing (the train function is
-            not called, nor `after`) and returns them; when it returns None,
-            the call trains. None for no skipping. It is the attribute
-            `skip`, which may be set while the hook is attached.
+            not called, nor the `after` of this or any hook around it) and
+            returns them; when it returns None, the call trains. None for no
+            skipping. It is the attribute `skip`, which may be set while the
+            hook is attached.
         on_error: callable without arguments, run when a call raises anything
             but the end of the data (Ctrl-C included), or None.
         owner: the fit that attached the hook (the `params` dict its callbacks
@@ -86,8 +94,10 @@ class TrainFunctionHook:
             if skip is not None:
                 skipped_logs = skip(iterator)
                 if skipped_logs is not None:
+                    _call.skipped = True
                     return skipped_logs
             try:
+                _call.skipped = False
                 logs = original(iterator)
             except (StopIteration, tf.errors.OutOfRangeError):
                 raise  # the end of the data, not a failure
@@ -95,7 +105,8 @@ class TrainFunctionHook:
                 if hook._on_error is not None:
                     hook._on_error()
                 raise
-            hook._after()
+            if not _call.skipped:
+                hook._after()
             return logs
 
         setattr(train_function, _HOOK, self)
