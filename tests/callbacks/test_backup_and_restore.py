@@ -139,15 +139,16 @@ def test_resume_is_bitwise_identical_when_the_advice_times_the_input(tmp_path, s
 
 
 @pytest.mark.timeout(4 * RUN_TIMEOUT_S)
-def test_resume_is_bitwise_identical_with_steps_per_execution(tmp_path):
-    common = ("--steps-per-execution", "4")
-    reference, reference_out = run_worker(tmp_path, "reference", *common, backup="reference_backup")
-    assert reference.returncode == 0, reference.stderr[-3000:]
-    stop_and_resume(tmp_path, *common, sigterm_at=52)
+def test_resume_is_bitwise_identical_with_steps_per_execution(tmp_path, sigterm_at_50):
+    # Four steps per call train the same steps as one: the reference is the
+    # run never stopped, at one step per call.
+    stop_and_resume(tmp_path, "--steps-per-execution", "4", sigterm_at=52)
 
     values, iterations = load_result(tmp_path / "resumed.npz")
-    reference_values, reference_iterations = load_result(reference_out)
-    assert iterations == reference_iterations
+    reference_values, reference_iterations = load_result(sigterm_at_50["reference_out"])
+    # Signalled after the call that ended at step 52: saved after the next call.
+    assert start_iterations(tmp_path / "resumed.npz") == 56
+    assert iterations == reference_iterations == TOTAL_STEPS
     assert_bitwise_equal(values, reference_values)
 
 
