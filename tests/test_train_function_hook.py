@@ -85,12 +85,9 @@ def test_before_can_be_switched_off_and_on_while_attached():
     assert seen == [first, third]
 
 
-def test_a_skipped_call_trains_nothing_and_returns_the_skip_logs():
-    events = []
-    model = _model_with(_keras_train_function)
-    hook = TrainFunctionHook(model, after=lambda: events.append("after"))
-    hook.attach()
-    remaining = [2]
+def _skipping(calls):
+    """A `skip` that reads one batch and trains nothing in each of the first `calls` calls."""
+    remaining = [calls]
 
     def skip(iterator):
         if not remaining[0]:
@@ -99,7 +96,15 @@ def test_a_skipped_call_trains_nothing_and_returns_the_skip_logs():
         next(iterator)  # read, not trained
         return {"loss": 0.0}
 
-    hook.skip = skip
+    return skip
+
+
+def test_a_skipped_call_trains_nothing_and_returns_the_skip_logs():
+    events = []
+    model = _model_with(_keras_train_function)
+    hook = TrainFunctionHook(model, after=lambda: events.append("after"))
+    hook.attach()
+    hook.skip = _skipping(2)
     iterator = iter([1.0, 2.0, 3.0])
     results = [model.train_function(iterator) for _ in range(3)]
 
@@ -117,16 +122,7 @@ def test_no_hook_counts_a_call_skipped_by_another(skipping):
     inner.attach()
     outer = _recording_hook(model, events, "outer")
     outer.attach()
-    remaining = [1]
-
-    def skip(iterator):
-        if not remaining[0]:
-            return None
-        remaining[0] -= 1
-        next(iterator)
-        return {"loss": 0.0}
-
-    (inner if skipping == "inner" else outer).skip = skip
+    (inner if skipping == "inner" else outer).skip = _skipping(1)
     iterator = iter([1.0, 2.0])
     results = [model.train_function(iterator) for _ in range(2)]
 
