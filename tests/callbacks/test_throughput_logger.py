@@ -873,7 +873,9 @@ def test_ctrl_c_writes_throughput_json(tmp_path):
             assert time.monotonic() < deadline, "training never got going"
             time.sleep(0.2)
         process.send_signal(signal.SIGINT)
-        stderr = _stderr_at_exit(process, 60)
+        # As long as after a raising callback: under load, exiting can take
+        # TensorFlow tens of seconds after the logger has saved.
+        stderr = _stderr_at_exit(process, 120)
     assert process.returncode != 0
     assert "KeyboardInterrupt" in stderr
     record = _json(tmp_path)
