@@ -1,6 +1,10 @@
 """ThroughputLogger's writer: points and throughput.json written by a thread of its own."""
 
+import json
 import os
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 
@@ -117,6 +121,83 @@ def test_the_first_save_makes_the_log_directory_even_for_the_record_alone(tmp_pa
     writer.save()
     assert _startup_in_json(log_dir) == 1.5
     assert os.path.isdir(_tensorboard.run_dir(log_dir))
+
+
+# The writer stopped from inside one of its own background saves: the end of a
+# fit that raised, when a garbage collection in the save thread frees that
+# fit's iterator (`_fit_end.FitChanges.watch`). In a process of its own: a
+# save thread that deadlocks would stop every later save of the process.
+_STOP_INSIDE_A_SAVE = textwrap.dedent(
+    """
+    import json, os, sys, threading
+    from keras_scaling.summaries import _tensorboard
+    from keras_scaling.throughput import _background_save, _run_record
+    from keras_scaling.throughput._writer import ThroughputWriter
+
+    log_dir = sys.argv[1]
+    lock = threading.RLock()
+    startup = {"s": None}
+    stopped = threading.Event()
+
+    def record():
+        if startup["s"] is None:
+            return None
+        built = _run_record.build_record(
+            {"strategy": "s", "num_workers": 1, "num_replicas": 1, "device_kind": "CPU",
+             "per_replica_batch_size": 8, "global_batch_size": 8, "dtype_policy": "float32"},
+            startup_time_s=startup["s"],
+        )
+        if _background_save._save_thread.is_current() and not stopped.is_set():
+            # The fit ends here, with a figure newer than this save's record.
+            startup["s"] = 2.5
+            writer.changed()
+            writer.stop()
+            stopped.set()
+        return built
+
+    writer = ThroughputWriter(log_dir, record, lock)
+    writer.start()
+    writer.scalars(10, {"throughput/samples_per_sec": 100.0})
+    with lock:
+        startup["s"] = 1.5
+        writer.changed(epoch_ended=True)
+    writer.save_soon()
+    ended = stopped.wait(20)
+    if ended:
+        with writer._save_lock:  # the save that stop() was called in has ended
+            pass
+    path = os.path.join(log_dir, "throughput.json")
+    print(json.dumps({
+        "stopped": ended,
+        "startup_time_s": (
+            _run_record.read_throughput_json(path)["startup_time_s"] if os.path.exists(path) else None
+        ),
+        "points": _tensorboard.read_scalars(_tensorboard.run_dir(log_dir)).get(
+            "throughput/samples_per_sec", []
+        ),
+        "open_event_files": len(_tensorboard.open_event_files()),
+    }), flush=True)
+    os._exit(0)
+    """
+)
+
+
+def test_a_writer_stopped_from_inside_its_own_save_finishes_that_save_and_closes_its_file(
+    tmp_path,
+):
+    result = subprocess.run(
+        [sys.executable, "-c", _STOP_INSIDE_A_SAVE, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    outcome = json.loads(result.stdout.strip().splitlines()[-1])
+    assert outcome["stopped"], "stop() inside a background save never returned"
+    # The save under way ran again for what stop() asked: the last figures.
+    assert outcome["startup_time_s"] == 2.5
+    assert outcome["points"] == [[10, 100.0]]
+    assert outcome["open_event_files"] == 0
 
 
 def _float_tensor(value):

@@ -87,7 +87,9 @@ class _SaveThread:
     """The process's one save thread: runs each registered save when it is due."""
 
     def __init__(self):
-        self._lock = threading.Lock()
+        # Reentrant: a garbage collection while it is held can end a fit,
+        # whose writer then removes its saver here, on the same thread.
+        self._lock = threading.RLock()
         self._savers = []
         self._wake = threading.Event()
         self._thread = None
@@ -114,7 +116,7 @@ class _SaveThread:
 
     def reset_after_fork(self):
         # The child has no save thread; the next saver starts one.
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._savers = []
         self._wake = threading.Event()
         self._thread = None

@@ -47,8 +47,14 @@ class ThroughputWriter:
         # then): only then can it hold steps written by an earlier run.
         self._run_dir_was_there = None
         self._saver = None
-        # Held while saving: by the thread, and at the end of a fit.
-        self._save_lock = threading.Lock()
+        # Held while saving: by the thread, and at the end of a fit. The end
+        # of a fit can come from a garbage collection inside a save (Python
+        # freed the iterator of a fit that raised): the thread saving then
+        # calls `stop()` itself, and its save does what that call asks.
+        self._save_lock = threading.RLock()
+        self._saving_thread = None
+        self._save_again = False
+        self._release_after_save = False
         self._holds_event_file = False
 
     def start(self):
@@ -71,7 +77,10 @@ class ThroughputWriter:
         finally:
             if self._holds_event_file:
                 self._holds_event_file = False
-                _tensorboard.release(self.log_dir)
+                if self._saving_thread == threading.get_ident():
+                    self._release_after_save = True
+                else:
+                    _tensorboard.release(self.log_dir)
 
     def changed(self, epoch_ended=False):
         """The figures changed (call with the lock held): throughput.json is behind."""
@@ -130,24 +139,42 @@ class ThroughputWriter:
         behind, to be rewritten later.
         """
         with self._save_lock:
-            with self._lock:
-                writes, self._pending = self._pending, []
-                revision = self._revision
-                behind = self._saved_revision != revision
-                record = self._record() if behind and record_now else None
-            if (writes or record is not None) and self._run_dir_was_there is None:
-                self._run_dir_was_there = not _tensorboard.make_run_dir(self.log_dir)
-            for write in writes:
-                write()
-            if record is not None:
-                _run_record.write_throughput_json(self.log_dir, record)
-                self._saved_revision = revision
-                self._record_saved_s = time.monotonic()
-            elif behind and record_now:
-                self._saved_revision = revision  # nothing to write yet
-            if writes or record is not None:
-                _tensorboard.flush(self.log_dir)
-            return record_now or not behind
+            if self._saving_thread == threading.get_ident():
+                self._save_again = True  # the save under way runs again
+                return True
+            self._saving_thread = threading.get_ident()
+            try:
+                saved = self._save(record_now)
+                while self._save_again:
+                    self._save_again = False
+                    saved = self._save(record_now=True)
+                return saved
+            finally:
+                self._saving_thread = None
+                if self._release_after_save:
+                    self._release_after_save = False
+                    _tensorboard.release(self.log_dir)
+
+    def _save(self, record_now):
+        """One pass of `save`, its lock held."""
+        with self._lock:
+            writes, self._pending = self._pending, []
+            revision = self._revision
+            behind = self._saved_revision != revision
+            record = self._record() if behind and record_now else None
+        if (writes or record is not None) and self._run_dir_was_there is None:
+            self._run_dir_was_there = not _tensorboard.make_run_dir(self.log_dir)
+        for write in writes:
+            write()
+        if record is not None:
+            _run_record.write_throughput_json(self.log_dir, record)
+            self._saved_revision = revision
+            self._record_saved_s = time.monotonic()
+        elif behind and record_now:
+            self._saved_revision = revision  # nothing to write yet
+        if writes or record is not None:
+            _tensorboard.flush(self.log_dir)
+        return record_now or not behind
 
     def _queue(self, write):
         with self._lock:
