@@ -893,6 +893,73 @@ def test_callback_raising_mid_epoch_writes_throughput_json_at_exit(tmp_path):
     assert max(_steps(tmp_path)) <= 41
 
 
+_ABANDONED_FIT_COLLECTED_IN_THE_SAVE_THREAD = textwrap.dedent(
+    """
+    import gc, os, sys, threading, time
+    import keras, numpy as np, tensorflow as tf
+    import keras_scaling
+    from keras_scaling.throughput import _background_save, _run_record
+
+    log_dir = sys.argv[1]
+    x = np.random.default_rng(0).random((256, 8)).astype("float32")
+    dataset = tf.data.Dataset.from_tensor_slices((x, x[:, :1])).batch(8, drop_remainder=True)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+
+    class Boom(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            raise RuntimeError("a callback failed")
+
+    logger = keras_scaling.ThroughputLogger(
+        log_dir, baseline=None, update_freq=2, warmup_steps=0, flops_per_sample=None, peak_flops=None
+    )
+    try:
+        model.fit(dataset, epochs=3, verbose=0, callbacks=[logger, Boom()])
+    except RuntimeError as error:
+        kept = [error]
+        kept.append(kept)  # the traceback and fit's frames: freed by a collection only
+    gc.disable()
+    write_throughput_json = _run_record.write_throughput_json
+
+    def collecting(*args, **kwargs):
+        if _background_save._save_thread.is_current():
+            gc.collect()  # as an automatic collection in the save thread would
+        return write_throughput_json(*args, **kwargs)
+
+    _run_record.write_throughput_json = collecting
+    del kept
+    logger._writer.changed(epoch_ended=True)
+    logger._writer.save_soon()
+    deadline = time.monotonic() + 30
+    while not logger._finished and time.monotonic() < deadline:
+        time.sleep(0.05)  # until the save thread's collection has ended the fit
+    saved = threading.Event()
+    later = _background_save.BackgroundSave(saved.set, first_gap_s=0.0)
+    later.news()
+    print("finished" if logger._finished else "running", saved.wait(30), flush=True)
+    os._exit(0)
+    """
+)
+
+
+def test_a_raised_fit_freed_by_a_collection_in_the_save_thread_leaves_later_saves_working(
+    tmp_path,
+):
+    script = tmp_path / "collect.py"
+    script.write_text(_ABANDONED_FIT_COLLECTED_IN_THE_SAVE_THREAD)
+    result = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "logs")],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split()[-2:] == ["finished", "True"], result.stderr[-3000:]
+    record = _json(tmp_path / "logs")
+    assert record["steps_measured"] > 0
+
+
 # --- the real TensorBoard server ---------------------------------------------------
 
 
