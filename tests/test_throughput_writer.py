@@ -134,7 +134,7 @@ _STOP_INSIDE_A_SAVE = textwrap.dedent(
     from keras_scaling.throughput import _background_save, _run_record
     from keras_scaling.throughput._writer import ThroughputWriter
 
-    log_dir = sys.argv[1]
+    log_dir, setup = sys.argv[1], json.loads(sys.argv[2])
     lock = threading.RLock()
     startup = {"s": None}
     stopped = threading.Event()
@@ -142,11 +142,7 @@ _STOP_INSIDE_A_SAVE = textwrap.dedent(
     def record():
         if startup["s"] is None:
             return None
-        built = _run_record.build_record(
-            {"strategy": "s", "num_workers": 1, "num_replicas": 1, "device_kind": "CPU",
-             "per_replica_batch_size": 8, "global_batch_size": 8, "dtype_policy": "float32"},
-            startup_time_s=startup["s"],
-        )
+        built = _run_record.build_record(setup, startup_time_s=startup["s"])
         if _background_save._save_thread.is_current() and not stopped.is_set():
             # The fit ends here, with a figure newer than this save's record.
             startup["s"] = 2.5
@@ -186,7 +182,7 @@ def test_a_writer_stopped_from_inside_its_own_save_finishes_that_save_and_closes
     tmp_path,
 ):
     result = subprocess.run(
-        [sys.executable, "-c", _STOP_INSIDE_A_SAVE, str(tmp_path)],
+        [sys.executable, "-c", _STOP_INSIDE_A_SAVE, str(tmp_path), json.dumps(SETUP)],
         capture_output=True,
         text=True,
         timeout=120,
@@ -198,6 +194,48 @@ def test_a_writer_stopped_from_inside_its_own_save_finishes_that_save_and_closes
     assert outcome["startup_time_s"] == 2.5
     assert outcome["points"] == [[10, 100.0]]
     assert outcome["open_event_files"] == 0
+
+
+# A saver that leaves (its fit ended) while the save thread holds its own
+# lock, copying its savers: what a garbage collection during that copy does.
+_SAVER_LEAVING_WHILE_THE_SAVERS_ARE_COPIED = textwrap.dedent(
+    """
+    import os, threading
+    from keras_scaling.throughput import _background_save
+
+    save_thread = _background_save._save_thread
+    left = threading.Event()
+
+    class CopiedUnderTheLock(list):
+        def __iter__(self):
+            if save_thread.is_current() and not left.is_set():
+                left.set()
+                leaving.stop()
+            return super().__iter__()
+
+    leaving = _background_save.BackgroundSave(lambda: None)
+    save_thread._savers = CopiedUnderTheLock(save_thread._savers)
+    saved = threading.Event()
+    later = _background_save.BackgroundSave(saved.set, first_gap_s=0.0)
+    later.news()
+    print(left.wait(10), saved.wait(10), leaving in save_thread._savers, flush=True)
+    os._exit(0)
+    """
+)
+
+
+def test_a_saver_leaving_while_the_save_thread_copies_its_savers_leaves_the_thread_saving():
+    result = subprocess.run(
+        [sys.executable, "-c", _SAVER_LEAVING_WHILE_THE_SAVERS_ARE_COPIED],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    left, saved, still_registered = result.stdout.split()
+    assert left == "True"
+    assert saved == "True", "the save thread hung on its own lock"
+    assert still_registered == "False"
 
 
 def _float_tensor(value):

@@ -56,7 +56,10 @@ class TrainingData:
         return self._counter.next_pass if self.plan.shuffle else None
 
     def read_pass_next(self, pass_number):
-        """Makes the next pass (the next epoch) read in the order of `pass_number`."""
+        """Makes the next pass (the next epoch) read in the order of `pass_number`.
+
+        Data read in one order in every pass has no pass number (None) to set.
+        """
         if self.plan.shuffle:
             self._counter.set_next_pass(pass_number)
 

@@ -419,8 +419,7 @@ class BackupAndRestore(keras.callbacks.Callback):
                     "keras_scaling.data.distribute for an exact resume.",
                 )
             return
-        if position.data_pass is not None:
-            data.read_pass_next(position.data_pass)
+        data.read_pass_next(position.data_pass)  # data in order has no pass to set
         steps_per_execution = self.model.steps_per_execution
         retrained = steps_to_skip % steps_per_execution
         if retrained:
