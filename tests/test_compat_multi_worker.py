@@ -7,7 +7,9 @@ Keras sees each worker's values as plain tensors, and two, where it sees
 per-replica values. Besides arrays, they train, evaluate and predict on
 datasets holding each worker's own share with TensorFlow's sharding off (from
 `keras_scaling.data.distribute`, and one split by hand), where the
-`multi_worker_epoch` fix decides how long an epoch is. The workers run once
+`multi_worker_epoch` fix decides how long an epoch is, and on a model with a
+bool, an int and a string input (Keras' build from the first batch fails on
+bool and string without the `symbolic_build` fix). The workers run once
 per CPU count; every test reads what they wrote.
 """
 
@@ -194,6 +196,21 @@ def test_predict_returns_the_rows_of_every_worker_once_on_each_worker(workers):
         expected[0] += shares["samples_padded"]
         assert collections.Counter(shares["predict"]) == expected
     assert reports[0]["worker_shares"]["predict"] == reports[1]["worker_shares"]["predict"]
+
+
+def test_fit_builds_and_trains_on_bool_int_and_string_inputs(workers):
+    out_dir, reports, _ = workers
+
+    for report in reports:
+        run = report["input_dtypes"]
+        assert run["iterations"] == 2 * run["planned_steps"]
+        assert all(np.isfinite(run["loss"]))
+    weight_files = sorted(out_dir.glob("worker0_dtypes_weight*.npy"))
+    # Two embeddings and the dense layer's kernel and bias.
+    assert len(weight_files) == 4
+    for worker0_file in weight_files:
+        worker1_file = out_dir / worker0_file.name.replace("worker0", "worker1")
+        np.testing.assert_array_equal(np.load(worker0_file), np.load(worker1_file))
 
 
 def test_keras_still_needs_the_multi_worker_epoch_fix(workers):

@@ -8,7 +8,7 @@ active, and `disable()` puts the original function object back:
 | fix                   | upstream issue              | symptom without it |
 |-----------------------|-----------------------------|--------------------|
 | `steps_per_execution` | keras-team/keras#19246      | `fit`/`evaluate` with `steps_per_execution > 1` on several replicas: "You must feed a value for placeholder tensor 'while/cond/Placeholder'" |
-| `symbolic_build`      | keras-team/keras#20585      | `fit` under `MultiWorkerMirroredStrategy`: "Attempt to convert a value (PerReplica: ...)" |
+| `symbolic_build`      | keras-team/keras#20585      | `fit` under `MultiWorkerMirroredStrategy`: "Attempt to convert a value (PerReplica: ...)"; on any strategy with several replicas, `MirroredStrategy` included, a `bool` or `string` model input (keras-hub's `padding_mask`, raw text into `TextVectorization`): "Value for attr 'T' of bool is not in the list of allowed values" |
 | `scalar_reduce`       | tensorflow/tensorflow#72388 | metrics under `MultiWorkerMirroredStrategy`: "Invalid reduction dimension 0 for input with 0 dimensions" |
 | `multi_worker_epoch`  | no upstream issue           | under `MultiWorkerMirroredStrategy`, `fit`, `evaluate` and `predict` stop after `1 / num_workers` of each worker's dataset when its `AutoShardPolicy` is OFF (as `keras_scaling.data.distribute` makes it) |
 

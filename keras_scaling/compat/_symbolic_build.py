@@ -1,11 +1,19 @@
-"""Fix for keras-team/keras#20585: `fit` under `MultiWorkerMirroredStrategy`.
+"""Fix for `fit` failing before the first step on several replicas.
 
 Before the first step, `TensorFlowTrainer._maybe_symbolic_build` builds the
 model from the first batch, which it averages over the replicas with
-`strategy.reduce("MEAN", ...)`. A multi-worker strategy rejects that
-per-replica batch ("Attempt to convert a value (PerReplica: ...) with an
-unsupported type"). Building needs only shapes and dtypes, so the replacement
-builds from this worker's first replica's batch instead.
+`strategy.reduce("MEAN", ...)`. That fails in two ways:
+
+- a multi-worker strategy rejects the per-replica batch ("Attempt to convert
+  a value (PerReplica: ...) with an unsupported type", keras-team/keras#20585);
+- on any strategy with several replicas, `MirroredStrategy` included, the
+  mean is an `AddN`, which has no kernel for `bool` and `string` tensors
+  ("Value for attr 'T' of bool is not in the list of allowed values"): a
+  model with a boolean mask (keras-hub's `padding_mask`) or raw text inputs
+  (`TextVectorization` inside the model) cannot be trained.
+
+Building needs only shapes and dtypes, which every replica's batch has, so
+the replacement builds from this worker's first replica's batch instead.
 """
 
 import keras
@@ -17,8 +25,9 @@ from keras_scaling.devices import _topology
 NAME = "symbolic_build"
 ISSUE = "keras-team/keras#20585"
 SUMMARY = (
-    "fit under MultiWorkerMirroredStrategy fails before the first step; the "
-    "model is built from one local replica's batch"
+    "fit on several replicas fails before the first step under "
+    "MultiWorkerMirroredStrategy, and on any strategy with bool or string "
+    "inputs; the model is built from one local replica's batch"
 )
 
 
@@ -44,11 +53,24 @@ def probe():
     if _keras_source.contains(r"strategy\.reduce\(\s*[\"']MEAN[\"']", source):
         return True, (
             f"{trainer.__name__}._maybe_symbolic_build averages the first batch "
-            "with strategy.reduce, which MultiWorkerMirroredStrategy rejects"
+            "with strategy.reduce, which MultiWorkerMirroredStrategy rejects and "
+            "which fails on bool and string inputs"
         )
     return False, (
         f"{trainer.__name__}._maybe_symbolic_build no longer reduces the first "
         "batch across replicas"
+    )
+
+
+def _local_batch(batch, strategy):
+    """`batch` with each per-replica value replaced by this worker's first replica's."""
+    return keras.tree.map_structure(
+        lambda value: (
+            _topology.local_copy(value, strategy)
+            if isinstance(value, tf.distribute.DistributedValues)
+            else value
+        ),
+        batch,
     )
 
 
@@ -57,24 +79,12 @@ def make_replacement(original_build):
 
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
         strategy = self._distribute_strategy
-        if (
-            iterator is None
-            or strategy is None
-            or not _keras_trainer.is_multi_worker_collective(strategy)
-        ):
+        if iterator is None or strategy is None:
             return original_build(self, iterator=iterator, data_batch=data_batch)
         # Keras 3.12 and later yield (begin_step, end_step, iterator),
         # earlier releases (step, iterator).
         for item in iterator:
-            distributed_iterator = item[-1]
-            data_batch = keras.tree.map_structure(
-                lambda value: (
-                    _topology.local_copy(value, strategy)
-                    if isinstance(value, tf.distribute.DistributedValues)
-                    else value
-                ),
-                next(distributed_iterator),
-            )
+            data_batch = _local_batch(next(item[-1]), strategy)
             break
         with strategy.scope():
             self._symbolic_build(data_batch=data_batch)

@@ -6,8 +6,8 @@ Run with `TF_CONFIG` naming this worker and `KERAS_SCALING_CPU_DEVICES`:
 
 It writes `OUT_DIR/worker<i>_weight<j>.npy` (the weights after `fit`) and
 `OUT_DIR/worker<i>.json` (what `fit`, `evaluate` and `predict` returned, on
-arrays and on `keras_scaling.data.distribute` datasets, and what each defect
-does with its fix turned off).
+arrays and on `keras_scaling.data.distribute` datasets, with bool, int and
+string inputs, and what each defect does with its fix turned off).
 """
 
 import json
@@ -182,6 +182,55 @@ def run_on_worker_shares(strategy):
     return model, train, report
 
 
+def run_on_bool_int_and_string_inputs(strategy, out_dir, index):
+    """fit on one batch of inputs of three dtypes: a bool mask, int ids, raw text.
+
+    Keras averages the first batch over the replicas to build the model,
+    which fails on bool and string tensors without the symbolic_build fix.
+    """
+    import keras
+
+    from keras_scaling import data
+
+    rng = np.random.default_rng(5)
+    words = rng.choice(["red", "green", "blue", "black"], size=(NUM_IDS, 3))
+    inputs = {
+        "mask": rng.random((NUM_IDS, 3)) > 0.5,
+        "ids": rng.integers(0, 10, size=(NUM_IDS, 3)).astype("int32"),
+        "text": np.array([" ".join(row) for row in words]),
+    }
+    y = (words == "red").sum(axis=1, keepdims=True).astype("float32")
+    train = data.distribute(
+        (inputs, y), strategy=strategy, per_replica_batch_size=PER_REPLICA_BATCH_SIZE
+    )
+    keras.utils.set_random_seed(11)
+    with strategy.scope():
+        vectorize = keras.layers.TextVectorization(max_tokens=6, output_sequence_length=3)
+        vectorize.adapt(inputs["text"])
+        mask = keras.Input((3,), dtype="bool", name="mask")
+        ids = keras.Input((3,), dtype="int32", name="ids")
+        text = keras.Input((), dtype="string", name="text")
+        words_and_ids = keras.layers.Concatenate()(
+            [keras.layers.Embedding(6, 2)(vectorize(text)), keras.layers.Embedding(10, 2)(ids)]
+        )
+        features = keras.layers.Concatenate()(
+            [
+                keras.layers.Flatten()(words_and_ids),
+                keras.layers.Lambda(lambda m: keras.ops.cast(m, "float32"))(mask),
+            ]
+        )
+        model = keras.Model([mask, ids, text], keras.layers.Dense(1)(features))
+        model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+    history = model.fit(train, epochs=2, verbose=0)
+    for number, weight in enumerate(model.get_weights()):
+        np.save(os.path.join(out_dir, f"worker{index}_dtypes_weight{number}.npy"), weight)
+    return {
+        "loss": history.history["loss"],
+        "iterations": int(model.optimizer.iterations.numpy()),
+        "planned_steps": data.plan_of(train).steps_per_epoch,
+    }
+
+
 def error_of(run):
     """Runs `run()`; returns the error it raised as text, or None."""
     try:
@@ -235,6 +284,8 @@ def main(out_dir):
     model.fit(train, epochs=1, verbose=0, callbacks=[steps])
     report["defects"]["multi_worker_epoch"] = steps.steps
     compat.enable()
+
+    report["input_dtypes"] = run_on_bool_int_and_string_inputs(strategy, out_dir, index)
 
     with open(os.path.join(out_dir, f"worker{index}.json"), "w") as file:
         json.dump(report, file)
