@@ -19,7 +19,7 @@ and `keras-scaling bench` read it. The public names are re-exported by
 | `speedup`, `ideal_speedup`, `efficiency` | steady-state speedup, `num_replicas / baseline_num_replicas`, and `speedup / ideal_speedup`, or null |
 | `steps_measured` | optimizer steps the steady-state figures are based on |
 | `startup_time_s` | seconds from the start of training to the end of the first execution |
-| `epochs` | one entry per epoch with a measured step: `{"epoch", "samples_per_sec", "steps_measured"}`, the epoch's own steady state (the `samples_per_sec` of that epoch's logs) |
+| `epochs` | one entry per epoch with a measured step: `{"epoch", "samples_per_sec", "steps_measured"}`, the epoch's own steady state, or its samples over its time when it is all warm-up (the `samples_per_sec` of that epoch's logs) |
 | `flops_per_sample`, `flops_source` | floating-point operations of one training sample (forward and backward) and where the figure comes from (`"counted"`, `"given"`, or why there is none) |
 | `peak_flops_per_replica`, `peak_source` | peak FLOPs/sec of one replica's device and where it comes from (a datasheet, `"given"`, a measured matmul), or null |
 | `mfu` | steady-state model FLOPs utilization: `flops_per_sample * samples_per_sec / (peak_flops_per_replica * num_replicas)`, or null |

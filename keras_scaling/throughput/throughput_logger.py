@@ -2,6 +2,7 @@
 
 import atexit
 import logging
+import math
 import os
 import threading
 import time
@@ -115,10 +116,15 @@ class ThroughputLogger(keras.callbacks.Callback):
     - Steps never repeat: a step already written (by this or an earlier run,
       before a `BackupAndRestore` resume) is not written again.
     - `samples_per_sec` of each epoch, the steady state (median step) of that
-      epoch's intervals, is added to the epoch logs, so the progress bar,
+      epoch's intervals, is added to every epoch's logs, so the progress bar,
       `History`, `CSVLogger` and Keras' `TensorBoard` (as
       `epoch_samples_per_sec`) show it; put those callbacks after this one.
-      The same figure is the epoch's entry in `throughput.json`.
+      An epoch with no interval of its own (all warm-up, say) gets its
+      samples over its time from the end of its first call of the train
+      function to its last read, warm-up included; one with no read after
+      that call (a single call, an int `update_freq` longer than the epoch,
+      nothing measured in the fit) gets NaN.
+      The same figure, unless NaN, is the epoch's entry in `throughput.json`.
     - `log_dir/throughput.json` (steady-state median samples/sec over the
       whole run, step time percentiles, set-up, baseline, speedup, ideal and
       efficiency, each epoch's figure) is written before `fit` returns. While
@@ -259,6 +265,8 @@ class ThroughputLogger(keras.callbacks.Callback):
         self._steps_per_epoch = None
         self._stats = ThroughputStats()
         self._epoch_stats = ThroughputStats()
+        # The epoch's first and last reads of the step counter.
+        self._epoch_points: list[dict[str, Any]] = []
         self._window = ThroughputWindow()
         self._epochs: list[tuple[int, SteadyState]] = []
         # Set at the first measurement of a fit (Any: mypy cannot see that
@@ -337,6 +345,7 @@ class ThroughputLogger(keras.callbacks.Callback):
         self._window.close()
         self._executions_until_due = 1
         self._epoch_stats = ThroughputStats()
+        self._epoch_points = []
         if self._hook is not None:
             self._hook.before = self._see_iterator  # the epoch may bring a new iterator
             self._hook.attach()  # again, in case the train function was rebuilt
@@ -346,10 +355,12 @@ class ThroughputLogger(keras.callbacks.Callback):
         self._executions_until_due = 1
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-        steady = self._epoch_stats.steady_state()
+        steady = self._epoch_stats.steady_state() or self._whole_epoch()
+        if logs is not None:
+            # In every epoch's logs, so that History's lists line up by epoch
+            # and CSVLogger, which fixes its columns at the first, has it.
+            logs["samples_per_sec"] = math.nan if steady is None else steady.samples_per_sec
         if steady is not None:
-            if logs is not None:
-                logs["samples_per_sec"] = steady.samples_per_sec
             with self._lock:
                 self._epochs.append((epoch, steady))
         self._advise()
@@ -439,12 +450,9 @@ class ThroughputLogger(keras.callbacks.Callback):
             self._schedule.epoch_end_iterations = (
                 iterations - first_call_steps + self._steps_per_epoch
             )
-        self._window.restart(
-            time_s=now_s,
-            iterations=iterations,
-            samples=self._samples(iterations),
-            warmup_steps=warmup_steps,
-        )
+        point = dict(time_s=now_s, iterations=iterations, samples=self._samples(iterations))
+        self._window.restart(**point, warmup_steps=warmup_steps)
+        self._epoch_points = [point, point]
         self._traces_at_read = _trace_count.traces(self.model)
         self._schedule.restart(iterations, warmup_steps)
 
@@ -454,6 +462,7 @@ class ThroughputLogger(keras.callbacks.Callback):
         now_s = self._clock()
         traces = _trace_count.traces(self.model)
         point = dict(time_s=now_s, iterations=iterations, samples=self._samples(iterations))
+        self._epoch_points[-1] = point
         if traces != self._traces_at_read:
             # The step function was traced again within this interval.
             self._traces_at_read = traces
@@ -493,6 +502,18 @@ class ThroughputLogger(keras.callbacks.Callback):
             if self._writer is not None:
                 self._writer.changed()
         self._write(scalars, interval.end_iterations)
+
+    def _whole_epoch(self):
+        """An epoch with no measured interval: its `SteadyState` from its first read to its last, or None."""
+        if not self._epoch_points:
+            return None
+        window = ThroughputWindow()
+        window.restart(**self._epoch_points[0])
+        interval = window.update(**self._epoch_points[-1])
+        if interval is None:  # no step between them
+            return None
+        self._epoch_stats.add(interval)
+        return self._epoch_stats.steady_state()
 
     def _calibrate(self, step_time_s, read_start_s, work_start_s):
         """Spaces the reads of `update_freq="auto"` by what one measurement costs.
