@@ -58,12 +58,27 @@ def _count(number: int, noun: str) -> str:
     return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
 
 
+def _parameter_server_message(task: object, count: int) -> str:
+    servers = "a parameter server" if count == 1 else f"{count} parameter servers"
+    return (
+        f"TF_CONFIG names {servers} ('ps' tasks; this task is {task!r}): keras_scaling "
+        "trains with all-reduce (MultiWorkerMirroredStrategy), where every worker holds "
+        "the variables, and a cluster with 'ps' tasks needs "
+        "tf.distribute.ParameterServerStrategy, with a coordinator on the chief. Build "
+        "that strategy yourself, or remove the 'ps' tasks (on Vertex AI, worker pool 2) "
+        "to train the chief and workers with all-reduce."
+    )
+
+
 def tf_config_cluster(env: Mapping[str, str]) -> ClusterSpec | None:
     """The cluster `TF_CONFIG` describes, or None when it is unset or names one process.
 
     `chief`, `worker` and `evaluator` tasks are read as Vertex AI and Kubeflow
     write them: the chief is worker 0 of the training and the workers follow;
-    the evaluator trains with nobody.
+    the evaluator trains with nobody, whether its cluster lists it (Vertex
+    AI) or leaves it out (Kubeflow's TFJob, AI Platform). `ps` tasks are an
+    error on every task but the evaluator: keras_scaling trains with
+    all-reduce, and parameter servers need `tf.distribute.ParameterServerStrategy`.
 
     Args:
         env: mapping, the environment (`os.environ`, or a dict in tests).
@@ -72,8 +87,8 @@ def tf_config_cluster(env: Mapping[str, str]) -> ClusterSpec | None:
         A `ClusterSpec`, or None.
 
     Raises:
-        ValueError: `TF_CONFIG` is not a JSON object, or its task is missing
-            or not in its cluster.
+        ValueError: `TF_CONFIG` is not a JSON object, its task is missing or
+            not in its cluster, or its cluster has `ps` tasks.
 
     Example:
 
@@ -100,17 +115,23 @@ def tf_config_cluster(env: Mapping[str, str]) -> ClusterSpec | None:
     chief = tuple(jobs.get("chief") or ())
     workers = tuple(jobs.get("worker") or ())
     evaluator = tuple(jobs.get("evaluator") or ())
-    if len(chief) + len(workers) < 2 and not evaluator:
-        return None
     task = config.get("task") or {}
     task_type, task_index = task.get("type"), task.get("index", 0)
+    parameter_servers = tuple(jobs.get("ps") or ())
+    if parameter_servers and task_type != "evaluator":
+        raise ValueError(_parameter_server_message(task, len(parameter_servers)))
+    # Kubeflow's TFJob and AI Platform leave the evaluator out of the cluster
+    # it evaluates: it is no part of the training.
+    outside = task_type == "evaluator" and not evaluator
+    if len(chief) + len(workers) < 2 and not evaluator and not outside:
+        return None
     known = {"chief": chief, "worker": workers, "evaluator": evaluator}
     if task_type not in known or not isinstance(task_index, int):
         raise ValueError(
             f"TF_CONFIG's task must be {{'type': 'chief'|'worker'|'evaluator', 'index': N}}, "
             f"got {task!r}"
         )
-    if not 0 <= task_index < len(known[task_type]):
+    if not outside and not 0 <= task_index < len(known[task_type]):
         raise ValueError(
             f"TF_CONFIG's task is {task_type} {task_index}, but its cluster has "
             f"{len(known[task_type])} {task_type} task(s)"
@@ -120,6 +141,8 @@ def tf_config_cluster(env: Mapping[str, str]) -> ClusterSpec | None:
     if evaluator:
         parts.append(_count(len(evaluator), "evaluator"))
     origin = f"TF_CONFIG: {', '.join(parts)}; this is {task_type} {task_index}"
+    if outside:
+        origin += ", outside the training cluster"
     source = "tf_config"
     if env.get(LAUNCHED_ENV):
         origin += ", set by keras-scaling launch"

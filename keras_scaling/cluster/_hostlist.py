@@ -6,6 +6,8 @@ the syntax first, since `scontrol` 22.05 turns a malformed list such as
 `node[1` into a wrong host instead of an error.
 """
 
+import ipaddress
+import itertools
 import os
 import re
 import shutil
@@ -16,9 +18,16 @@ _SCONTROL_TIMEOUT_S = 10
 
 
 def _split_top_level(text: str, parameter: str) -> list[str]:
-    """Splits `text` at the commas outside brackets."""
-    parts, depth, start = [], 0, 0
-    for position, char in enumerate(text):
+    """Splits `text` at the commas and white space outside brackets, as Slurm does.
+
+    A YAML list written into one variable (`"a:1 b:1"`, `"a:1, b:1"`) reads
+    as `"a:1,b:1"`; an empty entry between two commas is refused.
+    """
+    entries: list[str] = []
+    current, depth = "", 0
+    # Whether a comma is waiting for the entry that must follow it.
+    comma_pending = True
+    for char in text:
         if char == "[":
             depth += 1
             if depth > 1:
@@ -27,13 +36,23 @@ def _split_top_level(text: str, parameter: str) -> list[str]:
             depth -= 1
             if depth < 0:
                 raise ValueError(f"{parameter}: ']' without '[' in {text!r}")
-        elif char == "," and depth == 0:
-            parts.append(text[start:position])
-            start = position + 1
+        elif depth == 0 and (char == "," or char.isspace()):
+            if current:
+                entries.append(current)
+                current, comma_pending = "", False
+            if char == ",":
+                if comma_pending:
+                    raise ValueError(f"{parameter}: empty entry between commas in {text!r}")
+                comma_pending = True
+            continue
+        current += char
     if depth:
         raise ValueError(f"{parameter}: '[' without ']' in {text!r}")
-    parts.append(text[start:])
-    return parts
+    if current:
+        entries.append(current)
+    elif comma_pending:
+        raise ValueError(f"{parameter}: empty entry between commas in {text!r}")
+    return entries
 
 
 def _expand_ranges(ranges: str, text: str, parameter: str) -> list[str]:
@@ -53,23 +72,50 @@ def _expand_ranges(ranges: str, text: str, parameter: str) -> list[str]:
     return values
 
 
+def _ipv6_literal(inside: str, text: str, parameter: str) -> str:
+    """`"fd00::1"` -> `"[fd00::1]"`: a bracketed IPv6 address is a host, not a range."""
+    try:
+        ipaddress.IPv6Address(inside)
+    except ValueError:
+        raise ValueError(
+            f"{parameter}: [{inside}] in {text!r} is neither numbers such as [01-04] "
+            "nor an IPv6 address such as [fd00::1]"
+        ) from None
+    return f"[{inside}]"
+
+
 def _expand_one(name: str, text: str, parameter: str) -> list[str]:
-    """One comma-free entry with any number of bracket groups: their product, in order."""
-    hosts = [""]
+    """One entry with any number of bracket groups: their product, in `scontrol`'s order.
+
+    `scontrol show hostnames` (Slurm 22.05) varies the last group fastest,
+    then the others from the first on: `a[1-2]b[1-2]c[1-2]` is a1b1c1,
+    a1b1c2, a2b1c1, a2b1c2, a1b2c1, ... A bracket holding an IPv6 address
+    (`[fd00::1]:2222`) is kept as it is.
+    """
+    # Literal text and, in between, the values of each numeric group.
+    pieces: list[str | list[str]] = []
     rest = name
-    while rest:
-        open_at = rest.find("[")
-        if open_at < 0:
-            hosts = [host + rest for host in hosts]
-            break
+    while "[" in rest:
+        open_at = rest.index("[")
         close_at = rest.index("]", open_at)
-        prefix, ranges = rest[:open_at], rest[open_at + 1 : close_at]
-        hosts = [
-            host + prefix + value
-            for host in hosts
-            for value in _expand_ranges(ranges, text, parameter)
-        ]
+        inside = rest[open_at + 1 : close_at]
+        pieces.append(rest[:open_at])
+        if ":" in inside:
+            pieces.append(_ipv6_literal(inside, text, parameter))
+        else:
+            pieces.append(_expand_ranges(inside, text, parameter))
         rest = rest[close_at + 1 :]
+    pieces.append(rest)
+    groups = [index for index, piece in enumerate(pieces) if isinstance(piece, list)]
+    # Slowest first: the groups before the last from the one before it back
+    # to the first, then the last.
+    order = groups[-2::-1] + groups[-1:]
+    hosts = []
+    for values in itertools.product(*(pieces[index] for index in order)):
+        parts = [piece if isinstance(piece, str) else "" for piece in pieces]
+        for index, value in zip(order, values):
+            parts[index] = value
+        hosts.append("".join(parts))
     return hosts
 
 
@@ -77,7 +123,8 @@ def expand_hostlist_python(text: str, parameter: str = "host list") -> list[str]
     """Expands a Slurm host list in pure Python, checking its syntax.
 
     Args:
-        text: str, such as `"gpu[01-04,07],login3"` or `"rack[1-2]-n[1-2]"`.
+        text: str, such as `"gpu[01-04,07],login3"` or `"rack[1-2]-n[1-2]"`;
+            entries are separated by commas, white space or both.
         parameter: str, the name the error messages give the list.
 
     Returns:
@@ -89,10 +136,7 @@ def expand_hostlist_python(text: str, parameter: str = "host list") -> list[str]
     if not isinstance(text, str) or not text.strip():
         raise ValueError(f"{parameter} is empty: expected host names such as 'gpu[01-04,07]'")
     hosts = []
-    for entry in _split_top_level(text.strip(), parameter):
-        entry = entry.strip()
-        if not entry:
-            raise ValueError(f"{parameter}: empty entry between commas in {text!r}")
+    for entry in _split_top_level(text, parameter):
         hosts.extend(_expand_one(entry, text, parameter))
     return hosts
 
@@ -134,11 +178,13 @@ def expand_hostlist(
     The syntax is checked in Python; the expansion is `scontrol show
     hostnames` when Slurm's `scontrol` is on the `PATH`, finds the cluster's
     configuration (`SLURM_CONF`, `/etc/slurm/slurm.conf` or a configless
-    node's cache) and answers, else the
-    same rules in Python: comma-separated entries, each with bracket groups
-    of numbers and ranges whose zero padding is kept (`gpu[01-04,07]` is
-    gpu01 ... gpu04, gpu07), several groups multiplying (`r[1-2]n[1-2]` is
-    r1n1, r1n2, r2n1, r2n2).
+    node's cache) and answers, else the same rules in Python: entries
+    separated by commas, white space or both, each with bracket groups of
+    numbers and ranges whose zero padding is kept (`gpu[01-04,07]` is gpu01
+    ... gpu04, gpu07), several groups multiplying in `scontrol`'s order (the
+    last group fastest, then the others from the first on: `r[1-2]n[1-2]` is
+    r1n1, r1n2, r2n1, r2n2). A bracket holding an IPv6 address
+    (`[fd00::1]:2222`) is that address, not a range.
 
     Args:
         text: str, the host list, such as `SLURM_STEP_NODELIST`.

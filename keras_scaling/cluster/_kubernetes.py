@@ -9,7 +9,9 @@ worker list and its own task, so nobody writes `TF_CONFIG` JSON in YAML:
 
 is train-0.train-svc:2222 ... train-3.train-svc:2222 (the Job `train`'s pods
 behind the headless Service `train-svc`), and the pod of index 2 is worker 2.
-A plain comma list works too.
+A plain list works too, its entries separated by commas, spaces or both (as
+a YAML list is written into one variable), and IPv6 addresses in brackets
+(`[fd00::1]:2222`).
 """
 
 from collections.abc import Mapping
@@ -28,13 +30,19 @@ def _check_address(address: str) -> None:
             f"{WORKER_HOSTS_ENV}: {address!r} is not host:port; write each worker as "
             "host:port, such as 'train-[0-3].train-svc:2222'"
         )
+    if ":" in host and not host.startswith("["):
+        raise ValueError(
+            f"{WORKER_HOSTS_ENV}: {address!r} has an IPv6 address without brackets; "
+            "write it as [address]:port, such as '[fd00::1]:2222'"
+        )
 
 
 def worker_hosts_cluster(env: Mapping[str, str]) -> ClusterSpec | None:
     """The cluster named by `KERAS_SCALING_WORKER_HOSTS` and `JOB_COMPLETION_INDEX`, or None.
 
     None when `KERAS_SCALING_WORKER_HOSTS` is unset. The pod of index `i` is
-    worker `i`; worker 0 is the chief.
+    worker `i`; worker 0 is the chief. The list's entries are separated by
+    commas, white space or both, and read the same on every pod.
 
     Args:
         env: mapping, the environment (`os.environ`, or a dict in tests).

@@ -18,8 +18,9 @@ PORT_ENV = "KERAS_SCALING_PORT"
 # Ports below Linux's default ephemeral range (32768-60999), where the
 # kernel picks the local ports of outgoing connections.
 PORT_RANGE = (20000, 32768)
-# Ports of one step on one node: its tasks' ports are port_base + local rank.
-PORT_BLOCK = 32
+# Steps of one job that get ports of their own: steps 0 to 7 (step 8 shares
+# step 0's, and so on).
+STEPS_PER_JOB = 8
 _TASKS_PER_NODE = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
 
 
@@ -65,6 +66,19 @@ def _int(env: Mapping[str, str], name: str) -> int | None:
         raise ValueError(f"{name} must be an integer, got {value!r}") from None
 
 
+def _job_tasks(env: Mapping[str, str]) -> int:
+    """The tasks `srun` would start in this job: `--ntasks`, else one per node (`--nodes`)."""
+    ntasks = _int(env, "SLURM_NTASKS") or _int(env, "SLURM_NPROCS")
+    if ntasks:
+        return ntasks
+    # Without --ntasks Slurm sets no SLURM_NTASKS; srun then starts the tasks
+    # of SLURM_TASKS_PER_NODE, one per node of --nodes by default.
+    try:
+        return sum(parse_tasks_per_node(env.get("SLURM_TASKS_PER_NODE") or "1"))
+    except ValueError:
+        return _int(env, "SLURM_JOB_NUM_NODES") or _int(env, "SLURM_NNODES") or 1
+
+
 def in_slurm_job(env: Mapping[str, str]) -> bool:
     """Whether the environment is a Slurm job's (a batch script, `salloc` shell or step)."""
     return bool(env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID"))
@@ -81,9 +95,13 @@ def in_slurm_step(env: Mapping[str, str]) -> bool:
 def step_port_base(job_id: int, step_id: int, tasks_on_busiest_node: int = 1) -> int:
     """The first port of a step's tasks on each node, the same on every task.
 
-    Consecutive jobs get consecutive blocks of `PORT_BLOCK` ports in
-    `PORT_RANGE`, and the steps of one job blocks far apart, so the jobs and
-    steps that share a node at one time do not collide.
+    The range `PORT_RANGE` (20000 to 32767) is cut into blocks of
+    `tasks_on_busiest_node` ports, one per task of a node; steps 0 to 7 of a
+    job take 8 consecutive blocks, and job `J` takes the 8 blocks at
+    `(J mod W) * 8`, where `W = 12768 // (8 * tasks_on_busiest_node)` jobs
+    fit in the range (1596 with one task per node, 399 with 4, 199 with 8).
+    So the ports of steps 0 to 7 of two jobs never coincide when the jobs'
+    ids are less than `W` apart and their steps run as many tasks per node.
 
     Args:
         job_id: int, `SLURM_JOB_ID`.
@@ -97,12 +115,19 @@ def step_port_base(job_id: int, step_id: int, tasks_on_busiest_node: int = 1) ->
 
     ```python
     from keras_scaling import cluster
-    cluster.step_port_base(1234, 0)   # 21184: the same on every task of the step
+    cluster.step_port_base(1234, 0)   # 29872: the same on every task of the step
+    cluster.step_port_base(1234, 1)   # 29873
     ```
     """
-    block = PORT_BLOCK * max(1, -(-tasks_on_busiest_node // PORT_BLOCK))
-    slots = (PORT_RANGE[1] - PORT_RANGE[0]) // block
-    slot = (job_id + 131 * step_id) % slots
+    block = max(1, tasks_on_busiest_node)
+    jobs_in_range = (PORT_RANGE[1] - PORT_RANGE[0]) // (STEPS_PER_JOB * block)
+    if jobs_in_range < 1:
+        raise ValueError(
+            f"tasks_on_busiest_node={tasks_on_busiest_node} leaves no room for "
+            f"{STEPS_PER_JOB} steps in ports {PORT_RANGE[0]}-{PORT_RANGE[1] - 1}: set "
+            f"{PORT_ENV} to the first of a free range of that many ports"
+        )
+    slot = (job_id % jobs_in_range) * STEPS_PER_JOB + step_id % STEPS_PER_JOB
     return PORT_RANGE[0] + slot * block
 
 
@@ -122,9 +147,10 @@ class NotInStepError(RuntimeError):
     """A Slurm job of several tasks runs this Python as one process, outside `srun`.
 
     Raised by `auto_strategy()` (through `slurm_cluster`) in a batch script
-    or `salloc` shell of `--ntasks=2` or more that runs `python train.py`
-    directly: that one process would train alone while the other tasks never
-    start. The message names the fix: `srun python train.py`.
+    or `salloc` shell of `--ntasks=2` or more (or `--nodes=2` or more, one
+    task per node) that runs `python train.py` directly: that one process
+    would train alone while the other tasks never start. The message names
+    the fix: `srun python train.py`.
 
     Args:
         *args: the message, as for any exception.
@@ -181,7 +207,7 @@ def slurm_cluster(
         return None
     job_id = _int(env, "SLURM_JOB_ID") or _int(env, "SLURM_JOBID")
     if not in_slurm_step(env):
-        ntasks = _int(env, "SLURM_NTASKS") or _int(env, "SLURM_NPROCS") or 1
+        ntasks = _job_tasks(env)
         if ntasks > 1:
             raise NotInStepError(
                 f"Slurm job {job_id} has {ntasks} tasks, but this Python runs outside "
@@ -248,14 +274,45 @@ def _device_ids(text: object) -> list[str]:
     return [value for value in ids if value.upper() not in ("N/A", "NONE", "NOGPU")]
 
 
+def _bound_per_task(env: Mapping[str, str]) -> bool:
+    """Whether the job asked Slurm to give each task GPUs of its own.
+
+    `sbatch`/`srun` options reach the tasks' environment as these variables
+    when given to `sbatch` (or exported); given to `srun` alone they do not,
+    and the GPU counts below tell instead.
+    """
+    if env.get("SLURM_GPUS_PER_TASK"):
+        return True
+    bind = [part.strip() for part in env.get("SLURM_GPU_BIND", "").split(",")]
+    kinds = {part.split(":")[0] for part in bind if part and part != "verbose"}
+    # closest, map_gpu, mask_gpu, per_task and single bind each task; none does not.
+    return bool(kinds - {"none"})
+
+
+def _step_gpu_count(env: Mapping[str, str]) -> int | None:
+    """The GPUs of this step on this node, or None when Slurm does not say."""
+    if env.get("SLURM_STEP_GPUS"):
+        return len(_device_ids(env["SLURM_STEP_GPUS"]))
+    count = _int(env, "SLURM_GPUS_ON_NODE")
+    if count is not None:
+        return count
+    if env.get("SLURM_JOB_GPUS"):
+        return len(_device_ids(env["SLURM_JOB_GPUS"]))
+    return None
+
+
 def task_gpus(env: Mapping[str, str], local_rank: int, tasks_on_node: int) -> list[str] | None:
     """The GPU ids this task should see, from what Slurm bound, or None to leave them be.
 
-    Slurm with `--gpus-per-task` (or `--gpu-bind`) sets each task's
-    `CUDA_VISIBLE_DEVICES` to its own GPUs: those are kept (None). When every
-    task of a node sees all the node's GPUs (`--gres=gpu:4` with 2 tasks per
-    node), each task takes an equal share in local-rank order. A node without
-    GPUs gives None too: no `nvidia-smi` is asked.
+    When Slurm bound GPUs to each task, in any form (`--gpus-per-task`, or
+    `--gpu-bind=single:N`, `closest`, `map_gpu:...`, `mask_gpu:...`,
+    `per_task:N`), the task's `CUDA_VISIBLE_DEVICES` holds its own GPUs,
+    fewer than the step's on the node (`SLURM_STEP_GPUS`,
+    `SLURM_GPUS_ON_NODE`): those are kept, all of them (None). When every
+    task of a node sees all the step's GPUs of the node (`--gres=gpu:4` with
+    2 tasks per node, or `--gpu-bind=none`), each task takes an equal share
+    in local-rank order. A node without GPUs gives None too: no `nvidia-smi`
+    is asked.
 
     Args:
         env: mapping, the environment.
@@ -266,8 +323,8 @@ def task_gpus(env: Mapping[str, str], local_rank: int, tasks_on_node: int) -> li
         list of str (the ids for `CUDA_VISIBLE_DEVICES`), or None.
 
     Raises:
-        ValueError: the tasks of a node share fewer GPUs than there are tasks,
-            or a number of GPUs that does not divide among them.
+        ValueError: the tasks of a node share a number of GPUs that does not
+            divide among them.
 
     Example:
 
@@ -275,19 +332,24 @@ def task_gpus(env: Mapping[str, str], local_rank: int, tasks_on_node: int) -> li
     from keras_scaling import cluster
     env = {"CUDA_VISIBLE_DEVICES": "0,1,2,3", "SLURM_STEP_GPUS": "0,1,2,3"}
     cluster.task_gpus(env, local_rank=1, tasks_on_node=2)   # ['2', '3']
+    env = {"CUDA_VISIBLE_DEVICES": "2,3", "SLURM_STEP_GPUS": "0,1,2,3"}
+    cluster.task_gpus(env, local_rank=1, tasks_on_node=2)   # None: bound to 2 and 3
     ```
     """
-    if env.get("SLURM_GPUS_PER_TASK") or "map_gpu" in env.get("SLURM_GPU_BIND", ""):
+    if tasks_on_node < 2 or _bound_per_task(env):
         return None
+    step_gpus = _step_gpu_count(env)
     visible = env.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
         gpus = _device_ids(visible)
+        if step_gpus is not None and len(gpus) < step_gpus:
+            # Fewer than the step's: Slurm bound these to this task.
+            return None
     elif env.get("SLURM_STEP_GPUS") or env.get("SLURM_JOB_GPUS"):
         gpus = _device_ids(env.get("SLURM_STEP_GPUS") or env.get("SLURM_JOB_GPUS"))
     else:
-        count = _int(env, "SLURM_GPUS_ON_NODE") or 0
-        gpus = [str(index) for index in range(count)]
-    if not gpus or tasks_on_node < 2:
+        gpus = [str(index) for index in range(step_gpus or 0)]
+    if not gpus:
         return None
     if len(gpus) % tasks_on_node:
         raise ValueError(

@@ -21,7 +21,8 @@ class ClusterSpec:
         task_index: int, this process's index among the tasks of its type.
         chief: tuple of `"host:port"`, the `chief` task, if any (Vertex AI and
             Kubeflow name one; it is worker 0 of the training).
-        evaluator: tuple of `"host:port"`, the `evaluator` task, if any.
+        evaluator: tuple of `"host:port"`, the `evaluator` task, if any; empty
+            on an evaluator that its cluster leaves out (Kubeflow's TFJob).
         local_rank: int, this task's rank among the tasks on its node.
         tasks_on_node: int, the tasks of the cluster on this node.
         port_source: str, where the ports came from (for messages).
@@ -56,8 +57,9 @@ class ClusterSpec:
 
     @property
     def address(self) -> str:
-        """This task's `"host:port"`."""
-        return self.cluster_dict()[self.task_type][self.task_index]
+        """This task's `"host:port"`, or `""` for an evaluator its cluster leaves out."""
+        tasks = self.cluster_dict().get(self.task_type, [])
+        return tasks[self.task_index] if self.task_index < len(tasks) else ""
 
     def cluster_dict(self) -> dict[str, list[str]]:
         """`{"chief": [...], "worker": [...], "evaluator": [...]}`, empty jobs left out."""

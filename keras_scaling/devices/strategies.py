@@ -191,8 +191,10 @@ def auto_strategy() -> tf.distribute.Strategy:
        `KERAS_SCALING_WORKER_HOSTS` with `JOB_COMPLETION_INDEX` (a Kubernetes
        Indexed Job), or this is a task of a Slurm job step of several tasks
        (`srun`), with no `TF_CONFIG` needed. `TF_CONFIG` wins over the others.
-       An `evaluator` task of `TF_CONFIG` trains with nobody: it gets the
-       strategy this machine's devices give.
+       An `evaluator` task of `TF_CONFIG` (listed in its cluster, as Vertex
+       AI writes it, or left out, as Kubeflow's TFJob does) evaluates alone:
+       it gets the strategy this machine's devices give. `ps` tasks in
+       `TF_CONFIG` are an error: they need `ParameterServerStrategy`.
     3. `MirroredStrategy` over all GPUs when there are two or more.
     4. `MirroredStrategy` over the logical CPUs when `use_logical_cpus` (or
        `KERAS_SCALING_CPU_DEVICES`) made several.
@@ -211,8 +213,9 @@ def auto_strategy() -> tf.distribute.Strategy:
     Raises:
         keras_scaling.cluster.NotInStepError: a Slurm job of several tasks
             runs this Python outside `srun`, so the other tasks never start.
-        ValueError: the cluster's environment is malformed, a Slurm node name
-            does not resolve, or this task's port is in use.
+        ValueError: the cluster's environment is malformed, `TF_CONFIG` has
+            `ps` tasks, a Slurm node name does not resolve, or this task's
+            port is in use.
 
     Example:
 
@@ -315,9 +318,9 @@ def _choose_strategy(
         ), f"{spec.num_workers} workers"
     if spec is not None and spec.task_type == "evaluator":
         logger.info(
-            "auto_strategy: TF_CONFIG makes this task the evaluator, which trains with "
-            "nobody: it gets a strategy over this machine's devices, to evaluate the "
-            "checkpoints the chief writes"
+            "auto_strategy: TF_CONFIG makes this task the evaluator, which evaluates "
+            "alone and trains with nobody: it gets a strategy over this machine's "
+            "devices, to evaluate the checkpoints the chief writes"
         )
     gpus = tf.config.list_logical_devices("GPU")
     if len(gpus) >= 2:
@@ -480,7 +483,11 @@ def _cluster_origin(strategy: tf.distribute.Strategy) -> str:
         return ""
     resolver = strategy.cluster_resolver
     if isinstance(resolver, tf.distribute.cluster_resolver.TFConfigClusterResolver):
-        spec = cluster.tf_config_cluster(os.environ)
+        try:
+            spec = cluster.tf_config_cluster(os.environ)
+        except ValueError:
+            # A strategy built by hand over a TF_CONFIG auto_strategy refuses.
+            return "TF_CONFIG"
         return spec.origin if spec is not None else "TF_CONFIG"
     return f"a {type(resolver).__name__}"
 
