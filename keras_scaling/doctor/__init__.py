@@ -8,6 +8,7 @@ then checks, through the strategy's own collectives:
 | check | fails when |
 |---|---|
 | `versions` | a worker runs another Python, TensorFlow, Keras or keras_scaling (the message names it) |
+| `devices` | workers differ in replicas or kind of device (each worker's devices are named); no collective runs then |
 | `all-reduce` | the sum of known values over all replicas is not the known sum |
 | `first collective` | never: seconds from the start until the first collective completed |
 | `bandwidth` | never: all-reduce time and MB/s for a tensor the size of ResNet50's gradients |
@@ -28,6 +29,7 @@ from keras_scaling.doctor._checks import (
     Check,
     bandwidth_check,
     check_all_reduce,
+    compare_devices,
     compare_versions,
     listening_addresses,
     local_versions,
@@ -43,6 +45,9 @@ __all__ = ["Check", "DoctorReport", "run_checks"]
 
 # Elements of the known-value all-reduce: enough to see a partial corruption.
 _KNOWN_VALUES = 1024
+# How long a worker waits for each other worker's report: the strategy is
+# built once every worker joined, so they arrive within seconds.
+_REPORT_WAIT_S = 300.0
 _SHOWN_ADDRESSES = 4
 
 
@@ -99,15 +104,21 @@ def _tf_config_line(config: dict[str, Any]) -> str:
     )
 
 
-def _own_port(strategy: "tf.distribute.Strategy", num_workers: int) -> int | None:
-    """This worker's port in the strategy's cluster, or None when the job starts no server."""
+def _own_address(strategy: "tf.distribute.Strategy", num_workers: int) -> str | None:
+    """This worker's host:port in the strategy's cluster, or None when the job starts no server."""
     resolver = getattr(strategy, "cluster_resolver", None)
     if num_workers < 2 or resolver is None:
         return None
     try:
-        address = resolver.cluster_spec().task_address(resolver.task_type, resolver.task_id)
-        return int(address.rsplit(":", 1)[1])
-    except (AttributeError, IndexError, TypeError, ValueError):
+        return str(resolver.cluster_spec().task_address(resolver.task_type, resolver.task_id))
+    except (AttributeError, TypeError, ValueError):
+        return None
+
+
+def _port(address: str | None) -> int | None:
+    try:
+        return int(address.rsplit(":", 1)[1]) if address else None
+    except (IndexError, ValueError):
         return None
 
 
@@ -138,9 +149,14 @@ def run_checks(
 ) -> DoctorReport:
     """Check the cluster this process belongs to, and print what was found.
 
-    Call it on every worker, as training would be called: the checks are
-    collectives, so a worker that does not call it makes the others wait.
-    Under `keras-scaling launch`, `srun` or a Ray Train loop, the strategy
+    Call it on every worker, as training would be called. The workers first
+    exchange their versions and devices through the coordination service of
+    `MultiWorkerMirroredStrategy`, not a collective: when they disagree on
+    their replicas or kind of device, every worker fails the `devices` check
+    within seconds, naming each worker's devices, and no collective runs
+    (each would wait forever). The other checks are collectives, so a
+    worker that does not call it makes the others wait (for its report,
+    5 minutes at most). Under `keras-scaling launch`, `srun` or a Ray Train loop, the strategy
     comes from `keras_scaling.auto_strategy()`, which reads `TF_CONFIG`, a
     Slurm job step or a Kubernetes worker list (`keras_scaling.cluster`); the
     first line printed says which.
@@ -151,6 +167,9 @@ def run_checks(
             first collective includes joining the cluster).
         size_mb: float, the size in MB (10^6 bytes) of the float32 tensor
             whose all-reduce is timed; default 102.2, ResNet50's gradients.
+            Under 1 MB, or when the median all-reduce takes under 1 ms, the
+            `bandwidth` check says it is too small to time instead of giving
+            MB/s; with one replica in all it says there is nothing to combine.
         rounds: int, timed all-reduces of that tensor (the median is shown).
         out: a text stream to print to as the checks run, or None for silence.
 
@@ -159,7 +178,7 @@ def run_checks(
 
     Raises:
         TypeError: `size_mb` is not a number, or `rounds` not an integer.
-        ValueError: `size_mb` is not positive, or `rounds` is below 1.
+        ValueError: `size_mb` is not finite and positive, or `rounds` is below 1.
 
     Example:
 
@@ -214,34 +233,51 @@ def run_checks(
         checks.append(check)
         say(str(check))
 
+    address = _own_address(strategy, info.num_workers)
     report = {
         "worker": info.worker_index,
         "host": host,
+        "address": address,
         "pid": os.getpid(),
         "versions": local_versions(
             keras_scaling.__version__, _versions.tf_version(), _versions.keras_version()
         ),
+        "devices": list(info.local_devices),
+        "device_kind": info.device_kind,
     }
-    reports = _collectives.gather_reports(strategy, report)
-    first_collective_s = time.perf_counter() - started
+    reports = _collectives.exchange_reports(strategy, report, info.num_workers, _REPORT_WAIT_S)
     record(compare_versions(reports, info.num_workers))
-    record(
-        check_all_reduce(
-            _collectives.all_reduce_known_values(strategy, _KNOWN_VALUES), info.num_replicas
+    record(compare_devices(reports, info.num_workers))
+    if checks[-1].ok:
+        record(
+            check_all_reduce(
+                _collectives.all_reduce_known_values(strategy, _KNOWN_VALUES), info.num_replicas
+            )
         )
-    )
-    record(
-        Check(
-            "first collective",
-            ok=True,
-            message=f"completed {first_collective_s:.2f} s after the start "
-            f"({built_s:.2f} s of it building the strategy)",
+        first_collective_s = time.perf_counter() - started
+        record(
+            Check(
+                "first collective",
+                ok=True,
+                message=f"completed {first_collective_s:.2f} s after the start "
+                f"({built_s:.2f} s of it building the strategy)",
+            )
         )
-    )
-    num_floats = max(1, round(size_mb * BYTES_PER_MB / BYTES_PER_FLOAT32))
-    seconds = _collectives.time_all_reduce(strategy, num_floats, rounds)
-    record(bandwidth_check(num_floats * BYTES_PER_FLOAT32, seconds))
-    port = _own_port(strategy, info.num_workers)
+        num_floats = max(1, round(size_mb * BYTES_PER_MB / BYTES_PER_FLOAT32))
+        seconds = (
+            _collectives.time_all_reduce(strategy, num_floats, rounds)
+            if info.num_replicas > 1
+            else []
+        )
+        record(
+            bandwidth_check(num_floats * BYTES_PER_FLOAT32, seconds, num_replicas=info.num_replicas)
+        )
+    else:
+        say(
+            "not run: all-reduce, first collective, bandwidth (collectives, which would "
+            "wait forever for replicas that never come)"
+        )
+    port = _port(address)
     record(server_exposure_check(port, _listening(port) if port else [], _interfaces()))
     result = DoctorReport(strategy_info=info, checks=tuple(checks))
     if result.ok:

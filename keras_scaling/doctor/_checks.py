@@ -15,6 +15,12 @@ BYTES_PER_FLOAT32 = 4
 BYTES_PER_MB = 1_000_000
 RESNET50_GRADIENT_MB = RESNET50_GRADIENT_FLOATS * BYTES_PER_FLOAT32 / BYTES_PER_MB
 
+# Below either, an all-reduce's time is mostly the fixed cost of starting a
+# collective from Python (dispatch, the function call, one round trip), so
+# size over time would not be a bandwidth.
+MIN_TIMED_MB = 1.0
+MIN_TIMED_S = 0.001
+
 # The packages whose versions every worker must share, in the order printed.
 VERSION_NAMES = {
     "python": "Python",
@@ -61,8 +67,13 @@ def local_versions(keras_scaling_version, tensorflow_version, keras_version):
 
 
 def _worker_name(index, report):
-    host = report.get("host")
-    return f"worker {index} ({host})" if host else f"worker {index}"
+    where = ", ".join(str(report[key]) for key in ("host", "address") if report.get(key))
+    return f"worker {index} ({where})" if where else f"worker {index}"
+
+
+def _missing_workers(reports, num_workers):
+    answered = {report.get("worker", index) for index, report in enumerate(reports)}
+    return sorted(set(range(num_workers)) - answered)
 
 
 def compare_versions(reports, num_workers):
@@ -82,13 +93,13 @@ def compare_versions(reports, num_workers):
     if not reports:
         raise ValueError("reports must hold one dict per worker, got none")
     answered = [report.get("worker", index) for index, report in enumerate(reports)]
-    missing = sorted(set(range(num_workers)) - set(answered))
+    missing = _missing_workers(reports, num_workers)
     if missing:
         return Check(
             "versions",
             ok=False,
-            message=f"no report from worker(s) {_indices(missing)} of {num_workers}: the "
-            "all-gather did not reach every worker.",
+            message=f"no report from worker(s) {_indices(missing)} of {num_workers}: they "
+            "did not reach the doctor's checks, or cannot reach worker 0.",
         )
     differences = []
     for package, label in VERSION_NAMES.items():
@@ -123,6 +134,67 @@ def compare_versions(reports, num_workers):
     )
     verb = "runs" if len(reports) == 1 else "run"
     return Check("versions", ok=True, message=f"{_plural(len(reports), 'worker')} {verb} {same}")
+
+
+def _device_text(report):
+    count = len(report["devices"])
+    # The job and task prefix repeat the worker: "CPU:0" says the device.
+    names = ", ".join(name.rsplit("device:", 1)[-1] for name in report["devices"])
+    return f"{_plural(count, report['device_kind'] + ' replica')} ({names})"
+
+
+def compare_devices(reports, num_workers):
+    """Whether every worker has as many replicas as the others, on the same kind of device.
+
+    `MultiWorkerMirroredStrategy` counts the replicas of the job as this
+    worker's replicas times the workers, and every collective waits until
+    that many replicas joined: workers that disagree on their devices wait
+    forever in the first one. This check runs before any collective.
+
+    Args:
+        reports: one dict per worker that answered, in worker order, each
+            holding its `"worker"` index, `"devices"` (the names of its
+            replicas' devices), `"device_kind"` (`"CPU"`, `"GPU"` or
+            `"TPU"`) and optionally its `"host"` and `"address"`.
+        num_workers: the workers of the job; a missing report fails the check.
+
+    Returns:
+        A `Check` named `"devices"`. On a mismatch its message names every
+        worker's replicas and devices.
+    """
+    if not reports:
+        raise ValueError("reports must hold one dict per worker, got none")
+    missing = _missing_workers(reports, num_workers)
+    if missing:
+        return Check(
+            "devices",
+            ok=False,
+            message=f"unknown for worker(s) {_indices(missing)} of {num_workers}, which "
+            "sent no report.",
+        )
+    shapes = {(len(report["devices"]), report["device_kind"]) for report in reports}
+    if len(shapes) > 1:
+        each = ", ".join(
+            f"{_worker_name(report.get('worker', index), report)} has {_device_text(report)}"
+            for index, report in enumerate(reports)
+        )
+        return Check(
+            "devices",
+            ok=False,
+            message=f"the workers' devices differ: {each}. MultiWorkerMirroredStrategy "
+            "needs the same number and kind of devices on every worker, or its collectives "
+            "wait forever: give every worker the same --cpu-devices (KERAS_SCALING_CPU_DEVICES) "
+            "or the same number of GPUs (CUDA_VISIBLE_DEVICES, srun --gpus-per-task).",
+        )
+    ((count, kind),) = shapes
+    per_worker = _plural(count, f"{kind} replica")
+    each = "" if len(reports) == 1 else " each"
+    return Check(
+        "devices",
+        ok=True,
+        message=f"{_plural(len(reports), 'worker')}, {per_worker}{each}: "
+        f"{_plural(count * len(reports), 'replica')} in all",
+    )
 
 
 def _plural(count, noun):
@@ -171,7 +243,7 @@ def check_all_reduce(reduced_values, num_replicas):
     return Check(
         "all-reduce",
         ok=True,
-        message=f"summing r + 1 over {num_replicas} replicas gave {expected} "
+        message=f"summing r + 1 over {_plural(num_replicas, 'replica')} gave {expected} "
         f"in all {len(values)} elements",
     )
 
@@ -188,19 +260,72 @@ def all_reduce_bandwidth_mb_per_s(size_bytes, seconds):
     return size_bytes / seconds / BYTES_PER_MB
 
 
-def bandwidth_check(size_bytes, round_seconds):
-    """A `Check` reporting the median all-reduce time and bandwidth of several rounds."""
+def _size_text(size_bytes):
+    if size_bytes < BYTES_PER_MB / 10:
+        return f"{size_bytes:,} bytes"
+    return f"{size_bytes / BYTES_PER_MB:.1f} MB"
+
+
+def _durations_text(median_s, fastest_s, slowest_s):
+    scale, unit = (1, "s") if slowest_s >= 0.01 else (1000, "ms")
+    return (
+        f"median {median_s * scale:.3f} {unit} over the rounds "
+        f"({fastest_s * scale:.3f} to {slowest_s * scale:.3f} {unit})"
+    )
+
+
+def _rate_text(mb_per_s):
+    return f"{mb_per_s:,.0f}" if mb_per_s >= 100 else f"{mb_per_s:.3g}"
+
+
+def bandwidth_check(size_bytes, round_seconds, *, num_replicas=2):
+    """A `Check` reporting the median all-reduce time and bandwidth of several rounds.
+
+    No bandwidth is shown when there is none to measure: with one replica
+    in all, the all-reduce combines nothing (`round_seconds` may then be
+    empty); and a tensor under `MIN_TIMED_MB` or a median round under
+    `MIN_TIMED_S` is too small to time, since the fixed cost of starting a
+    collective, not the data, decides its time.
+
+    Args:
+        size_bytes: int, bytes of one replica's tensor.
+        round_seconds: the seconds of each timed all-reduce.
+        num_replicas: the replicas in sync across all workers.
+
+    Returns:
+        A `Check` named `"bandwidth"`: a measurement, which always passes.
+    """
+    if num_replicas == 1:
+        return Check(
+            "bandwidth",
+            ok=True,
+            message="one replica in all: an all-reduce has nothing to combine, so there is "
+            "no bandwidth to measure",
+        )
     if not round_seconds:
         raise ValueError("round_seconds must hold at least one timing, got none")
     ordered = sorted(round_seconds)
     median_s = statistics.median(ordered)
+    text = (
+        f"all-reduce of {_size_text(size_bytes)} of float32 over {num_replicas} replicas "
+        f"(ResNet50's gradients are {RESNET50_GRADIENT_MB:.1f} MB): "
+        + _durations_text(median_s, ordered[0], ordered[-1]).replace(
+            "the rounds", f"{_plural(len(ordered), 'round')}"
+        )
+    )
+    if size_bytes < MIN_TIMED_MB * BYTES_PER_MB or median_s < MIN_TIMED_S:
+        return Check(
+            "bandwidth",
+            ok=True,
+            message=f"{text}: too small to time a bandwidth (under {MIN_TIMED_MB:g} MB or "
+            f"{MIN_TIMED_S * 1000:g} ms, the fixed cost of starting a collective decides the "
+            "time, not the data); pass a larger size (--size-mb), such as "
+            f"{RESNET50_GRADIENT_MB:.1f}",
+        )
     return Check(
         "bandwidth",
         ok=True,
-        message=f"all-reduce of {size_bytes / BYTES_PER_MB:.1f} MB of float32 "
-        f"(ResNet50's gradients are {RESNET50_GRADIENT_MB:.1f} MB): median "
-        f"{median_s:.3f} s over {len(ordered)} rounds ({ordered[0]:.3f} to "
-        f"{ordered[-1]:.3f} s), {all_reduce_bandwidth_mb_per_s(size_bytes, median_s):.0f} MB/s",
+        message=f"{text}, {_rate_text(all_reduce_bandwidth_mb_per_s(size_bytes, median_s))} MB/s",
     )
 
 

@@ -1,14 +1,20 @@
 """The doctor's collectives: what every replica sends, and what comes back.
 
 Each function runs one collective through `strategy.run`, so every worker
-must call the same ones in the same order, as in training.
+must call the same ones in the same order, as in training. The workers'
+reports go first, through the coordination service's key-value store: no
+collective, so workers that disagree on their devices learn it instead of
+waiting in the first collective whose shape depends on them.
 """
 
+import itertools
 import json
 import time
 
 import numpy as np
 import tensorflow as tf
+
+from keras_scaling.internals import _probes
 
 # Room for one worker's report (host name, pid, four version strings) as
 # JSON; every worker must use the same length for the all-gather to match.
@@ -29,6 +35,84 @@ def _decode(row):
 
 def _first_local(strategy, result):
     return strategy.experimental_local_results(result)[0]
+
+
+# Each exchange gets keys of its own: every worker runs the same exchanges
+# in the same order (as the collectives), and a key cannot be written twice.
+_exchange_numbers = itertools.count()
+_KEY_PREFIX = "keras_scaling/doctor"
+
+
+@_probes.guarded(
+    "tf.coordination_key_value_store",
+    reaches="tensorflow.python.eager.context.context(): coordination_service, "
+    "set_config_key_value, get_config_key_value",
+    lost=(
+        "keras-scaling doctor sends the workers' reports through an all-gather: workers "
+        "whose devices differ wait there until --timeout instead of failing at once"
+    ),
+    workaround="Check that every worker has the same devices before running doctor.",
+)
+def _key_value_store():
+    """The reach: TensorFlow's context, whose coordination service holds keys for the job."""
+    from tensorflow.python.eager import context
+
+    store = context.context()
+    if store.coordination_service is None:
+        raise _probes.ReachError("the strategy started no coordination service")
+    if not (callable(store.set_config_key_value) and callable(store.get_config_key_value)):
+        raise _probes.ReachError("the context has no key-value methods")
+    return store
+
+
+def exchange_reports(strategy, report, num_workers, wait_s):
+    """Every worker's `report` dict (which holds its `"worker"` index), with no collective.
+
+    Each worker writes its report under a key of its own in the coordination
+    service that `MultiWorkerMirroredStrategy` starts (on worker 0), then
+    reads the others'. Worker 0 serves the keys, so it returns only once
+    every worker that sent a report has read them all: it may then exit.
+    Without a key-value store (a probe that failed), the reports go through
+    `gather_reports`, an all-gather.
+
+    Args:
+        strategy: the `tf.distribute.Strategy` whose workers report.
+        report: this worker's report, JSON-serialisable.
+        num_workers: the workers of the strategy.
+        wait_s: seconds to wait for each other worker's report; a worker
+            whose report does not come is left out of the result.
+
+    Returns:
+        The reports in worker order, one per worker that sent one in time.
+    """
+    if num_workers == 1:
+        return [report]
+    store = _key_value_store()
+    if store is None:
+        return gather_reports(strategy, report)
+    prefix = f"{_KEY_PREFIX}/{next(_exchange_numbers)}"
+    store.set_config_key_value(f"{prefix}/report/{report['worker']}", json.dumps(report))
+    reports = []
+    for index in range(num_workers):
+        text = _wait_for_key(store, f"{prefix}/report/{index}", wait_s)
+        if text is not None:
+            reports.append(json.loads(text))
+    if report["worker"] != 0:
+        store.set_config_key_value(f"{prefix}/read/{report['worker']}", "1")
+    else:
+        for other in reports[1:]:
+            _wait_for_key(store, f"{prefix}/read/{other['worker']}", wait_s)
+    return reports
+
+
+def _wait_for_key(store, key, wait_s):
+    """The value of `key`, or None when it was not written within `wait_s` or the store is gone."""
+    try:
+        return store.get_config_key_value(key, max(1, round(wait_s * 1000)))
+    except tf.errors.OpError:
+        # DeadlineExceeded: nobody wrote it; Unavailable: worker 0, which
+        # serves the keys, has gone.
+        return None
 
 
 def gather_reports(strategy, report):

@@ -12,6 +12,8 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 
@@ -19,6 +21,7 @@ from keras_scaling.doctor._checks import (
     all_reduce_bandwidth_mb_per_s,
     bandwidth_check,
     check_all_reduce,
+    compare_devices,
     compare_versions,
     expected_all_reduce_sum,
     listening_addresses,
@@ -27,7 +30,7 @@ from keras_scaling.doctor._checks import (
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TIMEOUT_S = 300
-CHECK_NAMES = ("versions", "all-reduce", "first collective", "bandwidth", "server")
+CHECK_NAMES = ("versions", "devices", "all-reduce", "first collective", "bandwidth", "server")
 
 SAME = {"python": "3.11.7", "tensorflow": "2.21.0", "keras": "3.15.1", "keras_scaling": "0.1.0"}
 
@@ -75,6 +78,42 @@ def test_a_worker_missing_from_the_gather_fails_the_version_check():
     assert "no report from worker(s) 1 of 3" in check.message
 
 
+def _devices(worker, count, kind="CPU", address=None):
+    names = [f"/job:worker/replica:0/task:{worker}/device:{kind}:{i}" for i in range(count)]
+    report = {"worker": worker, "host": "vm", "devices": names, "device_kind": kind}
+    return dict(report, address=address) if address else report
+
+
+def test_workers_with_the_same_replicas_pass_the_device_check():
+    check = compare_devices([_devices(0, 2), _devices(1, 2)], 2)
+    assert check.ok, check.message
+    assert check.message == "2 workers, 2 CPU replicas each: 4 replicas in all"
+
+
+def test_workers_with_different_replica_counts_fail_and_each_is_named():
+    reports = [_devices(0, 2, address="127.0.0.1:2222"), _devices(1, 1, address="127.0.0.1:2223")]
+    check = compare_devices(reports, 2)
+    assert not check.ok
+    assert (
+        "worker 0 (vm, 127.0.0.1:2222) has 2 CPU replicas (CPU:0, CPU:1), "
+        "worker 1 (vm, 127.0.0.1:2223) has 1 CPU replica (CPU:0)"
+    ) in check.message
+    assert "--cpu-devices" in check.message
+
+
+def test_workers_with_different_device_kinds_fail():
+    check = compare_devices([_devices(0, 1, "GPU"), _devices(1, 1, "CPU")], 2)
+    assert not check.ok
+    assert "has 1 GPU replica (GPU:0)" in check.message
+    assert "has 1 CPU replica (CPU:0)" in check.message
+
+
+def test_a_worker_missing_from_the_exchange_fails_the_device_check():
+    check = compare_devices([_devices(0, 2)], 2)
+    assert not check.ok
+    assert "unknown for worker(s) 1 of 2" in check.message
+
+
 def test_the_known_sum_over_n_replicas_passes():
     assert expected_all_reduce_sum(4) == 10
     check = check_all_reduce([10.0] * 8, num_replicas=4)
@@ -103,6 +142,34 @@ def test_bandwidth_check_reports_the_median_round():
     check = bandwidth_check(10_000_000, [0.5, 0.1, 0.2])
     assert check.ok
     assert "median 0.200 s over 3 rounds (0.100 to 0.500 s), 50 MB/s" in check.message
+
+
+def test_one_replica_has_no_bandwidth_and_says_there_is_nothing_to_combine():
+    check = bandwidth_check(102_228_128, [], num_replicas=1)
+    assert check.ok
+    assert "nothing to combine" in check.message
+    assert "MB/s" not in check.message
+
+
+def test_a_tensor_under_one_mb_is_too_small_to_time():
+    check = bandwidth_check(4, [0.002, 0.003, 0.004])
+    assert "all-reduce of 4 bytes of float32" in check.message
+    assert "median 3.000 ms over 3 rounds (2.000 to 4.000 ms)" in check.message
+    assert "too small to time" in check.message
+    assert "MB/s" not in check.message
+    assert "pass a larger size (--size-mb)" in check.message
+
+
+def test_a_round_under_one_millisecond_is_too_small_to_time():
+    check = bandwidth_check(10_000_000, [0.0005, 0.0004, 0.0006])
+    assert "too small to time" in check.message
+    assert "MB/s" not in check.message
+
+
+def test_a_slow_bandwidth_keeps_its_significant_digits():
+    # 1 MB in 20 s: 0.05 MB/s, which a whole number of MB/s would print as 0.
+    check = bandwidth_check(1_000_000, [20.0])
+    assert check.message.endswith(", 0.05 MB/s")
 
 
 _PROC_NET_TCP = """\
@@ -207,7 +274,9 @@ def test_doctor_alone_passes_every_check_on_one_worker(tmp_path):
     assert _check_lines(result.stdout) == {name: "ok" for name in CHECK_NAMES}
     assert "this is worker 0 of 1" in result.stdout
     assert "TF_CONFIG is not set" in result.stdout
-    assert "all 5 checks passed" in result.stdout
+    assert "all 6 checks passed" in result.stdout
+    assert "bandwidth: one replica in all: an all-reduce has nothing to combine" in result.stdout
+    assert "MB/s" not in result.stdout
 
 
 def test_doctor_with_cpu_devices_sums_over_every_logical_cpu(tmp_path):
@@ -217,10 +286,28 @@ def test_doctor_with_cpu_devices_sums_over_every_logical_cpu(tmp_path):
     assert "summing r + 1 over 3 replicas gave 6" in result.stdout
 
 
-def test_bad_size_is_a_usage_error(tmp_path):
-    result = _run([sys.executable, "-m", "keras_scaling", "doctor", "--size-mb", "0"], tmp_path)
-    assert result.returncode == 2
-    assert "--size-mb: must be a positive number of MB, got '0'" in result.stderr
+@pytest.mark.parametrize(
+    "option, value",
+    [
+        ("--size-mb", "inf"),
+        ("--size-mb", "0"),
+        ("--size-mb", "-1"),
+        ("--size-mb", "nan"),
+        ("--size-mb", "1e15"),
+        ("--timeout", "inf"),
+        ("--timeout", "0"),
+        ("--timeout", "-5"),
+        ("--timeout", "nan"),
+        ("--timeout", "1e10"),
+    ],
+)
+def test_a_size_or_timeout_that_cannot_work_is_a_usage_error(tmp_path, option, value):
+    result = _run([sys.executable, "-m", "keras_scaling", "doctor", option, value], tmp_path)
+    assert result.returncode == 2, result.stderr[-3000:]
+    unit = "MB" if option == "--size-mb" else "seconds"
+    assert f"argument {option}: must be a number of {unit} above 0 and at most " in result.stderr
+    assert f"got '{value}'" in result.stderr
+    assert "Traceback" not in result.stderr
 
 
 def _free_port():
@@ -248,6 +335,76 @@ def test_a_worker_whose_peers_never_join_gives_up_after_the_timeout(tmp_path):
     ), output
 
 
+class _TimedProcess:
+    """A process whose output lines are read as they come, each with the time it came."""
+
+    def __init__(self, args, env, cwd):
+        self.process = subprocess.Popen(
+            args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        self.lines: list[tuple[float, str]] = []
+        self.ended_at = None
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self):
+        for line in self.process.stdout:
+            self.lines.append((time.monotonic(), line.rstrip("\n")))
+
+    def wait(self, timeout_s):
+        try:
+            returncode = self.process.wait(timeout=timeout_s)
+        finally:
+            if self.process.poll() is None:
+                self.process.kill()
+                self.process.wait()
+        self.ended_at = time.monotonic()
+        self._reader.join(timeout=10)
+        return returncode
+
+    @property
+    def output(self):
+        return "\n".join(line for _, line in self.lines)
+
+    def seconds_after(self, text):
+        """Seconds from the first line holding `text` to the process's end."""
+        at = next(when for when, line in self.lines if text in line)
+        return self.ended_at - at
+
+
+# Workers whose devices differ get the verdict from the first exchange, not
+# after the whole --timeout: they say it within this many seconds of joining.
+MISMATCH_VERDICT_S = 30
+
+
+def test_workers_that_disagree_on_devices_all_fail_fast_naming_each_workers_devices(tmp_path):
+    addresses = [f"127.0.0.1:{_free_port()}", f"127.0.0.1:{_free_port()}"]
+    workers = []
+    for index, cpu_devices in enumerate((2, 1)):
+        tf_config = {"cluster": {"worker": addresses}, "task": {"type": "worker", "index": index}}
+        workers.append(
+            _TimedProcess(
+                _doctor("--cpu-devices", str(cpu_devices), "--timeout", "240"),
+                env=_env(TF_CONFIG=json.dumps(tf_config)),
+                cwd=tmp_path,
+            )
+        )
+    returncodes = [worker.wait(TIMEOUT_S) for worker in workers]
+    expected = (
+        f"FAIL  devices: the workers' devices differ: worker 0 (vm, {addresses[0]}) has 2 CPU "
+        f"replicas (CPU:0, CPU:1), worker 1 (vm, {addresses[1]}) has 1 CPU replica (CPU:0)."
+    ).replace("vm", socket.gethostname())
+    for index, worker in enumerate(workers):
+        output = worker.output
+        assert returncodes[index] == 1, output[-6000:]
+        assert expected in output, output[-6000:]
+        assert "the checks did not finish" not in output, output[-6000:]
+        assert "all-reduce:" not in output, output[-6000:]
+        assert "keras-scaling doctor: FAILED: devices" in output
+        # From the strategy built (every worker joined) to the exit.
+        assert worker.seconds_after("this is worker") < MISMATCH_VERDICT_S, output[-6000:]
+
+
 def _worker_output(output, index):
     prefix = f"[worker {index}] "
     return "\n".join(line[len(prefix) :] for line in output.splitlines() if line.startswith(prefix))
@@ -268,6 +425,19 @@ def test_doctor_under_launch_passes_on_both_workers_with_the_same_checks(tmp_pat
         total = replicas * (replicas + 1) // 2
         assert f"summing r + 1 over {replicas} replicas gave {total} " in output
         assert "TensorFlow gRPC server listens on port" in output
+
+
+def test_without_the_key_value_store_the_reports_go_through_an_all_gather(tmp_path):
+    env = _env(KERAS_SCALING_FAIL_PROBES="tf.coordination_key_value_store")
+    result = _run(_launch(*_doctor("--cpu-devices", "2")), tmp_path, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    for index in (0, 1):
+        output = _worker_output(result.stdout, index)
+        assert _check_lines(output) == {name: "ok" for name in CHECK_NAMES}, output
+        assert "2 workers, 2 CPU replicas each: 4 replicas in all" in output
+    assert "keras-scaling doctor sends the workers' reports through an all-gather" in (
+        result.stdout + result.stderr
+    )
 
 
 # Worker 1 runs the command with PYTHONPATH on a copy of keras_scaling whose
