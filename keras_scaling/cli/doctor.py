@@ -24,7 +24,9 @@ Check the cluster this process belongs to, the way training will use it.
 Run it on every worker as training runs: under keras-scaling launch, under
 srun, in a Ray Train loop (keras_scaling.doctor.run_checks()), or alone. Each
 worker prints where its cluster came from (TF_CONFIG), its strategy, workers,
-replicas and devices, then checks through the strategy's collectives:
+replicas and devices, then checks (versions and devices from reports the
+workers exchange before any collective, the rest through the strategy's
+collectives):
 
   versions          every worker runs the same Python, TensorFlow, Keras and
                     keras_scaling (a worker that differs is named)
@@ -108,8 +110,8 @@ def add_parser(subparsers):
         metavar="MB",
         help=f"size of the float32 tensor whose all-reduce is timed, in MB (10^6 bytes), "
         f"above 0 and at most this machine's memory; default {_DEFAULT_SIZE_MB}, ResNet50's "
-        "gradients. Under 1 MB, or when a round takes under 1 ms, the time is shown "
-        "but no MB/s: too small to time",
+        "gradients. Under 1 MB, or when the median round takes under 1 ms, the time is "
+        "shown but no MB/s: too small to time",
     )
     parser.add_argument(
         "--rounds",

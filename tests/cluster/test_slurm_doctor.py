@@ -11,7 +11,7 @@ import pytest
 from common import REPO, job_env, read, write_script
 
 JOB_TIMEOUT_S = 300
-CHECK_NAMES = {"versions", "all-reduce", "first collective", "bandwidth", "server"}
+CHECK_NAMES = {"versions", "devices", "all-reduce", "first collective", "bandwidth", "server"}
 
 pytestmark = pytest.mark.timeout(2 * JOB_TIMEOUT_S)
 
@@ -46,6 +46,7 @@ def test_srun_doctor_passes_every_check_on_both_tasks(doctor_job):
         )
         assert found == {name: "ok" for name in CHECK_NAMES}, lines
         assert f"this is worker {task} of 2" in lines
+        assert "devices: 2 workers, 2 CPU replicas each: 4 replicas in all" in lines
         # 2 tasks x 2 logical CPUs, each replica r sending r + 1: 1 + 2 + 3 + 4.
         assert "summing r + 1 over 4 replicas gave 10 " in lines
 
