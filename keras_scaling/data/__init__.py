@@ -15,7 +15,7 @@ from typing import Any
 import tensorflow as tf
 
 from keras_scaling import devices
-from keras_scaling.data import _input_plan, _passes, _pipeline, _sources
+from keras_scaling.data import _input_plan, _keras_epochs, _passes, _pipeline, _sources
 from keras_scaling.data._input_plan import InputPlan
 
 __all__ = ["InputPlan", "describe", "distribute", "global_batch_size", "plan_of"]
@@ -27,6 +27,15 @@ logger = logging.getLogger("keras_scaling")
 DEFAULT_SEED = 1234
 
 _PLAN_ATTRIBUTE = "_keras_scaling_input_plan"
+
+UNNUMBERED_PASSES_WARNING = (
+    "keras_scaling.data: Keras' epochs cannot number the passes over this "
+    "dataset here (the warning above says why, or KERAS_SCALING_NO_COMPAT=1): "
+    "each pass takes its shuffle order when this process starts reading it, "
+    "so a batch read outside fit on one worker alone (next(iter(dataset))) "
+    "makes the workers read different samples. Read it only through fit, "
+    "evaluate and predict, the same on every worker."
+)
 # A callable building the same pipeline again, with shuffle state of its own.
 _REBUILD_ATTRIBUTE = "_keras_scaling_rebuild"
 
@@ -274,6 +283,8 @@ def _distribute_for(data, info, *, static_shapes_required=False, **kwargs):
     for message in plan.warnings:
         logger.warning("%s", message)
     logger.info("%s", plan)
+    if not _keras_epochs.install() and plan.shuffle and plan.num_workers > 1:
+        logger.warning("%s", UNNUMBERED_PASSES_WARNING)
     counter = _passes.PassCounter()
     dataset = _pipeline.build(
         source,

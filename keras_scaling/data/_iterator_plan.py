@@ -113,9 +113,18 @@ def distributed_dataset(iterator):
     Args:
         iterator: the iterator Keras' train function is called with.
     """
+    return distribute_dataset_behind(_tf_data.dataset_of_iterator(iterator))
+
+
+def distribute_dataset_behind(dataset):
+    """The dataset `keras_scaling.data.distribute` made, `dataset` or one it was made from, or None.
+
+    Args:
+        dataset: a `tf.data.Dataset`, or any object (then None).
+    """
     from keras_scaling import data
 
-    pending = [_tf_data.dataset_of_iterator(iterator)]
+    pending = [dataset]
     seen = set()
     while pending:
         dataset = pending.pop()

@@ -1,11 +1,22 @@
 """The pass index of a `distribute` pipeline: which order each pass reads.
 
-Every pass over the pipeline (one per epoch in `fit`) takes the next index
-from a counter when its first element is read, and its shuffle order is a
-function of the seed and that index alone. An iterator that is created and
-dropped unread (Keras makes one at each epoch's end) takes no index, and a
-resume sets the index the next pass reads (`set_next_pass`), so the saved
-epoch gets its order again.
+Each pass's shuffle order is a function of the seed and the pass's index
+alone. Where the index comes from:
+
+- Keras numbers the passes: each time it starts an epoch over the data
+  (`fit`'s epochs, the batch `fit` reads first to build the model under a
+  strategy, each `evaluate` and `predict`), its data adapter says so
+  (`_keras_epochs`) and that pass takes the next number of Keras' epochs,
+  counted from 0 in each process. A read outside Keras (`next(iter(dataset))`
+  to look at a batch) takes no number from that count, so every worker reads
+  Keras' epoch `e` in the same order whatever it read besides.
+- Until Keras has started an epoch (a loop of your own over the dataset, or
+  a Keras whose adapter cannot be reached), a pass takes the next index from
+  a counter when its first element is read.
+
+An iterator that is created and dropped unread (Keras makes one at each
+epoch's end) takes no index, and a resume sets the index the next pass reads
+(`set_next_pass`), so the saved epoch gets its order again.
 """
 
 import threading
@@ -16,11 +27,13 @@ _COUNTER_ATTRIBUTE = "_keras_scaling_pass_counter"
 
 
 class PassCounter:
-    """Counts the passes read over one pipeline; its `next_pass` can be set.
+    """Numbers the passes read over one pipeline; the next number can be set.
 
     The counter is a variable on this host's CPU, created on a thread of its
     own: a strategy's scope (which would mirror it over the replicas) and a
-    device scope are per thread.
+    device scope are per thread. A pass reads it when its first element is
+    read (`take`); when Keras starts an epoch (`begin_keras_epoch`) it is set
+    to that epoch's number first.
     """
 
     def __init__(self) -> None:
@@ -34,19 +47,58 @@ class PassCounter:
         thread.start()
         thread.join()
         self._next_pass = created[0]
+        self._lock = threading.Lock()
+        # None until Keras starts its first epoch over the pipeline.
+        self._keras_pass: int | None = None
+        self._keras_next_pass = 0
 
     def take(self) -> tf.Tensor:
         """The index of the pass starting now; the counter moves on (in the pipeline's graph)."""
         return self._next_pass.assign_add(1) - 1
 
+    def begin_keras_epoch(self) -> int:
+        """Keras starts an epoch over the pipeline: its pass takes Keras' next number.
+
+        Returns:
+            int, the index of the pass this epoch reads.
+        """
+        with self._lock:
+            index = self._keras_next_pass
+            self._keras_pass, self._keras_next_pass = index, index + 1
+            self._next_pass.assign(index)
+            return index
+
+    @property
+    def numbered_by_keras(self) -> bool:
+        """Whether Keras has started an epoch over the pipeline (and numbers its passes)."""
+        return self._keras_pass is not None
+
     @property
     def next_pass(self) -> int:
-        """The index the next pass to be read takes."""
-        return int(self._next_pass.numpy())
+        """The index the next pass takes: Keras' next epoch's, once Keras numbers them."""
+        with self._lock:
+            if self._keras_pass is not None:
+                return self._keras_next_pass
+            return int(self._next_pass.numpy())
+
+    @property
+    def pass_in_progress(self) -> int:
+        """The index of the pass being read (once its first element is read)."""
+        with self._lock:
+            if self._keras_pass is not None:
+                return self._keras_pass
+            return int(self._next_pass.numpy()) - 1
 
     def set_next_pass(self, index: int) -> None:
-        """Makes the next pass read the order of pass `index`."""
-        self._next_pass.assign(int(index))
+        """Makes the next pass to be read (the epoch about to start reading) read pass `index`.
+
+        Later passes follow: `index + 1`, then `index + 2`, ...
+        """
+        index = int(index)
+        with self._lock:
+            if self._keras_pass is not None:
+                self._keras_pass, self._keras_next_pass = index, index + 1
+            self._next_pass.assign(index)
 
 
 def each_pass(counter: PassCounter, build_pass) -> tf.data.Dataset:

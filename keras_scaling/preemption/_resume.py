@@ -1,7 +1,7 @@
 """An exact resume inside an epoch, from the data `fit` reads and nothing else.
 
 A dataset of `keras_scaling.data.distribute` numbers its passes (one per
-epoch) and shuffles each by the seed and its number alone. A backup records
+epoch, by Keras' epochs) and shuffles each by the seed and its number alone. A backup records
 the number of the pass its epoch read and the steps already trained in it.
 On resume, before the first step, the dataset is found behind the iterator
 Keras' train function is called with (`TrainingData.behind`), its next pass
@@ -47,7 +47,7 @@ class TrainingData:
     def pass_in_progress(self):
         """The number of the pass being read (once a step of the epoch ran), or
         None for data read in one order in every pass (not shuffled)."""
-        return self._counter.next_pass - 1 if self.plan.shuffle else None
+        return self._counter.pass_in_progress if self.plan.shuffle else None
 
     @property
     def next_pass(self):
