@@ -17,6 +17,7 @@ import textwrap
 import pytest
 
 from keras_scaling import data
+from keras_scaling.internals import _probes, _versions
 from keras_scaling.launch import launcher
 
 NUM_SAMPLES = 400
@@ -134,5 +135,8 @@ def test_passes_numbered_by_reads_are_announced_with_several_workers(shuffle):
         timeout=100,
     )
     assert process.returncode == 0, process.stderr[-3000:]
-    assert "get_data_adapter" in process.stderr  # the probe's own warning
+    probe = _probes._registry["keras.data_adapter_epochs"]
+    (probe_warning,) = [line for line in process.stderr.splitlines() if probe.reaches in line]
+    assert f"Keras {_versions.keras_version()}" in probe_warning
+    assert probe.lost in probe_warning and probe.workaround in probe_warning
     assert (data.UNNUMBERED_PASSES_WARNING in process.stderr) == shuffle
