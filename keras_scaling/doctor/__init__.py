@@ -56,7 +56,7 @@ class DoctorReport:
     """What `run_checks` found on this worker.
 
     Every worker of a job gets the same verdicts: the checks compare what
-    all workers sent through the collectives.
+    all workers sent.
 
     Args:
         strategy_info: the `keras_scaling.StrategyInfo` of the strategy checked.

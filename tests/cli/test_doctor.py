@@ -390,10 +390,12 @@ def test_workers_that_disagree_on_devices_all_fail_fast_naming_each_workers_devi
             )
         )
     returncodes = [worker.wait(TIMEOUT_S) for worker in workers]
+    host = socket.gethostname()
     expected = (
-        f"FAIL  devices: the workers' devices differ: worker 0 (vm, {addresses[0]}) has 2 CPU "
-        f"replicas (CPU:0, CPU:1), worker 1 (vm, {addresses[1]}) has 1 CPU replica (CPU:0)."
-    ).replace("vm", socket.gethostname())
+        f"FAIL  devices: the workers' devices differ: worker 0 ({host}, {addresses[0]}) has 2 "
+        f"CPU replicas (CPU:0, CPU:1), worker 1 ({host}, {addresses[1]}) has 1 CPU replica "
+        "(CPU:0)."
+    )
     for index, worker in enumerate(workers):
         output = worker.output
         assert returncodes[index] == 1, output[-6000:]
