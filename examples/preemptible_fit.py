@@ -14,8 +14,13 @@ What it shows:
 
 Run:
 
-    python examples/preemptible_fit.py --stop-at-step 30   # SIGTERMs itself: status 75
-    python examples/preemptible_fit.py                     # resumes at step 30, finishes
+    python examples/preemptible_fit.py --stop-at-step 30   # SIGTERM after step 30: saves at 31, status 75
+    python examples/preemptible_fit.py                     # resumes after step 31, finishes
+
+A signal is handled when the step in progress ends: the process signals
+itself after step 30, while step 31 is on its way, so the backup holds step
+31 and the run again says where it resumed ("resuming from ...: epoch 1/3,
+after its step 31 of 32").
     # On 2 workers, restarted after a preemption (up to 3 times):
     keras-scaling launch --workers 2 --cpu-devices 2 --max-restarts 3 -- \\
         python examples/preemptible_fit.py
@@ -44,7 +49,10 @@ def _arguments():
         "--stop-at-step",
         type=int,
         default=None,
-        help="send this process SIGTERM after this optimizer step, as a preemption would",
+        help=(
+            "send this process SIGTERM after this optimizer step, as a preemption "
+            "would; the backup is saved at the end of the next step, the one in progress"
+        ),
     )
     return parser.parse_args()
 

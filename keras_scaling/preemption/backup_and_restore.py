@@ -224,6 +224,11 @@ class BackupAndRestore(keras.callbacks.Callback):
             self.model.stop_training = True
 
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
+        if self._resume_pending is not None:
+            # The backup's epoch was the last: no step ran to position the data.
+            position, _ = self._resume_pending
+            self._resume_pending = None
+            self._announce_resume(position, resumed_after_step=position.step_in_epoch)
         self._end_fit()
         if self._preempted:
             raise SystemExit(EXIT_PREEMPTED)
@@ -387,15 +392,9 @@ class BackupAndRestore(keras.callbacks.Callback):
             )
         else:
             self.model._initial_epoch = position.epoch
-        # The data is positioned before the first step, where it is found.
+        # The data is positioned before the first step, where it is found;
+        # the resume is announced then, at the step it really resumes at.
         self._resume_pending = (position, header.get("data_plan"))
-        logger.info(
-            "Restored the backup in %s: epoch %d, step %d of it (optimizer step %d).",
-            self.backup_dir,
-            position.epoch + 1,
-            position.step_in_epoch,
-            position.iterations,
-        )
 
     def _position_data(self, position, saved_plan):
         """Before a resumed fit's first step: the saved epoch's order, its trained steps skipped."""
@@ -410,6 +409,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         if not why and position.data_pass is None and data.plan.shuffle:
             why = "the backup does not say which pass over the data its epoch read"
         if why:
+            self._announce_resume(position, resumed_after_step=0)
             if steps_to_skip:
                 self._warn_once(
                     "skip",
@@ -432,8 +432,23 @@ class BackupAndRestore(keras.callbacks.Callback):
                 f"{retrained} steps are trained again",
             )
         self._steps_skipped = steps_to_skip - retrained
+        self._announce_resume(position, resumed_after_step=self._steps_skipped)
         if self._steps_skipped:
             self._train_hook.skip = _resume.BatchSkipper(self.model, self._steps_skipped)
+
+    def _announce_resume(self, position, resumed_after_step):
+        """Says once, at the default log level, where training resumed and from which file."""
+        steps = self.params.get("steps")
+        logger.warning(
+            "BackupAndRestore: resuming from %s (saved at optimizer step %d): "
+            "epoch %d/%s, after its step %d%s.",
+            _backup.backup_path(self.backup_dir),
+            position.iterations,
+            position.epoch + 1,
+            self.params.get("epochs", "?"),
+            resumed_after_step,
+            f" of {steps}" if steps else "",
+        )
 
     # Preemption.
 

@@ -167,6 +167,21 @@ def test_preempted_run_exits_75_and_leaves_a_backup_at_the_end_of_the_step_in_pr
     assert "Preemption notice (SIGTERM)" in stopped.stderr
 
 
+@pytest.mark.timeout(4 * RUN_TIMEOUT_S)
+def test_a_resume_says_once_at_the_default_log_level_where_it_resumed(sigterm_at_50):
+    # The worker configures no logging: what it prints, a user sees.
+    stderr = sigterm_at_50["resumed"].stderr
+    backup_file = os.path.join(
+        os.path.dirname(sigterm_at_50["resumed_out"]), "backup", "backup.npz"
+    )
+    assert stderr.count("BackupAndRestore: resuming from") == 1, stderr[-3000:]
+    assert (
+        f"BackupAndRestore: resuming from {backup_file} (saved at optimizer step 51): "
+        f"epoch 2/3, after its step 11 of {STEPS_PER_EPOCH}." in stderr
+    )
+    assert "resuming from" not in sigterm_at_50["stopped"].stderr
+
+
 @pytest.mark.timeout(3 * RUN_TIMEOUT_S)
 def test_other_data_resumes_at_the_start_of_the_saved_epoch_and_says_so(tmp_path):
     arrays = ("--data", "arrays")
@@ -176,6 +191,8 @@ def test_other_data_resumes_at_the_start_of_the_saved_epoch_and_says_so(tmp_path
     # Saved after step 51: the second epoch's 11 steps before it are trained again.
     assert iterations == TOTAL_STEPS + 11
     assert resumed.stderr.count("resuming at the start of epoch 2") == 1
+    assert resumed.stderr.count("BackupAndRestore: resuming from") == 1
+    assert "epoch 2/3, after its step 0 of 40." in resumed.stderr
 
 
 def _scalar_steps(log_dir, tag):
@@ -525,6 +542,20 @@ def test_a_resumed_epoch_keeps_its_length_and_trains_every_other_sample_once(tmp
     assert int(model.optimizer.iterations.numpy()) == 24
     # Keras counts every step of the resumed epoch: the first 4 read, not trained.
     assert batches.batches == {1: list(range(8)), 2: list(range(8))}
+
+
+def test_batches_read_outside_fit_before_the_resume_change_no_sample_it_trains(tmp_path):
+    _preempted_at_step_4_of_epoch_2(tmp_path, epochs=3)
+
+    model, data = _counting_model_and_data()
+    # A look at the data before training, as people do to check shapes.
+    next(iter(data))
+    for _ in data.take(3):
+        pass
+    model.fit(data, epochs=3, verbose=0, callbacks=[keras_scaling.BackupAndRestore(tmp_path)])
+
+    counts = model.layers[1].counts.numpy()
+    assert counts.tolist() == [3.0] * 64, "a sample was trained twice or left out"
 
 
 def test_a_backup_inside_an_execution_of_the_new_steps_per_execution_retrains_the_rest_and_says_so(
