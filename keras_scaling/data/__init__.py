@@ -108,8 +108,14 @@ def distribute(
       same seed gives the same orders. Arrays get a full permutation;
       datasets and records a shuffle buffer of up to 10 000 elements. The
       order of a pass over the dataset is a function of the seed and the
-      pass's number alone; a pass is numbered when its first batch is read,
-      so an iterator made and never read changes no order.
+      pass's number alone, and Keras' epochs number the passes (each
+      epoch of `fit`, each `evaluate` and `predict`, counted in each
+      process): every worker reads epoch `e` of `fit` in the same order,
+      whatever it read outside Keras (a look at a batch before training).
+      Without Keras' data adapter (a warning says so) a pass is numbered
+      when its first batch is read. `fit(shuffle=True)` does not apply to a
+      dataset, and Keras' warning that it is ignored does not appear for a
+      dataset `distribute` shuffles.
     - Shapes are static except for the last batch under
       `last_batch="partial"`; the pipeline ends with
       `prefetch(tf.data.AUTOTUNE)`.

@@ -61,7 +61,8 @@ class BackupAndRestore(keras.callbacks.Callback):
     steps (each batch callbacks see, progress bar included), whose batches
     are read and not trained, and reports the metrics as they stand there.
     The data is found, and its plan compared with the backup's, just before
-    the first step.
+    the first step; a warning (shown without any logging set up) then says
+    once where training resumes: the backup file, the epoch and the step.
 
     A save is atomic: the file is written beside the previous one and renamed
     over it, so a process killed during a save leaves the previous backup
@@ -79,9 +80,9 @@ class BackupAndRestore(keras.callbacks.Callback):
     overwritten. When training ends normally the backup is deleted (unless
     `delete_checkpoint=False`), so the next run starts afresh.
 
-    Exactness needs the same script, data and `steps_per_execution`, one
-    `fit` per `backup_dir`, and the training dataset read only by `fit`
-    (each pass read over it takes the next shuffle order).
+    Exactness needs the same script, data and `steps_per_execution`, and
+    one `fit` per `backup_dir`; batches read outside `fit` change nothing
+    (Keras' epochs number the passes over the data).
 
     Args:
         backup_dir: str or path, where the backup lives; created when missing.
