@@ -15,6 +15,9 @@ Composable pieces for ordinary Keras code on `tf.distribute`:
   Kubernetes or `TF_CONFIG`.
 - `explain(model, data)`: the training step split into input, compute,
   synchronization and host overhead, with a verdict and the fix.
+- `tune(model, data)`: the fastest settings for the model on its devices,
+  found by measurement; `tune.load("tune.json")` gives them back as
+  keyword arguments.
 
 Names are imported on first use, so `import keras_scaling` is cheap and does
 not initialise TensorFlow's devices: `use_logical_cpus` can still follow it.
@@ -40,6 +43,7 @@ if TYPE_CHECKING:
     from keras_scaling import peak_flops as peak_flops
     from keras_scaling import replica_state as replica_state
     from keras_scaling import throughput as throughput
+    from keras_scaling import tune as tune
     from keras_scaling import utilization as utilization
     from keras_scaling.callbacks.backup_and_restore import BackupAndRestore as BackupAndRestore
     from keras_scaling.callbacks.replica_sync import (
@@ -84,6 +88,7 @@ _SUBMODULES = (
     "replica_state",
     "replica_sync",
     "throughput",
+    "tune",
     "utilization",
 )
 

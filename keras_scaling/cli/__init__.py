@@ -1,17 +1,18 @@
-"""The `keras-scaling` command line: `bench`, `report`, `launch` and `doctor`.
+"""The `keras-scaling` command line: `bench`, `report`, `launch`, `doctor` and `tune`.
 
 `keras-scaling bench` measures the speedup of data-parallel training over
 replica counts; `keras-scaling report LOGDIR` prints the same table for
 runs logged earlier by `ThroughputLogger`; `keras-scaling launch` starts
 local multi-worker training; `keras-scaling doctor` checks versions,
-collectives and bandwidth on every worker of a cluster. `python -m
+collectives and bandwidth on every worker of a cluster; `keras-scaling
+tune` finds the fastest settings for a model by measurement. `python -m
 keras_scaling` is the same program.
 """
 
 import argparse
 import sys
 
-from keras_scaling.cli import bench, doctor, launch, report
+from keras_scaling.cli import bench, doctor, launch, report, tune
 from keras_scaling.cli._errors import UsageError
 
 _PROG = "keras-scaling"
@@ -28,6 +29,7 @@ def _parser():
     report.add_parser(subparsers)
     launch.add_parser(subparsers)
     doctor.add_parser(subparsers)
+    tune.add_parser(subparsers)
     return parser
 
 

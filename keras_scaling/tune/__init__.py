@@ -1,0 +1,342 @@
+"""The fastest settings for a model on its devices, found by measurement and applied in one line.
+
+`keras_scaling.tune(model, data)` starts from the model's own settings,
+asks `keras_scaling.explain` what bounds the step, then measures each knob
+against the incumbent in alternating rounds of real `fit` calls, keeps a
+change only when its gain exceeds the noise, and stops at the budget. It
+writes `tune.json`, which `keras_scaling.tune.load` reads back as the
+keyword arguments of `model.compile`, `keras_scaling.data.distribute` and
+`keras_scaling.auto_strategy`. `keras-scaling tune` does the same from the
+command line. See docs/guides/tune.md.
+
+The package is callable: `keras_scaling.tune(...)` is `tune.tune(...)`
+whether Python bound the name to this package or to its function.
+"""
+
+import dataclasses
+import json
+import os
+import sys
+import types
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from keras_scaling import _validation
+
+if TYPE_CHECKING:
+    import keras
+    import tensorflow as tf
+
+__all__ = ["TuneResult", "TunedSettings", "load", "tune"]
+
+DEFAULT_BUDGET_S = 180.0
+
+
+@dataclasses.dataclass(frozen=True)
+class TunedSettings:
+    """Settings read from `tune.json`, as the keyword arguments of the calls they go to.
+
+    Args:
+        compile_kwargs: for `model.compile`, such as `{"steps_per_execution": 32}`.
+        data_kwargs: for `keras_scaling.data.distribute`, such as
+            `{"per_replica_batch_size": 128}`; empty when tune was given
+            global batches.
+        strategy_kwargs: for `keras_scaling.auto_strategy`.
+        samples_per_sec: the measured samples/sec of these settings.
+        ratio_to_start: their speed over the start's.
+        trains_the_same: False when an allowed knob (per-replica batch)
+            changed what is trained.
+
+    Example:
+
+    ```python
+    settings = keras_scaling.tune.TunedSettings(
+        compile_kwargs={"steps_per_execution": 32},
+        data_kwargs={"per_replica_batch_size": 64},
+        strategy_kwargs={},
+        samples_per_sec=5000.0,
+        ratio_to_start=2.5,
+        trains_the_same=True,
+    )
+    settings.compile_kwargs["steps_per_execution"]   # 32
+    ```
+    """
+
+    compile_kwargs: dict
+    data_kwargs: dict
+    strategy_kwargs: dict
+    samples_per_sec: float | None
+    ratio_to_start: float
+    trains_the_same: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class TuneResult:
+    """What `tune` found: the best settings, the record of `tune.json`, and its path.
+
+    Args:
+        best: the best settings, a `TunedSettings`.
+        record: the dict written to `tune.json` (`start`, `best`, `trials`, `notes`).
+        path: where `tune.json` was written, or None.
+
+    Example:
+
+    ```python
+    settings = keras_scaling.tune.TunedSettings({}, {}, {}, None, 1.0, True)
+    result = keras_scaling.tune.TuneResult(best=settings, record={}, path=None)
+    result.best.ratio_to_start   # 1.0
+    ```
+    """
+
+    best: TunedSettings
+    record: dict
+    path: str | None
+
+    def __str__(self) -> str:
+        from keras_scaling.tune import _report
+
+        if not self.record:
+            return "TuneResult()"
+        lines = [_report.format_table(self.record["trials"]), ""]
+        lines += _report.summary_lines(self.record)
+        return "\n".join(lines)
+
+
+def _settings_of(record: dict, which: str) -> TunedSettings:
+    entry = record[which]
+    settings = entry["settings"]
+    return TunedSettings(
+        compile_kwargs=dict(settings["compile"]),
+        data_kwargs=dict(settings["data"]),
+        strategy_kwargs=dict(settings["strategy"]),
+        samples_per_sec=entry.get("samples_per_sec"),
+        ratio_to_start=float(entry.get("ratio_to_start", 1.0)),
+        trains_the_same=bool(entry.get("trains_the_same", True)),
+    )
+
+
+def load(path: "str | os.PathLike[str]", which: str = "best") -> TunedSettings:
+    """Reads the best settings (or the start's) from a `tune.json`.
+
+    Args:
+        path: the file, or the log directory that holds `tune.json`.
+        which: `"best"` (default) or `"start"`.
+
+    Returns:
+        A `TunedSettings`: `compile_kwargs`, `data_kwargs` and
+        `strategy_kwargs` go to `model.compile`, `keras_scaling.data.distribute`
+        and `keras_scaling.auto_strategy`.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: the file is not a `tune.json`, or `which` is neither
+            `"best"` nor `"start"`.
+
+    Example:
+
+    ```python
+    import json
+    record = {
+        "start": {"samples_per_sec": 2000.0,
+                  "settings": {"compile": {"steps_per_execution": 1}, "data": {}, "strategy": {}}},
+        "best": {"samples_per_sec": 5000.0, "ratio_to_start": 2.5,
+                 "settings": {"compile": {"steps_per_execution": 32}, "data": {}, "strategy": {}}},
+    }
+    with open("tune.json", "w") as file:
+        json.dump(record, file)
+    tuned = keras_scaling.tune.load("tune.json")
+    tuned.compile_kwargs   # {'steps_per_execution': 32}
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse", **tuned.compile_kwargs)
+    ```
+    """
+    from keras_scaling.tune import _report
+
+    which = _validation.one_of(which, "which", ("best", "start"))
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        path = os.path.join(path, _report.FILE_NAME)
+    with open(path, encoding="utf-8") as file:
+        try:
+            record = json.load(file)
+        except json.JSONDecodeError as error:
+            raise ValueError(
+                f"{path} is not JSON ({error}); pass the tune.json tune wrote"
+            ) from None
+    try:
+        return _settings_of(record, which)
+    except (KeyError, TypeError) as error:
+        raise ValueError(
+            f"{path} is not a tune.json: no {which}.settings with compile, data and "
+            f"strategy ({error!r} missing); pass the file keras_scaling.tune wrote"
+        ) from None
+
+
+def tune(
+    model: "keras.Model",
+    data: Any,
+    *,
+    per_replica_batch_size: int | None = None,
+    data_kwargs: dict | None = None,
+    strategy: "tf.distribute.Strategy | None" = None,
+    budget_s: float = DEFAULT_BUDGET_S,
+    allow: str | Sequence[str] = (),
+    log_dir: "str | os.PathLike[str] | None" = None,
+    verbose: bool = True,
+) -> TuneResult:
+    """Finds faster settings for training `model` on `data`, by measurement.
+
+    Starts from the model's `steps_per_execution` and `jit_compile` and the
+    data settings given, asks `keras_scaling.explain` what bounds the step
+    and tries the remedy first, then the other knobs. Each value runs in
+    alternating rounds with the incumbent (real `model.fit` calls, timed over
+    their second epoch); a change is kept only when its median gain exceeds
+    the rounds' noise and 5%. It stops when `budget_s` is spent.
+
+    | knob | where | changes training |
+    |---|---|---|
+    | `steps_per_execution` | `compile_kwargs` | no: bitwise the same weights |
+    | `jit_compile` (XLA) | `compile_kwargs` | no, but other kernels: the same mathematics up to float rounding |
+    | `cache` | `data_kwargs` | no: the same batches in the same order |
+    | `per_replica_batch_size` | `data_kwargs` | yes: only with `allow="batch"`; scale the learning rate |
+
+    XLA is not tried with several replicas on CPUs (it cannot reach the
+    other logical devices' variables). The model trains while it is
+    measured; its weights, optimizer state and compile settings are put
+    back afterwards.
+
+    Args:
+        model: a compiled `keras.Model`, built in `strategy`'s scope.
+        data: arrays `(x, y)`, a `tf.data.Dataset` of samples or a
+            `keras.utils.PyDataset`, with `per_replica_batch_size` (tune
+            builds the pipeline with `keras_scaling.data.distribute` and can
+            tune it); or a `tf.data.Dataset` of global batches, used as it is.
+        per_replica_batch_size: int, samples per replica per step.
+        data_kwargs: dict, more arguments of `keras_scaling.data.distribute`
+            (such as `shuffle`), kept in the settings.
+        strategy: the `tf.distribute.Strategy`; default the model's.
+        budget_s: float, seconds for the whole search (default 180).
+        allow: knobs that change training, tried only when named here:
+            `"batch"` (the per-replica batch).
+        log_dir: str, where to write `tune.json` and the TensorBoard run
+            `tune` (Text tab); None writes nothing.
+        verbose: bool, print the trials, the table and the outcome.
+
+    Returns:
+        A `TuneResult`: `.best` (a `TunedSettings`), `.record` (the dict of
+        `tune.json`) and `.path`.
+
+    Raises:
+        ValueError: a model that is not compiled, an unknown knob in
+            `allow`, a budget too small to measure one candidate, or data
+            that cannot be batched as asked.
+
+    Example:
+
+    ```python
+    import numpy as np
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    x, y = np.zeros((512, 8), "float32"), np.zeros((512, 1), "float32")
+    result = keras_scaling.tune(
+        model, (x, y), per_replica_batch_size=32, budget_s=20, verbose=False
+    )
+    sorted(result.best.compile_kwargs)   # ['jit_compile', 'steps_per_execution']
+    # Usually larger than 1: a tiny model's step is mostly the loop's cost.
+    result.best.compile_kwargs["steps_per_execution"]
+    ```
+    """
+    import tensorflow as tf
+
+    from keras_scaling.tune import _candidates, _measure, _report, _search
+
+    budget_s = _validation.positive_number(budget_s, "budget_s", unit="seconds")
+    verbose = _validation.boolean(verbose, "verbose")
+    allowed = _candidates.parse_allow(allow)
+    if budget_s < _search.MIN_BUDGET_S:
+        raise ValueError(
+            f"budget_s must be at least {_search.MIN_BUDGET_S:g} seconds to measure one "
+            f"candidate against the start, got {budget_s:g}"
+        )
+    if not getattr(model, "compiled", False):
+        raise ValueError(
+            "model must be compiled: call model.compile(optimizer=..., loss=...) "
+            "before keras_scaling.tune"
+        )
+    strategy = strategy or model.distribute_strategy
+    data_settings = dict(data_kwargs or {})
+    if per_replica_batch_size is not None:
+        data_settings["per_replica_batch_size"] = _validation.positive_int(
+            per_replica_batch_size, "per_replica_batch_size"
+        )
+    elif not isinstance(data, tf.data.Dataset):
+        raise ValueError(
+            "per_replica_batch_size is needed for arrays and PyDataset data: pass "
+            "per_replica_batch_size=..., or a tf.data.Dataset of global batches"
+        )
+    start = {
+        "compile": {
+            "steps_per_execution": int(model.steps_per_execution or 1),
+            "jit_compile": bool(model.jit_compile),
+        },
+        "data": data_settings,
+        "strategy": {},
+    }
+    runner = _measure.Runner(model, strategy, data)
+
+    def explain_fn(dataset, steps):
+        from keras_scaling import explain
+
+        return explain.explain(model, dataset, steps=steps, rounds=2, verbose=False)
+
+    try:
+        record = _search.search(
+            runner,
+            start,
+            budget_s=budget_s,
+            allowed=allowed,
+            explain_fn=explain_fn,
+            verbose=verbose,
+        )
+    finally:
+        runner.restore()
+    record = _report.to_json(
+        start=record["start"],
+        best=record["best"],
+        trials=record["trials"],
+        notes=record["notes"],
+        setup={
+            "replicas": runner.num_replicas,
+            "workers": runner.num_workers,
+            "device_kind": runner.device_kind,
+            "budget_s": budget_s,
+            "elapsed_s": record["elapsed_s"],
+            "timeline_s": record["timeline"],
+            "explain_bound": record["explain_bound"],
+            "allow": [name for name, knob in _candidates.ALLOWABLE.items() if knob in allowed],
+        },
+    )
+    path = None
+    if log_dir is not None:
+        path = _report.write(os.fspath(log_dir), record)
+    result = TuneResult(best=_settings_of(record, "best"), record=record, path=path)
+    if verbose:
+        print(str(result))
+        if path is not None:
+            print("\nApply it:")
+            print("\n".join(f"  {line}" for line in _report.apply_lines(record, path)))
+    return result
+
+
+class _CallableModule(types.ModuleType):
+    """This package, callable as its `tune` function.
+
+    The package and its function share the name `keras_scaling.tune`;
+    importing `keras_scaling.tune._search` binds the package to it.
+    """
+
+    def __call__(self, *args: Any, **kwargs: Any) -> TuneResult:
+        return tune(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

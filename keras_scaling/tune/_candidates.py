@@ -1,0 +1,171 @@
+"""What `tune` tries, in which order: plain functions of explain's verdict and the settings.
+
+Settings are three dicts, the keyword arguments of the calls they go to:
+`compile` (`model.compile`), `data` (`keras_scaling.data.distribute`) and
+`strategy` (`keras_scaling.auto_strategy`). A knob changes one entry of
+one of them. Knobs that keep the model's arithmetic are tried by default;
+`per_replica_batch_size` and `mixed_precision` change what is trained and
+are tried only when allowed (`allow=("batch", "precision")`).
+"""
+
+import dataclasses
+
+# The knobs `allow` opens, by the name users pass.
+ALLOWABLE = {"batch": "per_replica_batch_size", "precision": "mixed_precision"}
+
+# Which knob first, by what explain found bounds the step: the remedy of the
+# bound, then the rest by how often they pay off.
+_ORDER = {
+    "host": ("steps_per_execution", "cache", "jit_compile", "per_replica_batch_size"),
+    "input": ("cache", "steps_per_execution", "jit_compile", "per_replica_batch_size"),
+    "compute": ("jit_compile", "mixed_precision", "steps_per_execution", "cache"),
+    "synchronization": ("per_replica_batch_size", "steps_per_execution", "cache", "jit_compile"),
+}
+KNOBS = ("steps_per_execution", "cache", "jit_compile", "per_replica_batch_size", "mixed_precision")
+# Where each knob lives in the settings.
+SECTION = {
+    "steps_per_execution": "compile",
+    "jit_compile": "compile",
+    "cache": "data",
+    "per_replica_batch_size": "data",
+}
+# Knobs after which the weights differ from the start's.
+CHANGES_TRAINING = ("per_replica_batch_size", "mixed_precision")
+# Knobs that keep the mathematics but not the float rounding.
+CHANGES_ROUNDING = ("jit_compile",)
+# The largest steps_per_execution tried: beyond it the host's per-call cost
+# is far below noise, and the epoch must hold whole calls.
+LARGEST_STEPS_PER_EXECUTION = 256
+
+
+def parse_allow(allow):
+    """The knob names `allow` opens; raises ValueError on an unknown one.
+
+    Args:
+        allow: names among `ALLOWABLE`, as a sequence or one comma-separated string.
+
+    Example: `parse_allow("batch,precision")` gives
+    `("per_replica_batch_size", "mixed_precision")`.
+    """
+    if isinstance(allow, str):
+        allow = [name for name in allow.split(",") if name.strip()]
+    names = []
+    for name in allow or ():
+        name = str(name).strip()
+        if name not in ALLOWABLE:
+            raise ValueError(
+                f"allow: unknown knob {name!r}; the knobs that change training are "
+                f"{', '.join(sorted(ALLOWABLE))} (the others are tried without asking)"
+            )
+        if ALLOWABLE[name] not in names:
+            names.append(ALLOWABLE[name])
+    return tuple(names)
+
+
+def knob_order(bound, allowed=()):
+    """The knobs in the order to try them, for explain's `bound`.
+
+    An unknown bound (explain could not split the step) takes the host order.
+    Knobs that change training come only when `allowed` names them.
+    """
+    order = list(_ORDER.get(bound, _ORDER["host"]))
+    order += [knob for knob in KNOBS if knob not in order]
+    return tuple(knob for knob in order if knob not in CHANGES_TRAINING or knob in tuple(allowed))
+
+
+def ladder(current, first, largest):
+    """Values to try in turn, each 4 times the last, from `first` (at least twice `current`).
+
+    Example: `ladder(1, 8, 256)` gives `(8, 32, 128)`.
+    """
+    value = max(int(first), 2 * int(current))
+    values = []
+    while value <= largest:
+        values.append(value)
+        value *= 4
+    return tuple(values)
+
+
+@dataclasses.dataclass(frozen=True)
+class Context:
+    """What decides whether a knob applies here.
+
+    Args:
+        device_kind: `"CPU"`, `"GPU"` or `"TPU"`.
+        local_replicas: replicas on this worker.
+        pipeline_built: whether tune builds the input pipeline
+            (`keras_scaling.data.distribute`), so its settings can change.
+        arrays: whether the data are arrays, which are in memory already.
+        data_fits_in_memory: whether one worker's share of the data fits in
+            memory, or None when not known.
+    """
+
+    device_kind: str
+    local_replicas: int
+    pipeline_built: bool
+    arrays: bool = False
+    data_fits_in_memory: bool | None = None
+
+
+def reason_not_tried(knob, context):
+    """Why `knob` is not tried in `context`, or None when it is."""
+    if knob in ("cache", "per_replica_batch_size") and not context.pipeline_built:
+        return (
+            "the data came as global batches; pass the samples with "
+            "per_replica_batch_size so tune builds the pipeline"
+        )
+    if knob == "cache":
+        if context.arrays:
+            return "arrays are read from memory already"
+        if context.data_fits_in_memory is False:
+            return "the data do not fit in memory"
+    if knob == "jit_compile" and context.device_kind == "CPU" and context.local_replicas > 1:
+        return (
+            "XLA cannot reach the variables of the other logical CPUs "
+            "(TensorFlow's XLA known issues); Keras turns it off under tf.distribute"
+        )
+    if knob == "mixed_precision":
+        if context.device_kind == "CPU":
+            return "mixed precision pays on GPUs and TPUs only"
+        return (
+            "the model must be built under "
+            "keras.mixed_precision.set_global_policy('mixed_float16'): build it so "
+            "and tune again to compare"
+        )
+    return None
+
+
+def values_to_try(knob, settings, *, advised_steps_per_execution=None):
+    """The values of `knob` to try in turn from the incumbent `settings`; stop at the first not kept."""
+    current = settings[SECTION[knob]].get(knob)
+    if knob == "steps_per_execution":
+        current = int(current or 1)
+        first = advised_steps_per_execution or 8
+        return ladder(current, first, LARGEST_STEPS_PER_EXECUTION)
+    if knob == "per_replica_batch_size":
+        return (2 * int(current), 4 * int(current))
+    if knob in ("jit_compile", "cache"):
+        return () if current else (True,)
+    raise ValueError(f"unknown knob {knob!r}")
+
+
+def with_value(settings, knob, value):
+    """A copy of `settings` with `knob` set to `value`."""
+    section = SECTION[knob]
+    changed = {name: dict(values) for name, values in settings.items()}
+    changed[section][knob] = value
+    return changed
+
+
+def describe_change(knob, value, settings):
+    """The change in words, with what the user must do when it changes training."""
+    current = settings[SECTION[knob]].get(knob)
+    if knob == "per_replica_batch_size":
+        factor = value / current
+        return (
+            f"per_replica_batch_size {current} -> {value}: scale the learning rate by "
+            f"{factor:g} (linear scaling rule) and check convergence"
+        )
+    if knob == "jit_compile":
+        return "jit_compile=True: XLA's kernels, the same mathematics up to float rounding"
+    return f"{knob} {current} -> {value}"

@@ -1,0 +1,157 @@
+"""The TensorFlow side of `tune`: real `fit` calls of the model under each setting, in turns.
+
+Settings that one process can hold side by side are measured in the user's
+process, on the model itself: each `(steps_per_execution, jit_compile)`
+keeps its own compiled train function, and each data setting its own
+pipeline, so switching between the incumbent and a candidate costs no
+retracing. One round of a setting is `model.fit(..., epochs=2)`, timed over
+its second epoch: the first takes the iterator's start and any tracing, as
+the first epoch of training does. The model trains while it is measured;
+its weights, optimizer state, metrics and compile settings are put back
+afterwards.
+"""
+
+import time
+
+from keras_scaling import devices
+
+
+def _timer_callback():
+    import keras
+
+    class EpochTimer(keras.callbacks.Callback):
+        """Seconds of the last epoch, from its start to its logs (which wait for the steps)."""
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.started_s = time.perf_counter()
+
+        def on_epoch_end(self, epoch, logs=None):
+            self.epoch_s = time.perf_counter() - self.started_s
+
+    return EpochTimer()
+
+
+class _SavedModel:
+    """The model's variables, optimizer state and compile settings, to put back."""
+
+    def __init__(self, model):
+        self.model = model
+        self.values = [(variable, variable.numpy()) for variable in model.variables]
+        optimizer = getattr(model, "optimizer", None)
+        self.optimizer_values = (
+            {id(variable): variable.numpy() for variable in optimizer.variables}
+            if optimizer is not None
+            else {}
+        )
+        self.steps_per_execution = model.steps_per_execution
+        self.jit_compile = model.jit_compile
+        self.train_function = model.train_function
+
+    def restore(self):
+        import keras
+        import numpy as np
+
+        for variable, value in self.values:
+            variable.assign(value)
+        optimizer = getattr(self.model, "optimizer", None)
+        if optimizer is not None:
+            for variable in optimizer.variables:
+                saved = self.optimizer_values.get(id(variable))
+                # Slots the first step created start as they were made: zeros.
+                variable.assign(
+                    saved
+                    if saved is not None
+                    else np.zeros(variable.shape, keras.backend.standardize_dtype(variable.dtype))
+                )
+        self.model.steps_per_execution = self.steps_per_execution
+        self.model.jit_compile = self.jit_compile
+        self.model.train_function = self.train_function
+        self.model.reset_metrics()
+
+
+def _frozen(mapping):
+    return tuple(sorted((key, repr(value)) for key, value in mapping.items()))
+
+
+class Runner:
+    """Runs rounds of `fit` under given settings on one model and strategy.
+
+    Args:
+        model: the compiled model, built under `strategy`.
+        strategy: its `tf.distribute.Strategy`.
+        data: what the pipeline reads; with `settings["data"]` empty, a
+            `tf.data.Dataset` of global batches used as it is.
+    """
+
+    def __init__(self, model, strategy, data):
+        from keras_scaling import compat
+
+        self.model = model
+        self.strategy = strategy
+        self.data = data
+        info = devices.describe_strategy(strategy)
+        self.num_replicas = info.num_replicas
+        self.num_workers = info.num_workers
+        self.local_replicas = info.replicas_per_worker
+        self.device_kind = info.device_kind
+        self._functions = {}
+        self._datasets = {}
+        self._global_batch_sizes = {}
+        self._saved = _SavedModel(model)
+        compat.enable_for(strategy)
+
+    def dataset(self, data_settings):
+        """The repeated pipeline of `data_settings` (built once per setting)."""
+        key = _frozen(data_settings)
+        if key not in self._datasets:
+            import tensorflow as tf
+
+            from keras_scaling import data as data_module
+
+            if data_settings:
+                dataset = data_module.distribute(self.data, strategy=self.strategy, **data_settings)
+            else:
+                dataset = self.data
+            batch = next(iter(dataset))
+            worker_batch = int(tf.nest.flatten(batch)[0].shape[0])
+            self._global_batch_sizes[key] = worker_batch * self.num_workers
+            self._datasets[key] = dataset.repeat()
+        return self._datasets[key]
+
+    def global_batch_size(self, data_settings):
+        self.dataset(data_settings)
+        return self._global_batch_sizes[_frozen(data_settings)]
+
+    def _use(self, compile_settings):
+        model = self.model
+        steps_per_execution = int(compile_settings.get("steps_per_execution", 1))
+        jit_compile = bool(compile_settings.get("jit_compile", False))
+        key = (steps_per_execution, jit_compile)
+        model.steps_per_execution = steps_per_execution
+        model.jit_compile = jit_compile
+        if key not in self._functions:
+            model.make_train_function(force=True)
+            self._functions[key] = model.train_function
+        model.train_function = self._functions[key]
+
+    def round(self, settings, steps):
+        """One round: `fit` of two epochs of `steps` steps; returns (samples/sec of the second, wall seconds)."""
+        dataset = self.dataset(settings["data"])
+        self._use(settings["compile"])
+        timer = _timer_callback()
+        started_s = time.perf_counter()
+        self.model.fit(
+            dataset,
+            steps_per_epoch=steps,
+            epochs=2,
+            verbose=0,
+            shuffle=False,
+            callbacks=[timer],
+        )
+        wall_s = time.perf_counter() - started_s
+        samples = steps * self.global_batch_size(settings["data"])
+        return samples / timer.epoch_s, wall_s
+
+    def restore(self):
+        """Puts the model back as it was when the runner was made."""
+        self._saved.restore()

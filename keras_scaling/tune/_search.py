@@ -1,0 +1,247 @@
+"""The search of `tune`: explain's verdict, then each knob against the incumbent, within the budget.
+
+Greedy and in the open: knobs are tried in the order explain's verdict
+gives (`_candidates.knob_order`); each value of a knob runs in turns with
+the incumbent (`_decision`); a value kept becomes the incumbent, and a
+knob's ladder stops at its first value not kept. When the best differs from
+the start and the budget allows, the two run side by side once more, and
+that comparison gives the reported ratio.
+"""
+
+import logging
+import time
+
+from keras_scaling.tune import _candidates, _decision, _report
+
+logger = logging.getLogger("keras_scaling")
+
+# A budget below this cannot hold a warm-up, explain's split and one candidate.
+MIN_BUDGET_S = 10.0
+# Share of the budget explain's split may take.
+_EXPLAIN_SHARE = 0.25
+
+
+def _round_s(budget_s):
+    """Seconds of one timed epoch: longer rounds average more noise, when the budget allows."""
+    return min(1.0, max(0.2, budget_s / 200))
+
+
+class _Clock:
+    def __init__(self, budget_s):
+        self.budget_s = budget_s
+        self.started_s = time.perf_counter()
+
+    def elapsed_s(self):
+        return time.perf_counter() - self.started_s
+
+    def left_s(self):
+        return self.budget_s - self.elapsed_s()
+
+
+def _trial(knob, value, *, comparison=None, decision=None, ratio_to_start=None, reason=""):
+    return {
+        "knob": knob,
+        "value": value,
+        "samples_per_sec": comparison.candidate_median if comparison else None,
+        "spread": (
+            _decision.half_range(comparison.candidate_samples_per_sec) / comparison.candidate_median
+            if comparison
+            else None
+        ),
+        "incumbent_samples_per_sec": comparison.incumbent_median if comparison else None,
+        "ratio_to_incumbent": comparison.ratio if comparison else None,
+        "noise": comparison.noise if comparison else None,
+        "ratio_to_start": ratio_to_start,
+        "rounds": len(comparison.ratios) if comparison else 0,
+        "kept": bool(decision and decision.kept),
+        "reason": decision.reason if decision else reason,
+    }
+
+
+def _compare(runner, incumbent, candidate, rounds, steps):
+    """Rounds of the two in turns, the first of each pair alternating."""
+    incumbent_rates, candidate_rates = [], []
+    for index in range(rounds):
+        order = ((incumbent, incumbent_rates), (candidate, candidate_rates))
+        for settings, rates in order if index % 2 == 0 else reversed(order):
+            rates.append(runner.round(settings, steps)[0])
+    return _decision.Comparison(tuple(incumbent_rates), tuple(candidate_rates))
+
+
+def _steps_for(settings, step_s, round_s, other=None):
+    spe = int(settings["compile"].get("steps_per_execution", 1))
+    if other is not None:
+        spe = max(spe, int(other["compile"].get("steps_per_execution", 1)))
+    return _decision.steps_per_round(step_s, round_s, spe)
+
+
+def search(runner, start, *, budget_s, allowed, explain_fn, verbose):
+    """Runs the search; returns the record of `tune.json` (without writing it).
+
+    Args:
+        runner: a `_measure.Runner` over the model.
+        start: the start's settings (`compile`, `data`, `strategy`).
+        budget_s: seconds for the whole search.
+        allowed: knob names that change training, from `_candidates.parse_allow`.
+        explain_fn: `explain_fn(dataset, steps)` gives an `Explanation`.
+        verbose: print each trial as it ends.
+    """
+    clock = _Clock(budget_s)
+    round_s = _round_s(budget_s)
+    say = print if verbose else (lambda *args, **kwargs: None)
+
+    # Warm-up: traces the start's train function and times a step.
+    steps = _steps_for(start, 0.01, 0.1)
+    _, warmup_s = runner.round(start, steps)
+    rate, call_s = runner.round(start, steps)
+    step_s = runner.global_batch_size(start["data"]) / rate
+    # What a fit call costs beyond its steps: making the iterator, callbacks.
+    overhead_s = max(0.0, call_s - 2 * steps * step_s)
+    timeline = {"warm_up_s": clock.elapsed_s()}
+    notes = []
+    bound = None
+    advised = None
+    explain_steps = max(2, min(50, int(round_s / step_s)))
+    if clock.left_s() * _EXPLAIN_SHARE > 8 * explain_steps * step_s + 2 * overhead_s:
+        explanation = explain_fn(runner.dataset(start["data"]), explain_steps)
+        bound = explanation.verdict.bound
+        advised = explanation.record.get("advised_steps_per_execution")
+        say(f"explain: {explanation.verdict.text} ({explanation.verdict.confidence})")
+        notes.append(f"explain's verdict: {explanation.verdict.text}")
+        timeline["explain_s"] = clock.elapsed_s() - timeline["warm_up_s"]
+    else:
+        notes.append("explain's split was left out: the budget is too small for it")
+    context = _candidates.Context(
+        device_kind=runner.device_kind,
+        local_replicas=runner.local_replicas,
+        pipeline_built=bool(start["data"]),
+        arrays=_is_arrays(runner.data),
+        data_fits_in_memory=None,
+    )
+    incumbent = start
+    incumbent_ratio = 1.0
+    trials = []
+    start_rates = []
+    out_of_budget = False
+    measured = 0
+    for knob in _candidates.knob_order(bound, allowed):
+        reason = _candidates.reason_not_tried(knob, context)
+        if reason is not None:
+            trials.append(_trial(knob, None, reason=f"not tried: {reason}"))
+            continue
+        if out_of_budget:
+            trials.append(_trial(knob, None, reason="not measured: the budget is spent"))
+            continue
+        for value in _candidates.values_to_try(
+            knob, incumbent, advised_steps_per_execution=advised
+        ):
+            candidate = _candidates.with_value(incumbent, knob, value)
+            steps = _steps_for(incumbent, step_s, round_s, other=candidate)
+            round_pair_s = 2 * (2 * steps * step_s + overhead_s)
+            rounds = _decision.rounds_affordable(
+                clock.left_s(), round_pair_s, warmup_s, reserve_s=0.0
+            )
+            if rounds == 0:
+                if measured == 0:
+                    needed_s = clock.elapsed_s() + _decision.minimum_cost_s(round_pair_s, warmup_s)
+                    raise ValueError(
+                        f"budget_s={budget_s:g} is too small to measure one candidate: "
+                        f"the start took {clock.elapsed_s():.0f} s to prepare and one "
+                        f"candidate needs about {needed_s - clock.elapsed_s():.0f} s more; "
+                        f"give a budget of at least {needed_s:.0f} s"
+                    )
+                trials.append(_trial(knob, value, reason="not measured: the budget is spent"))
+                out_of_budget = True
+                break
+            try:
+                runner.round(candidate, _steps_for(candidate, step_s, 0.05))
+            except Exception as error:  # a setting this model or device cannot run
+                trials.append(_trial(knob, value, reason=f"failed: {_first_line(error)}"))
+                logger.warning("tune: %s=%r failed: %s", knob, value, error)
+                break
+            comparison = _compare(runner, incumbent, candidate, rounds, steps)
+            measured += 1
+            if incumbent is start:
+                start_rates.extend(comparison.incumbent_samples_per_sec)
+            decision = _decision.decide(comparison)
+            ratio_to_start = incumbent_ratio * comparison.ratio
+            trial = _trial(
+                knob,
+                value,
+                comparison=comparison,
+                decision=decision,
+                ratio_to_start=ratio_to_start,
+            )
+            trial["ended_at_s"] = clock.elapsed_s()
+            trials.append(trial)
+            say(
+                f"  {knob}={_report._value(value)}: {comparison.candidate_median:,.0f} "
+                f"samples/sec, {comparison.ratio:.2f}x the incumbent: "
+                f"{'kept' if decision.kept else 'not kept'} ({decision.reason})"
+            )
+            if not decision.kept:
+                if comparison.ratio <= 1:
+                    break
+                # Faster within the noise: the next, larger value may show more.
+                continue
+            incumbent = candidate
+            incumbent_ratio = ratio_to_start
+            step_s = runner.global_batch_size(incumbent["data"]) / comparison.candidate_median
+            if knob in _candidates.CHANGES_ROUNDING:
+                notes.append(_candidates.describe_change(knob, value, start))
+            if knob in _candidates.CHANGES_TRAINING:
+                notes.append(_candidates.describe_change(knob, value, start))
+    if measured == 0 and not out_of_budget:
+        start_rates.append(rate)
+    best = incumbent
+    start_samples_per_sec = _median(start_rates)
+    if best is start:
+        best_samples_per_sec, ratio, source = start_samples_per_sec, 1.0, "no change kept"
+    else:
+        best_samples_per_sec = start_samples_per_sec * incumbent_ratio
+        ratio, source = incumbent_ratio, "the product of the kept changes' ratios"
+        steps = _steps_for(start, step_s * incumbent_ratio, round_s, other=best)
+        round_pair_s = 2 * steps * step_s * (1 + incumbent_ratio) + 2 * overhead_s
+        rounds = _decision.rounds_affordable(clock.left_s(), round_pair_s, 0.0)
+        if rounds:
+            confirmation = _compare(runner, start, best, rounds, steps)
+            start_samples_per_sec = confirmation.incumbent_median
+            best_samples_per_sec = confirmation.candidate_median
+            ratio = confirmation.ratio
+            source = f"best against start, {rounds} alternating rounds"
+    return {
+        "start": {"samples_per_sec": start_samples_per_sec, "settings": start},
+        "best": {
+            "samples_per_sec": best_samples_per_sec,
+            "settings": best,
+            "ratio_to_start": ratio,
+            "ratio_source": source,
+            "trains_the_same": not any(
+                trial["kept"] and trial["knob"] in _candidates.CHANGES_TRAINING for trial in trials
+            ),
+        },
+        "trials": trials,
+        "notes": notes,
+        "explain_bound": bound,
+        "elapsed_s": clock.elapsed_s(),
+        "timeline": timeline,
+    }
+
+
+def _median(values):
+    import statistics
+
+    return statistics.median(values) if values else None
+
+
+def _first_line(error):
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}"[:200]
+
+
+def _is_arrays(data):
+    import numpy as np
+    import tensorflow as tf
+
+    leaves = tf.nest.flatten(data) if isinstance(data, (tuple, list, dict)) else [data]
+    return all(isinstance(leaf, (np.ndarray, tf.Tensor)) for leaf in leaves)

@@ -1,0 +1,128 @@
+"""The pure core of tune: the keep/reject rule, the budget arithmetic and the candidates, on made-up numbers."""
+
+import pytest
+
+from keras_scaling.tune import _candidates, _decision
+
+
+def _comparison(incumbent, candidate):
+    return _decision.Comparison(tuple(incumbent), tuple(candidate))
+
+
+def test_a_gain_well_beyond_the_noise_is_kept():
+    decision = _decision.decide(_comparison([100, 110, 90], [210, 264, 234]))
+    assert decision.kept
+    assert "+1" in decision.reason  # +140%
+
+
+def test_a_gain_within_the_noise_is_not_kept():
+    comparison = _comparison([100, 100, 100], [90, 105, 110])
+    assert comparison.ratio == pytest.approx(1.05)
+    assert comparison.noise == pytest.approx(0.10)
+    decision = _decision.decide(comparison)
+    assert not decision.kept
+    assert "within the noise" in decision.reason
+
+
+def test_a_slower_candidate_is_never_kept():
+    decision = _decision.decide(_comparison([100, 100, 100], [80, 81, 79]))
+    assert not decision.kept
+    assert decision.reason.startswith("slower")
+
+
+def test_a_sure_but_tiny_gain_is_not_worth_a_change():
+    decision = _decision.decide(_comparison([100, 100, 100], [102, 102, 102]))
+    assert not decision.kept
+    assert "worth a change" in decision.reason
+
+
+def test_one_disturbed_round_of_five_does_not_decide():
+    comparison = _comparison([100] * 5, [150, 150, 150, 150, 40])
+    assert comparison.ratio == pytest.approx(1.5)
+    assert comparison.noise == pytest.approx(0.0)  # 0.4 and one 1.5 left out
+    assert _decision.decide(comparison).kept
+
+
+def test_rounds_pair_up_in_the_order_they_ran():
+    comparison = _comparison([100, 200], [200, 200])
+    assert comparison.ratios == (2.0, 1.0)
+
+
+@pytest.mark.parametrize(
+    "incumbent, candidate",
+    [((), ()), ((100,), (100, 100)), ((100, 0), (100, 100)), ((100,), (float("nan"),))],
+)
+def test_a_comparison_refuses_missing_or_non_positive_rates(incumbent, candidate):
+    with pytest.raises(ValueError):
+        _comparison(incumbent, candidate)
+
+
+def test_the_budget_gives_at_most_max_rounds_and_none_below_min_rounds():
+    assert _decision.rounds_affordable(30, 4, 5) == _decision.MAX_ROUNDS
+    assert _decision.rounds_affordable(5 + 4 * 3, 4, 5) == 3
+    assert _decision.rounds_affordable(5 + 4 * 3 - 0.1, 4, 5) == 0
+    assert _decision.rounds_affordable(100, 4, 5, reserve_s=90) == 0
+
+
+def test_a_round_is_a_whole_number_of_calls():
+    assert _decision.steps_per_round(0.002, 0.5, 16) == 256
+    assert _decision.steps_per_round(1.0, 0.5, 8) == 8
+
+
+def test_allow_takes_names_or_a_comma_separated_string():
+    assert _candidates.parse_allow("batch,precision") == (
+        "per_replica_batch_size",
+        "mixed_precision",
+    )
+    assert _candidates.parse_allow(["batch"]) == ("per_replica_batch_size",)
+    assert _candidates.parse_allow(()) == ()
+
+
+def test_an_unknown_knob_in_allow_is_named_with_the_known_ones():
+    with pytest.raises(ValueError, match=r"unknown knob 'speed'.*batch, precision"):
+        _candidates.parse_allow("batch,speed")
+
+
+@pytest.mark.parametrize(
+    "bound, first",
+    [("host", "steps_per_execution"), ("input", "cache"), ("compute", "jit_compile")],
+)
+def test_the_remedy_of_the_bound_comes_first(bound, first):
+    assert _candidates.knob_order(bound)[0] == first
+
+
+def test_knobs_that_change_training_come_only_when_allowed():
+    assert "per_replica_batch_size" not in _candidates.knob_order("synchronization")
+    allowed = _candidates.parse_allow("batch")
+    assert _candidates.knob_order("synchronization", allowed)[0] == "per_replica_batch_size"
+
+
+def test_the_steps_per_execution_ladder_starts_at_the_advice():
+    settings = {"compile": {"steps_per_execution": 1}, "data": {}, "strategy": {}}
+    values = _candidates.values_to_try(
+        "steps_per_execution", settings, advised_steps_per_execution=8
+    )
+    assert values == (8, 32, 128)
+
+
+def test_xla_is_not_tried_on_several_logical_cpus():
+    context = _candidates.Context(device_kind="CPU", local_replicas=2, pipeline_built=True)
+    assert "XLA" in _candidates.reason_not_tried("jit_compile", context)
+    one = _candidates.Context(device_kind="CPU", local_replicas=1, pipeline_built=True)
+    assert _candidates.reason_not_tried("jit_compile", one) is None
+
+
+def test_data_knobs_need_a_pipeline_tune_builds():
+    context = _candidates.Context(device_kind="GPU", local_replicas=2, pipeline_built=False)
+    assert "global batches" in _candidates.reason_not_tried("cache", context)
+    arrays = _candidates.Context(
+        device_kind="GPU", local_replicas=2, pipeline_built=True, arrays=True
+    )
+    assert "memory already" in _candidates.reason_not_tried("cache", arrays)
+
+
+def test_a_larger_batch_states_the_learning_rate_scaling():
+    settings = {"compile": {}, "data": {"per_replica_batch_size": 64}, "strategy": {}}
+    assert "scale the learning rate by 2" in _candidates.describe_change(
+        "per_replica_batch_size", 128, settings
+    )
