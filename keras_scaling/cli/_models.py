@@ -1,8 +1,8 @@
 """The bench's models: presets, `package.module:function` specs, synthetic data.
 
 A model spec is a preset name or `package.module:function`. The function takes
-no arguments and returns a `keras.Model` with known input shapes, compiled or
-not. It is called inside the strategy's scope, so its variables are mirrored.
+no arguments and returns a `keras.Model`, compiled or not; synthetic data
+needs its input shapes known, else `--data` gives the data. It is called inside the strategy's scope, so its variables are mirrored.
 A model that is not compiled is compiled by the bench: presets with SGD and
 sparse categorical cross-entropy; other models with SGD and mean squared
 error. Synthetic targets follow the loss: integer labels for sparse
@@ -148,6 +148,13 @@ def synthetic_data(model, num_samples, seed=0):
     return (x[0] if len(x) == 1 else tuple(x)), (y[0] if len(y) == 1 else tuple(y))
 
 
+_DATA_FIX = (
+    "pass --data package.module:function, a function without arguments that "
+    "returns your own data (a tf.data.Dataset of samples, arrays (x, y) or a "
+    "keras.utils.PyDataset)"
+)
+
+
 def _known_shapes(model, which):
     try:
         tensors = getattr(model, which)
@@ -155,16 +162,17 @@ def _known_shapes(model, which):
         tensors = None
     if not tensors:
         raise UsageError(
-            f"the model has no defined {which}; build it with keras.Input(shape=...) "
-            "(a Sequential or functional model) so the bench can make synthetic data"
+            f"the model has no defined {which}, so the bench cannot make synthetic "
+            f"data for it: {_DATA_FIX}, or build the model on keras.Input(shape=...)"
         )
     shapes = []
     for tensor in tensors:
         shape = tuple(tensor.shape[1:])
         if any(dim is None for dim in shape):
+            # Every keras-hub backbone takes inputs of any length: --data is the fix.
             raise UsageError(
-                f"the model's {which} have unknown dimensions {tensor.shape}; give "
-                "keras.Input a full shape so the bench can make synthetic data"
+                f"the model's {which} have unknown dimensions {tensor.shape}, so the "
+                f"bench cannot make synthetic data for them: {_DATA_FIX}"
             )
         shapes.append((shape, str(tensor.dtype)))
     return shapes

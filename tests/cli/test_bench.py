@@ -131,7 +131,7 @@ def test_a_model_without_known_input_shapes_is_refused():
 
     model = keras.Sequential([keras.layers.Dense(2)])
 
-    with pytest.raises(UsageError, match="no defined inputs"):
+    with pytest.raises(UsageError, match="no defined inputs.*pass --data package.module:function"):
         _models.synthetic_data(model, 8)
 
 
@@ -195,6 +195,56 @@ def test_a_model_function_that_returns_no_model_exits_2(tmp_path):
     assert result.returncode == 2, result.stdout + result.stderr
     assert "returned NoneType, not a keras.Model" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+_UNKNOWN_LENGTH_MODEL = textwrap.dedent(
+    """
+    import keras
+
+
+    def build():
+        # Token ids of any length, as every keras-hub backbone takes them.
+        tokens = keras.Input((None,), dtype="int32")
+        x = keras.layers.Embedding(100, 8)(tokens)
+        x = keras.layers.GlobalAveragePooling1D()(x)
+        return keras.Model(tokens, keras.layers.Dense(1)(x))
+
+
+    def load():
+        import numpy as np
+
+        return np.ones((64, 12), "int32"), np.ones((64, 1), "float32")
+    """
+)
+
+
+def test_a_model_with_unknown_input_dimensions_exits_2_naming_data_as_the_fix(tmp_path):
+    (tmp_path / "text_model.py").write_text(_UNKNOWN_LENGTH_MODEL)
+
+    result = _bench(
+        "--cpu-devices", 1, "--model", "text_model:build", "--steps", 2,
+        "--logdir", tmp_path / "logs",
+        cwd=tmp_path,
+    )  # fmt: skip
+
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "have unknown dimensions (None, None)" in result.stderr
+    assert "pass --data package.module:function" in result.stderr
+    assert "keras.Input a full shape" not in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_the_same_model_with_data_given_by_data_runs(tmp_path):
+    (tmp_path / "text_model.py").write_text(_UNKNOWN_LENGTH_MODEL)
+
+    result = _bench(
+        "--cpu-devices", 1, "--model", "text_model:build", "--data", "text_model:load",
+        "--steps", 20, "--per-replica-batch", 8, "--logdir", tmp_path / "logs",
+        cwd=tmp_path,
+    )  # fmt: skip
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "samples/sec" in result.stdout
 
 
 def test_a_failing_replica_count_is_named_with_its_stderr_tail(tmp_path):
