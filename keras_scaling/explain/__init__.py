@@ -35,7 +35,7 @@ def explain(
     rounds: int = 3,
     per_replica_batch_size: int | None = None,
     amortized_steps_per_execution: int | None = None,
-    peak_flops: float | str | None = "auto",
+    peak_flops: float | str = "auto",
     log_dir: str | None = None,
     verbose: bool = True,
 ) -> Explanation:
@@ -47,16 +47,23 @@ def explain(
 
     | part | measured as |
     |---|---|
-    | input | the step on `data` minus the same step on one batch repeated from memory |
+    | input | what the step on `data` waits for its next batch (the time in `IteratorGetNext`), checked against the same step on one batch repeated from memory |
     | compute | one replica alone (a copy of the model on the first device) on a resident batch at the per-replica batch, host cost per call taken out |
     | synchronization | all replicas minus one replica, both on resident batches at `amortized_steps_per_execution` |
     | host | the per-call cost of the training loop: the resident step at the model's `steps_per_execution` against a larger one |
 
-    The parts add up to the measured step but for the unexplained rest
-    (differences that noise made negative count as 0). It also times the
-    input pipeline alone, against what training takes with the input
-    free. The verdict names the largest part, the fix with numbers, and how
-    sure it is ("uncertain" when the top two parts are within noise).
+    Each variant counts the median of its rounds; each round on `data`
+    starts a fresh iterator, so it takes no batches buffered while other
+    variants ran. The parts add up to the measured step but for the
+    unexplained rest (differences that noise made negative count as 0).
+
+    The pipeline overlaps training (`prefetch`), so the largest part need
+    not bound the step: the verdict names the part whose removal shortens
+    the step most (`part.saved_s`). Freeing the input saves what the step
+    waits for it; freeing a part of training saves no more than training's
+    lead over the pipeline alone. It gives the fix with numbers, and how
+    sure it is ("uncertain" when the top two savings are within noise, or
+    when the step on a resident batch contradicts the wait).
 
     The model trains during the measurement; its weights, optimizer state,
     metrics and `steps_per_execution` are put back afterwards. With several
@@ -83,13 +90,18 @@ def explain(
 
     Returns:
         An `Explanation`: `.split` (`.step_s`, `.parts` with `.name`,
-        `.time_s`, `.share`, `.noise_s`; `.rest_s`), `.verdict` (`.bound`:
+        `.time_s`, `.share`, `.noise_s`, `.saved_s`; `.rest_s`,
+        `.input_free_step_s`), `.verdict` (`.bound`:
         "input", "compute", "synchronization" or "host"; `.confidence`;
         `.text`; `.notes`) and `.record` (the dict of `explain.json`).
 
     Raises:
-        ValueError: a model that is not compiled, array data without
-            `per_replica_batch_size`, or non-positive `steps`/`rounds`.
+        ValueError, TypeError: before any measurement, for an argument that
+            cannot work: a model that is not a compiled `keras.Model`, array
+            data without `per_replica_batch_size`, `steps` or `rounds` below
+            2, a `peak_flops` that is not a positive number, `"auto"` or
+            `"measure"` (None included).
+        OSError: a `log_dir` that cannot be written.
 
     Example:
 
@@ -107,14 +119,39 @@ def explain(
     result.verdict.bound
     ```
     """
+    import keras
     import tensorflow as tf
 
     from keras_scaling import data as data_module
     from keras_scaling.explain import _measure, _report, _writer
 
+    # Everything that cannot work is refused here, before minutes of measuring.
+    if not isinstance(model, keras.Model):
+        raise TypeError(
+            f"model must be a compiled keras.Model, got {type(model).__name__}; "
+            "pass the model you train"
+        )
+    if strategy is not None and not isinstance(strategy, tf.distribute.Strategy):
+        raise TypeError(
+            f"strategy must be a tf.distribute.Strategy or None (the model's), got "
+            f"{type(strategy).__name__} {strategy!r}"
+        )
     steps = _validation.integer_at_least(steps, "steps", 2)
     rounds = _validation.integer_at_least(rounds, "rounds", 2)
     verbose = _validation.boolean(verbose, "verbose")
+    per_replica_batch_size = _validation.optional_positive_int(
+        per_replica_batch_size, "per_replica_batch_size"
+    )
+    peak_flops = _validation.positive_number_or_one_of(
+        peak_flops,
+        "peak_flops",
+        ("auto", "measure"),
+        unit="FLOPs/sec of one replica",
+        fix="Leave it at 'auto' (the default: known GPUs and TPUs; elsewhere the "
+        "MFU is left out with the reason) or pass 'measure'",
+    )
+    if log_dir is not None:
+        _validation.writable_directory(log_dir, "log_dir", "keras_scaling.explain")
     if amortized_steps_per_execution is not None:
         amortized_steps_per_execution = _validation.positive_int(
             amortized_steps_per_execution, "amortized_steps_per_execution"

@@ -13,12 +13,19 @@ how many steps one call runs and how many replicas run them:
   under `OneDeviceStrategy` (no collective, so it does not clash with the
   `MirroredStrategy` of the process), on a per-replica slice of that batch, at K.
 
+On the user's pipeline it also measures what the run waits for its next
+batch, the time `IteratorGetNext` takes (what TensorFlow's data performance
+guide reads in the profiler): `input_wait` runs the same train function
+with each batch fetched eagerly, so the fetch can be timed, then trained on.
+
 The variants take turns within each round, so a slow spell of the machine
-spreads over all of them rather than landing on one. Before each timed round
-of `real`, as many steps run untimed: while the other variants ran, the
-pipeline filled its prefetch buffers, and a round that drained them would
-take batches faster than the pipeline makes them. The model's weights,
-optimizer state, metrics and `steps_per_execution` are put back afterwards.
+spreads over all of them rather than landing on one; each counts the median
+of its rounds. While the other variants run, the user's pipeline fills its
+prefetch buffers, and a round that drained them would take batches faster
+than the pipeline makes them: each round on the pipeline starts a fresh
+iterator (empty buffers, as `fit` starts each epoch) and runs as many steps
+untimed before timing. The model's weights, optimizer state, metrics and
+`steps_per_execution` are put back afterwards.
 """
 
 import logging
@@ -29,7 +36,7 @@ from keras_scaling.devices import _topology
 
 logger = logging.getLogger("keras_scaling")
 
-VARIANTS = ("real", "resident", "resident_amortized", "one_replica")
+VARIANTS = ("real", "resident", "resident_amortized", "one_replica", "input_wait")
 
 
 def default_amortized(steps_per_execution):
@@ -68,8 +75,7 @@ def _wait_for(logs):
 class _Variant:
     """A train function and the iterator it draws from, at its steps per call."""
 
-    def __init__(self, model, iterator, steps_per_execution, drain=False):
-        self.drain = drain
+    def __init__(self, model, iterator, steps_per_execution):
         self.model = model
         self.iterator = iterator
         self.steps_per_execution = steps_per_execution
@@ -80,16 +86,78 @@ class _Variant:
     def run(self, calls):
         """Runs `calls` calls; returns seconds per step."""
         self.model.steps_per_execution = self.steps_per_execution
-        if self.drain:
-            for _ in range(calls):
-                logs = self.function(self.iterator)
-            _wait_for(logs)
-        start_s = time.perf_counter()
-        logs = None
-        for _ in range(calls):
-            logs = self.function(self.iterator)
+        return _timed_calls(self.function, self.iterator, calls) / (
+            calls * self.steps_per_execution
+        )
+
+
+def _timed_calls(function, iterator, calls):
+    """Seconds `calls` calls of a train function take, its last results read."""
+    start_s = time.perf_counter()
+    logs = None
+    for _ in range(calls):
+        logs = function(iterator)
+    _wait_for(logs)
+    return time.perf_counter() - start_s
+
+
+class _Pipeline:
+    """The user's pipeline: the `real` step and the `input_wait`, a fresh iterator each round.
+
+    A fresh iterator starts with empty prefetch buffers, so no round takes
+    batches the pipeline buffered while the other variants ran; the untimed
+    calls then bring it to its steady flow.
+    """
+
+    def __init__(self, model, distributed_dataset, steps_per_execution):
+        self.model = model
+        self.dataset = distributed_dataset
+        self.steps_per_execution = steps_per_execution
+        model.steps_per_execution = steps_per_execution
+        model.make_train_function(force=True)
+        self.function = model.train_function
+        self.fetch_overhead_s = 0.0
+
+    def run(self, calls, steps):
+        """Returns `(seconds per step, seconds per step waited for the next batch)`.
+
+        `calls` untimed calls, `calls` timed ones (the step), then steps
+        whose batches are fetched eagerly, timed, and handed to the same
+        train function: the wait is the median fetch over `steps` of them,
+        less the fetch's own cost on a batch that is ready.
+        """
+        import statistics
+
+        self.model.steps_per_execution = self.steps_per_execution
+        iterator = iter(self.dataset)
+        _timed_calls(self.function, iterator, calls)
+        step_s = _timed_calls(self.function, iterator, calls) / (calls * self.steps_per_execution)
+        # The first eager fetches after the compiled ones are irregular (one
+        # waits a whole batch, the next few find theirs ready): untimed.
+        untimed = max(3, steps // 5)
+        waits_s, logs = [], None
+        for index in range(untimed + steps):
+            start_s = time.perf_counter()
+            batch = next(iterator)
+            if index >= untimed:
+                waits_s.append(time.perf_counter() - start_s)
+            # Not an iterator: Keras' train function runs one step on it.
+            logs = self.function([batch])
         _wait_for(logs)
-        return (time.perf_counter() - start_s) / (calls * self.steps_per_execution)
+        del iterator
+        return step_s, max(0.0, statistics.median(waits_s) - self.fetch_overhead_s)
+
+
+def _fetch_s(iterator, fetches=10):
+    """The median time of an eager fetch from an iterator whose batches are ready."""
+    import statistics
+
+    times_s = []
+    for _ in range(fetches):
+        start_s = time.perf_counter()
+        next(iterator)
+        times_s.append(time.perf_counter() - start_s)
+    return statistics.median(times_s)
 
 
 class _SavedState:
@@ -217,13 +285,10 @@ def measure(model, dataset, strategy, *, steps, rounds, amortized=None, pipeline
     notes = []
     try:
         resident_iterator = iter(strategy.experimental_distribute_dataset(_resident_dataset(batch)))
+        pipeline = _Pipeline(
+            model, strategy.experimental_distribute_dataset(dataset), steps_per_execution
+        )
         variants = {
-            "real": _Variant(
-                model,
-                iter(strategy.experimental_distribute_dataset(dataset)),
-                steps_per_execution,
-                drain=True,
-            ),
             "resident": _Variant(model, resident_iterator, steps_per_execution),
             "resident_amortized": _Variant(model, resident_iterator, amortized),
         }
@@ -242,10 +307,17 @@ def measure(model, dataset, strategy, *, steps, rounds, amortized=None, pipeline
             name: max(2, math.ceil(steps / variant.steps_per_execution))
             for name, variant in variants.items()
         }
+        real_calls = max(2, math.ceil(steps / steps_per_execution))
+        # Traces, and warms up the pipeline and the devices.
+        pipeline.run(2, 2)
         for variant in variants.values():
-            variant.run(2)  # traces, and warms up the pipeline and the devices
-        times: dict[str, list[float]] = {name: [] for name in variants}
+            variant.run(2)
+        pipeline.fetch_overhead_s = _fetch_s(resident_iterator)
+        times: dict[str, list[float]] = {name: [] for name in ("real", "input_wait", *variants)}
         for _ in range(rounds):
+            step_s, waited_s = pipeline.run(real_calls, steps)
+            times["real"].append(step_s)
+            times["input_wait"].append(waited_s)
             for name, variant in variants.items():
                 times[name].append(variant.run(calls[name]))
         pipeline_samples_per_sec = num_workers * _pipeline_samples_per_sec(

@@ -41,7 +41,12 @@ def explanation(measurements, *, mfu=None, mfu_reason=None, efficient_per_replic
         efficient_per_replica_batch: from a sweep over per-replica batches,
             the smallest reaching 90% efficiency.
     """
-    timings = {name: _split.timing(values) for name, values in measurements["variants"].items()}
+    timings = {
+        name: _split.timing(values, zero_allowed=name == "input_wait")
+        for name, values in measurements["variants"].items()
+    }
+    global_batch_size = measurements["global_batch_size"]
+    pipeline = measurements.get("pipeline_samples_per_sec")
     split = _split.split_step(
         real=timings["real"],
         resident=timings["resident"],
@@ -49,10 +54,10 @@ def explanation(measurements, *, mfu=None, mfu_reason=None, efficient_per_replic
         one_replica=timings["one_replica"],
         steps_per_execution=measurements["steps_per_execution"],
         amortized=measurements["amortized_steps_per_execution"],
+        input_wait=timings.get("input_wait"),
+        pipeline_batch_s=global_batch_size / pipeline if pipeline else None,
     )
-    global_batch_size = measurements["global_batch_size"]
-    pipeline = measurements.get("pipeline_samples_per_sec")
-    resident_s = timings["resident"].best_s
+    resident_s = timings["resident"].median_s
     training_samples_per_sec = global_batch_size / resident_s
     result = _split.verdict(
         split,
@@ -86,10 +91,15 @@ def explanation(measurements, *, mfu=None, mfu_reason=None, efficient_per_replic
                 "ms": part.time_s * 1e3,
                 "share": part.share,
                 "noise_ms": part.noise_s * 1e3,
+                "saved_ms": part.saved_s * 1e3,
             }
             for part in split.parts
         },
         "rest_ms": split.rest_s * 1e3,
+        "input_free_step_ms": split.input_free_step_s * 1e3,
+        "pipeline_batch_ms": (
+            split.pipeline_batch_s * 1e3 if split.pipeline_batch_s is not None else None
+        ),
         "rest_share": split.rest_share,
         "host_per_call_ms": split.host_per_call_s * 1e3,
         "host_share_at_amortized": split.host_share_at(split.amortized_steps_per_execution),

@@ -1,27 +1,44 @@
 """The arithmetic of `explain`: measured variants in, the step's split and a verdict out.
 
-Plain functions of numbers, no TensorFlow. Four variants of the training step
-are timed (see `keras_scaling.explain`), each over several rounds:
+Plain functions of numbers, no TensorFlow. Variants of the training step are
+timed (see `keras_scaling.explain`), each over several rounds:
 
 - `real`: N replicas on the real input pipeline, at the model's
   `steps_per_execution` S;
+- `input_wait`: what that run waits for its next batch, per step (the time
+  in `IteratorGetNext`);
 - `resident`: N replicas on one batch repeated from memory, at S;
 - `resident_amortized`: the same at a larger `steps_per_execution` K;
 - `one_replica`: one replica on one batch at the per-replica batch, at K.
 
-The parts of the step at S are differences of each variant's fastest round
-(other work on the machine only ever adds time, so the fastest round is the
-least disturbed one):
+Each variant counts the median of its rounds: a round slowed by other work
+on the machine, or one that took batches buffered while other variants ran,
+is one of several, where the fastest round would be the latter. The parts of
+the step at S are:
 
-    input           = real - resident
+    input           = input_wait  (real - resident when it is not measured)
     host            = (resident - resident_amortized) * (1/S) / (1/S - 1/K)
     synchronization = resident_amortized - one_replica
     compute         = one_replica - host per call / K
 
-so they add up to the real step. A difference that noise makes negative
-counts as 0, and the remainder is the unexplained rest. Each part's noise
-is the sum of the half-ranges (over rounds) of the two variants it is the
-difference of.
+The pipeline makes batches in the background while the replicas train, so
+the step is the longer of the two, not their sum: training (host,
+synchronization, compute) plus what the run waits for data. So the parts add
+up to the real step. A difference that noise makes negative counts as 0, and
+the remainder is the unexplained rest. Each part's noise is the sum of the
+half-ranges (over rounds) of the variants it comes from.
+
+The verdict follows the critical path: it names the part whose removal
+shortens the step most (`Part.saved_s`). Freeing the input saves what the run
+waits for it (the step on a resident batch is the counterfactual that checks
+it); freeing a part of training saves that part, but no more than training's
+lead over the pipeline, since a faster training then waits for data:
+
+    saved(input) = input
+    saved(part)  = min(part, max(0, step - input - pipeline batch time))
+
+where the pipeline's batch time is the global batch over its own rate, timed
+alone.
 """
 
 import dataclasses
@@ -47,11 +64,12 @@ class Timing:
 
     @property
     def best_s(self):
-        """The fastest round: the one other work on the machine disturbed least."""
+        """The fastest round (reported; the split uses the median)."""
         return min(self.step_times_s)
 
     @property
     def median_s(self):
+        """The median round: what the split counts."""
         return statistics.median(self.step_times_s)
 
     @property
@@ -68,24 +86,38 @@ class Timing:
         }
 
 
-def timing(step_times_s):
-    """A `Timing` of per-round step times; raises ValueError on none or a non-positive one."""
+def timing(step_times_s, *, zero_allowed=False):
+    """A `Timing` of per-round step times.
+
+    Raises ValueError on none, or a negative one (a zero one too unless
+    `zero_allowed`, as a wait may be).
+    """
     step_times_s = tuple(float(value) for value in step_times_s)
     if not step_times_s:
         raise ValueError("step_times_s must hold at least one round's step time")
-    if any(not math.isfinite(value) or value <= 0 for value in step_times_s):
-        raise ValueError(f"step times must be positive seconds, got {list(step_times_s)}")
+    if any(
+        not math.isfinite(value) or value < 0 or (value == 0 and not zero_allowed)
+        for value in step_times_s
+    ):
+        what = "seconds >= 0" if zero_allowed else "positive seconds"
+        raise ValueError(f"step times must be {what}, got {list(step_times_s)}")
     return Timing(step_times_s)
 
 
 @dataclasses.dataclass(frozen=True)
 class Part:
-    """One part of the step: its time, its share of the step and its noise."""
+    """One part of the step: its time, its share of the step and its noise.
+
+    `saved_s` is how much shorter the step would be without the part: its
+    time for input, and for a part of training no more than training's lead
+    over the pipeline (see the module docstring).
+    """
 
     name: str
     time_s: float
     share: float
     noise_s: float
+    saved_s: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,7 +125,9 @@ class Split:
     """The measured step at `steps_per_execution` S and its parts.
 
     `parts` holds input, compute, synchronization and host in that order;
-    `rest_s` is the step minus their sum.
+    `rest_s` is the step minus their sum. `input_free_step_s` is the step on
+    a resident batch (the input free), `pipeline_batch_s` the time the
+    pipeline alone takes to make a global batch (None when not measured).
     """
 
     step_s: float
@@ -102,6 +136,8 @@ class Split:
     host_per_call_s: float
     steps_per_execution: int
     amortized_steps_per_execution: int
+    input_free_step_s: float | None = None
+    pipeline_batch_s: float | None = None
 
     def part(self, name):
         return next(part for part in self.parts if part.name == name)
@@ -121,8 +157,18 @@ class Split:
         return host_s / (other_s + host_s)
 
 
-def split_step(*, real, resident, resident_amortized, one_replica, steps_per_execution, amortized):
-    """The `Split` of the step from the four variants' `Timing`s.
+def split_step(
+    *,
+    real,
+    resident,
+    resident_amortized,
+    one_replica,
+    steps_per_execution,
+    amortized,
+    input_wait=None,
+    pipeline_batch_s=None,
+):
+    """The `Split` of the step from the variants' `Timing`s (their medians).
 
     Args:
         real, resident, resident_amortized, one_replica: `Timing`s of the
@@ -130,40 +176,60 @@ def split_step(*, real, resident, resident_amortized, one_replica, steps_per_exe
             `one_replica` is `resident_amortized`.
         steps_per_execution: int, S of `real` and `resident`.
         amortized: int, K of `resident_amortized` and `one_replica`, > S.
+        input_wait: `Timing` of what `real` waits for its next batch per
+            step, or None to take `real - resident` as the input part.
+        pipeline_batch_s: seconds the pipeline alone takes per global batch,
+            or None; caps what freeing a part of training saves.
 
     Example: `real` 10 ms, `resident` 6 ms, `resident_amortized` 4 ms at
     K=4 with S=1, `one_replica` 3 ms: host per call = 2 / (1 - 1/4) = 2.67
     ms, host 2.67 ms, input 4 ms, synchronization 1 ms, compute
-    3 - 0.67 = 2.33 ms: 10 ms in all.
+    3 - 0.67 = 2.33 ms: 10 ms in all. With a pipeline making a batch in
+    8 ms, training (6 ms) leads it by 6 - 8 < 0: freeing compute saves
+    nothing, freeing the input saves 4 ms.
     """
     if amortized <= steps_per_execution:
         raise ValueError(
             f"amortized steps_per_execution must exceed {steps_per_execution}, got {amortized}"
         )
-    step_s = real.best_s
+    step_s = real.median_s
     per_call = 1 / steps_per_execution - 1 / amortized
-    host_per_call_s = max(0.0, (resident.best_s - resident_amortized.best_s) / per_call)
+    host_per_call_s = max(0.0, (resident.median_s - resident_amortized.median_s) / per_call)
+    if input_wait is not None:
+        input_part = (input_wait.median_s, input_wait.noise_s)
+    else:
+        input_part = (real.median_s - resident.median_s, real.noise_s + resident.noise_s)
     raw = {
-        "input": (real.best_s - resident.best_s, real.noise_s + resident.noise_s),
+        "input": input_part,
         "host": (
             host_per_call_s / steps_per_execution,
             (resident.noise_s + resident_amortized.noise_s) / (per_call * steps_per_execution),
         ),
         "synchronization": (
-            resident_amortized.best_s - one_replica.best_s,
+            resident_amortized.median_s - one_replica.median_s,
             resident_amortized.noise_s + one_replica.noise_s,
         ),
         "compute": (
-            one_replica.best_s - host_per_call_s / amortized,
+            one_replica.median_s - host_per_call_s / amortized,
             one_replica.noise_s,
         ),
     }
+    # Noise can make a difference negative or larger than the step itself.
+    times_s = {name: min(max(0.0, raw[name][0]), step_s) for name in PARTS}
+    lead_s = max(0.0, step_s - times_s["input"] - (pipeline_batch_s or 0.0))
     parts = []
     for name in PARTS:
-        time_s, noise_s = raw[name]
-        # Noise can make a difference negative or larger than the step itself.
-        time_s = min(max(0.0, time_s), step_s)
-        parts.append(Part(name=name, time_s=time_s, share=time_s / step_s, noise_s=noise_s))
+        time_s = times_s[name]
+        saved_s = time_s if name == "input" else min(time_s, lead_s)
+        parts.append(
+            Part(
+                name=name,
+                time_s=time_s,
+                share=time_s / step_s,
+                noise_s=raw[name][1],
+                saved_s=saved_s,
+            )
+        )
     return Split(
         step_s=step_s,
         parts=tuple(parts),
@@ -171,6 +237,8 @@ def split_step(*, real, resident, resident_amortized, one_replica, steps_per_exe
         host_per_call_s=host_per_call_s,
         steps_per_execution=steps_per_execution,
         amortized_steps_per_execution=amortized,
+        input_free_step_s=resident.median_s,
+        pipeline_batch_s=pipeline_batch_s,
     )
 
 
@@ -215,18 +283,63 @@ class Verdict:
 
 
 def _confidence(first, second):
-    margin_s = first.time_s - second.time_s
+    margin_s = first.saved_s - second.saved_s
     noise_s = first.noise_s + second.noise_s
     if margin_s > 2 * noise_s:
         return "clear", None
     if margin_s > noise_s:
         return "likely", None
     return "uncertain", (
-        f"{first.name} ({first.time_s * 1e3:.2f} ms) and {second.name} "
-        f"({second.time_s * 1e3:.2f} ms) are within noise of each other "
+        f"freeing {first.name} would save {first.saved_s * 1e3:.2f} ms and freeing "
+        f"{second.name} {second.saved_s * 1e3:.2f} ms: within noise of each other "
         f"(+/- {first.noise_s * 1e3:.2f} and {second.noise_s * 1e3:.2f} ms over rounds): "
         "either may bound the step; more steps or rounds narrow it"
     )
+
+
+def _counterfactual_doubt(split, first, second):
+    """A note when the step on a resident batch contradicts the verdict, else None.
+
+    The resident step is the step with the input free, measured: it saves
+    what the run waits for data, within noise.
+    """
+    if split.input_free_step_s is None:
+        return None
+    freed_s = split.step_s - split.input_free_step_s
+    tolerance_s = first.noise_s + second.noise_s + 0.1 * split.step_s
+    waited_s = split.part("input").time_s
+    if first.name == "input" and freed_s + tolerance_s < first.saved_s:
+        found = f"only {max(0.0, freed_s) * 1e3:.2f} ms"
+    elif first.name != "input" and freed_s > first.saved_s + tolerance_s:
+        found = f"{freed_s * 1e3:.2f} ms"
+    else:
+        return None
+    return (
+        f"the run waits {waited_s * 1e3:.2f} ms per step for its next batch, and the "
+        f"step on a resident batch (the input free) is {found} shorter than on the "
+        "pipeline: the two measurements disagree; more steps or rounds narrow it"
+    )
+
+
+def _rates_note(bound, pipeline_samples_per_sec, training_samples_per_sec):
+    """A note when the pipeline's rate alone points elsewhere than the wait, else None."""
+    if not pipeline_samples_per_sec or not training_samples_per_sec:
+        return None
+    rates = (
+        f"alone, the pipeline gives {pipeline_samples_per_sec:,.0f} samples/s and "
+        f"training takes {training_samples_per_sec:,.0f} with the input free"
+    )
+    if bound == "input" and pipeline_samples_per_sec > 1.2 * training_samples_per_sec:
+        return (
+            f"{rates}, yet the run waits for its batches: beside training the "
+            "pipeline slows down (they share the host's cores or its disk)"
+        )
+    if bound != "input" and 1.2 * pipeline_samples_per_sec < training_samples_per_sec:
+        return (
+            f"{rates}, yet the run hardly waits for its batches; check the "
+            "pipeline's rate with more steps"
+        )
+    return None
 
 
 def _percent(share):
@@ -247,7 +360,11 @@ def verdict(
     host_cpu_replicas=False,
     cpu_cores=None,
 ):
-    """The `Verdict` of a `Split`: the largest part bounds the step.
+    """The `Verdict` of a `Split`: the part whose removal shortens the step most.
+
+    Parts are ranked by `Part.saved_s` (see the module docstring); the
+    confidence compares the first two with their noise, and falls to
+    "uncertain" when the step on a resident batch contradicts the wait.
 
     Args:
         split: the `Split`.
@@ -264,9 +381,12 @@ def verdict(
         host_cpu_replicas: whether the replicas are logical CPUs of one host.
         cpu_cores: int, the host's cores, for the note on shared cores.
     """
-    ranked = sorted(split.parts, key=lambda part: part.time_s, reverse=True)
+    ranked = sorted(split.parts, key=lambda part: (part.saved_s, part.time_s), reverse=True)
     first, second = ranked[0], ranked[1]
     confidence, doubt = _confidence(first, second)
+    contradiction = _counterfactual_doubt(split, first, second)
+    if contradiction:
+        confidence = "uncertain"
     share = _percent(first.share)
     if first.name == "input":
         if pipeline_samples_per_sec is not None and training_samples_per_sec is not None:
@@ -277,7 +397,9 @@ def verdict(
         else:
             rates = "the replicas wait for data"
         text = (
-            f"input-bound: input is {share} of the step; {rates}: parallel `map` "
+            f"input-bound: input is {share} of the step (the wait for the next "
+            f"batch; with the input free the step would be "
+            f"{first.saved_s * 1e3:.2f} ms shorter); {rates}: parallel `map` "
             "(num_parallel_calls=tf.data.AUTOTUNE), `cache`, more reader files or "
             "the tf.data service."
         )
@@ -319,12 +441,16 @@ def verdict(
             f"compute-bound: the model's own arithmetic is {share} of the step "
             f"(good): {utilization}{hint}."
         )
-    notes = []
-    if doubt:
-        notes.append(doubt)
+    notes = [note for note in (doubt, contradiction) if note]
+    rates_note = _rates_note(first.name, pipeline_samples_per_sec, training_samples_per_sec)
+    if rates_note:
+        notes.append(rates_note)
     for part in ranked[1:]:
         if part.share >= _MINOR_SHARE:
-            notes.append(f"{part.name} is also {_percent(part.share)} of the step")
+            notes.append(
+                f"{part.name} is also {_percent(part.share)} of the step; without it "
+                f"the step would be {part.saved_s * 1e3:.2f} ms shorter"
+            )
     if abs(split.rest_share) >= 0.1:
         notes.append(
             f"the parts and the measured step differ by {_percent(abs(split.rest_share))} "

@@ -46,3 +46,57 @@ def test_the_package_is_callable_as_its_function():
 
     assert callable(package)
     assert callable(keras_scaling.explain)
+
+
+def _refused_before_measuring(monkeypatch):
+    """Makes any measurement fail the test: a refusal must come first."""
+    from keras_scaling.explain import _measure
+
+    def measure(*args, **kwargs):
+        raise AssertionError("explain measured before refusing the argument")
+
+    monkeypatch.setattr(_measure, "measure", measure)
+
+
+@pytest.mark.parametrize(
+    "peak_flops, error",
+    [(None, TypeError), ("fast", ValueError), (0, ValueError), (-1e12, ValueError)],
+)
+def test_a_peak_flops_that_cannot_work_is_refused_before_any_measurement(
+    monkeypatch, peak_flops, error
+):
+    _refused_before_measuring(monkeypatch)
+    with pytest.raises(
+        error, match=r"peak_flops must be .*'auto' or 'measure'.*Leave it at 'auto'"
+    ):
+        keras_scaling.explain(_model(), _ARRAYS, per_replica_batch_size=4, peak_flops=peak_flops)
+
+
+@pytest.mark.parametrize(
+    "arguments, error, message",
+    [
+        (dict(model="model"), TypeError, "model must be a compiled keras.Model, got str"),
+        (dict(strategy="mirrored"), TypeError, "strategy must be a tf.distribute.Strategy"),
+        (dict(per_replica_batch_size=0), ValueError, "per_replica_batch_size must be a positive"),
+        (dict(per_replica_batch_size=2.5), TypeError, "per_replica_batch_size must be a positive"),
+        (dict(verbose="yes"), TypeError, "verbose must be True or False"),
+    ],
+)
+def test_other_arguments_that_cannot_work_are_refused_before_any_measurement(
+    monkeypatch, arguments, error, message
+):
+    _refused_before_measuring(monkeypatch)
+    call = dict(model=_model(), data=_ARRAYS, per_replica_batch_size=4)
+    call.update(arguments)
+    with pytest.raises(error, match=message):
+        keras_scaling.explain(call.pop("model"), call.pop("data"), **call)
+
+
+def test_a_log_dir_that_cannot_be_written_is_refused_before_any_measurement(monkeypatch, tmp_path):
+    _refused_before_measuring(monkeypatch)
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    with pytest.raises(OSError, match="cannot write to log_dir="):
+        keras_scaling.explain(
+            _model(), _ARRAYS, per_replica_batch_size=4, log_dir=str(blocker / "logs")
+        )

@@ -17,11 +17,16 @@ def _timings(real, resident, amortized, one_replica, noise=0.0):
     )
 
 
-def _split_of(real, resident, amortized, one_replica, noise=0.0, s=1, k=4):
+def _split_of(
+    real, resident, amortized, one_replica, noise=0.0, s=1, k=4, wait=None, pipeline=None
+):
+    """A split of made-up medians in ms; `wait` the input wait, `pipeline` its batch time."""
     return _split.split_step(
         **_timings(real, resident, amortized, one_replica, noise),
         steps_per_execution=s,
         amortized=k,
+        input_wait=None if wait is None else _split.timing([wait / 1e3], zero_allowed=True),
+        pipeline_batch_s=None if pipeline is None else pipeline / 1e3,
     )
 
 
@@ -62,6 +67,56 @@ def test_timing_refuses_non_positive_step_times():
         _split.timing([0.01, 0.0])
 
 
+def test_a_wait_may_be_zero_but_not_negative():
+    assert _split.timing([0.0, 0.001], zero_allowed=True).median_s == 0.0005
+    with pytest.raises(ValueError, match="seconds >= 0"):
+        _split.timing([-0.001], zero_allowed=True)
+
+
+def test_the_step_and_its_parts_count_the_median_round_not_the_fastest():
+    # A round that drew batches buffered while other variants ran is the
+    # fastest; the median of three is not fooled by it.
+    real = _split.timing([0.004, 0.012, 0.013])
+    resident = _split.timing([0.007, 0.007, 0.008])
+    split = _split.split_step(
+        real=real,
+        resident=resident,
+        resident_amortized=resident,
+        one_replica=resident,
+        steps_per_execution=1,
+        amortized=4,
+    )
+    assert split.step_s == 0.012
+    assert _ms(split, "input") == pytest.approx(5)
+
+
+def test_the_input_part_is_the_measured_wait_and_the_parts_add_up_to_the_step():
+    split = _split_of(real=12.7, resident=7.5, amortized=7.5, one_replica=7.5, wait=5.2)
+    assert _ms(split, "input") == pytest.approx(5.2)
+    assert split.rest_s == pytest.approx(0, abs=1e-9)
+    assert split.input_free_step_s == pytest.approx(0.0075)
+
+
+def test_freeing_compute_saves_nothing_when_the_pipeline_is_slower_than_training():
+    # 12 ms to make a batch, 7.5 ms to train on it: the step is the pipeline's.
+    split = _split_of(
+        real=12.7, resident=7.5, amortized=7.5, one_replica=7.5, wait=5.2, pipeline=12
+    )
+    assert split.part("compute").time_s > split.part("input").time_s
+    assert split.part("compute").saved_s == 0
+    assert split.part("input").saved_s * 1e3 == pytest.approx(5.2)
+
+
+def test_freeing_a_part_of_training_saves_it_up_to_its_lead_over_the_pipeline():
+    # Training takes 12.5 ms, the pipeline 3 ms a batch: compute (11.5 ms)
+    # can shorten the step by 12.5 - 3 ms before the step waits for data.
+    split = _split_of(
+        real=12.5, resident=12.5, amortized=12.5, one_replica=12.5, wait=0, pipeline=3
+    )
+    assert split.part("compute").saved_s * 1e3 == pytest.approx(9.5)
+    assert split.part("input").saved_s == 0
+
+
 def test_host_share_falls_with_more_steps_per_execution():
     split = _split_of(real=10, resident=10, amortized=3, one_replica=3, k=8)
     assert split.host_share_at(1) > split.host_share_at(8) > split.host_share_at(64)
@@ -93,6 +148,34 @@ def test_largest_part_input_is_input_bound_with_both_rates():
     assert verdict.bound == "input"
     assert "3,200 samples/s" in verdict.text and "12,800" in verdict.text
     assert "parallel `map`" in verdict.text
+
+
+def test_input_slower_than_training_is_input_bound_though_compute_is_the_larger_part():
+    split = _split_of(
+        real=12.7, resident=7.5, amortized=7.5, one_replica=7.5, wait=5.2, pipeline=12
+    )
+    verdict = _verdict(
+        split, pipeline_samples_per_sec=64 / 0.012, training_samples_per_sec=64 / 0.0075
+    )
+    assert verdict.bound == "input", verdict
+    assert verdict.confidence == "clear", verdict
+    assert any("compute is also" in note and "0.00 ms shorter" in note for note in verdict.notes)
+
+
+def test_a_resident_step_that_contradicts_the_wait_makes_the_verdict_uncertain():
+    # The run waits 5 ms per step, but on a resident batch it is no faster.
+    split = _split_of(real=12, resident=12, amortized=12, one_replica=7, wait=5, pipeline=12)
+    verdict = _verdict(split)
+    assert verdict.bound == "input"
+    assert verdict.confidence == "uncertain"
+    assert any("the two measurements disagree" in note for note in verdict.notes)
+
+
+def test_a_pipeline_faster_alone_than_training_but_waited_for_is_noted():
+    split = _split_of(real=12.7, resident=7.5, amortized=7.5, one_replica=7.5, wait=5.2, pipeline=4)
+    verdict = _verdict(split, pipeline_samples_per_sec=16000, training_samples_per_sec=8533)
+    assert verdict.bound == "input"
+    assert any("beside training the pipeline slows down" in note for note in verdict.notes)
 
 
 def test_largest_part_synchronization_names_the_efficient_batch_of_a_sweep():
