@@ -125,7 +125,7 @@ _UNNUMBERED_SCRIPT = textwrap.dedent(
 @pytest.mark.parametrize("shuffle", [True, False])
 def test_passes_numbered_by_reads_are_announced_with_several_workers(shuffle):
     """Without Keras' adapter the order follows each process's reads: say so, when it matters."""
-    env = dict(os.environ, KERAS_SCALING_FAIL_PROBES="keras.data_adapter_epochs")
+    env = dict(os.environ, KERAS_SCALING_FAIL_PROBES="keras.epoch_iterator_passes")
     env["TF_CPP_MIN_LOG_LEVEL"] = "2"
     process = subprocess.run(
         [sys.executable, "-c", _UNNUMBERED_SCRIPT.format(shuffle=shuffle)],
@@ -135,7 +135,7 @@ def test_passes_numbered_by_reads_are_announced_with_several_workers(shuffle):
         timeout=100,
     )
     assert process.returncode == 0, process.stderr[-3000:]
-    probe = _probes._registry["keras.data_adapter_epochs"]
+    probe = _probes._registry["keras.epoch_iterator_passes"]
     (probe_warning,) = [line for line in process.stderr.splitlines() if probe.reaches in line]
     assert f"Keras {_versions.keras_version()}" in probe_warning
     assert probe.lost in probe_warning and probe.workaround in probe_warning

@@ -45,7 +45,7 @@ PROBES_TESTED_IN = {
     "tf.func_graph_from_py_func": "test_flops",
     "tf.ops.flops_statistics": "test_flops",
     "tf.device_lib_memory_limit": "test_probes",
-    "keras.data_adapter_epochs": "test_data_pass_order_multi_worker",
+    "keras.epoch_iterator_passes": "test_data_pass_order_multi_worker",
 }
 
 
