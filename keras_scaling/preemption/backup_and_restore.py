@@ -439,16 +439,20 @@ class BackupAndRestore(keras.callbacks.Callback):
 
     def _announce_resume(self, position, resumed_after_step):
         """Says once, at the default log level, where training resumed and from which file."""
+        epochs = self.params.get("epochs")
         steps = self.params.get("steps")
+        if epochs is not None and position.epoch >= epochs:
+            where = f"nothing left to train (epochs={epochs})"
+        else:
+            where = (
+                f"epoch {position.epoch + 1}/{epochs or '?'}, after its step "
+                f"{resumed_after_step}{f' of {steps}' if steps else ''}"
+            )
         logger.warning(
-            "BackupAndRestore: resuming from %s (saved at optimizer step %d): "
-            "epoch %d/%s, after its step %d%s.",
+            "BackupAndRestore: resuming from %s (saved at optimizer step %d): %s.",
             _backup.backup_path(self.backup_dir),
             position.iterations,
-            position.epoch + 1,
-            self.params.get("epochs", "?"),
-            resumed_after_step,
-            f" of {steps}" if steps else "",
+            where,
         )
 
     # Preemption.

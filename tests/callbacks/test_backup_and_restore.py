@@ -287,6 +287,20 @@ def test_training_to_the_end_deletes_the_backup(tmp_path):
     assert not _backup.exists(tmp_path)
 
 
+def test_a_resume_with_every_epoch_trained_says_so(tmp_path, caplog):
+    _backup_of_one_epoch(tmp_path)
+
+    with caplog.at_level(logging.WARNING, logger="keras_scaling"):
+        _model().fit(
+            _data(), epochs=1, verbose=0, callbacks=[keras_scaling.BackupAndRestore(tmp_path)]
+        )
+
+    path = _backup.backup_path(tmp_path)
+    expected = f"BackupAndRestore: resuming from {path} (saved at optimizer step 8): nothing left to train (epochs=1)."
+    assert caplog.text.count("BackupAndRestore: resuming from") == 1
+    assert expected in caplog.text
+
+
 def test_resume_at_an_epoch_boundary_continues_with_the_next_epoch(tmp_path):
     _backup_of_one_epoch(tmp_path)
     model = _model()
