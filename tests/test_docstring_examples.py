@@ -51,6 +51,7 @@ MODULES = (
     "keras_scaling.throughput.arithmetic",
     "keras_scaling.throughput.baseline",
     "keras_scaling.throughput.throughput_logger",
+    "keras_scaling.tune",
 )
 
 # Examples known not to run yet, each to be fixed in its own module; a fixed

@@ -35,6 +35,7 @@ PUBLIC_MODULES = (
     "keras_scaling.throughput.arithmetic",
     "keras_scaling.throughput.baseline",
     "keras_scaling.throughput.throughput_logger",
+    "keras_scaling.tune",
 )
 
 PACKAGE_DIR = pathlib.Path(keras_scaling.__file__).parent

@@ -31,6 +31,7 @@ PUBLIC_MODULES = (
     "keras_scaling.peak_flops",
     "keras_scaling.replica_state",
     "keras_scaling.throughput",
+    "keras_scaling.tune",
     "keras_scaling.utilization",
 )
 

@@ -5,7 +5,7 @@ tune`: TensorFlow fixes the number of logical CPUs and its thread pools once
 per process. It builds the strategy, the model and the data as the bench's
 worker does (`_bench_worker`, `_models`) and calls `keras_scaling.tune`; bad
 input ends it with exit status 2 and a last stderr line starting with
-`USAGE_PREFIX`.
+`keras_scaling.cli.tune.USAGE_PREFIX`.
 """
 
 import argparse
@@ -14,8 +14,8 @@ import types
 
 from keras_scaling.cli import _bench_worker, _models, _sweep_plan
 from keras_scaling.cli._errors import UsageError
+from keras_scaling.cli.tune import USAGE_PREFIX
 
-USAGE_PREFIX = "keras-scaling tune: error: "
 # Synthetic samples: enough distinct batches that the pipeline is a real one.
 _DISTINCT_BATCHES = 8
 
@@ -51,7 +51,7 @@ def _strategy(cpu_devices):
 
 
 def _worker(args):
-    import keras_scaling
+    from keras_scaling.tune import tune
 
     strategy = _strategy(args.cpu_devices)
     try:
@@ -75,7 +75,7 @@ def _worker(args):
         )
         data_kwargs = {"shuffle": False}
     try:
-        keras_scaling.tune(
+        tune(
             model,
             data,
             per_replica_batch_size=args.per_replica_batch,
@@ -92,11 +92,7 @@ def _worker(args):
 
 def _as_options(message):
     """A message of `keras_scaling.tune` in the command line's words."""
-    return (
-        message.replace("budget_s=", "--budget ")
-        .replace("give a budget of at least", "pass --budget")
-        .replace("allow:", "--allow:")
-    )
+    return message.replace("budget_s=", "--budget ").replace("allow:", "--allow:")
 
 
 def main(argv=None):

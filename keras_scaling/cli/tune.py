@@ -11,13 +11,17 @@ import subprocess
 import sys
 import time
 
-from keras_scaling.cli import _bench_worker, _models, _tune_worker
+from keras_scaling.cli import _bench_worker, _models
 from keras_scaling.cli._arguments import positive_int, positive_number
 from keras_scaling.cli._errors import UsageError
 
 _DEFAULT_PER_REPLICA_BATCH = 64
 _DEFAULT_BUDGET_S = 180.0
 _ALLOWABLE = ("batch", "precision")
+# The worker's last stderr line on bad input starts with this.
+USAGE_PREFIX = "keras-scaling tune: error: "
+_WORKER_LOG = "tune_worker.log"
+_LOG_TAIL_LINES = 25
 
 _DESCRIPTION = """\
 Find the fastest settings for training a model on this machine's devices,
@@ -172,24 +176,31 @@ def run(args):
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     if args.cpu_devices:
         env.setdefault(_bench_worker.THREADPOOL_ENV, "1")
+    os.makedirs(log_dir, exist_ok=True)
+    log_path = os.path.join(log_dir, _WORKER_LOG)
     sys.stdout.flush()
-    process = subprocess.Popen(
-        command, stdout=None, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env, text=True
-    )
-    assert process.stderr is not None  # a pipe
-    usage = []
-    try:
-        for line in process.stderr:
-            if line.startswith(_tune_worker.USAGE_PREFIX):
-                usage.append(line[len(_tune_worker.USAGE_PREFIX) :].rstrip("\n"))
-            else:
-                sys.stderr.write(line)
-        returncode = process.wait()
-    except BaseException:
-        if process.poll() is None:
-            process.terminate()
-            process.wait()
-        raise
+    # The worker's stdout (the trials, the table) goes to the terminal; its
+    # stderr (TensorFlow's start-up lines) to a log, shown when it fails.
+    with open(log_path, "w", encoding="utf-8") as log:
+        process = subprocess.Popen(
+            command, stdout=None, stderr=log, stdin=subprocess.DEVNULL, env=env, text=True
+        )
+        try:
+            returncode = process.wait()
+        except BaseException:
+            if process.poll() is None:
+                process.terminate()
+                process.wait()
+            raise
+    with open(log_path, encoding="utf-8", errors="replace") as log:
+        lines = [line.rstrip("\n") for line in log.readlines()[-_LOG_TAIL_LINES:]]
+    usage = [line[len(USAGE_PREFIX) :] for line in lines if line.startswith(USAGE_PREFIX)]
     if returncode == 2 and usage:
         raise UsageError(usage[-1])
+    if returncode != 0:
+        print(
+            f"keras-scaling tune: the search failed with exit status {returncode}. "
+            f"Last lines of {log_path}:\n" + "\n".join(f"  {line}" for line in lines),
+            file=sys.stderr,
+        )
     return returncode

@@ -120,10 +120,7 @@ def reason_not_tried(knob, context):
         if context.data_fits_in_memory is False:
             return "the data do not fit in memory"
     if knob == "jit_compile" and context.device_kind == "CPU" and context.local_replicas > 1:
-        return (
-            "XLA cannot reach the variables of the other logical CPUs "
-            "(TensorFlow's XLA known issues); Keras turns it off under tf.distribute"
-        )
+        return "XLA cannot reach the other logical CPUs' variables"
     if knob == "mixed_precision":
         if context.device_kind == "CPU":
             return "mixed precision pays on GPUs and TPUs only"

@@ -9,6 +9,7 @@ that comparison gives the reported ratio.
 """
 
 import logging
+import math
 import time
 
 from keras_scaling.tune import _candidates, _decision, _report
@@ -60,7 +61,8 @@ def _trial(knob, value, *, comparison=None, decision=None, ratio_to_start=None, 
 
 def _compare(runner, incumbent, candidate, rounds, steps):
     """Rounds of the two in turns, the first of each pair alternating."""
-    incumbent_rates, candidate_rates = [], []
+    incumbent_rates: list[float] = []
+    candidate_rates: list[float] = []
     for index in range(rounds):
         order = ((incumbent, incumbent_rates), (candidate, candidate_rates))
         for settings, rates in order if index % 2 == 0 else reversed(order):
@@ -148,7 +150,7 @@ def search(runner, start, *, budget_s, allowed, explain_fn, verbose):
                         f"budget_s={budget_s:g} is too small to measure one candidate: "
                         f"the start took {clock.elapsed_s():.0f} s to prepare and one "
                         f"candidate needs about {needed_s - clock.elapsed_s():.0f} s more; "
-                        f"give a budget of at least {needed_s:.0f} s"
+                        f"pass budget_s={math.ceil(needed_s)} or more"
                     )
                 trials.append(_trial(knob, value, reason="not measured: the budget is spent"))
                 out_of_budget = True

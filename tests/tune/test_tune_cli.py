@@ -1,0 +1,59 @@
+"""`keras-scaling tune` through `keras_scaling.cli.main`: a short real search, and bad input with exit 2."""
+
+import json
+
+import pytest
+
+import keras_scaling
+from keras_scaling.cli import main
+
+
+def test_tune_writes_tune_json_that_load_applies(tmp_path, capfd):
+    log_dir = tmp_path / "tune"
+    status = main(
+        [
+            "tune",
+            "--cpu-devices", "2",
+            "--model", "mlp",
+            "--per-replica-batch", "32",
+            "--budget", "30",
+            "--logdir", str(log_dir),
+        ]
+    )  # fmt: skip
+    assert status == 0
+    out = capfd.readouterr().out
+    record = json.loads((log_dir / "tune.json").read_text())
+    assert record["replicas"] == 2
+    assert record["start"]["settings"]["data"] == {"per_replica_batch_size": 32, "shuffle": False}
+    assert record["elapsed_s"] <= record["budget_s"] * 1.25
+    assert "steps_per_execution" in out and 'keras_scaling.tune.load("' in out
+    tuned = keras_scaling.tune.load(log_dir / "tune.json")
+    assert tuned.compile_kwargs == record["best"]["settings"]["compile"]
+
+
+@pytest.mark.parametrize(
+    "arguments, message",
+    [
+        (["--allow", "batch,fast"], "unknown knob 'fast'"),
+        (["--budget", "3"], "pass --budget 10 or more"),
+        (["--model", "not_a_preset"], "neither a preset"),
+    ],
+)
+def test_bad_input_exits_2_naming_the_fix(arguments, message, capfd):
+    assert main(["tune", *arguments]) == 2
+    assert message in capfd.readouterr().err
+
+
+def test_a_model_that_cannot_be_built_exits_2_naming_it(tmp_path, monkeypatch, capfd):
+    (tmp_path / "broken_models.py").write_text(
+        "def build():\n    raise RuntimeError('no weights file')\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    status = main(
+        ["tune", "--cpu-devices", "2", "--model", "broken_models:build", "--budget", "20",
+         "--logdir", str(tmp_path / "logs")]
+    )  # fmt: skip
+    assert status == 2
+    err = capfd.readouterr().err
+    assert "--model 'broken_models:build' could not be built" in err
+    assert "no weights file" in err
