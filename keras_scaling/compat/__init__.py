@@ -322,7 +322,8 @@ def enable_for(
     `evaluate` in progress uses it (their loops look the function up at
     every step). The `symbolic_build` and `multi_worker_epoch` fixes act
     when `fit`, `evaluate` or `predict` starts, before callbacks run, so
-    under `MultiWorkerMirroredStrategy` enable them before those calls
+    under `MultiWorkerMirroredStrategy`, and for `bool` or `string` model
+    inputs on any strategy, enable them before those calls
     (`auto_strategy()`, `data.distribute()` or `enable()` do).
 
     Args:
