@@ -28,6 +28,9 @@ DEFAULT_SEED = 1234
 
 _PLAN_ATTRIBUTE = "_keras_scaling_input_plan"
 
+# A callable building the same pipeline again, with shuffle state of its own.
+_REBUILD_ATTRIBUTE = "_keras_scaling_rebuild"
+
 UNNUMBERED_PASSES_WARNING = (
     "keras_scaling.data: Keras' epochs cannot number the passes over this "
     "dataset here (the warning above says why, or KERAS_SCALING_NO_COMPAT=1): "
@@ -36,8 +39,6 @@ UNNUMBERED_PASSES_WARNING = (
     "makes the workers read different samples. Read it only through fit, "
     "evaluate and predict, the same on every worker."
 )
-# A callable building the same pipeline again, with shuffle state of its own.
-_REBUILD_ATTRIBUTE = "_keras_scaling_rebuild"
 
 
 def global_batch_size(
@@ -112,8 +113,8 @@ def distribute(
       epoch of `fit`, each `evaluate` and `predict`, counted in each
       process): every worker reads epoch `e` of `fit` in the same order,
       whatever it read outside Keras (a look at a batch before training).
-      Without Keras' data adapter (a warning says so) a pass is numbered
-      when its first batch is read. `fit(shuffle=True)` does not apply to a
+      Where Keras' epochs cannot be seen (a warning says so) a pass is
+      numbered when its first batch is read. `fit(shuffle=True)` does not apply to a
       dataset, and Keras' warning that it is ignored does not appear for a
       dataset `distribute` shuffles.
     - Shapes are static except for the last batch under

@@ -27,7 +27,6 @@ from keras_scaling.data import _iterator_plan, _passes
 from keras_scaling.internals import _probes
 
 _EPOCH_ITERATOR_MODULE = "keras.src.trainers.epoch_iterator"
-_ORIGINAL = "_keras_scaling_original"
 
 _lock = threading.Lock()
 _installed = False
@@ -120,5 +119,4 @@ def _numbering_passes(original):
 
         adapter.on_epoch_begin = on_epoch_begin
 
-    setattr(__init__, _ORIGINAL, original)
     return __init__

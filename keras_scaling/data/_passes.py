@@ -56,22 +56,12 @@ class PassCounter:
         """The index of the pass starting now; the counter moves on (in the pipeline's graph)."""
         return self._next_pass.assign_add(1) - 1
 
-    def begin_keras_epoch(self) -> int:
-        """Keras starts an epoch over the pipeline: its pass takes Keras' next number.
-
-        Returns:
-            int, the index of the pass this epoch reads.
-        """
+    def begin_keras_epoch(self) -> None:
+        """Keras starts an epoch over the pipeline: its pass takes Keras' next number."""
         with self._lock:
             index = self._keras_next_pass
             self._keras_pass, self._keras_next_pass = index, index + 1
             self._next_pass.assign(index)
-            return index
-
-    @property
-    def numbered_by_keras(self) -> bool:
-        """Whether Keras has started an epoch over the pipeline (and numbers its passes)."""
-        return self._keras_pass is not None
 
     @property
     def next_pass(self) -> int:
