@@ -5,8 +5,19 @@ Each model (see `real_models_common.py`) trains once per session on 2
 replicas of a MirroredStrategy over logical CPUs, from
 `keras_scaling.data.distribute`, with `ReplicaSyncCheck` and
 `ThroughputLogger`; the tests read what that run left.
+
+The BERT classifier is also stopped by SIGTERM in its second epoch and
+resumed by `BackupAndRestore`, in this process, on a model and a
+`keras_scaling.data.distribute` dataset built anew each time, as a new
+process would: the resumed run ends with every model and optimizer variable
+bitwise equal to the run never stopped (the dropout seeds, Adam's slots and
+the shuffled order of the resumed epoch included).
 """
 
+import os
+import signal
+
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -16,17 +27,25 @@ from real_models_common import (
     MODELS,
     STEPS_PER_EPOCH,
     bert_data,
+    build,
+    distributed,
     gpt2_data,
     make_bert_classifier,
     make_gpt2_causal_lm,
     train,
+    variable_values,
 )
 
+import keras_scaling
 from keras_scaling import compat
+from keras_scaling.preemption import _backup
+from keras_scaling.preemption.backup_and_restore import EXIT_PREEMPTED
 
 pytestmark = pytest.mark.logical_cpus(2)
 
 _runs = {}
+# Step 3 of the second epoch; the backup is saved at the end of the step in progress.
+SIGTERM_AT_STEP = STEPS_PER_EPOCH + 3
 
 
 @pytest.fixture(scope="module")
@@ -120,3 +139,61 @@ def test_keras_hub_text_models_take_a_bool_padding_mask(make_model, make_data):
 
     assert features["padding_mask"].dtype == tf.bool
     assert compat.status()["symbolic_build"].needed
+
+
+class SigtermAt(keras.callbacks.Callback):
+    def __init__(self, step):
+        super().__init__()
+        self.step = step
+
+    def on_train_batch_end(self, batch, logs=None):
+        if int(self.model.optimizer.iterations.numpy()) == self.step:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+class StartStep(keras.callbacks.Callback):
+    """Records the optimizer step training starts from (after a restore)."""
+
+    step = None
+
+    def on_train_begin(self, logs=None):
+        self.step = int(self.model.optimizer.iterations.numpy())
+
+
+def test_bert_resumed_mid_epoch_is_bitwise_equal_to_a_run_never_stopped(
+    strategy, trained, tmp_path
+):
+    never_stopped = trained("bert_classifier")
+
+    backup_dir = tmp_path / "backup"
+    stopped = build("bert_classifier", strategy)
+    with pytest.raises(SystemExit) as raised:
+        stopped.fit(
+            distributed(bert_data(), strategy),
+            epochs=EPOCHS,
+            verbose=0,
+            callbacks=[SigtermAt(SIGTERM_AT_STEP), keras_scaling.BackupAndRestore(backup_dir)],
+        )
+    assert raised.value.code == EXIT_PREEMPTED
+    header, _ = _backup.read(backup_dir)
+    assert header["position"]["iterations"] == SIGTERM_AT_STEP + 1
+
+    resumed = build("bert_classifier", strategy)
+    start = StartStep()
+    resumed.fit(
+        distributed(bert_data(), strategy),
+        epochs=EPOCHS,
+        verbose=0,
+        callbacks=[keras_scaling.BackupAndRestore(backup_dir), start],
+    )
+
+    assert start.step == SIGTERM_AT_STEP + 1
+    assert int(resumed.optimizer.iterations.numpy()) == never_stopped.iterations
+    values = variable_values(resumed)
+    expected = variable_values(never_stopped.model)
+    assert len(values) == len(expected)
+    for index, (value, reference) in enumerate(zip(values, expected)):
+        assert value.dtype == reference.dtype, index
+        assert value.tobytes() == reference.tobytes(), f"variable {index} differs"
+    # The weights the stopped run left differ: the resume trained the rest.
+    assert any(a.tobytes() != b.tobytes() for a, b in zip(variable_values(stopped), expected))
