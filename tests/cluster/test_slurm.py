@@ -41,7 +41,17 @@ def _run_job(slurm, tmp_path, name, body, timeout_s=JOB_TIMEOUT_S, **env):
 
 
 @pytest.mark.parametrize(
-    "text", ["gpu[01-04,07]", "node[1-2],login3", "r[1-2]n[01-02]", "node[009-011],x"]
+    "text",
+    [
+        "gpu[01-04,07]",
+        "node[1-2],login3",
+        "r[1-2]n[01-02]",
+        "node[009-011],x",
+        "a[1-2]b[1-2]c[1-2]",
+        "r[1-3]-n[01-02].s[8-10]",
+        "a[1,3]b[2-3]c[1,5-6]d[1-2]e[01-02]",
+        "n[1-2] m[3-4]\tlogin3, gpu[01-02]",
+    ],
 )
 def test_python_host_list_expander_agrees_with_scontrol(slurm, text):
     result = slurm.run(["scontrol", "show", "hostnames", text])

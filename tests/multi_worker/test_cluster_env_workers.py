@@ -60,7 +60,7 @@ def _consecutive_free_ports(count):
     raise RuntimeError(f"no {count} consecutive free ports on 127.0.0.1")
 
 
-def _run_together(envs, args):
+def _run_together(envs, args, timeout_s=TIMEOUT_S):
     """Runs one process per env at once; returns [(returncode, stdout, stderr)]."""
     processes = [
         subprocess.Popen(
@@ -75,14 +75,14 @@ def _run_together(envs, args):
     results = []
     try:
         for process in processes:
-            out, err = process.communicate(timeout=TIMEOUT_S)
+            out, err = process.communicate(timeout=timeout_s)
             results.append((process.returncode, out, err))
     except subprocess.TimeoutExpired:
         for process in processes:
             process.kill()
         outputs = [process.communicate() for process in processes]
         pytest.fail(
-            f"workers did not finish within {TIMEOUT_S} s:\n"
+            f"workers did not finish within {timeout_s} s:\n"
             + "\n".join(err[-3000:] for _, err in outputs)
         )
     return results
@@ -183,4 +183,64 @@ def test_evaluator_task_trains_alone_and_says_why(tmp_path):
     assert info["kind"] != "MultiWorkerMirroredStrategy"
     assert info["num_workers"] == 1
     assert info["cluster_origin"].endswith("this is evaluator 0")
-    assert "makes this task the evaluator, which trains with nobody" in err
+    assert "makes this task the evaluator, which evaluates alone" in err
+
+
+def test_evaluator_left_out_of_its_cluster_evaluates_alone(tmp_path):
+    # Kubeflow's TFJob and AI Platform: the evaluator's TF_CONFIG lists the
+    # training cluster only.
+    config = {
+        "cluster": {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"]},
+        "task": {"type": "evaluator", "index": 0},
+    }
+    ((returncode, out, err),) = _run_together(
+        [{**_base_env(), "TF_CONFIG": json.dumps(config)}], ["-c", _DESCRIBE]
+    )
+    assert returncode == 0, err[-4000:]
+    info = json.loads(out.strip().splitlines()[-1])
+    assert info["kind"] != "MultiWorkerMirroredStrategy"
+    assert info["num_workers"] == 1
+    assert info["cluster_origin"].endswith("this is evaluator 0, outside the training cluster")
+    assert "makes this task the evaluator, which evaluates alone" in err
+
+
+# Importing TensorFlow takes seconds on a busy machine; the refusal comes
+# before any network wait (before, the chief and the worker waited > 90 s).
+PARAMETER_SERVER_TIMEOUT_S = 120
+
+
+def test_tf_config_with_parameter_servers_fails_on_every_task_naming_the_strategy(tmp_path):
+    chief, worker, ps = (f"127.0.0.1:{port}" for port in _consecutive_free_ports(3))
+    cluster = {"chief": [chief], "worker": [worker], "ps": [ps]}
+    envs = [
+        {**_base_env(), "TF_CONFIG": json.dumps({"cluster": cluster, "task": task})}
+        for task in (
+            {"type": "chief", "index": 0},
+            {"type": "worker", "index": 0},
+            {"type": "ps", "index": 0},
+        )
+    ]
+    results = _run_together(envs, ["-c", _DESCRIBE], timeout_s=PARAMETER_SERVER_TIMEOUT_S)
+    for returncode, _, err in results:
+        assert returncode != 0
+        assert "ValueError: TF_CONFIG names a parameter server" in err, err[-4000:]
+        assert "trains with all-reduce" in err
+        assert "tf.distribute.ParameterServerStrategy" in err
+
+
+def test_pods_given_a_worker_list_separated_by_spaces_form_one_cluster(tmp_path):
+    first, second = _consecutive_free_ports(2)
+    # As a YAML list ends up in one variable, the same in every pod.
+    hosts = f"127.0.0.1:{first} 127.0.0.1:{second}"
+    envs = [
+        {**_base_env(), "KERAS_SCALING_WORKER_HOSTS": hosts, "JOB_COMPLETION_INDEX": str(i)}
+        for i in (0, 1)
+    ]
+    results = _run_together(envs, ["-c", _DESCRIBE])
+    infos = []
+    for returncode, out, err in results:
+        assert returncode == 0, err[-4000:]
+        infos.append(json.loads(out.strip().splitlines()[-1]))
+    assert [info["kind"] for info in infos] == ["MultiWorkerMirroredStrategy"] * 2
+    assert [info["num_workers"] for info in infos] == [2, 2]
+    assert [info["is_chief"] for info in infos] == [True, False]
