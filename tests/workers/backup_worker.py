@@ -46,6 +46,11 @@ def parse_args():
         "--sleep-per-step seconds after every step",
     )
     parser.add_argument("--sleep-per-step", type=float, default=0.0)
+    parser.add_argument(
+        "--chief-peeks",
+        action="store_true",
+        help="the chief reads a batch of the training data before fit, the others do not",
+    )
     return parser.parse_args()
 
 
@@ -130,6 +135,8 @@ def main():
         train = keras_scaling.data.distribute(
             (x, y), strategy=strategy, per_replica_batch_size=args.per_replica_batch
         )
+        if args.chief_peeks and index == 0:
+            next(iter(train))
         model.fit(train, epochs=args.epochs, verbose=0, callbacks=callbacks)
     else:
         batch = args.per_replica_batch * strategy.num_replicas_in_sync
