@@ -123,18 +123,17 @@ class _Pipeline:
 
         `calls` untimed calls, `calls` timed ones (the step), then steps
         whose batches are fetched eagerly, timed, and handed to the same
-        train function: the wait is the median fetch over `steps` of them,
-        less the fetch's own cost on a batch that is ready.
+        train function: the wait is the mean fetch over `steps` of them (a
+        rare long one, such as a pass's start, counts as in the step), less
+        the fetch's own cost on a batch that is ready.
         """
-        import statistics
-
         self.model.steps_per_execution = self.steps_per_execution
         iterator = iter(self.dataset)
         _timed_calls(self.function, iterator, calls)
         step_s = _timed_calls(self.function, iterator, calls) / (calls * self.steps_per_execution)
         # The first eager fetches after the compiled ones are irregular (one
         # waits a whole batch, the next few find theirs ready): untimed.
-        untimed = max(3, steps // 5)
+        untimed = max(5, steps // 5)
         waits_s, logs = [], None
         for index in range(untimed + steps):
             start_s = time.perf_counter()
@@ -145,7 +144,7 @@ class _Pipeline:
             logs = self.function([batch])
         _wait_for(logs)
         del iterator
-        return step_s, max(0.0, statistics.median(waits_s) - self.fetch_overhead_s)
+        return step_s, max(0.0, sum(waits_s) / steps - self.fetch_overhead_s)
 
 
 def _fetch_s(iterator, fetches=10):

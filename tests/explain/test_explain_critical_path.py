@@ -71,8 +71,8 @@ def _explain(model, data, strategy, **kwargs):
     return keras_scaling.explain(model, data, strategy=strategy, verbose=False, **kwargs)
 
 
-def _fit_step_s(model, data, steps=30, epochs=3):
-    """The median over epochs after the first of fit's seconds per step."""
+def _fit_epochs_s(model, data, steps=20, epochs=3):
+    """fit's seconds per step of each epoch after the first (which holds the start-up)."""
     import keras
 
     epoch_s = []
@@ -84,8 +84,15 @@ def _fit_step_s(model, data, steps=30, epochs=3):
         def on_epoch_end(self, epoch, logs=None):
             epoch_s.append(time.perf_counter() - self.start_s)
 
-    model.fit(data, steps_per_epoch=steps, epochs=epochs, verbose=0, callbacks=[EpochTimes()])
-    return statistics.median(epoch_s[1:]) / steps
+    model.fit(
+        data,
+        steps_per_epoch=steps,
+        epochs=epochs,
+        verbose=0,
+        shuffle=False,
+        callbacks=[EpochTimes()],
+    )
+    return [seconds / steps for seconds in epoch_s[1:]]
 
 
 def test_input_slower_than_compute_is_input_bound_though_compute_is_the_larger_part(one_device):
@@ -119,7 +126,11 @@ def test_the_measured_step_is_within_15_percent_of_the_step_fit_takes(one_device
     model = _sleeping_model(one_device, compute_s=0.007)
     data = _sleeping_pipeline(0.012)
     kwargs = {} if steps is None else {"steps": steps}
+    # fit's epochs before and after explain: the median of the four is not
+    # moved by one epoch that a busy spell of the machine slowed.
+    fit_epochs_s = _fit_epochs_s(model, data)
     explained_s = _explain(model, data, one_device, **kwargs).split.step_s
-    fit_s = _fit_step_s(model, data)
+    fit_epochs_s += _fit_epochs_s(model, data)
+    fit_s = statistics.median(fit_epochs_s)
 
-    assert abs(explained_s - fit_s) <= 0.15 * fit_s, (explained_s, fit_s)
+    assert abs(explained_s - fit_s) <= 0.15 * fit_s, (explained_s, fit_epochs_s)
