@@ -1,20 +1,27 @@
 """The search of `keras-scaling tune`, in a process of its own.
 
 Run as `python -m keras_scaling.cli._tune_worker ...` by `keras-scaling
-tune`: TensorFlow fixes the number of logical CPUs and its thread pools once
-per process. It builds the strategy, the model and the data as the bench's
-worker does (`_bench_worker`, `_models`) and calls `keras_scaling.tune`; bad
+tune`: TensorFlow fixes the number of logical CPUs, its thread pools and the
+strategy's all-reduce once per process. It builds the strategy
+(`keras_scaling.auto_strategy` with `--strategy-kwargs`, on the bench's
+thread pools), the model and the data as the bench's worker does
+(`_bench_worker`, `_models`), then calls `keras_scaling.tune` (unless
+`--serve-only`). With `--serve` it then prints `READY` (`keras_scaling.cli.tune`) and serves rounds:
+each stdin line is the JSON `{"settings": ..., "steps": N}` and gets the
+line `RATE samples_per_sec wall_s`; `quit` or the end of stdin ends it. Bad
 input ends it with exit status 2 and a last stderr line starting with
 `keras_scaling.cli.tune.USAGE_PREFIX`.
 """
 
 import argparse
+import json
+import math
 import sys
-import types
+import time
 
 from keras_scaling.cli import _bench_worker, _models, _sweep_plan
 from keras_scaling.cli._errors import UsageError
-from keras_scaling.cli.tune import USAGE_PREFIX
+from keras_scaling.cli.tune import QUIT, RATE, READY, USAGE_PREFIX
 
 # Synthetic samples: enough distinct batches that the pipeline is a real one.
 _DISTINCT_BATCHES = 8
@@ -30,30 +37,39 @@ def _worker_parser():
     parser.add_argument("--budget", type=float, required=True)
     parser.add_argument("--allow", default="")
     parser.add_argument("--logdir", required=True)
+    # The command's start (time.time()): the budget counts from there.
+    parser.add_argument("--started-at", type=float, default=None)
+    # Seconds of the budget kept for the candidates in processes of their own.
+    parser.add_argument("--reserve", type=float, default=0.0)
+    parser.add_argument("--strategy-kwargs", default="{}")
+    parser.add_argument("--serve", action="store_true")
+    parser.add_argument("--serve-only", action="store_true")
     return parser
 
 
-def _strategy(cpu_devices):
-    """The strategy as the bench makes it, with the bench's thread pools on logical CPUs."""
+def _strategy(cpu_devices, strategy_kwargs):
+    """`auto_strategy(**strategy_kwargs)` on the bench's devices and thread pools."""
     import tensorflow as tf
 
-    replicas = cpu_devices or max(1, len(tf.config.list_physical_devices("GPU")))
-    threads = None
+    import keras_scaling
+
     if cpu_devices:
         threads = _sweep_plan.plan_cpu_threads([cpu_devices], _sweep_plan.available_cores())
-    config = types.SimpleNamespace(
-        replicas=replicas,
-        cpu_devices=bool(cpu_devices),
-        intra_op_threads=threads.intra_op_threads() if threads else 0,
-        inter_op_threads=threads.inter_op_threads(replicas) if threads else 0,
-    )
-    return _bench_worker._configure_tensorflow(config)
+        # Thread pools are fixed when TensorFlow initialises its devices.
+        tf.config.threading.set_intra_op_parallelism_threads(threads.intra_op_threads())
+        tf.config.threading.set_inter_op_parallelism_threads(threads.inter_op_threads(cpu_devices))
+        tf.config.set_visible_devices([], "GPU")
+        keras_scaling.use_logical_cpus(cpu_devices)
+    try:
+        return keras_scaling.auto_strategy(**strategy_kwargs)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
 
 
 def _worker(args):
-    from keras_scaling.tune import tune
+    from keras_scaling.tune import _measure, _search, tune
 
-    strategy = _strategy(args.cpu_devices)
+    strategy = _strategy(args.cpu_devices, json.loads(args.strategy_kwargs))
     try:
         with strategy.scope():
             model = _models.build_model(args.model)
@@ -74,20 +90,53 @@ def _worker(args):
             model, args.per_replica_batch * num_replicas * _DISTINCT_BATCHES
         )
         data_kwargs = {"shuffle": False}
-    try:
-        tune(
-            model,
-            data,
-            per_replica_batch_size=args.per_replica_batch,
-            data_kwargs=data_kwargs,
-            strategy=strategy,
-            budget_s=args.budget,
-            allow=args.allow,
-            log_dir=args.logdir,
-        )
-    except ValueError as error:
-        raise UsageError(_as_options(str(error))) from None
+    if not args.serve_only:
+        budget_s = args.budget
+        if args.started_at is not None:
+            budget_s -= time.time() - args.started_at
+        budget_s -= args.reserve
+        if budget_s < _search.MIN_BUDGET_S:
+            raise UsageError(
+                f"--budget {args.budget:g} is too small: this start took "
+                f"{args.budget - args.reserve - budget_s:.0f} s; pass --budget "
+                f"{math.ceil(args.budget - budget_s + 3 * _search.MIN_BUDGET_S)} or more"
+            )
+        try:
+            tune(
+                model,
+                data,
+                per_replica_batch_size=args.per_replica_batch,
+                data_kwargs=data_kwargs,
+                strategy=strategy,
+                budget_s=budget_s,
+                allow=args.allow,
+                log_dir=args.logdir,
+                verbose=True,
+            )
+        except _search.BudgetTooSmall as error:
+            # The search had what the process start and the all-reduce left of --budget.
+            needed_s = math.ceil(args.budget - budget_s + error.needed_s)
+            raise UsageError(
+                f"--budget {args.budget:g} is too small to measure one candidate "
+                f"(this start took {args.budget - args.reserve - budget_s:.0f} s); "
+                f"pass --budget {needed_s} or more"
+            ) from None
+        except ValueError as error:
+            raise UsageError(_as_options(str(error))) from None
+    if args.serve or args.serve_only:
+        _serve(_measure.Runner(model, strategy, data))
     return 0
+
+
+def _serve(runner):
+    """Runs the rounds asked for on stdin, one line each, until `QUIT`."""
+    print(READY, flush=True)
+    for line in sys.stdin:
+        if line.strip() == QUIT:
+            break
+        request = json.loads(line)
+        rate, wall_s = runner.round(request["settings"], int(request["steps"]))
+        print(f"{RATE}{rate} {wall_s}", flush=True)
 
 
 def _as_options(message):

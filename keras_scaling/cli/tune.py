@@ -2,10 +2,15 @@
 
 The command checks its arguments, then runs the search in a process of its
 own (`keras_scaling.cli._tune_worker`): TensorFlow fixes the number of
-logical CPUs and its thread pools once per process.
+logical CPUs and its thread pools once per process. On several devices of
+one machine, that process then serves rounds while another process, with
+another all-reduce, runs in turns with it: a strategy's all-reduce is fixed
+when it is made, and two MirroredStrategy objects in one process break each
+other's.
 """
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -20,7 +25,15 @@ _DEFAULT_BUDGET_S = 180.0
 _ALLOWABLE = ("batch", "precision")
 # The worker's last stderr line on bad input starts with this.
 USAGE_PREFIX = "keras-scaling tune: error: "
+# The worker's lines when it serves rounds (`keras_scaling.cli._tune_worker`).
+READY = "@ready"
+RATE = "@rate "
+QUIT = "quit"
 _WORKER_LOG = "tune_worker.log"
+# Share of the budget kept for the all-reduce, measured in processes of its own.
+_PROCESS_SHARE = 0.3
+# Seconds a worker gets to end after it is told to, and then to be killed.
+_END_S = 5.0
 _LOG_TAIL_LINES = 25
 
 _DESCRIPTION = """\
@@ -40,6 +53,9 @@ Knobs that keep the model's arithmetic, tried by default:
                         rounding (not with several replicas on CPUs)
   cache                 the input pipeline's cache (--data pipelines; arrays
                         are in memory already)
+  cross_device_ops      the all-reduce, on several devices of one machine:
+                        each in a process of its own, in turns with the
+                        first's (30% of the budget)
 Knobs that change training, tried only with --allow:
   batch                 the per-replica batch: scale the learning rate
   precision             mixed precision (GPUs and TPUs)
@@ -50,6 +66,7 @@ LOGDIR/tune.json and the table into TensorBoard (run "tune", Text tab).
 Apply the result with:
 
   tuned = keras_scaling.tune.load("LOGDIR/tune.json")
+  strategy = keras_scaling.auto_strategy(**tuned.strategy_kwargs)
   model.compile(..., **tuned.compile_kwargs)
   train = keras_scaling.data.distribute(data, strategy=strategy, **tuned.data_kwargs)
 
@@ -150,57 +167,258 @@ def _check(args):
         )
 
 
+class _Worker:
+    """A `_tune_worker` process: its output to the terminal until it is ready, then rounds on request."""
+
+    def __init__(self, args, log_dir, started_at, *, name, extra):
+        self.serves = "--serve" in extra
+        command = [
+            sys.executable,
+            "-m",
+            "keras_scaling.cli._tune_worker",
+            f"--model={args.model}",
+            f"--per-replica-batch={args.per_replica_batch}",
+            f"--steps-per-execution={args.steps_per_execution}",
+            f"--budget={args.budget}",
+            f"--allow={args.allow}",
+            f"--logdir={log_dir}",
+            f"--started-at={started_at}",
+            *extra,
+        ]
+        if args.data is not None:
+            command.append(f"--data={args.data}")
+        if args.cpu_devices:
+            command.append(f"--cpu-devices={args.cpu_devices}")
+        env = dict(os.environ)
+        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        if args.cpu_devices:
+            env.setdefault(_bench_worker.THREADPOOL_ENV, "1")
+        os.makedirs(log_dir, exist_ok=True)
+        self.log_path = os.path.join(log_dir, name)
+        # Its stderr (TensorFlow's start-up lines) goes to a log, shown when it fails.
+        self._log = open(self.log_path, "w", encoding="utf-8")  # noqa: SIM115 (closed in finish)
+        sys.stdout.flush()
+        self.process = subprocess.Popen(
+            command,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            stdin=subprocess.PIPE,
+            env=env,
+            text=True,
+        )
+
+    def _lines(self, echo):
+        assert self.process.stdout is not None  # a pipe
+        for line in self.process.stdout:
+            if line.startswith(RATE) or line.strip() == READY:
+                yield line.strip()
+            elif line.startswith("| knob") and self.serves:
+                # The table and the outcome come once, from here, when the
+                # all-reduce has been measured too.
+                echo = False
+            elif echo:
+                sys.stdout.write(line)
+                sys.stdout.flush()
+
+    def wait_ready(self, echo):
+        """True once the worker serves rounds; False when it ended first."""
+        return next(self._lines(echo), None) == READY
+
+    def round(self, settings, steps):
+        """One round of `settings` in this process: (samples/sec, wall seconds)."""
+        assert self.process.stdin is not None  # a pipe
+        self.process.stdin.write(json.dumps({"settings": settings, "steps": steps}) + "\n")
+        self.process.stdin.flush()
+        line = next(self._lines(echo=False), None)
+        if line is None:
+            raise RuntimeError(f"the worker ended; see {self.log_path}")
+        rate, wall_s = line[len(RATE) :].split()
+        return float(rate), float(wall_s)
+
+    def finish(self):
+        """Ends the worker; returns its exit status."""
+        if self.process.poll() is None and self.process.stdin is not None:
+            try:
+                self.process.stdin.write(QUIT + "\n")
+                self.process.stdin.close()
+            except OSError:  # it ended meanwhile
+                pass
+        try:
+            returncode = self.process.wait(timeout=_END_S)
+        except subprocess.TimeoutExpired:
+            # Its work is done; TensorFlow's teardown is not worth waiting for.
+            self.process.kill()
+            returncode = self.process.wait()
+        self._log.close()
+        return returncode
+
+    def kill(self):
+        if self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait()
+        self._log.close()
+
+    def failure(self, returncode):
+        """Raises `UsageError` for bad input; otherwise prints the log's tail and returns the status."""
+        with open(self.log_path, encoding="utf-8", errors="replace") as log:
+            lines = [line.rstrip("\n") for line in log.readlines()[-_LOG_TAIL_LINES:]]
+        usage = [line[len(USAGE_PREFIX) :] for line in lines if line.startswith(USAGE_PREFIX)]
+        if returncode == 2 and usage:
+            raise UsageError(usage[-1])
+        print(
+            f"keras-scaling tune: the search failed with exit status {returncode}. "
+            f"Last lines of {self.log_path}:\n" + "\n".join(f"  {line}" for line in lines),
+            file=sys.stderr,
+        )
+        return returncode or 1
+
+
+def _devices(cpu_devices):
+    """`(device kind, replicas)` the worker will train on."""
+    if cpu_devices:
+        return "CPU", cpu_devices
+    import tensorflow as tf
+
+    gpus = len(tf.config.list_physical_devices("GPU"))
+    return ("GPU", gpus) if gpus else ("CPU", 1)
+
+
 def run(args):
-    """Checks the arguments, runs the search in a worker process; returns the exit status."""
+    """Checks the arguments, runs the search in worker processes; returns the exit status."""
+    from keras_scaling.tune import _candidates
+
     _check(args)
+    started_at = time.time()
     log_dir = args.logdir or os.path.join("logs", time.strftime("tune-%Y%m%d-%H%M%S"))
     log_dir = os.path.abspath(log_dir)
     if os.path.exists(log_dir) and not os.path.isdir(log_dir):
         raise UsageError(f"--logdir {log_dir!r} is a file; pass a directory")
-    command = [
-        sys.executable,
-        "-m",
-        "keras_scaling.cli._tune_worker",
-        f"--model={args.model}",
-        f"--per-replica-batch={args.per_replica_batch}",
-        f"--steps-per-execution={args.steps_per_execution}",
-        f"--budget={args.budget}",
-        f"--allow={args.allow}",
-        f"--logdir={log_dir}",
-    ]
-    if args.data is not None:
-        command.append(f"--data={args.data}")
-    if args.cpu_devices:
-        command.append(f"--cpu-devices={args.cpu_devices}")
-    env = dict(os.environ)
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    if args.cpu_devices:
-        env.setdefault(_bench_worker.THREADPOOL_ENV, "1")
-    os.makedirs(log_dir, exist_ok=True)
-    log_path = os.path.join(log_dir, _WORKER_LOG)
-    sys.stdout.flush()
-    # The worker's stdout (the trials, the table) goes to the terminal; its
-    # stderr (TensorFlow's start-up lines) to a log, shown when it fails.
-    with open(log_path, "w", encoding="utf-8") as log:
-        process = subprocess.Popen(
-            command, stdout=None, stderr=log, stdin=subprocess.DEVNULL, env=env, text=True
+    device_kind, replicas = _devices(args.cpu_devices)
+    values, reason = _candidates.all_reduce_values(device_kind, replicas, 1)
+    # Kept back from the search in the first process: the all-reduce's share,
+    # and the seconds its processes take to end.
+    reserve_s = (_PROCESS_SHARE * args.budget if values else 0.0) + _END_S
+    extra = [f"--reserve={reserve_s}"] + (["--serve"] if values else [])
+    worker = _Worker(args, log_dir, started_at, name=_WORKER_LOG, extra=extra)
+    try:
+        ready = worker.wait_ready(echo=True)
+        if not ready:
+            returncode = worker.finish()
+            return worker.failure(returncode) if returncode else 0
+        ready_s = time.time() - started_at
+        path = os.path.join(log_dir, "tune.json")
+        with open(path, encoding="utf-8") as file:
+            record = json.load(file)
+        worker = _search_all_reduce(
+            args, record, worker, values, started_at, ready_s, log_dir, device_kind
+        )
+    except BaseException:
+        worker.kill()
+        raise
+    worker.finish()
+    from keras_scaling.tune import _report
+
+    record["elapsed_s"] = time.time() - started_at
+    record["budget_s"] = args.budget
+    _report.write(log_dir, record)
+    print("\n" + _report.format_table(record["trials"]) + "\n")
+    print("\n".join(_report.summary_lines(record)))
+    print("\nApply it:")
+    print("\n".join(f"  {line}" for line in _report.apply_lines(record, path)))
+    return 0
+
+
+def _search_all_reduce(args, record, worker, values, started_at, ready_s, log_dir, device_kind):
+    """Each all-reduce against the incumbent's, in a process of its own; returns the incumbent worker."""
+    from keras_scaling.tune import _candidates, _decision, _search
+
+    best = record["best"]
+    settings = best["settings"]
+    global_batch = args.per_replica_batch * record["replicas"]
+    if settings["data"].get("per_replica_batch_size"):
+        global_batch = settings["data"]["per_replica_batch_size"] * record["replicas"]
+    step_s = global_batch / best["samples_per_sec"]
+    spe = int(settings["compile"].get("steps_per_execution", 1))
+    steps = _decision.steps_per_round(step_s, _search.round_s_for(args.budget), spe)
+    # What starting a worker costs: its time to the first round, tune's own search aside.
+    start_up_s = max(1.0, ready_s - record["elapsed_s"])
+    warm_up_s = record.get("timeline_s", {}).get("warm_up_s", 0.0)
+    record["notes"].append(
+        f"all-reduce: TensorFlow's choice on {device_kind} is "
+        f"{_candidates.default_all_reduce(device_kind)}; each other one ran in a process "
+        "of its own, in turns with it"
+    )
+    _, pair_s = worker.round(settings, steps)  # after the search, a warm-up
+    pair_s *= 2
+    for value in values:
+        left_s = args.budget - (time.time() - started_at)
+        # Another process may start slower than the first; its tracing is
+        # as the first's warm-up; ending the processes takes a few seconds.
+        overhead_s = 1.5 * start_up_s + warm_up_s + _END_S
+        rounds = _decision.rounds_affordable(left_s, pair_s, overhead_s)
+        if rounds == 0:
+            record["trials"].append(
+                _search.trial_record(
+                    "cross_device_ops", value, reason="not measured: the budget is spent"
+                )
+            )
+            break
+        candidate_settings = _candidates.with_value(settings, "cross_device_ops", value)
+        candidate = _Worker(
+            args,
+            log_dir,
+            started_at,
+            name=f"tune_worker_{value}.log",
+            extra=[
+                "--serve-only",
+                f"--strategy-kwargs={json.dumps(candidate_settings['strategy'])}",
+            ],
         )
         try:
-            returncode = process.wait()
-        except BaseException:
-            if process.poll() is None:
-                process.terminate()
-                process.wait()
-            raise
-    with open(log_path, encoding="utf-8", errors="replace") as log:
-        lines = [line.rstrip("\n") for line in log.readlines()[-_LOG_TAIL_LINES:]]
-    usage = [line[len(USAGE_PREFIX) :] for line in lines if line.startswith(USAGE_PREFIX)]
-    if returncode == 2 and usage:
-        raise UsageError(usage[-1])
-    if returncode != 0:
-        print(
-            f"keras-scaling tune: the search failed with exit status {returncode}. "
-            f"Last lines of {log_path}:\n" + "\n".join(f"  {line}" for line in lines),
-            file=sys.stderr,
+            if not candidate.wait_ready(echo=False):
+                raise RuntimeError(f"it ended before its first round; see {candidate.log_path}")
+            candidate.round(candidate_settings, steps)  # traces
+            incumbent_rates: list[float] = []
+            candidate_rates: list[float] = []
+            for index in range(rounds):
+                pair = [
+                    (worker, settings, incumbent_rates),
+                    (candidate, candidate_settings, candidate_rates),
+                ]
+                for process, these, rates in pair if index % 2 == 0 else reversed(pair):
+                    rates.append(process.round(these, steps)[0])
+        except (RuntimeError, OSError, ValueError) as error:
+            candidate.kill()
+            record["trials"].append(
+                _search.trial_record("cross_device_ops", value, reason=f"failed: {error}")
+            )
+            continue
+        comparison = _decision.Comparison(tuple(incumbent_rates), tuple(candidate_rates))
+        decision = _decision.decide(comparison)
+        ratio_to_start = best["ratio_to_start"] * comparison.ratio
+        trial = _search.trial_record(
+            "cross_device_ops",
+            value,
+            comparison=comparison,
+            decision=decision,
+            ratio_to_start=ratio_to_start,
         )
-    return returncode
+        record["trials"].append(trial)
+        print(
+            f"  cross_device_ops={value}: {comparison.candidate_median:,.0f} samples/sec, "
+            f"{comparison.ratio:.2f}x the incumbent: "
+            f"{'kept' if decision.kept else 'not kept'} ({decision.reason})",
+            flush=True,
+        )
+        if decision.kept:
+            worker.finish()
+            worker, settings = candidate, candidate_settings
+            best["settings"] = settings
+            best["samples_per_sec"] *= comparison.ratio
+            best["ratio_to_start"] = ratio_to_start
+            best["ratio_source"] = (
+                "the product of the kept changes' ratios; the all-reduce in processes of its own"
+            )
+        else:
+            candidate.finish()
+    return worker

@@ -179,7 +179,7 @@ def _tpu_address() -> str | None:
     return None
 
 
-def auto_strategy() -> tf.distribute.Strategy:
+def auto_strategy(cross_device_ops: str | None = None) -> tf.distribute.Strategy:
     """Pick the `tf.distribute` strategy that fits this machine, and say why.
 
     In order of preference:
@@ -206,6 +206,13 @@ def auto_strategy() -> tf.distribute.Strategy:
     `keras_scaling` logger. With more than one replica, `keras_scaling.compat`
     is enabled (unless `KERAS_SCALING_NO_COMPAT=1`), so `model.fit` works
     under the chosen strategy.
+
+    Args:
+        cross_device_ops: the all-reduce of a `MirroredStrategy` on one
+            machine: `"reduction_to_one_device"`, `"hierarchical_copy"` or
+            `"nccl"` (GPUs only), as `keras_scaling.tune` measures them;
+            None (default) leaves TensorFlow's choice. Other strategies
+            ignore it.
 
     Returns:
         A `tf.distribute.Strategy`.
@@ -234,7 +241,7 @@ def auto_strategy() -> tf.distribute.Strategy:
     if _trains_with_others(spec) and spec.source == "slurm":
         _cluster_tf.bind_task_gpus(spec)
     _apply_cpu_devices_from_env(spec)
-    strategy, reason = _choose_strategy(spec)
+    strategy, reason = _choose_strategy(spec, _cross_device_ops(cross_device_ops))
     if spec is not None:
         _cluster_origins[strategy] = spec.origin
         reason = f"{reason}; cluster from {spec.origin}"
@@ -290,8 +297,25 @@ def warn_if_keras_distribution_set() -> bool:
 _cluster_origins: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
+def _cross_device_ops(name: str | None) -> Any:
+    """The `tf.distribute` cross-device ops named `name`, or None for TensorFlow's choice."""
+    choices = {
+        "reduction_to_one_device": tf.distribute.ReductionToOneDevice,
+        "hierarchical_copy": tf.distribute.HierarchicalCopyAllReduce,
+        "nccl": tf.distribute.NcclAllReduce,
+    }
+    if name is None:
+        return None
+    if name not in choices:
+        raise ValueError(
+            f"cross_device_ops must be one of {', '.join(sorted(choices))} or None, got {name!r}"
+        )
+    return choices[name]()
+
+
 def _choose_strategy(
     spec: "cluster.ClusterSpec | None" = None,
+    cross_device_ops: Any = None,
 ) -> tuple[tf.distribute.Strategy, str]:
     tpu = _tpu_address()
     if tpu is not None:
@@ -324,11 +348,15 @@ def _choose_strategy(
         )
     gpus = tf.config.list_logical_devices("GPU")
     if len(gpus) >= 2:
-        return tf.distribute.MirroredStrategy(), f"{len(gpus)} GPUs found"
+        return tf.distribute.MirroredStrategy(
+            cross_device_ops=cross_device_ops
+        ), f"{len(gpus)} GPUs found"
     cpus = tf.config.list_logical_devices("CPU")
     if len(gpus) == 0 and len(cpus) >= 2:
         return (
-            tf.distribute.MirroredStrategy([device.name for device in cpus]),
+            tf.distribute.MirroredStrategy(
+                [device.name for device in cpus], cross_device_ops=cross_device_ops
+            ),
             f"{len(cpus)} logical CPUs and no GPU",
         )
     return tf.distribute.get_strategy(), "one device: no TPU, workers or several devices"

@@ -201,7 +201,9 @@ def tune(
     | `per_replica_batch_size` | `data_kwargs` | yes: only with `allow="batch"`; scale the learning rate |
 
     XLA is not tried with several replicas on CPUs (it cannot reach the
-    other logical devices' variables). The model trains while it is
+    other logical devices' variables). The all-reduce is fixed when the
+    strategy is made: `keras-scaling tune`, which builds the model itself,
+    measures it in processes of its own; here `strategy_kwargs` stays empty. The model trains while it is
     measured; its weights, optimizer state and compile settings are put
     back afterwards.
 

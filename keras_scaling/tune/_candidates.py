@@ -28,6 +28,7 @@ SECTION = {
     "jit_compile": "compile",
     "cache": "data",
     "per_replica_batch_size": "data",
+    "cross_device_ops": "strategy",
 }
 # Knobs after which the weights differ from the start's.
 CHANGES_TRAINING = ("per_replica_batch_size", "mixed_precision")
@@ -166,3 +167,42 @@ def describe_change(knob, value, settings):
     if knob == "jit_compile":
         return "jit_compile=True: XLA's kernels, the same mathematics up to float rounding"
     return f"{knob} {current} -> {value}"
+
+
+# The all-reduce MirroredStrategy picks by itself: NCCL between GPUs,
+# reduction to one device when any device is a CPU
+# (tensorflow/python/distribute/cross_device_ops.py, choose_the_best).
+_DEFAULT_ALL_REDUCE = {"GPU": "nccl", "CPU": "reduction_to_one_device"}
+_ALL_REDUCE = {
+    "GPU": ("hierarchical_copy", "reduction_to_one_device"),
+    "CPU": ("hierarchical_copy",),
+}
+
+
+def all_reduce_values(device_kind, local_replicas, num_workers):
+    """The `cross_device_ops` to try against TensorFlow's choice, and why none when none.
+
+    Each needs a process of its own: a strategy's all-reduce is fixed when it
+    is made, and a second MirroredStrategy in a process breaks the first's.
+
+    Returns:
+        `(values, reason)`: the names for `keras_scaling.auto_strategy`, or
+        `()` with the reason.
+
+    Example: `all_reduce_values("CPU", 2, 1)` gives `(("hierarchical_copy",), None)`.
+    """
+    if num_workers > 1:
+        return (), (
+            "across workers the all-reduce (ring or NCCL, bytes_per_pack) is not "
+            "searched yet: compare runs of keras-scaling launch"
+        )
+    if local_replicas < 2:
+        return (), "one replica: nothing to combine"
+    if device_kind not in _ALL_REDUCE:
+        return (), f"{device_kind} strategies choose their own all-reduce"
+    return _ALL_REDUCE[device_kind], None
+
+
+def default_all_reduce(device_kind):
+    """The name of the all-reduce TensorFlow picks on `device_kind`, for the table."""
+    return _DEFAULT_ALL_REDUCE.get(device_kind, "TensorFlow's choice")

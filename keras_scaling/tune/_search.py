@@ -22,7 +22,15 @@ MIN_BUDGET_S = 10.0
 _EXPLAIN_SHARE = 0.25
 
 
-def _round_s(budget_s):
+class BudgetTooSmall(ValueError):
+    """The budget cannot hold one candidate; `needed_s` would."""
+
+    def __init__(self, needed_s, message):
+        super().__init__(message)
+        self.needed_s = needed_s
+
+
+def round_s_for(budget_s):
     """Seconds of one timed epoch: longer rounds average more noise, when the budget allows."""
     return min(1.0, max(0.2, budget_s / 200))
 
@@ -39,7 +47,7 @@ class _Clock:
         return self.budget_s - self.elapsed_s()
 
 
-def _trial(knob, value, *, comparison=None, decision=None, ratio_to_start=None, reason=""):
+def trial_record(knob, value, *, comparison=None, decision=None, ratio_to_start=None, reason=""):
     return {
         "knob": knob,
         "value": value,
@@ -89,7 +97,7 @@ def search(runner, start, *, budget_s, allowed, explain_fn, verbose):
         verbose: print each trial as it ends.
     """
     clock = _Clock(budget_s)
-    round_s = _round_s(budget_s)
+    round_s = round_s_for(budget_s)
     say = print if verbose else (lambda *args, **kwargs: None)
 
     # Warm-up: traces the start's train function and times a step.
@@ -129,10 +137,10 @@ def search(runner, start, *, budget_s, allowed, explain_fn, verbose):
     for knob in _candidates.knob_order(bound, allowed):
         reason = _candidates.reason_not_tried(knob, context)
         if reason is not None:
-            trials.append(_trial(knob, None, reason=f"not tried: {reason}"))
+            trials.append(trial_record(knob, None, reason=f"not tried: {reason}"))
             continue
         if out_of_budget:
-            trials.append(_trial(knob, None, reason="not measured: the budget is spent"))
+            trials.append(trial_record(knob, None, reason="not measured: the budget is spent"))
             continue
         for value in _candidates.values_to_try(
             knob, incumbent, advised_steps_per_execution=advised
@@ -146,19 +154,20 @@ def search(runner, start, *, budget_s, allowed, explain_fn, verbose):
             if rounds == 0:
                 if measured == 0:
                     needed_s = clock.elapsed_s() + _decision.minimum_cost_s(round_pair_s, warmup_s)
-                    raise ValueError(
+                    raise BudgetTooSmall(
+                        math.ceil(needed_s),
                         f"budget_s={budget_s:g} is too small to measure one candidate: "
                         f"the start took {clock.elapsed_s():.0f} s to prepare and one "
                         f"candidate needs about {needed_s - clock.elapsed_s():.0f} s more; "
-                        f"pass budget_s={math.ceil(needed_s)} or more"
+                        f"pass budget_s={math.ceil(needed_s)} or more",
                     )
-                trials.append(_trial(knob, value, reason="not measured: the budget is spent"))
+                trials.append(trial_record(knob, value, reason="not measured: the budget is spent"))
                 out_of_budget = True
                 break
             try:
                 runner.round(candidate, _steps_for(candidate, step_s, 0.05))
             except Exception as error:  # a setting this model or device cannot run
-                trials.append(_trial(knob, value, reason=f"failed: {_first_line(error)}"))
+                trials.append(trial_record(knob, value, reason=f"failed: {_first_line(error)}"))
                 logger.warning("tune: %s=%r failed: %s", knob, value, error)
                 break
             comparison = _compare(runner, incumbent, candidate, rounds, steps)
@@ -167,7 +176,7 @@ def search(runner, start, *, budget_s, allowed, explain_fn, verbose):
                 start_rates.extend(comparison.incumbent_samples_per_sec)
             decision = _decision.decide(comparison)
             ratio_to_start = incumbent_ratio * comparison.ratio
-            trial = _trial(
+            trial = trial_record(
                 knob,
                 value,
                 comparison=comparison,

@@ -63,7 +63,7 @@ def tuned(strategy, tmp_path_factory):
         model,
         _arrays(),
         per_replica_batch_size=16,
-        budget_s=25,
+        budget_s=40,
         log_dir=str(log_dir),
         verbose=False,
     )

@@ -1,0 +1,177 @@
+"""Does `keras-scaling tune` find real gains, and report them truly? Two models, each checked by `fit`.
+
+For each model (the bench's host-bound `mlp` and compute-bound `cnn`, at
+per-replica 128 on 2 logical CPUs), it runs `keras-scaling tune` within its
+budget, then confirms the result independently: a process of its own (the
+same strategy and thread pools as tune's) trains one model compiled with the
+start's settings and one with the best, in alternating rounds of a plain
+`model.fit` on `keras_scaling.data.distribute` data, timed over the whole
+call. It prints the medians, the spread, the independent ratio, tune's own
+ratio and their agreement, and whether the tune kept within its budget.
+
+    python benchmarks/tune.py                   # about 7 minutes
+    python benchmarks/tune.py --models mlp --budget 60
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+_ROUNDS = 7
+_STEPS_PER_ROUND = 128
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=["mlp", "cnn"], help="default mlp cnn")
+    parser.add_argument("--budget", type=float, default=180.0, help="seconds per tune (180)")
+    parser.add_argument("--per-replica-batch", type=int, default=128, help="default 128")
+    parser.add_argument("--replicas", type=int, default=2, help="logical CPUs (default 2)")
+    parser.add_argument("--rounds", type=int, default=_ROUNDS, help=f"default {_ROUNDS}")
+    parser.add_argument("--confirm", help=argparse.SUPPRESS)  # the confirming child
+    return parser.parse_args(argv)
+
+
+def _half_range_share(values):
+    return (max(values) - min(values)) / 2 / statistics.median(values)
+
+
+def confirm(args):
+    """The child: start against best by plain `fit`, alternating; prints one JSON line."""
+    from types import SimpleNamespace
+
+    from keras_scaling.cli import _bench_worker, _models, _sweep_plan
+
+    os.environ.setdefault(_bench_worker.THREADPOOL_ENV, "1")
+    with open(args.confirm, encoding="utf-8") as file:
+        record = json.load(file)
+    threads = _sweep_plan.plan_cpu_threads([args.replicas], _sweep_plan.available_cores())
+    strategy = _bench_worker._configure_tensorflow(
+        SimpleNamespace(
+            replicas=args.replicas,
+            cpu_devices=True,
+            intra_op_threads=threads.intra_op_threads(),
+            inter_op_threads=threads.inter_op_threads(args.replicas),
+        )
+    )
+    import keras_scaling
+
+    model_name = record["model"]
+    settings = {which: record[which]["settings"] for which in ("start", "best")}
+    models, datasets = {}, {}
+    for which, setting in settings.items():
+        with strategy.scope():
+            # Compiled as the bench and tune compile it, with the setting's own.
+            model = _models.build_model(model_name)
+            _models.compile_for_bench(model, model_name, setting["compile"]["steps_per_execution"])
+            model.jit_compile = setting["compile"]["jit_compile"]
+        models[which] = model
+        data_kwargs = setting["data"]
+        global_batch = data_kwargs["per_replica_batch_size"] * args.replicas
+        x, y = _models.synthetic_data(model, global_batch * 8)
+        datasets[which] = keras_scaling.data.distribute(
+            (x, y), strategy=strategy, **data_kwargs
+        ).repeat()
+    rates = {which: [] for which in settings}
+    for which in settings:  # traces, and the first epoch's start
+        models[which].fit(datasets[which], steps_per_epoch=32, epochs=1, verbose=0)
+    for index in range(args.rounds):
+        order = list(settings) if index % 2 == 0 else list(reversed(list(settings)))
+        for which in order:
+            global_batch = settings[which]["data"]["per_replica_batch_size"] * args.replicas
+            start_s = time.perf_counter()
+            models[which].fit(
+                datasets[which], steps_per_epoch=_STEPS_PER_ROUND, epochs=1, verbose=0
+            )
+            rates[which].append(_STEPS_PER_ROUND * global_batch / (time.perf_counter() - start_s))
+    print(json.dumps(rates))
+
+
+def _run_tune(model, args, log_dir):
+    command = [
+        sys.executable,
+        "-m",
+        "keras_scaling",
+        "tune",
+        f"--cpu-devices={args.replicas}",
+        f"--model={model}",
+        f"--per-replica-batch={args.per_replica_batch}",
+        f"--budget={args.budget:g}",
+        f"--logdir={log_dir}",
+    ]
+    started_s = time.perf_counter()
+    subprocess.run(command, check=True)
+    wall_s = time.perf_counter() - started_s
+    with open(os.path.join(log_dir, "tune.json"), encoding="utf-8") as file:
+        return json.load(file), wall_s
+
+
+def _confirm(model, record, args, directory):
+    path = os.path.join(directory, f"{model}_confirm.json")
+    with open(path, "w", encoding="utf-8") as file:
+        json.dump({"model": model, **record}, file)
+    output = subprocess.run(
+        [
+            sys.executable,
+            __file__,
+            f"--confirm={path}",
+            f"--replicas={args.replicas}",
+            f"--rounds={args.rounds}",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+    ).stdout
+    return json.loads(output.strip().splitlines()[-1])
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.confirm:
+        confirm(args)
+        return 0
+    results = []
+    with tempfile.TemporaryDirectory() as directory:
+        for model in args.models:
+            print(f"\n=== keras-scaling tune --model {model} ===", flush=True)
+            record, wall_s = _run_tune(model, args, os.path.join(directory, model))
+            rates = _confirm(model, record, args, directory)
+            start, best = rates["start"], rates["best"]
+            ratios = [b / s for s, b in zip(start, best)]
+            results.append((model, record, wall_s, start, best, statistics.median(ratios)))
+    print("\n=== tune against an independent fit (medians over alternating rounds) ===")
+    for model, record, wall_s, start, best, independent in results:
+        reported = record["best"]["ratio_to_start"]
+        changed = record["best"]["settings"] != record["start"]["settings"]
+        print(f"\n{model}: best {json.dumps(record['best']['settings'])}")
+        print(
+            f"  tune: {record['elapsed_s']:.0f} s of a {record['budget_s']:g} s budget "
+            f"({wall_s:.0f} s with the process start); "
+            f"{'within' if record['elapsed_s'] <= record['budget_s'] else 'OVER'} budget"
+        )
+        print(
+            f"  independent fit: start {statistics.median(start):,.0f} samples/sec "
+            f"(±{_half_range_share(start):.0%}), best {statistics.median(best):,.0f} "
+            f"(±{_half_range_share(best):.0%}), ratio {independent:.2f}x "
+            f"over {len(start)} rounds"
+        )
+        if changed:
+            agreement = reported / independent
+            print(
+                f"  tune reported {reported:.2f}x ({record['best']['ratio_source']}): "
+                f"{agreement:.2f} of the independent ratio "
+                f"({'within' if abs(agreement - 1) <= 0.2 else 'outside'} 20%)"
+            )
+        else:
+            print("  tune: nothing worth changing")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

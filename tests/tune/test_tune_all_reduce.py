@@ -1,0 +1,51 @@
+"""Every all-reduce tune can pick keeps the replicas equal, and `auto_strategy` takes it by name.
+
+Its own module: the strategy here has another all-reduce than those of the
+other modules, and MirroredStrategy objects of one process clash.
+"""
+
+import numpy as np
+import pytest
+
+import keras_scaling
+from keras_scaling.tune import _candidates
+
+pytestmark = pytest.mark.logical_cpus(2)
+
+
+def test_the_all_reduce_tune_tries_on_logical_cpus_keeps_the_replicas_equal():
+    import keras
+
+    values, reason = _candidates.all_reduce_values("CPU", 2, 1)
+    assert reason is None and values
+    for value in values:
+        strategy = keras_scaling.auto_strategy(cross_device_ops=value)
+        assert type(strategy.extended._cross_device_ops).__name__ == "HierarchicalCopyAllReduce"
+        with strategy.scope():
+            model = keras.Sequential(
+                [keras.Input((8,)), keras.layers.Dense(4), keras.layers.Dense(1)]
+            )
+            model.compile(optimizer="sgd", loss="mse", steps_per_execution=4)
+        x = np.random.default_rng(0).random((256, 8), dtype="float32")
+        train = keras_scaling.data.distribute(
+            (x, x.sum(axis=1, keepdims=True)), strategy=strategy, per_replica_batch_size=16
+        )
+        # Raises ReplicaDivergenceError when a copy of a weight differs.
+        check = keras_scaling.ReplicaSyncCheck(every_n_steps=4)
+        history = model.fit(train, epochs=2, verbose=0, callbacks=[check])
+        assert history.history["loss"][-1] < history.history["loss"][0]
+
+
+def test_an_unknown_all_reduce_is_refused_with_the_known_ones():
+    with pytest.raises(ValueError, match="cross_device_ops must be one of hierarchical_copy"):
+        keras_scaling.auto_strategy(cross_device_ops="ring")
+
+
+def test_one_replica_or_several_workers_have_no_all_reduce_to_search():
+    assert _candidates.all_reduce_values("CPU", 1, 1) == ((), "one replica: nothing to combine")
+    values, reason = _candidates.all_reduce_values("GPU", 2, 2)
+    assert values == () and "across workers" in reason
+    assert _candidates.all_reduce_values("GPU", 4, 1)[0] == (
+        "hierarchical_copy",
+        "reduction_to_one_device",
+    )
