@@ -50,7 +50,14 @@ def _fit_step_s(model, dataset, steps, epochs=3):
         def on_epoch_end(self, epoch, logs=None):
             epoch_s.append(time.perf_counter() - self.start_s)
 
-    model.fit(dataset, steps_per_epoch=steps, epochs=epochs, verbose=0, callbacks=[EpochTimes()])
+    model.fit(
+        dataset,
+        steps_per_epoch=steps,
+        epochs=epochs,
+        verbose=0,
+        shuffle=False,
+        callbacks=[EpochTimes()],
+    )
     return statistics.median(epoch_s[1:]) / steps
 
 
