@@ -40,6 +40,7 @@ import keras_scaling
 from keras_scaling import compat
 from keras_scaling.preemption import _backup
 from keras_scaling.preemption.backup_and_restore import EXIT_PREEMPTED
+from keras_scaling.summaries import _tensorboard
 
 pytestmark = pytest.mark.logical_cpus(2)
 
@@ -68,6 +69,11 @@ def trained(strategy, tmp_path_factory):
     _runs.clear()
 
 
+def scalars(run, tag):
+    """`[(step, value)]` of `tag` in the run's TensorBoard events, every point kept."""
+    return _tensorboard.read_scalars(_tensorboard.run_dir(run.log_dir)).get(tag, [])
+
+
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_trains_every_step_on_two_replicas_with_finite_losses(trained, name):
     run = trained(name)
@@ -89,6 +95,9 @@ def test_replicas_hold_equal_copies_of_every_variable(trained, name):
     assert report.num_replicas == 2
     assert report.num_variables == len(run.model.variables) + len(run.model.optimizer.variables)
     assert (report.divergences, report.float_drift) == ((), ()), str(report)
+    # Every 4 steps and at the end, each written once, none diverged.
+    diverged = scalars(run, "replica_sync/diverged_variables")
+    assert diverged == [(step, 0) for step in range(0, run.iterations + 1, 4)]
     per_replica_state = {v.path for v in report.per_replica_state}
     if MODELS[name][2] == "average":
         # BatchNormalization's moving statistics, each replica's own and
@@ -114,8 +123,12 @@ def test_throughput_counts_the_global_batch_at_every_step(trained, name):
         GLOBAL_BATCH_SIZE,
     )
     assert record["strategy"] == "MirroredStrategy"
-    # Samples are the steps times the global batch, in the run's figure and each epoch's.
+    # Samples are the steps times the global batch, in the run's figure and at every point.
     assert record["samples_per_sec"] == pytest.approx(GLOBAL_BATCH_SIZE * record["steps_per_sec"])
+    samples_per_sec = dict(scalars(run, "throughput/samples_per_sec"))
+    assert samples_per_sec
+    for step, steps_per_sec in scalars(run, "throughput/steps_per_sec"):
+        assert samples_per_sec[step] == pytest.approx(GLOBAL_BATCH_SIZE * steps_per_sec, rel=1e-5)
     assert 0 < record["steps_measured"] < run.iterations
     assert [entry["epoch"] for entry in record["epochs"]] == list(range(EPOCHS))
     assert [entry["samples_per_sec"] for entry in record["epochs"]] == run.history[
