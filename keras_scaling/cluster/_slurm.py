@@ -209,8 +209,14 @@ def slurm_cluster(
     if not in_slurm_step(env):
         ntasks = _job_tasks(env)
         if ntasks > 1:
+            counted = ""
+            if not (env.get("SLURM_NTASKS") or env.get("SLURM_NPROCS")):
+                counted = (
+                    f" (SLURM_TASKS_PER_NODE={env.get('SLURM_TASKS_PER_NODE')}, the tasks "
+                    "srun starts on the nodes of --nodes without --ntasks)"
+                )
             raise NotInStepError(
-                f"Slurm job {job_id} has {ntasks} tasks, but this Python runs outside "
+                f"Slurm job {job_id} has {ntasks} tasks{counted}, but this Python runs outside "
                 "a job step (straight from the batch script or an salloc shell), so "
                 f"it would train alone while the other {ntasks - 1} never start. Start "
                 "one process per task with srun: `srun python train.py` in the batch "
