@@ -63,6 +63,11 @@ def test_bench_explain_with_user_data_splits_each_count_and_writes_json_and_tens
         assert abs(parts_ms + count["rest_ms"] - count["step_ms"]) < 1e-6
         assert count["verdict"]["bound"] in count["parts"]
         assert count["pipeline_samples_per_sec"] > 0
+        # The verdict names the part whose removal shortens the step most.
+        saved_ms = {name: part["saved_ms"] for name, part in count["parts"].items()}
+        assert saved_ms[count["verdict"]["bound"]] == max(saved_ms.values())
+        assert count["input_free_step_ms"] > 0
+        assert count["variants"]["input_wait"]["median_s"] >= 0
     assert counts[0]["parts"]["synchronization"]["ms"] == 0  # one replica has nothing to sync
 
     summaries = _tensorboard.read_summaries(log_dir / "explain")
