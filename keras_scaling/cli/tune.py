@@ -32,6 +32,8 @@ QUIT = "quit"
 _WORKER_LOG = "tune_worker.log"
 # Share of the budget kept for the all-reduce, measured in processes of its own.
 _PROCESS_SHARE = 0.3
+# The smallest budget that also measures the all-reduce.
+_ALL_REDUCE_MIN_BUDGET_S = 60.0
 # Seconds a worker gets to end after it is told to, and then to be killed.
 _END_S = 5.0
 _LOG_TAIL_LINES = 25
@@ -55,7 +57,7 @@ Knobs that keep the model's arithmetic, tried by default:
                         are in memory already)
   cross_device_ops      the all-reduce, on several devices of one machine:
                         each in a process of its own, in turns with the
-                        first's (30% of the budget)
+                        first's (30% of the budget; from --budget 60 on)
 Knobs that change training, tried only with --allow:
   batch                 the per-replica batch: scale the learning rate
   precision             mixed precision (GPUs and TPUs)
@@ -295,6 +297,9 @@ def run(args):
         raise UsageError(f"--logdir {log_dir!r} is a file; pass a directory")
     device_kind, replicas = _devices(args.cpu_devices)
     values, reason = _candidates.all_reduce_values(device_kind, replicas, 1)
+    if values and args.budget < _ALL_REDUCE_MIN_BUDGET_S:
+        # Its share would leave the first search too little to measure anything.
+        values = ()
     # Kept back from the search in the first process: the all-reduce's share,
     # and the seconds its processes take to end.
     reserve_s = (_PROCESS_SHARE * args.budget if values else 0.0) + _END_S
@@ -381,18 +386,30 @@ def _search_all_reduce(args, record, worker, values, started_at, ready_s, log_di
             incumbent_rates: list[float] = []
             candidate_rates: list[float] = []
             for index in range(rounds):
+                if index and args.budget - (time.time() - started_at) < pair_s + _END_S:
+                    break
+                pair_started_s = time.time()
                 pair = [
                     (worker, settings, incumbent_rates),
                     (candidate, candidate_settings, candidate_rates),
                 ]
                 for process, these, rates in pair if index % 2 == 0 else reversed(pair):
                     rates.append(process.round(these, steps)[0])
+                pair_s = max(pair_s, time.time() - pair_started_s)
         except (RuntimeError, OSError, ValueError) as error:
             candidate.kill()
             record["trials"].append(
                 _search.trial_record("cross_device_ops", value, reason=f"failed: {error}")
             )
             continue
+        if len(incumbent_rates) < _decision.MIN_ROUNDS:
+            candidate.finish()
+            record["trials"].append(
+                _search.trial_record(
+                    "cross_device_ops", value, reason="not measured: the budget is spent"
+                )
+            )
+            break
         comparison = _decision.Comparison(tuple(incumbent_rates), tuple(candidate_rates))
         decision = _decision.decide(comparison)
         ratio_to_start = best["ratio_to_start"] * comparison.ratio

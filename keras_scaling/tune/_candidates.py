@@ -36,7 +36,7 @@ CHANGES_TRAINING = ("per_replica_batch_size", "mixed_precision")
 CHANGES_ROUNDING = ("jit_compile",)
 # The largest steps_per_execution tried: beyond it the host's per-call cost
 # is far below noise, and the epoch must hold whole calls.
-LARGEST_STEPS_PER_EXECUTION = 256
+LARGEST_STEPS_PER_EXECUTION = 64
 
 
 def parse_allow(allow):
@@ -77,7 +77,7 @@ def knob_order(bound, allowed=()):
 def ladder(current, first, largest):
     """Values to try in turn, each 4 times the last, from `first` (at least twice `current`).
 
-    Example: `ladder(1, 8, 256)` gives `(8, 32, 128)`.
+    Example: `ladder(1, 8, 64)` gives `(8, 32)`.
     """
     value = max(int(first), 2 * int(current))
     values = []

@@ -67,15 +67,25 @@ def trial_record(knob, value, *, comparison=None, decision=None, ratio_to_start=
     }
 
 
-def _compare(runner, incumbent, candidate, rounds, steps):
-    """Rounds of the two in turns, the first of each pair alternating."""
+def _compare(runner, incumbent, candidate, rounds, steps, clock):
+    """Rounds of the two in turns, the first of each pair alternating, while the budget lasts.
+
+    Returns the `Comparison` of the rounds run (fewer than `rounds` when the
+    next pair would overrun the budget) and the slowest pair's seconds.
+    """
     incumbent_rates: list[float] = []
     candidate_rates: list[float] = []
+    slowest_pair_s = 0.0
     for index in range(rounds):
+        if index and clock.left_s() < slowest_pair_s:
+            break
+        started_s = clock.elapsed_s()
         order = ((incumbent, incumbent_rates), (candidate, candidate_rates))
         for settings, rates in order if index % 2 == 0 else reversed(order):
             rates.append(runner.round(settings, steps)[0])
-    return _decision.Comparison(tuple(incumbent_rates), tuple(candidate_rates))
+        slowest_pair_s = max(slowest_pair_s, clock.elapsed_s() - started_s)
+    comparison = _decision.Comparison(tuple(incumbent_rates), tuple(candidate_rates))
+    return comparison, slowest_pair_s
 
 
 def _steps_for(settings, step_s, round_s, other=None):
@@ -112,7 +122,9 @@ def search(runner, start, *, budget_s, allowed, explain_fn, verbose):
     bound = None
     advised = None
     explain_steps = max(2, min(50, int(round_s / step_s)))
-    if clock.left_s() * _EXPLAIN_SHARE > 8 * explain_steps * step_s + 2 * overhead_s:
+    # Explain runs 4 variants over 2 rounds, and traces 3 train functions of its own.
+    explain_cost_s = 8 * explain_steps * step_s + 3 * warmup_s
+    if clock.left_s() * _EXPLAIN_SHARE > explain_cost_s:
         explanation = explain_fn(runner.dataset(start["data"]), explain_steps)
         bound = explanation.verdict.bound
         advised = explanation.record.get("advised_steps_per_execution")
@@ -165,12 +177,25 @@ def search(runner, start, *, budget_s, allowed, explain_fn, verbose):
                 out_of_budget = True
                 break
             try:
-                runner.round(candidate, _steps_for(candidate, step_s, 0.05))
+                _, candidate_warmup_s = runner.round(candidate, _steps_for(candidate, step_s, 0.05))
             except Exception as error:  # a setting this model or device cannot run
                 trials.append(trial_record(knob, value, reason=f"failed: {_first_line(error)}"))
                 logger.warning("tune: %s=%r failed: %s", knob, value, error)
                 break
-            comparison = _compare(runner, incumbent, candidate, rounds, steps)
+            # A larger steps_per_execution traces a longer loop: later
+            # candidates are costed with the slowest warm-up seen.
+            warmup_s = max(warmup_s, candidate_warmup_s)
+            rounds = _decision.rounds_affordable(clock.left_s(), round_pair_s, 0.0)
+            if rounds:
+                comparison, slowest_pair_s = _compare(
+                    runner, incumbent, candidate, rounds, steps, clock
+                )
+                # What a fit call costs beyond its steps, as the rounds showed.
+                overhead_s = max(overhead_s, slowest_pair_s / 2 - 2 * steps * step_s)
+            if not rounds or len(comparison.ratios) < _decision.MIN_ROUNDS:
+                trials.append(trial_record(knob, value, reason="not measured: the budget is spent"))
+                out_of_budget = True
+                break
             measured += 1
             if incumbent is start:
                 start_rates.extend(comparison.incumbent_samples_per_sec)
@@ -202,7 +227,7 @@ def search(runner, start, *, budget_s, allowed, explain_fn, verbose):
                 notes.append(_candidates.describe_change(knob, value, start))
             if knob in _candidates.CHANGES_TRAINING:
                 notes.append(_candidates.describe_change(knob, value, start))
-    if measured == 0 and not out_of_budget:
+    if not start_rates:
         start_rates.append(rate)
     best = incumbent
     start_samples_per_sec = _median(start_rates)
@@ -214,8 +239,11 @@ def search(runner, start, *, budget_s, allowed, explain_fn, verbose):
         steps = _steps_for(start, step_s * incumbent_ratio, round_s, other=best)
         round_pair_s = 2 * steps * step_s * (1 + incumbent_ratio) + 2 * overhead_s
         rounds = _decision.rounds_affordable(clock.left_s(), round_pair_s, 0.0)
+        confirmation = None
         if rounds:
-            confirmation = _compare(runner, start, best, rounds, steps)
+            confirmation, _ = _compare(runner, start, best, rounds, steps, clock)
+        if confirmation is not None and len(confirmation.ratios) >= _decision.MIN_ROUNDS:
+            rounds = len(confirmation.ratios)
             start_samples_per_sec = confirmation.incumbent_median
             best_samples_per_sec = confirmation.candidate_median
             ratio = confirmation.ratio

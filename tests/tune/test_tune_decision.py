@@ -102,7 +102,7 @@ def test_the_steps_per_execution_ladder_starts_at_the_advice():
     values = _candidates.values_to_try(
         "steps_per_execution", settings, advised_steps_per_execution=8
     )
-    assert values == (8, 32, 128)
+    assert values == (8, 32)
 
 
 def test_xla_is_not_tried_on_several_logical_cpus():

@@ -109,13 +109,13 @@ def test_every_trial_is_in_the_table_with_its_verdict(tuned):
     assert len(table) == 2 + len(result.record["trials"])
     knobs = {trial["knob"] for trial in result.record["trials"]}
     # Arrays have nothing to cache, and XLA cannot run on two logical CPUs.
-    assert {"steps_per_execution", "cache", "jit_compile"} <= knobs
+    assert {"steps_per_execution", "cache", "jit_compile"} <= knobs, result.record["trials"]
     for trial, line in zip(result.record["trials"], table[2:]):
-        assert trial["knob"] in line and trial["reason"] in line
+        assert trial["knob"] in line and trial["reason"] in line, (trial, line)
         if trial["rounds"]:
             assert trial["samples_per_sec"] > 0 and trial["ratio_to_incumbent"] > 0
             gain = trial["ratio_to_incumbent"] - 1
-            assert trial["kept"] == (gain > trial["noise"] and gain > _decision.MIN_GAIN)
+            assert trial["kept"] == (gain > trial["noise"] and gain > _decision.MIN_GAIN), trial
 
 
 def test_the_table_is_in_tensorboard(tuned):
