@@ -3,7 +3,8 @@
 For each model (the bench's host-bound `mlp` and compute-bound `cnn`, at
 per-replica 128 on 2 logical CPUs), it runs `keras-scaling tune` within its
 budget, then confirms the result independently: a process of its own (the
-same strategy and thread pools as tune's) trains one model compiled with the
+same thread pools as tune's, each setting's all-reduce through
+`keras_scaling.auto_strategy(**settings["strategy"])`) trains one model compiled with the
 start's settings and one with the best, in alternating rounds of a plain
 `model.fit` on `keras_scaling.data.distribute` data, timed over the whole
 call (256 steps, garbage collected before each). It prints the medians, the spread, the independent ratio, tune's own
@@ -35,6 +36,13 @@ def parse_args(argv=None):
     parser.add_argument("--replicas", type=int, default=2, help="logical CPUs (default 2)")
     parser.add_argument("--rounds", type=int, default=_ROUNDS, help=f"default {_ROUNDS}")
     parser.add_argument("--confirm", help=argparse.SUPPRESS)  # the confirming child
+    parser.add_argument(
+        "--tune-json",
+        metavar="MODEL=PATH",
+        nargs="+",
+        default=[],
+        help="confirm these tune.json files of earlier runs instead of tuning again",
+    )
     return parser.parse_args(argv)
 
 
@@ -44,28 +52,26 @@ def _half_range_share(values):
 
 def confirm(args):
     """The child: start against best by plain `fit`, alternating; prints one JSON line."""
-    from types import SimpleNamespace
-
     from keras_scaling.cli import _bench_worker, _models, _sweep_plan
 
     os.environ.setdefault(_bench_worker.THREADPOOL_ENV, "1")
     with open(args.confirm, encoding="utf-8") as file:
         record = json.load(file)
-    threads = _sweep_plan.plan_cpu_threads([args.replicas], _sweep_plan.available_cores())
-    strategy = _bench_worker._configure_tensorflow(
-        SimpleNamespace(
-            replicas=args.replicas,
-            cpu_devices=True,
-            intra_op_threads=threads.intra_op_threads(),
-            inter_op_threads=threads.inter_op_threads(args.replicas),
-        )
-    )
+    import tensorflow as tf
+
     import keras_scaling
 
+    threads = _sweep_plan.plan_cpu_threads([args.replicas], _sweep_plan.available_cores())
+    tf.config.threading.set_intra_op_parallelism_threads(threads.intra_op_threads())
+    tf.config.threading.set_inter_op_parallelism_threads(threads.inter_op_threads(args.replicas))
+    keras_scaling.use_logical_cpus(args.replicas)
     model_name = record["model"]
     settings = {which: record[which]["settings"] for which in ("start", "best")}
     models, datasets = {}, {}
     for which, setting in settings.items():
+        # As the user applies it: the all-reduce by name (both reduce without
+        # collectives, so the two strategies share the process).
+        strategy = keras_scaling.auto_strategy(**setting["strategy"])
         with strategy.scope():
             # Compiled as the bench and tune compile it, with the setting's own.
             model = _models.build_model(model_name)
@@ -142,9 +148,14 @@ def main(argv=None):
         return 0
     results = []
     with tempfile.TemporaryDirectory() as directory:
-        for model in args.models:
-            print(f"\n=== keras-scaling tune --model {model} ===", flush=True)
-            record, wall_s = _run_tune(model, args, os.path.join(directory, model))
+        earlier = dict(item.split("=", 1) for item in args.tune_json)
+        for model in earlier or args.models:
+            if model in earlier:
+                with open(earlier[model], encoding="utf-8") as file:
+                    record, wall_s = json.load(file), float("nan")
+            else:
+                print(f"\n=== keras-scaling tune --model {model} ===", flush=True)
+                record, wall_s = _run_tune(model, args, os.path.join(directory, model))
             rates = _confirm(model, record, args, directory)
             start, best = rates["start"], rates["best"]
             ratios = [b / s for s, b in zip(start, best)]

@@ -300,6 +300,7 @@ def run(args):
     if values and args.budget < _ALL_REDUCE_MIN_BUDGET_S:
         # Its share would leave the first search too little to measure anything.
         values = ()
+        reason = f"--budget {args.budget:g} leaves it no time; pass --budget 60 or more"
     # Kept back from the search in the first process: the all-reduce's share,
     # and the seconds its processes take to end.
     reserve_s = (_PROCESS_SHARE * args.budget if values else 0.0) + _END_S
@@ -307,11 +308,14 @@ def run(args):
     worker = _Worker(args, log_dir, started_at, name=_WORKER_LOG, extra=extra)
     try:
         ready = worker.wait_ready(echo=True)
+        path = os.path.join(log_dir, "tune.json")
         if not ready:
             returncode = worker.finish()
-            return worker.failure(returncode) if returncode else 0
+            if returncode:
+                return worker.failure(returncode)
+            _finish_record(path, args, started_at, reason)
+            return 0
         ready_s = time.time() - started_at
-        path = os.path.join(log_dir, "tune.json")
         with open(path, encoding="utf-8") as file:
             record = json.load(file)
         worker = _search_all_reduce(
@@ -331,6 +335,21 @@ def run(args):
     print("\nApply it:")
     print("\n".join(f"  {line}" for line in _report.apply_lines(record, path)))
     return 0
+
+
+def _finish_record(path, args, started_at, reason):
+    """The first process's tune.json, with the whole command's time and why the all-reduce was not tried."""
+    from keras_scaling.tune import _report, _search
+
+    with open(path, encoding="utf-8") as file:
+        record = json.load(file)
+    record["elapsed_s"] = time.time() - started_at
+    record["budget_s"] = args.budget
+    if reason:
+        record["trials"].append(
+            _search.trial_record("cross_device_ops", None, reason=f"not tried: {reason}")
+        )
+    _report.write(os.path.dirname(path), record)
 
 
 def _search_all_reduce(args, record, worker, values, started_at, ready_s, log_dir, device_kind):

@@ -124,15 +124,21 @@ def search(runner, start, *, budget_s, allowed, explain_fn, verbose):
     explain_steps = max(2, min(50, int(round_s / step_s)))
     # Explain runs 4 variants over 2 rounds, and traces 3 train functions of its own.
     explain_cost_s = 8 * explain_steps * step_s + 3 * warmup_s
+    explanation = None
     if clock.left_s() * _EXPLAIN_SHARE > explain_cost_s:
-        explanation = explain_fn(runner.dataset(start["data"]), explain_steps)
+        try:
+            explanation = explain_fn(runner.dataset(start["data"]), explain_steps)
+        except Exception as error:  # a model explain cannot copy or time: tune goes on
+            logger.warning("tune: explain could not split the step: %s", error)
+            notes.append(f"explain could not split the step ({_first_line(error)})")
+    else:
+        notes.append("explain's split was left out: the budget is too small for it")
+    if explanation is not None:
         bound = explanation.verdict.bound
         advised = explanation.record.get("advised_steps_per_execution")
         say(f"explain: {explanation.verdict.text} ({explanation.verdict.confidence})")
         notes.append(f"explain's verdict: {explanation.verdict.text}")
         timeline["explain_s"] = clock.elapsed_s() - timeline["warm_up_s"]
-    else:
-        notes.append("explain's split was left out: the budget is too small for it")
     context = _candidates.Context(
         device_kind=runner.device_kind,
         local_replicas=runner.local_replicas,
