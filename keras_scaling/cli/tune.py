@@ -450,8 +450,8 @@ def _search_all_reduce(args, record, worker, values, started_at, ready_s, log_di
             worker.finish()
             worker, settings = candidate, candidate_settings
             best["settings"] = settings
-            best["samples_per_sec"] *= comparison.ratio
             best["ratio_to_start"] = ratio_to_start
+            best["samples_per_sec"] = record["start"]["samples_per_sec"] * ratio_to_start
             best["ratio_source"] = (
                 "the product of the kept changes' ratios; the all-reduce in processes of its own"
             )

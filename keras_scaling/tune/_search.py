@@ -251,9 +251,18 @@ def search(runner, start, *, budget_s, allowed, explain_fn, verbose):
         if confirmation is not None and len(confirmation.ratios) >= _decision.MIN_ROUNDS:
             rounds = len(confirmation.ratios)
             start_samples_per_sec = confirmation.incumbent_median
-            best_samples_per_sec = confirmation.candidate_median
             ratio = confirmation.ratio
             source = f"best against start, {rounds} alternating rounds"
+            if ratio <= 1:
+                # The changes kept one by one did not hold side by side: never
+                # hand back a setting slower than the start.
+                notes.append(
+                    f"the kept changes ran at {ratio:.2f}x the start side by side: "
+                    "the start is kept"
+                )
+                best, ratio = start, 1.0
+                source = f"kept changes not faster than the start in {rounds} alternating rounds"
+            best_samples_per_sec = start_samples_per_sec * ratio
     return {
         "start": {"samples_per_sec": start_samples_per_sec, "settings": start},
         "best": {
@@ -261,7 +270,8 @@ def search(runner, start, *, budget_s, allowed, explain_fn, verbose):
             "settings": best,
             "ratio_to_start": ratio,
             "ratio_source": source,
-            "trains_the_same": not any(
+            "trains_the_same": best is start
+            or not any(
                 trial["kept"] and trial["knob"] in _candidates.CHANGES_TRAINING for trial in trials
             ),
         },
