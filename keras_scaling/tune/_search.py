@@ -30,6 +30,22 @@ class BudgetTooSmall(ValueError):
         self.needed_s = needed_s
 
 
+def _too_small(budget_s, clock, round_pair_s, warmup_s):
+    """The error for a budget that cannot measure one candidate, with the budget that would."""
+    spent_s = clock.elapsed_s()
+    needed_s = math.ceil(
+        budget_s - clock.left_s() + _decision.minimum_cost_s(round_pair_s, warmup_s)
+    )
+    needed_s = max(needed_s, math.ceil(budget_s) + 1)
+    return BudgetTooSmall(
+        needed_s,
+        f"budget_s={budget_s:g} is too small to measure one candidate: "
+        f"{spent_s:.0f} s went to preparing the start and one candidate needs about "
+        f"{_decision.minimum_cost_s(round_pair_s, warmup_s):.0f} s; "
+        f"pass budget_s={needed_s} or more",
+    )
+
+
 def round_s_for(budget_s):
     """Seconds of one timed epoch: longer rounds average more noise, when the budget allows."""
     return min(1.0, max(0.2, budget_s / 200))
@@ -171,14 +187,7 @@ def search(runner, start, *, budget_s, allowed, explain_fn, verbose):
             )
             if rounds == 0:
                 if measured == 0:
-                    needed_s = clock.elapsed_s() + _decision.minimum_cost_s(round_pair_s, warmup_s)
-                    raise BudgetTooSmall(
-                        math.ceil(needed_s),
-                        f"budget_s={budget_s:g} is too small to measure one candidate: "
-                        f"the start took {clock.elapsed_s():.0f} s to prepare and one "
-                        f"candidate needs about {needed_s - clock.elapsed_s():.0f} s more; "
-                        f"pass budget_s={math.ceil(needed_s)} or more",
-                    )
+                    raise _too_small(budget_s, clock, round_pair_s, warmup_s)
                 trials.append(trial_record(knob, value, reason="not measured: the budget is spent"))
                 out_of_budget = True
                 break
@@ -199,6 +208,8 @@ def search(runner, start, *, budget_s, allowed, explain_fn, verbose):
                 # What a fit call costs beyond its steps, as the rounds showed.
                 overhead_s = max(overhead_s, slowest_pair_s / 2 - 2 * steps * step_s)
             if not rounds or len(comparison.ratios) < _decision.MIN_ROUNDS:
+                if measured == 0:
+                    raise _too_small(budget_s, clock, round_pair_s, warmup_s)
                 trials.append(trial_record(knob, value, reason="not measured: the budget is spent"))
                 out_of_budget = True
                 break
