@@ -4,14 +4,17 @@ For each model (the bench's host-bound `mlp` and compute-bound `cnn`, at
 per-replica 128 on 2 logical CPUs), it runs `keras-scaling tune` within its
 budget, then confirms the result independently: a process of its own (the
 same thread pools as tune's, each setting's all-reduce through
-`keras_scaling.auto_strategy(**settings["strategy"])`) trains one model compiled with the
-start's settings and one with the best, in alternating rounds of a plain
-`model.fit` on `keras_scaling.data.distribute` data, timed over the whole
-call (256 steps, garbage collected before each). It prints the medians, the spread, the independent ratio, tune's own
-ratio and their agreement, and whether the tune kept within its budget.
+`keras_scaling.auto_strategy(**settings["strategy"])`) trains one model
+compiled with the start's settings and one with the best, in alternating
+rounds of a plain `model.fit` on `keras_scaling.data.distribute` data, timed
+over the whole call (256 steps, garbage collected before each). It prints
+the medians, the spread, the independent ratio (median of the paired
+ratios), tune's own ratio and their agreement, and whether the tune kept
+within its budget.
 
-    python benchmarks/tune.py                   # about 7 minutes
+    python benchmarks/tune.py                   # about 13 minutes
     python benchmarks/tune.py --models mlp --budget 60
+    python benchmarks/tune.py --tune-json mlp=logs/tune/tune.json   # confirm only
 """
 
 import argparse
