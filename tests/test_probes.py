@@ -46,6 +46,7 @@ PROBES_TESTED_IN = {
     "tf.ops.flops_statistics": "test_flops",
     "tf.device_lib_memory_limit": "test_probes",
     "keras.epoch_iterator_passes": "test_data_pass_order_multi_worker",
+    "tf.coordination_key_value_store": "cli/test_doctor",
 }
 
 
@@ -54,6 +55,7 @@ def registered_probes():
     import keras_scaling.compat  # noqa: F401
     import keras_scaling.data  # noqa: F401
     import keras_scaling.devices.strategies  # noqa: F401
+    import keras_scaling.doctor._collectives  # noqa: F401
     import keras_scaling.mfu.flops  # noqa: F401
     import keras_scaling.preemption.backup_and_restore  # noqa: F401
     import keras_scaling.replica_sync.replica_state  # noqa: F401
