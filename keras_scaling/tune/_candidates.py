@@ -75,11 +75,11 @@ def knob_order(bound, allowed=()):
 
 
 def ladder(current, first, largest):
-    """Values to try in turn, each 4 times the last, from `first` (at least twice `current`).
+    """Values to try in turn, each 4 times the last, from `first` (at least twice `current`, at most `largest`).
 
-    Example: `ladder(1, 8, 64)` gives `(8, 32)`.
+    Example: `ladder(1, 8, 64)` gives `(8, 32)`; `ladder(1, 1024, 64)` gives `(64,)`.
     """
-    value = max(int(first), 2 * int(current))
+    value = max(min(int(first), largest), 2 * int(current))
     values = []
     while value <= largest:
         values.append(value)

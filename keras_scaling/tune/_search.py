@@ -176,9 +176,11 @@ def search(runner, start, *, budget_s, allowed, explain_fn, verbose):
         if out_of_budget:
             trials.append(trial_record(knob, None, reason="not measured: the budget is spent"))
             continue
-        for value in _candidates.values_to_try(
-            knob, incumbent, advised_steps_per_execution=advised
-        ):
+        values = _candidates.values_to_try(knob, incumbent, advised_steps_per_execution=advised)
+        if not values:
+            current = incumbent[_candidates.SECTION[knob]].get(knob)
+            trials.append(trial_record(knob, None, reason=f"not tried: already {current}"))
+        for value in values:
             candidate = _candidates.with_value(incumbent, knob, value)
             steps = _steps_for(incumbent, step_s, round_s, other=candidate)
             round_pair_s = 2 * (2 * steps * step_s + overhead_s)

@@ -105,6 +105,14 @@ def test_the_steps_per_execution_ladder_starts_at_the_advice():
     assert values == (8, 32)
 
 
+def test_advice_beyond_the_largest_steps_per_execution_tries_the_largest():
+    settings = {"compile": {"steps_per_execution": 1}, "data": {}, "strategy": {}}
+    values = _candidates.values_to_try(
+        "steps_per_execution", settings, advised_steps_per_execution=1024
+    )
+    assert values == (_candidates.LARGEST_STEPS_PER_EXECUTION,)
+
+
 def test_xla_is_not_tried_on_several_logical_cpus():
     context = _candidates.Context(device_kind="CPU", local_replicas=2, pipeline_built=True)
     assert "XLA" in _candidates.reason_not_tried("jit_compile", context)
