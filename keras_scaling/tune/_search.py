@@ -138,8 +138,12 @@ def search(runner, start, *, budget_s, allowed, explain_fn, verbose):
     bound = None
     advised = None
     explain_steps = max(2, min(50, int(round_s / step_s)))
-    # Explain runs 4 variants over 2 rounds, and traces 3 train functions of its own.
-    explain_cost_s = 8 * explain_steps * step_s + 3 * warmup_s
+    # Explain runs 4 variants over 2 rounds after a warm-up of 2 calls each;
+    # two of them run at least 2 calls of K = max(16, 4 x steps_per_execution)
+    # steps; it traces 3 train functions of its own.
+    amortized = max(16, 4 * int(start["compile"].get("steps_per_execution", 1)))
+    explain_steps_total = 6 * explain_steps + 6 * max(explain_steps, 2 * amortized)
+    explain_cost_s = explain_steps_total * step_s + 3 * warmup_s
     explanation = None
     if clock.left_s() * _EXPLAIN_SHARE > explain_cost_s:
         try:
