@@ -18,8 +18,8 @@ logger = logging.getLogger("keras_scaling")
 
 # A budget below this cannot hold a warm-up, explain's split and one candidate.
 MIN_BUDGET_S = 10.0
-# Share of the budget explain's split may take.
-_EXPLAIN_SHARE = 0.25
+# Share of the budget explain's split may take: its verdict orders the search.
+_EXPLAIN_SHARE = 0.5
 
 
 class BudgetTooSmall(ValueError):
