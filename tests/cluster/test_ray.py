@@ -248,6 +248,7 @@ def test_doctor_in_a_ray_train_loop_passes_on_every_worker(doctor_and_ids):
         assert worker["doctor_ok"], worker["checks"]
         assert set(worker["checks"]) == {
             "versions",
+            "devices",
             "all-reduce",
             "first collective",
             "bandwidth",
