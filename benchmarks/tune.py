@@ -6,13 +6,17 @@ budget, then confirms the result independently: a process of its own (the
 same thread pools as tune's, each setting's all-reduce through
 `keras_scaling.auto_strategy(**settings["strategy"])`) trains one model
 compiled with the start's settings and one with the best, in alternating
-rounds of a plain `model.fit` on `keras_scaling.data.distribute` data, timed
-over the whole call (256 steps, garbage collected before each). It prints
+rounds of a plain `model.fit` on `keras_scaling.data.distribute` data. A
+round is one `fit` of 3 epochs of about 1.5 s each at the start's speed;
+its figure is the samples of the last 2 epochs over their wall time, taken
+by the benchmark's own clock at the epochs' ends (the first epoch holds the
+iterator's start; garbage is collected before each call). It shares
+nothing with tune's measuring code but the model and data presets. It prints
 the medians, the spread, the independent ratio (median of the paired
 ratios), tune's own ratio and their agreement, and whether the tune kept
 within its budget.
 
-    python benchmarks/tune.py                   # about 13 minutes
+    python benchmarks/tune.py                   # about 10 minutes
     python benchmarks/tune.py --models mlp --budget 60
     python benchmarks/tune.py --tune-json mlp=logs/tune/tune.json   # confirm only
 """
@@ -28,7 +32,10 @@ import tempfile
 import time
 
 _ROUNDS = 7
-_STEPS_PER_ROUND = 256
+# Seconds of one timed epoch at the start's speed, and epochs of a round
+# (the first one untimed).
+_EPOCH_S = 1.5
+_EPOCHS = 3
 
 
 def parse_args(argv=None):
@@ -60,6 +67,7 @@ def confirm(args):
     os.environ.setdefault(_bench_worker.THREADPOOL_ENV, "1")
     with open(args.confirm, encoding="utf-8") as file:
         record = json.load(file)
+    import keras
     import tensorflow as tf
 
     import keras_scaling
@@ -87,9 +95,23 @@ def confirm(args):
         datasets[which] = keras_scaling.data.distribute(
             (x, y), strategy=strategy, **data_kwargs
         ).repeat()
-    rates = {which: [] for which in settings}
+    multiple = max(settings[which]["compile"]["steps_per_execution"] for which in settings)
     for which in settings:  # traces, and the first epoch's start
-        models[which].fit(datasets[which], steps_per_epoch=32, epochs=1, verbose=0)
+        models[which].fit(datasets[which], steps_per_epoch=multiple, epochs=1, verbose=0)
+    sizing_steps = multiple * max(4, -(-32 // multiple))
+    start_s = time.perf_counter()
+    models["start"].fit(datasets["start"], steps_per_epoch=sizing_steps, epochs=1, verbose=0)
+    step_s = (time.perf_counter() - start_s) / sizing_steps
+    steps = multiple * max(1, round(_EPOCH_S / step_s / multiple))
+
+    class EpochEnds(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            self.ends_s = []
+
+        def on_epoch_end(self, epoch, logs=None):
+            self.ends_s.append(time.perf_counter())
+
+    rates = {which: [] for which in settings}
     for index in range(args.rounds):
         order = list(settings) if index % 2 == 0 else list(reversed(list(settings)))
         for which in order:
@@ -97,12 +119,13 @@ def confirm(args):
             # The last round's iterators are freed here, not inside a timed
             # fit: freeing one can wait for its autotuning thread.
             gc.collect()
-            start_s = time.perf_counter()
+            ends = EpochEnds()
             models[which].fit(
-                datasets[which], steps_per_epoch=_STEPS_PER_ROUND, epochs=1, verbose=0
+                datasets[which], steps_per_epoch=steps, epochs=_EPOCHS, verbose=0, callbacks=[ends]
             )
-            rates[which].append(_STEPS_PER_ROUND * global_batch / (time.perf_counter() - start_s))
-    print(json.dumps(rates))
+            timed_s = ends.ends_s[-1] - ends.ends_s[0]
+            rates[which].append((_EPOCHS - 1) * steps * global_batch / timed_s)
+    print(json.dumps({**rates, "steps_per_epoch": steps}))
 
 
 def _run_tune(model, args, log_dir):
@@ -162,9 +185,9 @@ def main(argv=None):
             rates = _confirm(model, record, args, directory)
             start, best = rates["start"], rates["best"]
             ratios = [b / s for s, b in zip(start, best)]
-            results.append((model, record, wall_s, start, best, statistics.median(ratios)))
+            results.append((model, record, wall_s, start, best, statistics.median(ratios), rates))
     print("\n=== tune against an independent fit (medians over alternating rounds) ===")
-    for model, record, wall_s, start, best, independent in results:
+    for model, record, wall_s, start, best, independent, rates in results:
         reported = record["best"]["ratio_to_start"]
         changed = record["best"]["settings"] != record["start"]["settings"]
         print(f"\n{model}: best {json.dumps(record['best']['settings'])}")
@@ -177,7 +200,7 @@ def main(argv=None):
             f"  independent fit: start {statistics.median(start):,.0f} samples/sec "
             f"(±{_half_range_share(start):.0%}), best {statistics.median(best):,.0f} "
             f"(±{_half_range_share(best):.0%}), ratio {independent:.2f}x "
-            f"over {len(start)} rounds"
+            f"over {len(start)} rounds of {_EPOCHS - 1} epochs of {rates['steps_per_epoch']} steps"
         )
         if changed:
             agreement = reported / independent

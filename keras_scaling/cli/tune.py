@@ -374,12 +374,18 @@ def _search_all_reduce(args, record, worker, values, started_at, ready_s, log_di
     )
     _, pair_s = worker.round(settings, steps)  # after the search, a warm-up
     pair_s *= 2
+    first, first_best = worker, dict(best)
+    # The start runs at 1/ratio of the best's speed in the final side by side.
+    confirm_pair_s = pair_s / 2 * (1 + max(1.0, best["ratio_to_start"]))
+    confirm_reserve_s = _decision.MIN_ROUNDS * confirm_pair_s
     for value in values:
         left_s = args.budget - (time.time() - started_at)
         # Another process may start slower than the first; its tracing is
         # as the first's warm-up; ending the processes takes a few seconds.
         overhead_s = 1.5 * start_up_s + warm_up_s + _END_S
-        rounds = _decision.rounds_affordable(left_s, pair_s, overhead_s)
+        rounds = _decision.rounds_affordable(
+            left_s, pair_s, overhead_s, reserve_s=confirm_reserve_s
+        )
         if rounds == 0:
             record["trials"].append(
                 _search.trial_record(
@@ -405,7 +411,8 @@ def _search_all_reduce(args, record, worker, values, started_at, ready_s, log_di
             incumbent_rates: list[float] = []
             candidate_rates: list[float] = []
             for index in range(rounds):
-                if index and args.budget - (time.time() - started_at) < pair_s + _END_S:
+                left_s = args.budget - (time.time() - started_at)
+                if index and left_s < pair_s + _END_S + confirm_reserve_s:
                     break
                 pair_started_s = time.time()
                 pair = [
@@ -447,7 +454,8 @@ def _search_all_reduce(args, record, worker, values, started_at, ready_s, log_di
             flush=True,
         )
         if decision.kept:
-            worker.finish()
+            if worker is not first:  # the first serves the start's rounds at the end
+                worker.finish()
             worker, settings = candidate, candidate_settings
             best["settings"] = settings
             best["ratio_to_start"] = ratio_to_start
@@ -457,4 +465,52 @@ def _search_all_reduce(args, record, worker, values, started_at, ready_s, log_di
             )
         else:
             candidate.finish()
+    if worker is not first:
+        worker = _confirm_all_reduce(args, record, first, first_best, worker, steps, started_at)
     return worker
+
+
+def _confirm_all_reduce(args, record, first, first_best, worker, steps, started_at):
+    """The start (in the first process) against the best (in its own), side by side; returns the worker kept.
+
+    A ratio the all-reduce's comparison multiplied into the first process's
+    is no promise: unless this side by side shows a gain beyond the noise,
+    the first process's best is handed back.
+    """
+    from keras_scaling.tune import _decision
+
+    best = record["best"]
+    start_settings = record["start"]["settings"]
+    pair = [(first, start_settings, []), (worker, best["settings"], [])]
+    pair_s = 0.0
+    for index in range(_decision.MAX_ROUNDS):
+        left_s = args.budget - (time.time() - started_at)
+        if index >= _decision.MIN_ROUNDS and left_s < pair_s + _END_S:
+            break
+        pair_started_s = time.time()
+        for process, these, rates in pair if index % 2 == 0 else reversed(pair):
+            rates.append(process.round(these, steps)[0])
+        pair_s = max(pair_s, time.time() - pair_started_s)
+    comparison = _decision.Comparison(tuple(pair[0][2]), tuple(pair[1][2]))
+    decision = _decision.decide(comparison)
+    rounds = len(comparison.ratios)
+    if decision.kept:
+        first.finish()
+        record["start"]["samples_per_sec"] = comparison.incumbent_median
+        best["ratio_to_start"] = comparison.ratio
+        best["samples_per_sec"] = comparison.incumbent_median * comparison.ratio
+        best["ratio_source"] = (
+            f"best against start, {rounds} alternating rounds, each in a process of its own"
+        )
+        return worker
+    worker.finish()
+    record["best"] = first_best
+    record["notes"].append(
+        f"the best with its all-reduce ran at {comparison.ratio:.2f}x the start side by "
+        f"side ({decision.reason}): the all-reduce is left as it was"
+    )
+    for trial in record["trials"]:
+        if trial["knob"] == "cross_device_ops" and trial["kept"]:
+            trial["kept"] = False
+            trial["reason"] += "; not confirmed against the start"
+    return first

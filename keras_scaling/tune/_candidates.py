@@ -75,15 +75,21 @@ def knob_order(bound, allowed=()):
 
 
 def ladder(current, first, largest):
-    """Values to try in turn, each 4 times the last, from `first` (at least twice `current`, at most `largest`).
+    """Values to try in turn, each 4 times the last, from `first` (at least twice `current`) up to `largest`.
 
-    Example: `ladder(1, 8, 64)` gives `(8, 32)`; `ladder(1, 1024, 64)` gives `(64,)`.
+    The ladder ends at `largest` itself, so that the search goes as far as
+    the value keeps paying.
+
+    Example: `ladder(1, 4, 64)` gives `(4, 16, 64)`; `ladder(1, 8, 64)` gives
+    `(8, 32, 64)`; `ladder(1, 1024, 64)` gives `(64,)`.
     """
     value = max(min(int(first), largest), 2 * int(current))
     values = []
     while value <= largest:
         values.append(value)
         value *= 4
+    if values and values[-1] < largest:
+        values.append(largest)
     return tuple(values)
 
 
@@ -134,11 +140,15 @@ def reason_not_tried(knob, context):
 
 
 def values_to_try(knob, settings, *, advised_steps_per_execution=None):
-    """The values of `knob` to try in turn from the incumbent `settings`; stop at the first not kept."""
+    """The values of `knob` to try in turn from the incumbent `settings`.
+
+    The search goes on past a value kept, and past one faster within the
+    noise; it stops at the first slower one.
+    """
     current = settings[SECTION[knob]].get(knob)
     if knob == "steps_per_execution":
         current = int(current or 1)
-        first = advised_steps_per_execution or 8
+        first = advised_steps_per_execution or 4 * current
         return ladder(current, first, LARGEST_STEPS_PER_EXECUTION)
     if knob == "per_replica_batch_size":
         return (2 * int(current), 4 * int(current))

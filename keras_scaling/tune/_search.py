@@ -3,9 +3,11 @@
 Greedy and in the open: knobs are tried in the order explain's verdict
 gives (`_candidates.knob_order`); each value of a knob runs in turns with
 the incumbent (`_decision`); a value kept becomes the incumbent, and a
-knob's ladder stops at its first value not kept. When the best differs from
-the start and the budget allows, the two run side by side once more, and
-that comparison gives the reported ratio.
+knob's ladder goes on while its values are faster and stops at the first
+slower one. When the best differs from the start, the two run side by side
+once more, in budget kept back for it from the start: that comparison gives
+the reported ratio, and unless its gain exceeds the noise the start is
+handed back.
 """
 
 import logging
@@ -18,8 +20,15 @@ logger = logging.getLogger("keras_scaling")
 
 # A budget below this cannot hold a warm-up, explain's split and one candidate.
 MIN_BUDGET_S = 10.0
-# Share of the budget explain's split may take: its verdict orders the search.
-_EXPLAIN_SHARE = 0.5
+# Share of the budget explain's split may take: its verdict orders the
+# search, but the measurements decide; a small budget goes to them.
+_EXPLAIN_SHARE = 0.25
+# Steps of explain's rounds: enough to split the step, few enough that its
+# cost is mostly its tracing, which the estimate counts.
+_EXPLAIN_MAX_STEPS = 20
+# Explain traces three train functions of its own and copies the model:
+# costed as this many warm-ups of the start.
+_EXPLAIN_WARMUPS = 4
 
 
 class BudgetTooSmall(ValueError):
@@ -48,7 +57,7 @@ def _too_small(budget_s, clock, round_pair_s, warmup_s):
 
 def round_s_for(budget_s):
     """Seconds of one timed epoch: longer rounds average more noise, when the budget allows."""
-    return min(1.0, max(0.2, budget_s / 200))
+    return min(2.0, max(0.25, budget_s / 120))
 
 
 class _Clock:
@@ -83,7 +92,7 @@ def trial_record(knob, value, *, comparison=None, decision=None, ratio_to_start=
     }
 
 
-def _compare(runner, incumbent, candidate, rounds, steps, clock):
+def _compare(runner, incumbent, candidate, rounds, steps, clock, reserve_s=0.0):
     """Rounds of the two in turns, the first of each pair alternating, while the budget lasts.
 
     Returns the `Comparison` of the rounds run (fewer than `rounds` when the
@@ -93,7 +102,7 @@ def _compare(runner, incumbent, candidate, rounds, steps, clock):
     candidate_rates: list[float] = []
     slowest_pair_s = 0.0
     for index in range(rounds):
-        if index and clock.left_s() < slowest_pair_s:
+        if index and clock.left_s() - reserve_s < slowest_pair_s:
             break
         started_s = clock.elapsed_s()
         order = ((incumbent, incumbent_rates), (candidate, candidate_rates))
@@ -137,22 +146,30 @@ def search(runner, start, *, budget_s, allowed, explain_fn, verbose):
     notes = []
     bound = None
     advised = None
-    explain_steps = max(2, min(50, int(round_s / step_s)))
+    explain_steps = max(2, min(_EXPLAIN_MAX_STEPS, int(round_s / step_s)))
     # Explain runs 4 variants over 2 rounds after a warm-up of 2 calls each;
     # two of them run at least 2 calls of K = max(16, 4 x steps_per_execution)
     # steps; it traces 3 train functions of its own.
     amortized = max(16, 4 * int(start["compile"].get("steps_per_execution", 1)))
     explain_steps_total = 6 * explain_steps + 6 * max(explain_steps, 2 * amortized)
-    explain_cost_s = explain_steps_total * step_s + 3 * warmup_s
+    explain_cost_s = explain_steps_total * step_s + _EXPLAIN_WARMUPS * warmup_s
+    # Kept back from the start for the final side by side of the best and
+    # the start: MIN_ROUNDS round pairs at the start's speed at most.
+    confirm_reserve_s = (
+        _decision.MIN_ROUNDS * 2 * (2 * _steps_for(start, step_s, round_s) * step_s + overhead_s)
+    )
     explanation = None
-    if clock.left_s() * _EXPLAIN_SHARE > explain_cost_s:
+    if (clock.left_s() - confirm_reserve_s) * _EXPLAIN_SHARE > explain_cost_s:
         try:
             explanation = explain_fn(runner.dataset(start["data"]), explain_steps)
         except Exception as error:  # a model explain cannot copy or time: tune goes on
             logger.warning("tune: explain could not split the step: %s", error)
             notes.append(f"explain could not split the step ({_first_line(error)})")
     else:
-        notes.append("explain's split was left out: the budget is too small for it")
+        notes.append(
+            f"explain's split was left out: it would take about {explain_cost_s:.0f} s, "
+            f"more than {_EXPLAIN_SHARE:.0%} of the budget; the host-bound order was tried"
+        )
     if explanation is not None:
         bound = explanation.verdict.bound
         advised = explanation.record.get("advised_steps_per_execution")
@@ -189,7 +206,7 @@ def search(runner, start, *, budget_s, allowed, explain_fn, verbose):
             steps = _steps_for(incumbent, step_s, round_s, other=candidate)
             round_pair_s = 2 * (2 * steps * step_s + overhead_s)
             rounds = _decision.rounds_affordable(
-                clock.left_s(), round_pair_s, warmup_s, reserve_s=0.0
+                clock.left_s(), round_pair_s, warmup_s, reserve_s=confirm_reserve_s
             )
             if rounds == 0:
                 if measured == 0:
@@ -206,10 +223,12 @@ def search(runner, start, *, budget_s, allowed, explain_fn, verbose):
             # A larger steps_per_execution traces a longer loop: later
             # candidates are costed with the slowest warm-up seen.
             warmup_s = max(warmup_s, candidate_warmup_s)
-            rounds = _decision.rounds_affordable(clock.left_s(), round_pair_s, 0.0)
+            rounds = _decision.rounds_affordable(
+                clock.left_s(), round_pair_s, 0.0, reserve_s=confirm_reserve_s
+            )
             if rounds:
                 comparison, slowest_pair_s = _compare(
-                    runner, incumbent, candidate, rounds, steps, clock
+                    runner, incumbent, candidate, rounds, steps, clock, confirm_reserve_s
                 )
                 # What a fit call costs beyond its steps, as the rounds showed.
                 overhead_s = max(overhead_s, slowest_pair_s / 2 - 2 * steps * step_s)
@@ -270,16 +289,26 @@ def search(runner, start, *, budget_s, allowed, explain_fn, verbose):
             start_samples_per_sec = confirmation.incumbent_median
             ratio = confirmation.ratio
             source = f"best against start, {rounds} alternating rounds"
-            if ratio <= 1:
+            verdict = _decision.decide(confirmation)
+            if not verdict.kept:
                 # The changes kept one by one did not hold side by side: never
-                # hand back a setting slower than the start.
+                # hand back a setting slower than the start, or one whose gain
+                # the noise could explain.
                 notes.append(
-                    f"the kept changes ran at {ratio:.2f}x the start side by side: "
-                    "the start is kept"
+                    f"the kept changes ran at {ratio:.2f}x the start side by side "
+                    f"({verdict.reason}): the start is kept"
                 )
                 best, ratio = start, 1.0
                 source = f"kept changes not faster than the start in {rounds} alternating rounds"
             best_samples_per_sec = start_samples_per_sec * ratio
+        else:
+            # Unconfirmed, a product of ratios is no promise: hand back the start.
+            notes.append(
+                "the budget left no time to run the kept changes side by side with the "
+                "start: the start is kept"
+            )
+            best, ratio, best_samples_per_sec = start, 1.0, start_samples_per_sec
+            source = "kept changes not confirmed against the start within the budget"
     return {
         "start": {"samples_per_sec": start_samples_per_sec, "settings": start},
         "best": {

@@ -102,7 +102,14 @@ def test_the_steps_per_execution_ladder_starts_at_the_advice():
     values = _candidates.values_to_try(
         "steps_per_execution", settings, advised_steps_per_execution=8
     )
-    assert values == (8, 32)
+    assert values == (8, 32, _candidates.LARGEST_STEPS_PER_EXECUTION)
+
+
+def test_without_advice_the_steps_per_execution_ladder_goes_by_fours_to_the_largest():
+    settings = {"compile": {"steps_per_execution": 1}, "data": {}, "strategy": {}}
+    assert _candidates.values_to_try("steps_per_execution", settings) == (4, 16, 64)
+    settings["compile"]["steps_per_execution"] = 16
+    assert _candidates.values_to_try("steps_per_execution", settings) == (64,)
 
 
 def test_advice_beyond_the_largest_steps_per_execution_tries_the_largest():
