@@ -481,7 +481,9 @@ def _confirm_all_reduce(args, record, first, first_best, worker, steps, started_
 
     best = record["best"]
     start_settings = record["start"]["settings"]
-    pair = [(first, start_settings, []), (worker, best["settings"], [])]
+    start_rates: list[float] = []
+    best_rates: list[float] = []
+    pair = [(first, start_settings, start_rates), (worker, best["settings"], best_rates)]
     pair_s = 0.0
     for index in range(_decision.MAX_ROUNDS):
         left_s = args.budget - (time.time() - started_at)
@@ -491,7 +493,7 @@ def _confirm_all_reduce(args, record, first, first_best, worker, steps, started_
         for process, these, rates in pair if index % 2 == 0 else reversed(pair):
             rates.append(process.round(these, steps)[0])
         pair_s = max(pair_s, time.time() - pair_started_s)
-    comparison = _decision.Comparison(tuple(pair[0][2]), tuple(pair[1][2]))
+    comparison = _decision.Comparison(tuple(start_rates), tuple(best_rates))
     decision = _decision.decide(comparison)
     rounds = len(comparison.ratios)
     if decision.kept:
