@@ -14,7 +14,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from keras_scaling import devices
+from keras_scaling import _validation, devices
 from keras_scaling.data import _input_plan, _keras_epochs, _passes, _pipeline, _sources
 from keras_scaling.data._input_plan import InputPlan
 
@@ -84,6 +84,9 @@ def distribute(
     parse_fn: Callable[[Any], Any] | None = None,
     num_samples: int | None = None,
     output_signature: Any = None,
+    prefetch_batches: int | None = None,
+    private_threadpool_size: int | None = None,
+    max_intra_op_parallelism: int | None = None,
 ) -> tf.data.Dataset:
     """Builds the input pipeline for data-parallel training under a strategy.
 
@@ -119,7 +122,8 @@ def distribute(
       dataset `distribute` shuffles.
     - Shapes are static except for the last batch under
       `last_batch="partial"`; the pipeline ends with
-      `prefetch(tf.data.AUTOTUNE)`.
+      `prefetch(tf.data.AUTOTUNE)` (or `prefetch_batches`). Its maps run
+      with `num_parallel_calls=tf.data.AUTOTUNE`.
 
     `last_batch` decides what happens to the samples that do not fill a
     last global batch:
@@ -225,6 +229,16 @@ def distribute(
         output_signature: the `tf.TensorSpec` structure of one sample, when
             `data` is a generator function (as for
             `tf.data.Dataset.from_generator`).
+        prefetch_batches: int, global batches read ahead at the end of the
+            pipeline. Defaults to `None`: `tf.data.AUTOTUNE`.
+        private_threadpool_size: int, threads of a pool of the pipeline's
+            own (`tf.data.Options().threading.private_threadpool_size`).
+            Defaults to `None`: TensorFlow's shared pool.
+        max_intra_op_parallelism: int, threads one of the pipeline's ops
+            may use (`tf.data.Options().threading.max_intra_op_parallelism`).
+            Defaults to `None`: TensorFlow's choice.
+            These three change how fast batches come, never which batches
+            or in which order.
 
     Returns:
         A `tf.data.Dataset` of global batches, carrying its `InputPlan`
@@ -265,6 +279,14 @@ def distribute(
     from keras_scaling import compat
 
     compat.enable_for(strategy)
+    pipeline_options = {
+        name: _validation.optional_positive_int(value, name)
+        for name, value in (
+            ("prefetch_batches", prefetch_batches),
+            ("private_threadpool_size", private_threadpool_size),
+            ("max_intra_op_parallelism", max_intra_op_parallelism),
+        )
+    }
     return _distribute_for(
         data,
         info,
@@ -279,10 +301,11 @@ def distribute(
         parse_fn=parse_fn,
         num_samples=num_samples,
         output_signature=output_signature,
+        pipeline_options=pipeline_options,
     )
 
 
-def _distribute_for(data, info, *, static_shapes_required=False, **kwargs):
+def _distribute_for(data, info, *, static_shapes_required=False, pipeline_options=None, **kwargs):
     """`distribute` for the worker that `info` (a `StrategyInfo`) describes."""
     plan, source, schedule, file_assignment = _make_plan(
         data, info, static_shapes_required=static_shapes_required, **kwargs
@@ -301,6 +324,7 @@ def _distribute_for(data, info, *, static_shapes_required=False, **kwargs):
         parse_fn=kwargs.get("parse_fn"),
         cache=kwargs.get("cache", False),
         counter=counter,
+        **(pipeline_options or {}),
     )
     setattr(dataset, _PLAN_ATTRIBUTE, plan)
     _passes.attach(dataset, counter)
@@ -316,6 +340,7 @@ def _distribute_for(data, info, *, static_shapes_required=False, **kwargs):
             # A cache file belongs to the training pipeline; a copy caches in memory.
             cache=bool(cache),
             counter=_passes.PassCounter(),
+            **(pipeline_options or {}),
         )
 
     setattr(dataset, _REBUILD_ATTRIBUTE, rebuild)

@@ -10,8 +10,23 @@ from keras_scaling.data import _passes, _py_dataset, _sources
 SHUFFLE_BUFFER_ELEMENTS = 10_000
 
 
-def build(source, *, plan, schedule, file_assignment, parse_fn, cache, counter):
+def build(
+    source,
+    *,
+    plan,
+    schedule,
+    file_assignment,
+    parse_fn,
+    cache,
+    counter,
+    prefetch_batches=None,
+    private_threadpool_size=None,
+    max_intra_op_parallelism=None,
+):
     """Returns the batched, prefetched dataset for this worker.
+
+    `prefetch_batches` (None: AUTOTUNE) and the threading options change
+    only how fast batches come.
 
     With shuffling, each pass (epoch) takes its number from `counter` (a
     `PassCounter`) when its first element is read, and its order depends on
@@ -31,7 +46,12 @@ def build(source, *, plan, schedule, file_assignment, parse_fn, cache, counter):
     # The split between workers is done above; TensorFlow must not split again
     # (AUTO would read every file on every worker: tensorflow#49048).
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-    return dataset.with_options(options).prefetch(tf.data.AUTOTUNE)
+    if private_threadpool_size is not None:
+        options.threading.private_threadpool_size = private_threadpool_size
+    if max_intra_op_parallelism is not None:
+        options.threading.max_intra_op_parallelism = max_intra_op_parallelism
+    buffer_size = tf.data.AUTOTUNE if prefetch_batches is None else prefetch_batches
+    return dataset.with_options(options).prefetch(buffer_size)
 
 
 def _batches_per_worker(plan, schedule):
