@@ -148,7 +148,9 @@ def values_to_try(knob, settings, *, advised_steps_per_execution=None):
     current = settings[SECTION[knob]].get(knob)
     if knob == "steps_per_execution":
         current = int(current or 1)
-        first = advised_steps_per_execution or 4 * current
+        # Advice below 4 x the current value is too small a step to show
+        # beyond this machine's noise.
+        first = max(advised_steps_per_execution or 0, 4 * current)
         return ladder(current, first, LARGEST_STEPS_PER_EXECUTION)
     if knob == "per_replica_batch_size":
         return (2 * int(current), 4 * int(current))

@@ -112,6 +112,14 @@ def test_without_advice_the_steps_per_execution_ladder_goes_by_fours_to_the_larg
     assert _candidates.values_to_try("steps_per_execution", settings) == (64,)
 
 
+def test_advice_of_a_small_step_still_starts_the_ladder_at_four_times_the_current():
+    settings = {"compile": {"steps_per_execution": 1}, "data": {}, "strategy": {}}
+    values = _candidates.values_to_try(
+        "steps_per_execution", settings, advised_steps_per_execution=2
+    )
+    assert values == (4, 16, 64)
+
+
 def test_advice_beyond_the_largest_steps_per_execution_tries_the_largest():
     settings = {"compile": {"steps_per_execution": 1}, "data": {}, "strategy": {}}
     values = _candidates.values_to_try(
