@@ -414,6 +414,10 @@ def _search_all_reduce(args, record, worker, values, started_at, ready_s, log_di
                 left_s = args.budget - (time.time() - started_at)
                 if index and left_s < pair_s + _END_S + confirm_reserve_s:
                     break
+                if index and _decision.is_clear(
+                    _decision.Comparison(tuple(incumbent_rates), tuple(candidate_rates))
+                ):
+                    break
                 pair_started_s = time.time()
                 pair = [
                     (worker, settings, incumbent_rates),
@@ -487,7 +491,10 @@ def _confirm_all_reduce(args, record, first, first_best, worker, steps, started_
     pair_s = 0.0
     for index in range(_decision.MAX_ROUNDS):
         left_s = args.budget - (time.time() - started_at)
-        if index >= _decision.MIN_ROUNDS and left_s < pair_s + _END_S:
+        if index >= _decision.MIN_ROUNDS and (
+            left_s < pair_s + _END_S
+            or _decision.is_clear(_decision.Comparison(tuple(start_rates), tuple(best_rates)))
+        ):
             break
         pair_started_s = time.time()
         for process, these, rates in pair if index % 2 == 0 else reversed(pair):

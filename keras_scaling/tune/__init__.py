@@ -190,7 +190,7 @@ def tune(
     data settings given, asks `keras_scaling.explain` what bounds the step
     and tries the remedy first, then the other knobs. Each value runs in
     alternating rounds with the incumbent (real `model.fit` calls, timed over
-    their second epoch); a change is kept only when its median gain exceeds
+    their epochs after the first); a change is kept only when its median gain exceeds
     the rounds' noise and 5%. It stops when `budget_s` is spent.
 
     | knob | where | changes training |

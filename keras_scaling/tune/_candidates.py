@@ -9,6 +9,7 @@ are tried only when allowed (`allow=("batch", "precision")`).
 """
 
 import dataclasses
+import os
 
 # The knobs `allow` opens, by the name users pass.
 ALLOWABLE = {"batch": "per_replica_batch_size", "precision": "mixed_precision"}
@@ -17,16 +18,33 @@ ALLOWABLE = {"batch": "per_replica_batch_size", "precision": "mixed_precision"}
 # bound, then the rest by how often they pay off.
 _ORDER = {
     "host": ("steps_per_execution", "cache", "jit_compile", "per_replica_batch_size"),
-    "input": ("cache", "steps_per_execution", "jit_compile", "per_replica_batch_size"),
+    "input": (
+        "cache",
+        "private_threadpool_size",
+        "steps_per_execution",
+        "jit_compile",
+        "per_replica_batch_size",
+    ),
     "compute": ("jit_compile", "mixed_precision", "steps_per_execution", "cache"),
     "synchronization": ("per_replica_batch_size", "steps_per_execution", "cache", "jit_compile"),
 }
-KNOBS = ("steps_per_execution", "cache", "jit_compile", "per_replica_batch_size", "mixed_precision")
+KNOBS = (
+    "steps_per_execution",
+    "cache",
+    "jit_compile",
+    "private_threadpool_size",
+    "per_replica_batch_size",
+    "mixed_precision",
+)
+# Settings of keras_scaling.data.distribute already at tf.data.AUTOTUNE: a
+# row in the table says so rather than leaving them out.
+AUTOTUNED = ("num_parallel_calls", "prefetch_batches")
 # Where each knob lives in the settings.
 SECTION = {
     "steps_per_execution": "compile",
     "jit_compile": "compile",
     "cache": "data",
+    "private_threadpool_size": "data",
     "per_replica_batch_size": "data",
     "cross_device_ops": "strategy",
 }
@@ -116,7 +134,10 @@ class Context:
 
 def reason_not_tried(knob, context):
     """Why `knob` is not tried in `context`, or None when it is."""
-    if knob in ("cache", "per_replica_batch_size") and not context.pipeline_built:
+    if (
+        knob in ("cache", "per_replica_batch_size", "private_threadpool_size")
+        and not context.pipeline_built
+    ):
         return (
             "the data came as global batches; pass the samples with "
             "per_replica_batch_size so tune builds the pipeline"
@@ -156,6 +177,10 @@ def values_to_try(knob, settings, *, advised_steps_per_execution=None):
         return (2 * int(current), 4 * int(current))
     if knob in ("jit_compile", "cache"):
         return () if current else (True,)
+    if knob == "private_threadpool_size":
+        # A pool of the pipeline's own, one thread per core: the pipeline's
+        # maps then do not wait behind the training step's ops.
+        return () if current else (os.cpu_count() or 1,)
     raise ValueError(f"unknown knob {knob!r}")
 
 

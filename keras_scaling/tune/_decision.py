@@ -108,6 +108,18 @@ def decide(comparison, min_gain=MIN_GAIN):
     return Decision(True, f"{gain:+.0%}, beyond the noise ({noise:.0%})")
 
 
+def is_clear(comparison, min_gain=MIN_GAIN):
+    """Whether more rounds would not change the decision: `MIN_ROUNDS` or more, and a gain or loss twice the noise.
+
+    Example: paired ratios 1.9, 2.0, 2.1 (+100%, noise 10%) are clear;
+    1.02, 1.10, 1.18 (+10%, noise 8%) are not.
+    """
+    if len(comparison.ratios) < MIN_ROUNDS:
+        return False
+    gain = comparison.ratio - 1
+    return abs(gain) > 2 * comparison.noise and (gain < 0 or gain > 2 * min_gain)
+
+
 def rounds_affordable(left_s, round_pair_s, warmup_s, *, reserve_s=0.0):
     """How many rounds of a candidate and the incumbent fit in `left_s`, or 0.
 

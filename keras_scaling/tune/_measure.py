@@ -4,9 +4,10 @@ Settings that one process can hold side by side are measured in the user's
 process, on the model itself: each `(steps_per_execution, jit_compile)`
 keeps its own compiled train function, and each data setting its own
 pipeline, so switching between the incumbent and a candidate costs no
-retracing. One round of a setting is `model.fit(..., epochs=2)`, timed over
-its second epoch: the first takes the iterator's start and any tracing, as
-the first epoch of training does. The model trains while it is measured;
+retracing. One round of a setting is `model.fit(..., epochs=EPOCHS)`, timed
+over its whole epochs after the first, from the first's end to the last's:
+the first takes the iterator's start and any tracing, as the first epoch of
+training does. The model trains while it is measured;
 its weights, optimizer state, metrics and compile settings are put back
 afterwards.
 """
@@ -15,18 +16,25 @@ import time
 
 from keras_scaling import devices
 
+# Epochs of one round's `fit`: the first is not timed.
+EPOCHS = 3
+
 
 def _timer_callback():
     import keras
 
     class EpochTimer(keras.callbacks.Callback):
-        """Seconds of the last epoch, from its start to its logs (which wait for the steps)."""
+        """Seconds from the first epoch's end to the last's (the logs wait for the steps)."""
 
-        def on_epoch_begin(self, epoch, logs=None):
-            self.started_s = time.perf_counter()
+        def on_train_begin(self, logs=None):
+            self.ends_s = []
 
         def on_epoch_end(self, epoch, logs=None):
-            self.epoch_s = time.perf_counter() - self.started_s
+            self.ends_s.append(time.perf_counter())
+
+        @property
+        def timed_s(self):
+            return self.ends_s[-1] - self.ends_s[0]
 
     return EpochTimer()
 
@@ -135,7 +143,7 @@ class Runner:
         model.train_function = self._functions[key]
 
     def round(self, settings, steps):
-        """One round: `fit` of two epochs of `steps` steps; returns (samples/sec of the second, wall seconds)."""
+        """One round: `fit` of `EPOCHS` epochs of `steps` steps; returns (samples/sec after the first, wall seconds)."""
         dataset = self.dataset(settings["data"])
         self._use(settings["compile"])
         timer = _timer_callback()
@@ -143,14 +151,14 @@ class Runner:
         self.model.fit(
             dataset,
             steps_per_epoch=steps,
-            epochs=2,
+            epochs=EPOCHS,
             verbose=0,
             shuffle=False,
             callbacks=[timer],
         )
         wall_s = time.perf_counter() - started_s
         samples = steps * self.global_batch_size(settings["data"])
-        return samples / timer.epoch_s, wall_s
+        return (EPOCHS - 1) * samples / timer.timed_s, wall_s
 
     def restore(self):
         """Puts the model back as it was when the runner was made."""

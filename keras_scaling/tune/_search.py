@@ -15,6 +15,7 @@ import math
 import time
 
 from keras_scaling.tune import _candidates, _decision, _report
+from keras_scaling.tune._measure import EPOCHS
 
 logger = logging.getLogger("keras_scaling")
 
@@ -56,8 +57,8 @@ def _too_small(budget_s, clock, round_pair_s, warmup_s):
 
 
 def round_s_for(budget_s):
-    """Seconds of one timed epoch: longer rounds average more noise, when the budget allows."""
-    return min(2.0, max(0.25, budget_s / 120))
+    """Seconds of one epoch of a round: longer rounds average more noise, when the budget allows."""
+    return min(1.0, max(0.2, budget_s / 240))
 
 
 class _Clock:
@@ -96,13 +97,18 @@ def _compare(runner, incumbent, candidate, rounds, steps, clock, reserve_s=0.0):
     """Rounds of the two in turns, the first of each pair alternating, while the budget lasts.
 
     Returns the `Comparison` of the rounds run (fewer than `rounds` when the
-    next pair would overrun the budget) and the slowest pair's seconds.
+    next pair would overrun the budget, or when the decision is already
+    clear) and the slowest pair's seconds.
     """
     incumbent_rates: list[float] = []
     candidate_rates: list[float] = []
     slowest_pair_s = 0.0
     for index in range(rounds):
         if index and clock.left_s() - reserve_s < slowest_pair_s:
+            break
+        if incumbent_rates and _decision.is_clear(
+            _decision.Comparison(tuple(incumbent_rates), tuple(candidate_rates))
+        ):
             break
         started_s = clock.elapsed_s()
         order = ((incumbent, incumbent_rates), (candidate, candidate_rates))
@@ -141,7 +147,7 @@ def search(runner, start, *, budget_s, allowed, explain_fn, verbose):
     rate, call_s = runner.round(start, steps)
     step_s = runner.global_batch_size(start["data"]) / rate
     # What a fit call costs beyond its steps: making the iterator, callbacks.
-    overhead_s = max(0.0, call_s - 2 * steps * step_s)
+    overhead_s = max(0.0, call_s - EPOCHS * steps * step_s)
     timeline = {"warm_up_s": clock.elapsed_s()}
     notes = []
     bound = None
@@ -156,7 +162,9 @@ def search(runner, start, *, budget_s, allowed, explain_fn, verbose):
     # Kept back from the start for the final side by side of the best and
     # the start: MIN_ROUNDS round pairs at the start's speed at most.
     confirm_reserve_s = (
-        _decision.MIN_ROUNDS * 2 * (2 * _steps_for(start, step_s, round_s) * step_s + overhead_s)
+        _decision.MIN_ROUNDS
+        * 2
+        * (EPOCHS * _steps_for(start, step_s, round_s) * step_s + overhead_s)
     )
     explanation = None
     if (clock.left_s() - confirm_reserve_s) * _EXPLAIN_SHARE > explain_cost_s:
@@ -186,6 +194,11 @@ def search(runner, start, *, budget_s, allowed, explain_fn, verbose):
     incumbent = start
     incumbent_ratio = 1.0
     trials = []
+    if context.pipeline_built:
+        trials += [
+            trial_record(knob, None, reason="not tried: already AUTOTUNE in distribute")
+            for knob in _candidates.AUTOTUNED
+        ]
     start_rates = []
     out_of_budget = False
     measured = 0
@@ -204,7 +217,7 @@ def search(runner, start, *, budget_s, allowed, explain_fn, verbose):
         for value in values:
             candidate = _candidates.with_value(incumbent, knob, value)
             steps = _steps_for(incumbent, step_s, round_s, other=candidate)
-            round_pair_s = 2 * (2 * steps * step_s + overhead_s)
+            round_pair_s = 2 * (EPOCHS * steps * step_s + overhead_s)
             rounds = _decision.rounds_affordable(
                 clock.left_s(), round_pair_s, warmup_s, reserve_s=confirm_reserve_s
             )
@@ -231,7 +244,7 @@ def search(runner, start, *, budget_s, allowed, explain_fn, verbose):
                     runner, incumbent, candidate, rounds, steps, clock, confirm_reserve_s
                 )
                 # What a fit call costs beyond its steps, as the rounds showed.
-                overhead_s = max(overhead_s, slowest_pair_s / 2 - 2 * steps * step_s)
+                overhead_s = max(overhead_s, slowest_pair_s / 2 - EPOCHS * steps * step_s)
             if not rounds or len(comparison.ratios) < _decision.MIN_ROUNDS:
                 if measured == 0:
                     raise _too_small(budget_s, clock, round_pair_s, warmup_s)
@@ -279,7 +292,7 @@ def search(runner, start, *, budget_s, allowed, explain_fn, verbose):
         best_samples_per_sec = start_samples_per_sec * incumbent_ratio
         ratio, source = incumbent_ratio, "the product of the kept changes' ratios"
         steps = _steps_for(start, step_s * incumbent_ratio, round_s, other=best)
-        round_pair_s = 2 * steps * step_s * (1 + incumbent_ratio) + 2 * overhead_s
+        round_pair_s = EPOCHS * steps * step_s * (1 + incumbent_ratio) + 2 * overhead_s
         rounds = _decision.rounds_affordable(clock.left_s(), round_pair_s, 0.0)
         confirmation = None
         if rounds:

@@ -57,6 +57,13 @@ def test_a_comparison_refuses_missing_or_non_positive_rates(incumbent, candidate
         _comparison(incumbent, candidate)
 
 
+def test_a_gain_or_loss_twice_the_noise_is_clear_after_min_rounds():
+    assert _decision.is_clear(_comparison([100, 100, 100], [190, 200, 210]))
+    assert _decision.is_clear(_comparison([100, 100, 100], [50, 52, 54]))
+    assert not _decision.is_clear(_comparison([100, 100], [190, 200]))
+    assert not _decision.is_clear(_comparison([100, 100, 100], [102, 110, 118]))
+
+
 def test_the_budget_gives_at_most_max_rounds_and_none_below_min_rounds():
     assert _decision.rounds_affordable(30, 4, 5) == _decision.MAX_ROUNDS
     assert _decision.rounds_affordable(5 + 4 * 3, 4, 5) == 3
