@@ -179,7 +179,11 @@ def _tpu_address() -> str | None:
     return None
 
 
-def auto_strategy(cross_device_ops: str | None = None) -> tf.distribute.Strategy:
+def auto_strategy(
+    cross_device_ops: str | None = None,
+    communication: str | None = None,
+    bytes_per_pack: int | None = None,
+) -> tf.distribute.Strategy:
     """Pick the `tf.distribute` strategy that fits this machine, and say why.
 
     In order of preference:
@@ -213,6 +217,14 @@ def auto_strategy(cross_device_ops: str | None = None) -> tf.distribute.Strategy
             `"nccl"` (GPUs only), as `keras_scaling.tune` measures them;
             None (default) leaves TensorFlow's choice. Other strategies
             ignore it.
+        communication: the all-reduce across workers of a
+            `MultiWorkerMirroredStrategy`: `"auto"`, `"ring"` or `"nccl"`
+            (`tf.distribute.experimental.CommunicationImplementation`);
+            None (default) leaves TensorFlow's choice. Other strategies
+            ignore it.
+        bytes_per_pack: int >= 0, the size of the packs gradients are
+            grouped into across workers (0 or None: TensorFlow's choice).
+            Other strategies ignore it.
 
     Returns:
         A `tf.distribute.Strategy`.
@@ -220,7 +232,8 @@ def auto_strategy(cross_device_ops: str | None = None) -> tf.distribute.Strategy
     Raises:
         keras_scaling.cluster.NotInStepError: a Slurm job of several tasks
             runs this Python outside `srun`, so the other tasks never start.
-        ValueError: the cluster's environment is malformed, `TF_CONFIG` has
+        ValueError: an unknown `cross_device_ops` or `communication`, a
+            negative `bytes_per_pack`, the cluster's environment is malformed, `TF_CONFIG` has
             `ps` tasks, a Slurm node name does not resolve, or this task's
             port is in use.
 
@@ -235,13 +248,14 @@ def auto_strategy(cross_device_ops: str | None = None) -> tf.distribute.Strategy
     ```
     """
     warn_if_keras_distribution_set()
+    options = _communication_options(communication, bytes_per_pack)
     spec = cluster.resolve_cluster()
     if _trains_with_others(spec) and spec.source in ("slurm", "kubernetes"):
         _cluster_tf.check_addresses(spec)
     if _trains_with_others(spec) and spec.source == "slurm":
         _cluster_tf.bind_task_gpus(spec)
     _apply_cpu_devices_from_env(spec)
-    strategy, reason = _choose_strategy(spec, _cross_device_ops(cross_device_ops))
+    strategy, reason = _choose_strategy(spec, _cross_device_ops(cross_device_ops), options)
     if spec is not None:
         _cluster_origins[strategy] = spec.origin
         reason = f"{reason}; cluster from {spec.origin}"
@@ -313,9 +327,38 @@ def _cross_device_ops(name: str | None) -> Any:
     return choices[name]()
 
 
+def _communication_options(communication: str | None, bytes_per_pack: int | None) -> Any:
+    """`tf.distribute.experimental.CommunicationOptions` of the names given, or None for TensorFlow's."""
+    implementations = {
+        "auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
+        "ring": tf.distribute.experimental.CommunicationImplementation.RING,
+        "nccl": tf.distribute.experimental.CommunicationImplementation.NCCL,
+    }
+    if communication is not None and communication not in implementations:
+        raise ValueError(
+            f"communication must be one of {', '.join(implementations)} or None, "
+            f"got {communication!r}"
+        )
+    if bytes_per_pack is not None and (
+        isinstance(bytes_per_pack, bool)
+        or not isinstance(bytes_per_pack, int)
+        or bytes_per_pack < 0
+    ):
+        raise ValueError(
+            f"bytes_per_pack must be an integer >= 0 (0: TensorFlow's choice), got {bytes_per_pack!r}"
+        )
+    if communication is None and not bytes_per_pack:
+        return None
+    return tf.distribute.experimental.CommunicationOptions(
+        bytes_per_pack=bytes_per_pack or 0,
+        implementation=implementations[communication or "auto"],
+    )
+
+
 def _choose_strategy(
     spec: "cluster.ClusterSpec | None" = None,
     cross_device_ops: Any = None,
+    communication_options: Any = None,
 ) -> tuple[tf.distribute.Strategy, str]:
     tpu = _tpu_address()
     if tpu is not None:
@@ -336,9 +379,11 @@ def _choose_strategy(
             )
     if _trains_with_others(spec):
         if spec.source in ("tf_config", "launch"):
-            return _multi_worker_strategy(), f"{spec.num_workers} workers"
+            return _multi_worker_strategy(
+                communication_options=communication_options
+            ), f"{spec.num_workers} workers"
         return _multi_worker_strategy(
-            _cluster_tf.cluster_resolver(spec)
+            _cluster_tf.cluster_resolver(spec), communication_options
         ), f"{spec.num_workers} workers"
     if spec is not None and spec.task_type == "evaluator":
         logger.info(
@@ -362,7 +407,9 @@ def _choose_strategy(
     return tf.distribute.get_strategy(), "one device: no TPU, workers or several devices"
 
 
-def _multi_worker_strategy(cluster_resolver: Any = None) -> tf.distribute.Strategy:
+def _multi_worker_strategy(
+    cluster_resolver: Any = None, communication_options: Any = None
+) -> tf.distribute.Strategy:
     """MultiWorkerMirroredStrategy with one replica per logical CPU when there is no GPU."""
     cpu = tf.config.list_physical_devices("CPU")[0]
     cpu_count = len(tf.config.get_logical_device_configuration(cpu) or [None])
@@ -370,7 +417,9 @@ def _multi_worker_strategy(cluster_resolver: Any = None) -> tf.distribute.Strate
     if cpu_count > 1 and not tf.config.list_physical_devices("GPU"):
         hook = _collective_local_devices_hook()
     if hook is None:
-        return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=cluster_resolver)
+        return tf.distribute.MultiWorkerMirroredStrategy(
+            cluster_resolver=cluster_resolver, communication_options=communication_options
+        )
     extended, original = hook
 
     # TensorFlow gives a worker without accelerators a single CPU replica,
@@ -386,7 +435,9 @@ def _multi_worker_strategy(cluster_resolver: Any = None) -> tf.distribute.Strate
 
     extended._initialize_local_devices = _initialize_local_devices
     try:
-        return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=cluster_resolver)
+        return tf.distribute.MultiWorkerMirroredStrategy(
+            cluster_resolver=cluster_resolver, communication_options=communication_options
+        )
     finally:
         extended._initialize_local_devices = original
 
