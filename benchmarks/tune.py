@@ -98,11 +98,6 @@ def confirm(args):
     multiple = max(settings[which]["compile"]["steps_per_execution"] for which in settings)
     for which in settings:  # traces, and the first epoch's start
         models[which].fit(datasets[which], steps_per_epoch=multiple, epochs=1, verbose=0)
-    sizing_steps = multiple * max(4, -(-32 // multiple))
-    start_s = time.perf_counter()
-    models["start"].fit(datasets["start"], steps_per_epoch=sizing_steps, epochs=1, verbose=0)
-    step_s = (time.perf_counter() - start_s) / sizing_steps
-    steps = multiple * max(1, round(_EPOCH_S / step_s / multiple))
 
     class EpochEnds(keras.callbacks.Callback):
         def on_train_begin(self, logs=None):
@@ -110,6 +105,16 @@ def confirm(args):
 
         def on_epoch_end(self, epoch, logs=None):
             self.ends_s.append(time.perf_counter())
+
+    # The start's step, from the second epoch of a fit: the first holds the
+    # fit call's own cost, which would make the rounds too short.
+    sizing_steps = multiple * max(1, -(-64 // multiple))
+    ends = EpochEnds()
+    models["start"].fit(
+        datasets["start"], steps_per_epoch=sizing_steps, epochs=2, verbose=0, callbacks=[ends]
+    )
+    step_s = (ends.ends_s[1] - ends.ends_s[0]) / sizing_steps
+    steps = multiple * max(1, round(_EPOCH_S / step_s / multiple))
 
     rates = {which: [] for which in settings}
     for index in range(args.rounds):
@@ -202,6 +207,8 @@ def main(argv=None):
             f"(±{_half_range_share(best):.0%}), ratio {independent:.2f}x "
             f"over {len(start)} rounds of {_EPOCHS - 1} epochs of {rates['steps_per_epoch']} steps"
         )
+        timeline = {key: round(value) for key, value in record.get("timeline_s", {}).items()}
+        print(f"  tune's timeline (s): {json.dumps(timeline)}; notes: {record['notes']}")
         if changed:
             agreement = reported / independent
             print(

@@ -10,7 +10,7 @@ that applies it. It is the same as:
     keras-scaling bench --cpu-devices 4 --model mlp --per-replica-batch 128 \\
         --steps 50 --logdir logs/demo --overwrite
     keras-scaling tune --cpu-devices 2 --model mlp --per-replica-batch 128 \\
-        --budget 75 --logdir logs/demo/tune
+        --budget 90 --logdir logs/demo/tune
 """
 
 import sys
@@ -18,7 +18,7 @@ import sys
 from keras_scaling.cli import main
 
 # Small enough that the whole demo takes under 2 minutes on a laptop.
-_TUNE_BUDGET_S = "75"
+_TUNE_BUDGET_S = "90"
 
 if __name__ == "__main__":
     status = main(

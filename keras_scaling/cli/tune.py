@@ -43,11 +43,14 @@ Find the fastest settings for training a model on this machine's devices,
 by measurement, and write them where one line applies them.
 
 Starts from the model's settings (--steps-per-execution, the bench's thread
-pools on logical CPUs), splits the step with keras_scaling.explain and tries
-the remedy of what bounds it first. Each knob's value trains in alternating
-rounds with the incumbent (real model.fit calls, timed over their second
-epoch); a change is kept only when its median gain exceeds the rounds'
-noise. It stops when --budget seconds are spent.
+pools on logical CPUs), splits the step with keras_scaling.explain (when it
+fits in 30% of the budget) and tries the remedy of what bounds it
+first. Each knob's value trains in alternating rounds with the incumbent
+(real model.fit calls, timed over their epochs after the first); a change
+is kept only when its median gain exceeds the rounds' noise and 5%. At the
+end the best and the start run side by side, in budget kept back for it:
+unless that gain exceeds the noise too, the start is handed back. It stops
+when --budget seconds are spent.
 
 Knobs that keep the model's arithmetic, tried by default:
   steps_per_execution   the same weights, bitwise
@@ -55,9 +58,13 @@ Knobs that keep the model's arithmetic, tried by default:
                         rounding (not with several replicas on CPUs)
   cache                 the input pipeline's cache (--data pipelines; arrays
                         are in memory already)
+  private_threadpool_size
+                        tf.data's threads: a pool of the pipeline's own
+                        (map parallelism and prefetch are AUTOTUNE already)
   cross_device_ops      the all-reduce, on several devices of one machine:
                         each in a process of its own, in turns with the
-                        first's (30% of the budget; from --budget 60 on)
+                        first's (30% of the budget; from --budget 60 on);
+                        across workers nothing is measured
 Knobs that change training, tried only with --allow:
   batch                 the per-replica batch: scale the learning rate
   precision             mixed precision (GPUs and TPUs)
@@ -372,12 +379,15 @@ def _search_all_reduce(args, record, worker, values, started_at, ready_s, log_di
         f"{_candidates.default_all_reduce(device_kind)}; each other one ran in a process "
         "of its own, in turns with it"
     )
-    _, pair_s = worker.round(settings, steps)  # after the search, a warm-up
+    # The serving runner traces its train function again: its first round
+    # is a warm-up; the second gives the cost of a round.
+    worker.round(settings, steps)
+    _, pair_s = worker.round(settings, steps)
     pair_s *= 2
     first, first_best = worker, dict(best)
     # The start runs at 1/ratio of the best's speed in the final side by side.
     confirm_pair_s = pair_s / 2 * (1 + max(1.0, best["ratio_to_start"]))
-    confirm_reserve_s = _decision.MIN_ROUNDS * confirm_pair_s
+    confirm_reserve_s = 1.5 * _decision.MIN_ROUNDS * confirm_pair_s
     for value in values:
         left_s = args.budget - (time.time() - started_at)
         # Another process may start slower than the first; its tracing is

@@ -191,13 +191,16 @@ def tune(
     and tries the remedy first, then the other knobs. Each value runs in
     alternating rounds with the incumbent (real `model.fit` calls, timed over
     their epochs after the first); a change is kept only when its median gain exceeds
-    the rounds' noise and 5%. It stops when `budget_s` is spent.
+    the rounds' noise and 5%. It stops when `budget_s` is spent. The best
+    and the start then run side by side once more, in budget kept back for
+    it; unless that gain too exceeds the noise, the start is handed back.
 
     | knob | where | changes training |
     |---|---|---|
     | `steps_per_execution` | `compile_kwargs` | no: bitwise the same weights |
     | `jit_compile` (XLA) | `compile_kwargs` | no, but other kernels: the same mathematics up to float rounding |
     | `cache` | `data_kwargs` | no: the same batches in the same order |
+    | `private_threadpool_size` (tf.data's threads) | `data_kwargs` | no: the same batches in the same order |
     | `per_replica_batch_size` | `data_kwargs` | yes: only with `allow="batch"`; scale the learning rate |
 
     XLA is not tried with several replicas on CPUs (it cannot reach the
