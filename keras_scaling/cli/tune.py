@@ -32,6 +32,10 @@ QUIT = "quit"
 _WORKER_LOG = "tune_worker.log"
 # Share of the budget kept for the all-reduce, measured in processes of its own.
 _PROCESS_SHARE = 0.3
+# From this budget on, 40%: a candidate process's start, warm-up, rounds and
+# the final side by side across processes need about 70 s on 2 cores.
+_PROCESS_SHARE_LARGE = 0.4
+_LARGE_BUDGET_S = 120.0
 # The smallest budget that also measures the all-reduce.
 _ALL_REDUCE_MIN_BUDGET_S = 60.0
 # Seconds a worker gets to end after it is told to, and then to be killed.
@@ -63,7 +67,8 @@ Knobs that keep the model's arithmetic, tried by default:
                         (map parallelism and prefetch are AUTOTUNE already)
   cross_device_ops      the all-reduce, on several devices of one machine:
                         each in a process of its own, in turns with the
-                        first's (30% of the budget; from --budget 60 on);
+                        first's (30% of the budget, 40% from --budget
+                        120 on; from --budget 60 on);
                         across workers nothing is measured
 Knobs that change training, tried only with --allow:
   batch                 the per-replica batch: scale the learning rate
@@ -310,7 +315,8 @@ def run(args):
         reason = f"--budget {args.budget:g} leaves it no time; pass --budget 60 or more"
     # Kept back from the search in the first process: the all-reduce's share,
     # and the seconds its processes take to end.
-    reserve_s = (_PROCESS_SHARE * args.budget if values else 0.0) + _END_S
+    share = _PROCESS_SHARE_LARGE if args.budget >= _LARGE_BUDGET_S else _PROCESS_SHARE
+    reserve_s = (share * args.budget if values else 0.0) + _END_S
     extra = [f"--reserve={reserve_s}"] + (["--serve"] if values else [])
     worker = _Worker(args, log_dir, started_at, name=_WORKER_LOG, extra=extra)
     try:
