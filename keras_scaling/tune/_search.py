@@ -97,18 +97,19 @@ def trial_record(knob, value, *, comparison=None, decision=None, ratio_to_start=
     }
 
 
-def _compare(runner, incumbent, candidate, rounds, steps, clock, reserve_s=0.0):
+def _compare(runner, incumbent, candidate, rounds, steps, clock, reserve_s=0.0, min_rounds=1):
     """Rounds of the two in turns, the first of each pair alternating, while the budget lasts.
 
     Returns the `Comparison` of the rounds run (fewer than `rounds` when the
-    next pair would overrun the budget, or when the decision is already
-    clear) and the slowest pair's seconds.
+    next pair would overrun the budget, though never fewer than
+    `min_rounds`, or when the decision is already clear) and the slowest
+    pair's seconds.
     """
     incumbent_rates: list[float] = []
     candidate_rates: list[float] = []
     slowest_pair_s = 0.0
     for index in range(rounds):
-        if index and clock.left_s() - reserve_s < slowest_pair_s:
+        if index >= min_rounds and clock.left_s() - reserve_s < slowest_pair_s:
             break
         if incumbent_rates and _decision.is_clear(
             _decision.Comparison(tuple(incumbent_rates), tuple(candidate_rates))
@@ -305,7 +306,9 @@ def search(runner, start, *, budget_s, allowed, explain_fn, verbose):
         )
         confirmation = None
         if rounds:
-            confirmation, _ = _compare(runner, start, best, rounds, steps, clock)
+            confirmation, _ = _compare(
+                runner, start, best, rounds, steps, clock, min_rounds=_decision.MIN_ROUNDS
+            )
         if confirmation is not None and len(confirmation.ratios) >= _decision.MIN_ROUNDS:
             rounds = len(confirmation.ratios)
             start_samples_per_sec = confirmation.incumbent_median
