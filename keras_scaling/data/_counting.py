@@ -1,23 +1,19 @@
 """Counts the samples of a dataset whose length is not known, in one pass.
 
-Only the number of samples of each element is kept (a scalar per element,
-summed in chunks), so nothing but the reading and decoding upstream costs
-time. Before the count goes on, the time it will take is logged, measured on
-its first chunk; a progress bar shows the rest.
+Only each element's number of samples reaches Python, summed in chunks; the
+time left is logged once the first second is read, then a progress bar runs.
 """
 
 import logging
 import time
 
 import keras
-import numpy as np
 import tensorflow as tf
 
 logger = logging.getLogger("keras_scaling")
 
 # Elements whose counts are summed on the device before one reaches Python.
 COUNT_CHUNK_ELEMENTS = 1024
-# How long the first chunks are timed before the estimate is logged.
 ESTIMATE_AFTER_S = 1.0
 
 
@@ -34,10 +30,9 @@ def samples_in(element, batched):
 
 
 def estimated_seconds(elapsed_s, elements_read, elements_total):
-    """The time left to read `elements_total` at the pace of the first ones.
+    """The time left at the pace of the first elements, or None for an unknown total.
 
-    For example, 1024 of 10 240 elements read in 2 s leave about 18 s.
-    Returns None when the total is unknown (negative or None).
+    1024 of 10 240 elements read in 2 s leave 18 s.
     """
     if elements_total is None or elements_total < 0 or elements_read == 0:
         return None
@@ -45,17 +40,7 @@ def estimated_seconds(elapsed_s, elements_read, elements_total):
 
 
 def count_samples(dataset, *, batched, what="data"):
-    """Reads `dataset` once and returns its number of samples.
-
-    Args:
-        dataset: a finite `tf.data.Dataset`.
-        batched: whether each element is a batch (then its first dimension is
-            counted) or one sample.
-        what: how to name the data in the messages.
-
-    Returns:
-        int, the samples in one pass.
-    """
+    """Reads a finite `dataset` once; returns its samples (elements, or their first dimensions)."""
     elements_total = int(dataset.cardinality())
     counts = dataset.map(
         lambda *element: samples_in(element[0] if len(element) == 1 else element, batched),
@@ -65,23 +50,23 @@ def count_samples(dataset, *, batched, what="data"):
         lambda sizes: (tf.reduce_sum(sizes), tf.size(sizes, out_type=tf.int64))
     )
     total_target = elements_total if elements_total >= 0 else None
-    logger.info(
-        "Counting the samples of %s: its length is not known, so it is read once "
-        "(pass num_samples= to skip this); the expected time is logged after %.0f s.",
-        what,
-        ESTIMATE_AFTER_S,
-    )
     start = time.perf_counter()
     samples = elements = 0
     progress = None
-    announced = False
     for chunk_samples, chunk_elements in chunks.as_numpy_iterator():
         samples += int(chunk_samples)
         elements += int(chunk_elements)
         elapsed_s = time.perf_counter() - start
-        if not announced and elapsed_s >= ESTIMATE_AFTER_S:
-            announced = True
-            _announce(what, elapsed_s, elements, elements_total, samples)
+        if progress is None and elapsed_s >= ESTIMATE_AFTER_S:
+            left_s = estimated_seconds(elapsed_s, elements, elements_total)
+            left = "total unknown" if left_s is None else f"about {left_s:.0f} s more"
+            logger.warning(
+                "Counting the samples of %s by reading it once (its length is not known): %s at "
+                "%.0f samples/s. Pass num_samples= to skip this.",
+                what,
+                left,
+                samples / elapsed_s,
+            )
             progress = keras.utils.Progbar(total_target, unit_name="element")
         if progress is not None:
             progress.update(elements)
@@ -94,27 +79,4 @@ def count_samples(dataset, *, batched, what="data"):
         time.perf_counter() - start,
         samples,
     )
-    return int(np.int64(samples))
-
-
-def _announce(what, elapsed_s, elements, elements_total, samples):
-    left_s = estimated_seconds(elapsed_s, elements, elements_total)
-    pace = samples / elapsed_s
-    if left_s is None:
-        logger.warning(
-            "Counting the samples of %s by reading it once (its length is not "
-            "known): %d so far, %.0f samples/s, total unknown. Pass "
-            "num_samples= to skip this.",
-            what,
-            samples,
-            pace,
-        )
-    else:
-        logger.warning(
-            "Counting the samples of %s by reading it once (its length is not "
-            "known): about %.0f s more at %.0f samples/s. Pass num_samples= to "
-            "skip this.",
-            what,
-            left_s,
-            pace,
-        )
+    return samples

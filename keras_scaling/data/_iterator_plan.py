@@ -1,7 +1,7 @@
 """The global batch of the data `fit` trains on: given, planned, or static.
 
-Keras hands callbacks no handle on `fit`'s data; the iterator its train
-function is called with is the one way in.
+Keras hands callbacks no handle on `fit`'s data; the iterator its train function
+is called with is the one way in.
 """
 
 import logging
@@ -19,20 +19,11 @@ class GlobalBatchSizeUnknown(ValueError):
 
 
 def global_batch_size(given, iterator, element_spec, num_replicas):
-    """Samples per optimizer step over all replicas.
+    """Samples per optimizer step over all replicas, divisible by `num_replicas`.
 
-    `given` when not None (with a warning when the data's static batches
-    disagree), else the `keras_scaling.data` plan behind `iterator`, else
-    the static batch size of `element_spec` times `num_replicas`.
-
-    Args:
-        given: int or None, the user's `global_batch_size=`.
-        iterator: the iterator Keras' train function is called with.
-        element_spec: its element spec (one replica's batches).
-        num_replicas: int, replicas in sync.
-
-    Returns:
-        int, divisible by `num_replicas`.
+    `given` (the user's; a warning when the data's static batches disagree),
+    else the plan behind `iterator`, else one replica's static batch in
+    `element_spec` times `num_replicas`.
 
     Raises:
         GlobalBatchSizeUnknown: nothing tells the batch size.
@@ -42,8 +33,7 @@ def global_batch_size(given, iterator, element_spec, num_replicas):
     if given is not None:
         if per_replica is not None and per_replica * num_replicas != given:
             logger.warning(
-                "ThroughputLogger: global_batch_size=%d, but the data's batches "
-                "hold %d samples per replica x %d replicas = %d",
+                "ThroughputLogger: global_batch_size=%d, but the data's batches hold %d samples per replica x %d replicas = %d",
                 given,
                 per_replica,
                 num_replicas,
@@ -56,47 +46,29 @@ def global_batch_size(given, iterator, element_spec, num_replicas):
         size = per_replica * num_replicas
     if size is None:
         raise GlobalBatchSizeUnknown(
-            "ThroughputLogger cannot tell the global batch size: the training "
-            "data's batch dimension is not static (arrays or a dataset whose last "
-            f"batch is partial; element_spec: {element_spec}). Pass "
-            "ThroughputLogger(global_batch_size=<samples per step over all "
-            "replicas>), or batch with drop_remainder=True (as "
-            "keras_scaling.data.distribute does)."
+            f"ThroughputLogger cannot tell the global batch size: the training data's batch dimension is not static (element_spec: {element_spec}). Pass "
+            "ThroughputLogger(global_batch_size=<samples per step over all replicas>), or batch with drop_remainder=True (as keras_scaling.data.distribute does)."
         )
     size = _validation.positive_int(size, "global_batch_size")
     if size % num_replicas:
         raise ValueError(
-            f"global_batch_size={size} is not divisible by the {num_replicas} "
-            "replicas; pass the samples of one optimizer step over all replicas"
+            f"global_batch_size={size} is not divisible by the {num_replicas} replicas: pass the samples of one optimizer step over all replicas."
         )
     return size
 
 
 def static_batch_size(element_spec):
     """One replica's static batch size from an input spec, or None."""
-    if element_spec is None:
-        return None
-    sizes = set()
-    for spec in tf.nest.flatten(element_spec, expand_composites=True):
-        shape = getattr(spec, "shape", None)
-        if shape is not None and shape.rank:
-            sizes.add(shape[0])
-    if len(sizes) != 1:
-        return None
-    (size,) = sizes
-    return size
+    sizes = {
+        spec.shape[0]
+        for spec in tf.nest.flatten(element_spec, expand_composites=True)
+        if getattr(spec, "shape", None) is not None and spec.shape.rank
+    }
+    return sizes.pop() if len(sizes) == 1 else None
 
 
 def planned_global_batch_size(iterator):
-    """The global batch of the `keras_scaling.data` plan behind `iterator`, or None.
-
-    Args:
-        iterator: the iterator Keras' train function is called with.
-
-    Returns:
-        int, samples per optimizer step over all replicas, or None when no
-        dataset on the way was made by `keras_scaling.data.distribute`.
-    """
+    """The global batch of the `keras_scaling.data` plan behind `iterator`, or None."""
     from keras_scaling import data
 
     dataset = distributed_dataset(iterator)
@@ -105,23 +77,12 @@ def planned_global_batch_size(iterator):
 
 
 def distributed_dataset(iterator):
-    """The dataset `keras_scaling.data.distribute` made behind `iterator`, or None.
-
-    `fit` distributes the dataset it is given; the datasets TensorFlow derives
-    from it keep it as an input, so it is found up that chain.
-
-    Args:
-        iterator: the iterator Keras' train function is called with.
-    """
+    """The dataset `keras_scaling.data.distribute` made behind `iterator`, or None."""
     return distribute_dataset_behind(_tf_data.dataset_of_iterator(iterator))
 
 
 def distribute_dataset_behind(dataset):
-    """The dataset `keras_scaling.data.distribute` made, `dataset` or one it was made from, or None.
-
-    Args:
-        dataset: a `tf.data.Dataset`, or any object (then None).
-    """
+    """The dataset of `distribute` among `dataset` and those it was made from, or None."""
     from keras_scaling import data
 
     pending = [dataset]

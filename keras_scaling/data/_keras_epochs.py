@@ -1,21 +1,10 @@
 """Keras' epochs number the passes of `distribute` datasets, not the reads.
 
-Every worker must read epoch `e` of `fit` in the same order, and an order
-counted by the passes a process read would shift on the worker that looked
-at a batch before training. Every `fit`, `evaluate` and `predict` makes an
-`EpochIterator`, which makes a data adapter for the data and calls its
-`on_epoch_begin` each time it starts going through the data, before the
-first batch is read. For a dataset of `distribute` (or one made from it)
-the replacement of `EpochIterator.__init__` gives Keras' adapter an
-`on_epoch_begin` that first numbers the pass (`PassCounter.begin_keras_epoch`),
-and asks Keras for no shuffle of its own when the plan shuffles: Keras
-cannot shuffle a dataset and would only warn that `fit(shuffle=True)` is
-ignored. Other data goes to Keras untouched, and Keras' warnings keep their
-place (the `__init__` that calls `get_data_adapter` is still Keras' own).
-
-`EpochIterator` is private to Keras; when it is not of the shape this module
-knows (or `KERAS_SCALING_NO_COMPAT=1` keeps Keras untouched), passes are
-numbered by the reads, and `distribute` says so with several workers.
+An order counted by reads would shift on the worker that looked at a batch
+before training. Keras' `EpochIterator` calls its data adapter's
+`on_epoch_begin` before each pass; for a dataset of `distribute`, that first
+numbers the pass, and Keras is asked for no shuffle of its own (it cannot
+shuffle a dataset, and would only warn that `fit(shuffle=True)` is ignored).
 """
 
 import functools
@@ -34,23 +23,11 @@ _installed = False
 
 @_probes.guarded(
     "keras.epoch_iterator_passes",
-    reaches=(
-        f"{_EPOCH_ITERATOR_MODULE}.EpochIterator (its data adapter and the "
-        "adapter's on_epoch_begin)"
-    ),
-    lost=(
-        "the passes of keras_scaling.data.distribute datasets are numbered by "
-        "the reads of each process, not by Keras' epochs: a batch read outside "
-        "fit on one worker shifts that worker's order against the others', and "
-        "fit(shuffle=True) warns that it is ignored"
-    ),
-    workaround=(
-        "Read the dataset only through fit, evaluate and predict, the same on "
-        "every worker (look at batches of a second distribute() call)."
-    ),
+    reaches=f"{_EPOCH_ITERATOR_MODULE}.EpochIterator (its data adapter's on_epoch_begin)",
+    lost="the passes of keras_scaling.data.distribute datasets are numbered by each process's reads, not by Keras' epochs: a batch read outside fit on one worker shifts its order against the others', and fit(shuffle=True) warns that it is ignored",
+    workaround="Read the dataset only through fit, evaluate and predict, the same on every worker (look at batches of a second distribute() call).",
 )
 def _epoch_iterator_class():
-    """Keras' `EpochIterator`, once its shape is checked, or None."""
     epoch_iterator = importlib.import_module(_EPOCH_ITERATOR_MODULE).EpochIterator
     parameters = inspect.signature(epoch_iterator.__dict__["__init__"]).parameters
     if "x" not in parameters or "shuffle" not in parameters:
@@ -71,11 +48,9 @@ def _epoch_iterator_class():
 
 
 def install() -> bool:
-    """Makes Keras' epochs number the passes of `distribute` datasets (once per process).
+    """Makes Keras' epochs number the passes of `distribute` datasets; whether they do.
 
-    Returns:
-        bool, whether they do: False when Keras' adapter cannot be reached
-        (its probe warned) or `KERAS_SCALING_NO_COMPAT=1` keeps Keras untouched.
+    False when the probe of `EpochIterator` warned, or `KERAS_SCALING_NO_COMPAT=1`.
     """
     global _installed
     from keras_scaling import compat
@@ -94,7 +69,6 @@ def install() -> bool:
 
 
 def _numbering_passes(original):
-    """An `EpochIterator.__init__` whose adapters of `distribute` datasets number their passes."""
     signature = inspect.signature(original)
 
     @functools.wraps(original)

@@ -1,22 +1,8 @@
-"""The pass index of a `distribute` pipeline: which order each pass reads.
+"""The pass index of a `distribute` pipeline, of which each pass's shuffle order is a function.
 
-Each pass's shuffle order is a function of the seed and the pass's index
-alone. Where the index comes from:
-
-- Keras numbers the passes: each time it starts an epoch over the data
-  (`fit`'s epochs, the batch `fit` reads first to build the model under a
-  strategy, each `evaluate` and `predict`), its data adapter says so
-  (`_keras_epochs`) and that pass takes the next number of Keras' epochs,
-  counted from 0 in each process. A read outside Keras (`next(iter(dataset))`
-  to look at a batch) takes no number from that count, so every worker reads
-  Keras' epoch `e` in the same order whatever it read besides.
-- Until Keras has started an epoch (a loop of your own over the dataset, or
-  a Keras whose adapter cannot be reached), a pass takes the next index from
-  a counter when its first element is read.
-
-An iterator that is created and dropped unread (Keras makes one at each
-epoch's end) takes no index, and a resume sets the index the next pass reads
-(`set_next_pass`), so the saved epoch gets its order again.
+Keras' epochs number the passes (`_keras_epochs`), so a read outside Keras takes
+no number; until Keras starts one, a pass takes the next index when its first
+element is read. A resume sets the next index (`set_next_pass`).
 """
 
 import threading
@@ -27,16 +13,11 @@ _COUNTER_ATTRIBUTE = "_keras_scaling_pass_counter"
 
 
 class PassCounter:
-    """Numbers the passes read over one pipeline; the next number can be set.
-
-    The counter is a variable on this host's CPU, created on a thread of its
-    own: a strategy's scope (which would mirror it over the replicas) and a
-    device scope are per thread. A pass reads it when its first element is
-    read (`take`); when Keras starts an epoch (`begin_keras_epoch`) it is set
-    to that epoch's number first.
-    """
+    """Numbers the passes read over one pipeline; the next number can be set."""
 
     def __init__(self) -> None:
+        # On a thread of its own: a strategy's scope (which would mirror the
+        # variable over the replicas) and a device scope are per thread.
         created: list[tf.Variable] = []
 
         def create() -> None:
@@ -53,7 +34,7 @@ class PassCounter:
         self._keras_next_pass = 0
 
     def take(self) -> tf.Tensor:
-        """The index of the pass starting now; the counter moves on (in the pipeline's graph)."""
+        """The index of the pass starting now (in the pipeline's graph)."""
         return self._next_pass.assign_add(1) - 1
 
     def begin_keras_epoch(self) -> None:
@@ -80,10 +61,7 @@ class PassCounter:
             return int(self._next_pass.numpy()) - 1
 
     def set_next_pass(self, index: int) -> None:
-        """Makes the next pass to be read (the epoch about to start reading) read pass `index`.
-
-        Later passes follow: `index + 1`, then `index + 2`, ...
-        """
+        """Makes the next pass read pass `index`'s order; later ones follow `index + 1`, ..."""
         index = int(index)
         with self._lock:
             if self._keras_pass is not None:
@@ -103,12 +81,10 @@ def each_pass(counter: PassCounter, build_pass) -> tf.data.Dataset:
 
 
 def attach(dataset: tf.data.Dataset, counter: PassCounter) -> None:
-    """Records `counter` as the pass counter of `dataset`."""
     setattr(dataset, _COUNTER_ATTRIBUTE, counter)
 
 
 def counter_of(dataset) -> PassCounter | None:
-    """The pass counter of a dataset `distribute` returned, else None."""
     return getattr(dataset, _COUNTER_ATTRIBUTE, None)
 
 

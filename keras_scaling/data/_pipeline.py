@@ -4,35 +4,24 @@ import tensorflow as tf
 
 from keras_scaling.data import _passes, _py_dataset, _sources
 
-# Datasets and records are shuffled through a buffer of at most this many
-# elements (arrays get a full permutation of their row indices instead): a
-# buffer holding every record of a large data set would not fit in memory.
+# A buffer of every record of a large data set would not fit in memory
+# (arrays get a full permutation of their row indices instead).
 SHUFFLE_BUFFER_ELEMENTS = 10_000
 
 
 def build(
     source,
-    *,
     plan,
     schedule,
     file_assignment,
     parse_fn,
     cache,
-    counter,
     prefetch_batches=None,
     private_threadpool_size=None,
     max_intra_op_parallelism=None,
 ):
-    """Returns the batched, prefetched dataset for this worker.
-
-    `prefetch_batches` (None: AUTOTUNE) and the threading options change
-    only how fast batches come.
-
-    With shuffling, each pass (epoch) takes its number from `counter` (a
-    `PassCounter`) when its first element is read, and its order depends on
-    the seed and that number only. Only the shuffle is built again for each
-    pass; what follows it is built once.
-    """
+    """The batched, prefetched dataset of this worker, with a pass counter of its own."""
+    counter = _passes.PassCounter()
     if isinstance(source, _sources.ArraySource) and parse_fn is None:
         dataset = _batched_array_rows(source, plan, schedule, counter)
     else:
@@ -51,12 +40,13 @@ def build(
     if max_intra_op_parallelism is not None:
         options.threading.max_intra_op_parallelism = max_intra_op_parallelism
     buffer_size = tf.data.AUTOTUNE if prefetch_batches is None else prefetch_batches
-    return dataset.with_options(options).prefetch(buffer_size)
+    dataset = dataset.with_options(options).prefetch(buffer_size)
+    _passes.attach(dataset, counter)
+    return dataset
 
 
 def _batches_per_worker(plan, schedule):
-    if plan.last_batch == "partial":
-        return schedule.steps_per_epoch
+    # "partial" runs on one worker only.
     return schedule.steps_per_epoch // plan.num_workers
 
 
@@ -67,9 +57,8 @@ def _drop_remainder(plan):
 def _shuffle(dataset, plan, buffer_size, pass_index):
     """`dataset` in the order of pass `pass_index`, whatever TensorFlow's global seed.
 
-    The graph's seed (`tf.random.set_seed`) is set aside while the shuffle is
-    made: the order is the plan's seed's alone, and TensorFlow's check of a
-    global seed of 0 against the op's seed would read this tensor as a bool.
+    The graph's seed is set aside: TensorFlow's check of a global seed of 0
+    against the op's seed would read this tensor as a bool.
     """
     seed = _passes.pass_seed(plan.seed, pass_index)
     graph = tf.compat.v1.get_default_graph()
@@ -81,35 +70,25 @@ def _shuffle(dataset, plan, buffer_size, pass_index):
 
 
 def _shuffled_in_each_pass(dataset, plan, buffer_size, counter):
-    """`dataset` shuffled anew in each pass, in the order of the pass's number."""
     return _passes.each_pass(
         counter, lambda pass_index: _shuffle(dataset, plan, buffer_size, pass_index)
     )
 
 
 def _batched_array_rows(source, plan, schedule, counter):
-    """Shuffles, shards and pads row indices, then gathers whole batches.
-
-    Index `-1` marks a padding row: it gathers row 0 and gets weight 0.
-    """
+    """Shuffles, shards and pads row indices (-1: a padding row), then gathers whole batches."""
     positions = tf.data.Dataset.range(source.num_examples)
     if plan.shuffle:
         positions = _shuffled_in_each_pass(positions, plan, source.num_examples, counter)
     if plan.num_workers > 1:
         positions = positions.shard(plan.num_workers, plan.worker_index)
-    positions = _keep_or_pad(
-        positions,
-        schedule,
-        plan,
-        padding=tf.data.Dataset.from_tensors(tf.constant(-1, tf.int64)),
-    )
+    padding = tf.data.Dataset.from_tensors(tf.constant(-1, tf.int64))
+    positions = _keep_or_pad(positions, schedule, plan, padding)
     positions = positions.batch(plan.global_batch_size, drop_remainder=_drop_remainder(plan))
-    arrays = source.arrays
-    padded = plan.last_batch == "pad"
 
     def gather(indices):
-        rows = tf.nest.map_structure(lambda array: tf.gather(array, tf.maximum(indices, 0)), arrays)
-        if not padded:
+        rows = tf.nest.map_structure(lambda a: tf.gather(a, tf.maximum(indices, 0)), source.arrays)
+        if plan.last_batch != "pad":
             return rows
         return _with_padding_weights(rows, tf.cast(indices >= 0, tf.float32))
 
@@ -119,9 +98,8 @@ def _batched_array_rows(source, plan, schedule, counter):
 def _keep_or_pad(stream, schedule, plan, padding, read_to_end=False):
     """Cuts the stream to this worker's real samples, then appends padding.
 
-    With `read_to_end`, the samples dropped are still read (and skipped), so
-    that the source reaches its end every epoch: a `PyDataset` calls
-    `on_epoch_end` there.
+    `read_to_end` reads (and skips) the samples dropped: a `PyDataset` calls
+    `on_epoch_end` at its end.
     """
     if plan.last_batch == "drop":
         kept = schedule.examples_per_worker[plan.worker_index]
@@ -137,50 +115,34 @@ def _keep_or_pad(stream, schedule, plan, padding, read_to_end=False):
 
 
 def _batched_elements(source, plan, schedule, file_assignment, parse_fn, cache, counter):
-    """Shards and shuffles raw elements, then parses only this worker's share."""
+    """Shards and shuffles raw elements, then parses this worker's share only."""
     load = _loader(source, parse_fn)
-    element_sharded = plan.shard_mode == "element"
     raw_of_pass, raw_size = _raw_elements(source, plan, file_assignment)
     buffer_size = min(raw_size, SHUFFLE_BUFFER_ELEMENTS)
-    if cache:
-        # A cache replays its first pass, so the split between workers is
-        # fixed here (the files in the order of pass 0) and each worker
-        # shuffles its own share after the cache, anew in each pass.
+    if plan.shuffle and not cache:
+        # The same order of the whole data on every worker, each keeping its positions.
+        stream = _passes.each_pass(
+            counter, lambda index: _shuffle(raw_of_pass(index), plan, buffer_size, index)
+        )
+    else:
         stream = raw_of_pass(None)
-        if element_sharded:
-            stream = stream.shard(plan.num_workers, plan.worker_index)
-        stream = stream.map(load, num_parallel_calls=tf.data.AUTOTUNE)
+    if plan.shard_mode == "element":
+        stream = stream.shard(plan.num_workers, plan.worker_index)
+    stream = stream.map(load, num_parallel_calls=tf.data.AUTOTUNE)
+    if cache:
+        # A cache replays its first pass: the split is fixed (pass 0's order),
+        # and each worker shuffles its own share after it.
         stream = stream.cache() if cache is True else stream.cache(str(cache))
         if plan.shuffle:
             stream = _shuffled_in_each_pass(stream, plan, buffer_size, counter)
-    else:
-        # Every worker draws the same order of the whole data and keeps its
-        # own positions, so together they read each sample once per epoch.
-        if not plan.shuffle:
-            stream = raw_of_pass(None)
-        else:
-
-            def raw_in_order_of_pass(pass_index):
-                return _shuffle(raw_of_pass(pass_index), plan, buffer_size, pass_index)
-
-            stream = _passes.each_pass(counter, raw_in_order_of_pass)
-        if element_sharded:
-            stream = stream.shard(plan.num_workers, plan.worker_index)
-        stream = stream.map(load, num_parallel_calls=tf.data.AUTOTUNE)
-    padded = plan.last_batch == "pad"
-    padding = None
+    padded, padding = plan.last_batch == "pad", None
     if padded:
         stream = stream.map(lambda *element: (_unpack(element), 1.0))
         padding = _first_sample(source, raw_of_pass, load).map(
             lambda *element: (_unpack(element), 0.0)
         )
-    stream = _keep_or_pad(
-        stream,
-        schedule,
-        plan,
-        padding,
-        read_to_end=isinstance(source, _py_dataset.PyDatasetSource),
-    )
+    read_to_end = isinstance(source, _py_dataset.PyDatasetSource)
+    stream = _keep_or_pad(stream, schedule, plan, padding, read_to_end=read_to_end)
     stream = stream.batch(plan.global_batch_size, drop_remainder=_drop_remainder(plan))
     if padded:
         stream = stream.map(_with_padding_weights)
@@ -200,13 +162,8 @@ def _unpack(element):
 
 
 def _raw_elements(source, plan, file_assignment):
-    """The unparsed elements this worker reads, and how many there are.
-
-    Returns `(elements_of_pass, count)`: `elements_of_pass(pass_index)` is
-    the dataset of the elements in pass `pass_index` (a tensor; None for the
-    order of pass 0 built outside any pass). What does not depend on the
-    pass is built here, once.
-    """
+    """`(elements_of_pass, count)`: the unparsed elements this worker reads in pass
+    `pass_index` (a tensor; None for pass 0's order outside any pass), and their count."""
     if isinstance(source, _sources.ArraySource):
         arrays = source.arrays
         positions = tf.data.Dataset.range(source.num_examples)
@@ -217,11 +174,9 @@ def _raw_elements(source, plan, file_assignment):
     if isinstance(source, _sources.DatasetSource):
         return _same_in_every_pass(source.dataset), source.num_examples
     if isinstance(source, _py_dataset.PyDatasetSource):
-        items = (
-            file_assignment[plan.worker_index]
-            if plan.shard_mode == "item"
-            else range(source.num_files)
-        )
+        items = range(source.num_files)
+        if plan.shard_mode == "item":
+            items = file_assignment[plan.worker_index]
 
         def samples_of_pass(pass_index):
             return _py_dataset.sample_stream(
@@ -268,22 +223,15 @@ def _same_in_every_pass(dataset):
 
 
 def _in_path_order(source):
-    """A directory utility's few files (fewer than workers), sorted by path.
-
-    Element sharding keeps positions of one order that every worker must
-    share; a utility without a `seed` lists the files in a random order.
-    """
-    elements = list(source.files.as_numpy_iterator())
-    if not isinstance(elements[0], tuple):
-        return tf.data.Dataset.from_tensor_slices(
-            tf.constant(sorted(elements), source.files.element_spec.dtype)
-        )
-    elements.sort(key=lambda element: element[0])
-    columns = [
-        tf.constant(list(column), spec.dtype)
-        for column, spec in zip(zip(*elements), source.files.element_spec)
-    ]
-    return tf.data.Dataset.from_tensor_slices(tuple(columns))
+    """A directory utility's files sorted by path: element sharding needs one order on
+    every worker, and a utility without a `seed` lists them in a random order."""
+    elements = sorted(source.files.as_numpy_iterator(), key=lambda e: tf.nest.flatten(e)[0])
+    columns = tf.nest.map_structure(
+        lambda spec, *column: tf.constant(list(column), spec.dtype),
+        source.files.element_spec,
+        *elements,
+    )
+    return tf.data.Dataset.from_tensor_slices(columns)
 
 
 def _select(elements, positions, num_elements):
@@ -293,14 +241,12 @@ def _select(elements, positions, num_elements):
         tf.ones([len(positions)], tf.bool),
         [num_elements],
     )
-    chosen = elements.enumerate().filter(lambda position, _: keep[position])
-    chosen = chosen.map(lambda _, element: element)
+    chosen = elements.enumerate().filter(lambda position, _: keep[position]).map(lambda _, e: e)
     return chosen.apply(tf.data.experimental.assert_cardinality(len(positions))), len(positions)
 
 
 def _loader(source, parse_fn):
-    """The function from one raw element to a sample: the source's own
-    decoders (a directory utility's file loading), then `parse_fn`."""
+    """One raw element to a sample: the source's decoders (a directory utility's), then `parse_fn`."""
     decoders = getattr(source, "decoders", ())
 
     def load(*element):
@@ -314,12 +260,7 @@ def _loader(source, parse_fn):
 
 
 def _with_padding_weights(element, weights):
-    """Adds the 0/1 padding weights as `sample_weight`, merging with any given.
-
-    `(x, y)` becomes `(x, y, weights)`; in `(x, y, sample_weight)` the given
-    weights are multiplied by them; data without targets (`x` alone) is
-    returned unchanged, as there is no loss to weight.
-    """
+    """The 0/1 padding weights as `sample_weight`, times any given; `x` alone has no loss to weight."""
     if not isinstance(element, tuple) or len(element) < 2:
         return element
     if len(element) == 2:

@@ -1,12 +1,5 @@
-"""Reads a `keras.utils.PyDataset` as a stream of samples for one worker.
-
-Each item of a `PyDataset` is a batch. Items are split between workers by
-index, read with the dataset's own `workers`, `use_multiprocessing` and
-`max_queue_size` (as Keras reads them in `fit`), checked against the first
-item, and unbatched so that `distribute` can re-batch them to the global
-batch. `on_epoch_begin` and `on_epoch_end` are called around every pass, as
-Keras calls them.
-"""
+"""Reads a `keras.utils.PyDataset` (each item a batch) as one worker's stream of samples,
+with the dataset's own `workers`, `use_multiprocessing` and `max_queue_size`, as `fit` does."""
 
 import collections
 import concurrent.futures
@@ -21,17 +14,8 @@ import tensorflow as tf
 
 @dataclasses.dataclass
 class PyDatasetSource:
-    """A `keras.utils.PyDataset`, whose items are batches.
-
-    Args:
-        py_dataset: the `PyDataset`.
-        item_sizes: samples in each item (all the first item's batch size
-            except, possibly, the last).
-        signature: the `tf.TensorSpec` structure of one item, with an unknown
-            batch dimension.
-        first_sample: the first sample of item 0 (NumPy), used as padding.
-        first_item_text: item 0's structure and shapes, for messages.
-    """
+    """A `PyDataset`: samples per item, one item's `tf.TensorSpec` structure (batch
+    dimension unknown), item 0's first sample (the padding) and its shapes in words."""
 
     py_dataset: object
     item_sizes: tuple
@@ -42,27 +26,15 @@ class PyDatasetSource:
     unit = "items"
     default_shuffle = False
 
-    @property
-    def batch_size(self):
-        return self.item_sizes[0]
-
-    @property
-    def num_examples(self):
-        return sum(self.item_sizes)
-
-    @property
-    def num_files(self):
-        return len(self.item_sizes)
-
-    @property
-    def file_sizes(self):
-        return self.item_sizes
+    batch_size = property(lambda self: self.item_sizes[0])
+    num_examples = property(lambda self: sum(self.item_sizes))
+    num_files = property(lambda self: len(self.item_sizes))
+    file_sizes = property(lambda self: self.item_sizes)
 
     @property
     def notes(self):
-        count = len(self.item_sizes)
         return (
-            f"{self.num_examples} samples from len() = {count} items of "
+            f"{self.num_examples} samples from len() = {len(self.item_sizes)} items of "
             f"{self.batch_size}, the last with {self.item_sizes[-1]}",
         )
 
@@ -72,7 +44,6 @@ def is_py_dataset(data):
 
 
 def _as_fit_layout(item):
-    """An item as a tuple `(x,)`, `(x, y)` or `(x, y, sample_weight)`."""
     if isinstance(item, tuple):
         items = list(item)
         while items and items[-1] is None:
@@ -82,12 +53,8 @@ def _as_fit_layout(item):
 
 
 def _describe(item):
-    names = ("x", "y", "sample_weight")
-    parts = []
-    for name, part in zip(names, item):
-        shapes = tf.nest.map_structure(lambda leaf: tuple(np.shape(leaf)), part)
-        parts.append(f"{name}: {shapes}")
-    return "(" + ", ".join(parts) + ")"
+    shapes = [tf.nest.map_structure(lambda leaf: tuple(np.shape(leaf)), part) for part in item]
+    return "(" + ", ".join(f"{n}: {s}" for n, s in zip(("x", "y", "sample_weight"), shapes)) + ")"
 
 
 def _signature(item, index):
@@ -95,9 +62,7 @@ def _signature(item, index):
         tensor = tf.convert_to_tensor(leaf)
         if tensor.shape.rank == 0:
             raise ValueError(
-                f"PyDataset item {index} holds a scalar ({_describe(item)}): each "
-                "item must be a batch, whose arrays have a first dimension that "
-                "counts its samples."
+                f"PyDataset item {index} holds a scalar ({_describe(item)}): each item must be a batch, whose arrays have a first dimension of samples."
             )
         return tf.TensorSpec([None] + tensor.shape.as_list()[1:], tensor.dtype)
 
@@ -109,13 +74,8 @@ def _batch_size_of(item):
 
 
 def check_item(item, index, signature, expected_size, first_item_text):
-    """Returns `item` in fit layout if it matches the signature, else raises.
-
-    Raises:
-        ValueError: its structure, or a shape other than the batch
-            dimension, differs from item 0's, or it has not
-            `expected_size` samples.
-    """
+    """`item` as `(x, y, ...)`; ValueError unless it has item 0's structure and sample
+    shapes, and `expected_size` samples."""
     item = _as_fit_layout(item)
     mismatch = None
     try:
@@ -136,30 +96,20 @@ def check_item(item, index, signature, expected_size, first_item_text):
                 break
     if mismatch is not None:
         raise ValueError(
-            f"PyDataset item {index} does not match item 0: {mismatch}. Item 0 is "
-            f"{first_item_text} and item {index} is {_describe(item)}. Every item "
-            "must have item 0's structure and sample shapes, and every item but "
-            "the last its number of samples."
+            f"PyDataset item {index} does not match item 0: {mismatch}. Item 0 is {first_item_text} and item {index} is {_describe(item)}. Every item must have item 0's structure and sample shapes, and every item but the last its number of samples."
         )
     return item
 
 
 def inspect_py_dataset(py_dataset, num_samples=None):
-    """Reads items 0 and `len - 1` to describe a `PyDataset`; returns a source.
-
-    The number of samples is `(len - 1) * batch + last`, where `batch` is item
-    0's size and `last` the last item's real size: two items are read, no more.
-    """
+    """A `PyDatasetSource` from items 0 and `len - 1` alone: `(len - 1) * batch + last` samples."""
     try:
         num_items = py_dataset.num_batches
     except NotImplementedError:
         num_items = None
     if num_items is None:
         raise ValueError(
-            "data is a PyDataset without a length (num_batches is None: an "
-            "infinite PyDataset). distribute() needs the number of items to "
-            "split them between workers and give every worker the same steps: "
-            "implement __len__ (or num_batches)."
+            "data is a PyDataset without a length (num_batches is None), but distribute() needs the number of items to give every worker the same steps: implement __len__ (or num_batches)."
         )
     num_items = int(num_items)
     if num_items == 0:
@@ -178,10 +128,7 @@ def inspect_py_dataset(py_dataset, num_samples=None):
     total = sum(item_sizes)
     if num_samples is not None and num_samples != total:
         raise ValueError(
-            f"num_samples={num_samples} contradicts the PyDataset: {num_items} "
-            f"items of {batch_size} samples, the last with {last_size}, hold "
-            f"{total}. Leave num_samples out; it is counted from len() and the "
-            "last item."
+            f"num_samples={num_samples} contradicts the PyDataset: {num_items} items of {batch_size} samples, the last with {last_size}, hold {total}. Leave num_samples out; it is counted from len() and the last item."
         )
     first_sample = tf.nest.map_structure(lambda leaf: np.asarray(leaf)[0], first)
     return PyDatasetSource(
@@ -194,16 +141,10 @@ def inspect_py_dataset(py_dataset, num_samples=None):
 
 
 def sample_stream(source, item_indices, *, shuffle, seed, pass_index):
-    """The samples of the given items in pass `pass_index` (a tensor) of the pipeline.
+    """The samples of the given items in pass `pass_index` (a tensor), shuffled by `seed` and it.
 
-    Items are read in the given order, or, with `shuffle`, in the order of
-    that pass, drawn from `seed` and `pass_index`. `on_epoch_begin` is
-    called when a pass starts and `on_epoch_end` when a pass has read every
-    item, so they come in pairs, once per epoch: a pass given up early (a
-    first batch peeked at to build the model) does not end the epoch, and
-    the next pass does not begin another. The pipeline reads ahead (a few global
-    batches, in buffers): a pass given up early on a smaller dataset may have
-    read every item, and then ends its epoch.
+    `on_epoch_begin` and `on_epoch_end` come in pairs: a pass given up early (the
+    batch `fit` reads to build the model) ends no epoch, and the next begins none.
     """
     item_indices = list(item_indices)
     in_epoch = [False]
@@ -218,13 +159,8 @@ def sample_stream(source, item_indices, *, shuffle, seed, pass_index):
             in_epoch[0] = True
             py_dataset.on_epoch_begin()
         for index, item in _read_items(py_dataset, order):
-            yield check_item(
-                item,
-                index,
-                source.signature,
-                source.item_sizes[index],
-                source.first_item_text,
-            )
+            size = source.item_sizes[index]
+            yield check_item(item, index, source.signature, size, source.first_item_text)
         in_epoch[0] = False
         py_dataset.on_epoch_end()
 
@@ -248,7 +184,7 @@ def _shared_item(index):
 
 
 def _read_items(py_dataset, order):
-    """Yields `(index, item)` in `order`, read ahead by the dataset's workers."""
+    """`(index, item)` in `order`, read ahead by the dataset's workers."""
     workers = max(int(getattr(py_dataset, "workers", 1) or 1), 1)
     use_multiprocessing = bool(getattr(py_dataset, "use_multiprocessing", False))
     queue_size = max(int(getattr(py_dataset, "max_queue_size", 10) or 10), 1)
@@ -264,17 +200,15 @@ def _read_items(py_dataset, order):
     else:
         pool = concurrent.futures.ThreadPoolExecutor(workers)
         read = py_dataset.__getitem__
-    pending: collections.deque = collections.deque()
     remaining = iter(order)
     try:
-        for index in itertools.islice(remaining, queue_size):
-            pending.append((index, pool.submit(read, index)))
+        pending = collections.deque(
+            (index, pool.submit(read, index)) for index in itertools.islice(remaining, queue_size)
+        )
         while pending:
             index, future = pending.popleft()
-            item = future.result()
-            following = next(remaining, None)
-            if following is not None:
+            for following in itertools.islice(remaining, 1):
                 pending.append((following, pool.submit(read, following)))
-            yield index, item
+            yield index, future.result()
     finally:
         pool.shutdown(wait=False, cancel_futures=True)

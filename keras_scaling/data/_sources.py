@@ -1,9 +1,4 @@
-"""Recognises what `distribute` was given and checks it.
-
-Arrays, a dataset (batched or not, of known or counted length), a dataset of
-Keras' directory utilities, a `keras.utils.PyDataset`, a generator function,
-or TFRecord files.
-"""
+"""Recognises and checks what `distribute` was given, and counts its samples."""
 
 import dataclasses
 import inspect
@@ -33,15 +28,7 @@ class ArraySource:
 
 @dataclasses.dataclass
 class DatasetSource:
-    """A `tf.data.Dataset` of samples (unbatched here if it came batched).
-
-    Args:
-        dataset: the dataset of samples.
-        num_examples: its number of samples.
-        batch_size: the batch it came in, or None if it came unbatched.
-        kind: what the user passed, in words, for the plan.
-        notes: how the batch and the count were found, for the plan.
-    """
+    """A `tf.data.Dataset` of samples; `batch_size` is the batch it came in, if any."""
 
     dataset: tf.data.Dataset
     num_examples: int
@@ -54,17 +41,8 @@ class DatasetSource:
 
 @dataclasses.dataclass
 class DirectorySource:
-    """A batched dataset of files (as Keras' directory utilities build), read
-    file by file.
-
-    Args:
-        files: the undecoded elements (path, or path and label), one per file.
-        decoders: the utility's `.map()` functions that decode them, in order.
-        paths: the file paths, in the order of `files`.
-        batch_size: the utility's batch size.
-        shuffled: whether the utility shuffled the files itself.
-        notes: for the plan.
-    """
+    """A batched dataset of files (Keras' directory utilities): `files` holds the undecoded
+    elements (path, or path and label) that `decoders` (the utility's maps) decode."""
 
     files: tf.data.Dataset
     decoders: tuple
@@ -75,28 +53,15 @@ class DirectorySource:
     kind = "dataset of files (from_tensor_slices(paths), .map(), .batch())"
     unit = "files"
 
-    @property
-    def num_examples(self):
-        return len(self.paths)
-
-    @property
-    def num_files(self):
-        return len(self.paths)
-
-    @property
-    def file_sizes(self):
-        return (1,) * len(self.paths)
-
-    @property
-    def default_shuffle(self):
-        return self.shuffled
+    num_examples = num_files = property(lambda self: len(self.paths))
+    file_sizes = property(lambda self: (1,) * len(self.paths))
+    default_shuffle = property(lambda self: self.shuffled)
 
     def positions_of(self, file_indices):
-        """The dataset positions of files numbered in sorted path order.
+        """The dataset positions of files numbered in path order.
 
-        Without a `seed`, each process of a Keras directory utility lists
-        the files in its own random order, so files are numbered by path:
-        every worker then agrees which files are whose.
+        Without a `seed`, a directory utility lists the files in a random order of
+        each process; numbered by path, every worker agrees which files are whose.
         """
         by_path = sorted(range(len(self.paths)), key=lambda index: self.paths[index])
         return sorted(by_path[index] for index in file_indices)
@@ -115,69 +80,50 @@ class FileSource:
     unit = "files"
     default_shuffle = True
 
-    @property
-    def num_files(self):
-        return len(self.paths)
+    num_files = property(lambda self: len(self.paths))
 
 
 def _is_path(value):
     return isinstance(value, (str, bytes, os.PathLike))
 
 
-def _is_file_list(data):
-    if _is_path(data):
-        return True
-    return (
-        isinstance(data, (list, tuple)) and len(data) > 0 and all(_is_path(item) for item in data)
-    )
+def _is_path_list(value):
+    return isinstance(value, (list, tuple)) and len(value) > 0 and all(map(_is_path, value))
 
 
 def check_num_samples(num_samples):
-    """Validates `num_samples` (None or a positive integer); returns it."""
-    if num_samples is None:
-        return None
-    return _validation.positive_int(
-        num_samples,
-        "num_samples",
-        fix="Pass the samples in one pass over the data, or None to find them.",
+    return _validation.optional_positive_int(
+        num_samples, "num_samples", fix="Pass the samples in one pass, or None to count them."
     )
 
 
 def inspect_data(data, parse_fn=None, *, num_samples=None, output_signature=None):
-    """Classifies and validates `data`; returns an `ArraySource`,
-    `DatasetSource`, `DirectorySource`, `PyDatasetSource` or `FileSource`."""
+    """The source `data` is: `ArraySource`, `DatasetSource`, `DirectorySource`, `PyDatasetSource` or `FileSource`."""
     if parse_fn is not None and not callable(parse_fn):
         raise TypeError(
-            f"parse_fn must be a function taking one element (a serialized "
-            f"record for files), got {type(parse_fn).__name__}."
+            f"parse_fn must be a function taking one element (a serialized record for files), got {type(parse_fn).__name__}."
         )
     num_samples = check_num_samples(num_samples)
     if inspect.isgenerator(data):
         raise TypeError(
-            "data is a generator object, which can be read only once; every "
-            "epoch needs a new pass. Pass the generator function itself, with "
-            "output_signature= and num_samples=."
+            "data is a generator object, which can be read only once, and every epoch needs a new pass. Pass the generator function itself, with output_signature= and num_samples=."
         )
     if output_signature is not None:
         if not callable(data) or isinstance(data, tf.data.Dataset):
             raise TypeError(
-                "output_signature is for a generator function (data=make_samples, "
-                "where make_samples() yields samples), but data is a "
-                f"{type(data).__name__}."
+                f"output_signature is for a generator function (data=make_samples, where make_samples() yields samples), but data is a {type(data).__name__}."
             )
         data = tf.data.Dataset.from_generator(data, output_signature=output_signature)
         return _inspect_dataset(data, num_samples, kind="generator function")
     if inspect.isgeneratorfunction(data):
         raise TypeError(
-            "data is a generator function: pass output_signature= (the "
-            "tf.TensorSpec of one sample, as for tf.data.Dataset.from_generator) "
-            "and num_samples=."
+            "data is a generator function: pass output_signature= (the tf.TensorSpec of one sample, as for tf.data.Dataset.from_generator) and num_samples=."
         )
     if _py_dataset.is_py_dataset(data):
         return _py_dataset.inspect_py_dataset(data, num_samples)
     if isinstance(data, tf.data.Dataset):
         return _inspect_dataset(data, num_samples)
-    if _is_file_list(data):
+    if _is_path(data) or _is_path_list(data):
         return _check_count(_inspect_files(data, parse_fn), num_samples)
     return _check_count(_inspect_arrays(data), num_samples)
 
@@ -185,9 +131,7 @@ def inspect_data(data, parse_fn=None, *, num_samples=None, output_signature=None
 def _check_count(source, num_samples, found_from="the data"):
     if num_samples is not None and num_samples != source.num_examples:
         raise ValueError(
-            f"num_samples={num_samples} contradicts {found_from}, which holds "
-            f"{source.num_examples} samples. Leave num_samples out when the data "
-            "knows its length."
+            f"num_samples={num_samples} contradicts {found_from}, which holds {source.num_examples} samples. Leave num_samples out when the data knows its length."
         )
     return source
 
@@ -195,16 +139,12 @@ def _check_count(source, num_samples, found_from="the data"):
 def _check_finite(dataset):
     if any(isinstance(spec, tf.data.DatasetSpec) for spec in tf.nest.flatten(dataset.element_spec)):
         raise ValueError(
-            "data yields datasets (as from .window()), not tensors: flatten it "
-            "first, e.g. dataset.flat_map(lambda w: w)."
+            "data yields datasets (as from .window()), not tensors: flatten it first, e.g. dataset.flat_map(lambda w: w)."
         )
     cardinality = int(dataset.cardinality())
     if cardinality == tf.data.INFINITE_CARDINALITY:
         raise ValueError(
-            "data is an infinite dataset (.repeat() without a count): "
-            "distribute() needs the number of samples to give every replica "
-            "and worker the same steps. Pass the dataset before .repeat(); "
-            "Keras starts a new pass every epoch."
+            "data is an infinite dataset (.repeat() without a count), but distribute() needs the number of samples to give every worker the same steps: pass the dataset before .repeat(); Keras starts a new pass every epoch."
         )
     if cardinality == 0:
         raise ValueError("data is an empty dataset: there is nothing to train on.")
@@ -232,8 +172,7 @@ def _inspect_dataset(dataset, num_samples, kind="tf.data.Dataset"):
 
 
 def _declared_or_counted(dataset, num_samples, *, batched):
-    """`num_samples` if given (TensorFlow checks it as the data is read), else
-    the count of one pass; with the note for the plan."""
+    """`num_samples` if given (TensorFlow checks it as read), else one counting pass; and the plan's note."""
     if num_samples is not None:
         return num_samples, f"{num_samples} samples as declared by num_samples (checked as read)"
     count = _counting.count_samples(dataset, batched=batched)
@@ -243,20 +182,15 @@ def _declared_or_counted(dataset, num_samples, *, batched):
 def _inspect_batched(dataset, batch, cardinality, num_samples):
     if batch.reshapes_samples and not _sample_shapes_fixed(dataset.element_spec):
         raise ValueError(
-            f"data is batched with {batch.transformation}, which pads or groups "
-            "samples by their own batch, so its samples differ in shape from "
-            "batch to batch and cannot be re-batched to the global batch without "
-            "padding them again. Pass the dataset before "
-            f"{batch.transformation} (distribute() batches it), or pad to a fixed "
-            "shape (padded_batch(n, padded_shapes=...) with every size given; "
-            "for audio_dataset_from_directory, output_sequence_length=...)."
+            f"data is batched with {batch.transformation}, which pads or groups samples by their own batch, so they cannot be re-batched to the global batch. Pass the dataset before "
+            f"{batch.transformation} (distribute() batches it), or pad to a fixed shape (padded_batch(n, padded_shapes=...) with every size given; for audio_dataset_from_directory, output_sequence_length=...)."
         )
     file_paths = getattr(dataset, "file_paths", None)
     if not _is_path_list(file_paths):
         file_paths = None
     pipeline = _tf_data_batching.directory_pipeline(dataset, file_paths)
     if pipeline is not None:
-        source: DatasetSource | DirectorySource = DirectorySource(
+        directory = DirectorySource(
             files=pipeline.files,
             decoders=pipeline.decoders,
             paths=pipeline.paths,
@@ -264,28 +198,21 @@ def _inspect_batched(dataset, batch, cardinality, num_samples):
             shuffled=pipeline.shuffled,
             notes=(f"{len(pipeline.paths)} samples, one per file",),
         )
-        return _check_count(source, num_samples, found_from="the dataset's files")
+        return _check_count(directory, num_samples, found_from="the dataset's files")
     batch_size = batch.batch_size or _first_batch_size(dataset)
     samples, found_from = _batched_count(batch, cardinality, file_paths)
-    samples_dataset = dataset.unbatch()
-    kind = f"batched tf.data.Dataset ({batch.transformation}, batch {batch_size})"
-    if samples is not None:
-        source = DatasetSource(
-            samples_dataset.apply(tf.data.experimental.assert_cardinality(samples)),
-            samples,
-            batch_size=batch_size,
-            kind=kind,
-            notes=(f"{samples} samples from {found_from}",),
-        )
-        return _check_count(source, num_samples, found_from=found_from)
-    count, note = _declared_or_counted(dataset, num_samples, batched=True)
-    return DatasetSource(
-        samples_dataset.apply(tf.data.experimental.assert_cardinality(count)),
-        count,
+    if samples is None:
+        samples, note = _declared_or_counted(dataset, num_samples, batched=True)
+    else:
+        note = f"{samples} samples from {found_from}"
+    source = DatasetSource(
+        dataset.unbatch().apply(tf.data.experimental.assert_cardinality(samples)),
+        samples,
         batch_size=batch_size,
-        kind=kind,
+        kind=f"batched tf.data.Dataset ({batch.transformation}, batch {batch_size})",
         notes=(note,),
     )
+    return _check_count(source, num_samples, found_from=found_from)
 
 
 def _batched_count(batch, cardinality, file_paths):
@@ -308,16 +235,7 @@ def _sample_shapes_fixed(element_spec):
     )
 
 
-def _is_path_list(value):
-    return (
-        isinstance(value, (list, tuple))
-        and len(value) > 0
-        and all(_is_path(item) for item in value)
-    )
-
-
 def _first_batch_size(dataset):
-    """The first dimension of the first element: the data's batch size."""
     for element in dataset.take(1):
         return int(_counting.samples_in(element, batched=True))
     raise ValueError("data is an empty dataset: there is nothing to train on.")
@@ -328,50 +246,39 @@ def _inspect_files(data, parse_fn):
     paths = tuple(os.fsdecode(path) for path in paths)
     if parse_fn is None:
         raise ValueError(
-            f"data is a list of {len(paths)} file(s), which needs parse_fn: a "
-            "function from one serialized record to the sample, such as "
-            "lambda record: tf.io.parse_single_example(record, features)."
+            f"data is a list of {len(paths)} file(s), which needs parse_fn: a function from one serialized record to the sample, such as lambda record: tf.io.parse_single_example(record, features)."
         )
     missing = [path for path in paths if not tf.io.gfile.exists(path)]
     if missing:
         shown = ", ".join(missing[:3]) + (" ..." if len(missing) > 3 else "")
         raise ValueError(
-            f"data names {len(missing)} file(s) that do not exist: {shown}. "
-            "Check the paths (relative paths are resolved from "
-            f"{os.getcwd()})."
+            f"data names {len(missing)} file(s) that do not exist: {shown}. Check the paths (relative paths are resolved from {os.getcwd()})."
         )
     file_sizes = tuple(count_records(path) for path in paths)
     total = sum(file_sizes)
     if total == 0:
-        raise ValueError(
-            f"data's {len(paths)} file(s) hold no records: there is nothing to train on."
-        )
+        raise ValueError(f"data's {len(paths)} file(s) hold no records: nothing to train on.")
     return FileSource(paths, file_sizes, total)
 
 
 def count_records(path):
-    """Counts the records of one TFRecord file, reading it without parsing."""
     records = tf.data.TFRecordDataset(path, buffer_size=1 << 20)
     return int(records.reduce(np.int64(0), lambda count, _: count + 1))
 
 
 def _split_fit_layout(data):
-    """Returns `structure` with trailing `None`s removed, as `fit` accepts
-    `(x, None)` and `(x, y, None)`."""
+    """`data` without trailing `None`s, as `fit` accepts `(x, None)` and `(x, y, None)`."""
     if isinstance(data, tuple):
         if not 1 <= len(data) <= 3:
             raise ValueError(
-                f"data as a tuple must be (x,), (x, y) or (x, y, sample_weight) "
-                f"like model.fit takes, got a tuple of {len(data)} items. Pass "
-                "several inputs as a list or dict in x: ([x1, x2], y)."
+                f"data as a tuple must be (x,), (x, y) or (x, y, sample_weight) like model.fit takes, got a tuple of {len(data)} items. Pass several inputs as a list or dict in x: ([x1, x2], y)."
             )
         items = list(data)
         while items and items[-1] is None:
             items.pop()
         if not items or any(item is None for item in items):
             raise ValueError(
-                "data has None in place of x or y: pass (x, y) or "
-                "(x, y, sample_weight) with arrays."
+                "data has None in place of x or y: pass (x, y) or (x, y, sample_weight)."
             )
         return tuple(items)
     return data
@@ -387,22 +294,18 @@ def _inspect_arrays(data):
     for name, leaf in zip(paths, leaves):
         if not hasattr(leaf, "shape") and not isinstance(leaf, (list, np.generic)):
             raise TypeError(
-                "data must be a tf.data.Dataset, a list of TFRecord file paths "
-                "(with parse_fn), or NumPy arrays as model.fit takes them "
-                f"(x, (x, y) or (x, y, sample_weight)); {name} is a "
-                f"{type(leaf).__name__}."
+                f"data must be a tf.data.Dataset, a list of TFRecord file paths (with parse_fn), or NumPy arrays as model.fit takes them (x, (x, y) or (x, y, sample_weight)); {name} is a {type(leaf).__name__}."
             )
         shape = np.shape(leaf)
         if len(shape) == 0:
             raise ValueError(
-                f"data's {name} is a scalar: arrays need a first dimension that counts the samples."
+                f"data's {name} is a scalar: arrays need a first dimension of samples."
             )
         lengths[name] = shape[0]
     if len(set(lengths.values())) > 1:
         detail = ", ".join(f"{name} has {length}" for name, length in lengths.items())
         raise ValueError(
-            f"data's arrays have different numbers of samples ({detail}); every "
-            "array needs one row per sample."
+            f"data's arrays have different numbers of samples ({detail}): every array needs one row per sample."
         )
     num_examples = next(iter(lengths.values()))
     if num_examples == 0:
@@ -412,9 +315,7 @@ def _inspect_arrays(data):
 
 
 def _lists_to_tuples(structure):
-    """Turns lists (several inputs, as `fit` takes them) into tuples, which
-    tf.data keeps as separate components; it would stack a list into one
-    tensor."""
+    """Lists (several inputs) as tuples: tf.data would stack a list into one tensor."""
     if isinstance(structure, (list, tuple)):
         return tuple(_lists_to_tuples(item) for item in structure)
     if isinstance(structure, dict):
@@ -423,18 +324,10 @@ def _lists_to_tuples(structure):
 
 
 def _leaf_names(structure):
-    if isinstance(structure, tuple) and 1 <= len(structure) <= 3:
-        roles = ("x", "y", "sample_weight")
-        names = []
-        for role, item in zip(roles, structure):
-            names.extend(_nested_names(role, item))
-        return names
-    return _nested_names("x", structure)
-
-
-def _nested_names(prefix, item):
-    flat = tf.nest.flatten(item)
-    if len(flat) == 1 and not isinstance(item, (dict, list, tuple)):
-        return [prefix]
-    paths = keras.tree.flatten_with_path(item)
-    return [prefix + "".join(f"[{key!r}]" for key in path) for path, _ in paths]
+    """`x`, `y[0]`, `x['image']`...: the names of the leaves, in `tf.nest.flatten`'s order."""
+    parts = structure if isinstance(structure, tuple) else (structure,)
+    return [
+        role + "".join(f"[{key!r}]" for key in path)
+        for role, part in zip(("x", "y", "sample_weight"), parts)
+        for path, _ in keras.tree.flatten_with_path(part)
+    ]
