@@ -177,25 +177,6 @@ def _small_mlp():
     )
 
 
-def test_tracing_through_tf_function_when_the_graph_builder_is_gone_gives_the_same_count(
-    monkeypatch, caplog
-):
-    from keras_scaling.internals import _probes
-
-    expected = flops.training_flops_per_sample(_small_mlp())
-    _probes._warned.clear()
-    monkeypatch.setenv(_probes.FAIL_PROBES_ENV, "tf.func_graph_from_py_func")
-    with caplog.at_level(logging.WARNING, logger="keras_scaling"):
-        counted = flops.training_flops_per_sample(_small_mlp())
-        flops.training_flops_per_sample(_small_mlp())
-    assert counted == expected
-    assert counted == pytest.approx(_dense_count([32, 16, 4]), rel=0.03)
-    warnings = [
-        r.getMessage() for r in caplog.records if "func_graph_from_py_func" in r.getMessage()
-    ]
-    assert len(warnings) == 1 and "Keras" in warnings[0] and "TensorFlow" in warnings[0]
-
-
 def test_without_tensorflows_flop_statistics_nothing_is_counted_and_the_reason_is_named(
     monkeypatch, caplog
 ):

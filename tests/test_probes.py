@@ -42,9 +42,7 @@ PROBES_TESTED_IN = {
     "tf.data.batching_transformation": "test_probes",
     "tf.data.batch_node": "test_probes",
     "tf.data.directory_pipeline": "test_data_wrapping",
-    "tf.func_graph_from_py_func": "test_flops",
     "tf.ops.flops_statistics": "test_flops",
-    "tf.device_lib_memory_limit": "test_probes",
     "keras.epoch_iterator_passes": "test_data_pass_order_multi_worker",
     "tf.coordination_key_value_store": "cli/test_doctor",
 }
@@ -210,16 +208,3 @@ def test_a_bug_around_the_batch_node_reach_surfaces_instead_of_keras_changed(cap
             _tf_data_batching.batch_node(batched)
     assert probe_warnings(caplog, "tf.data.batch_node") == []
     assert "tf.data.batch_node" not in _probes._warned
-
-
-def test_without_the_device_list_no_memory_limit_is_known_and_it_says_so(monkeypatch, caplog):
-    from keras_scaling.throughput import baseline
-
-    # TensorFlow's device list gives every device a memory limit, the CPU too.
-    assert baseline._device_lib_memory_limit("CPU:0") > 0
-
-    monkeypatch.setenv(_probes.FAIL_PROBES_ENV, "tf.device_lib_memory_limit")
-    with caplog.at_level(logging.WARNING, logger="keras_scaling"):
-        assert baseline._device_lib_memory_limit("CPU:0") is None
-    warnings = [r.getMessage() for r in caplog.records if "device_lib" in r.getMessage()]
-    assert len(warnings) == 1 and "times the copy unchecked" in warnings[0]

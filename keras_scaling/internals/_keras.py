@@ -1,10 +1,8 @@
-"""Private Keras names outside the trainer: layers, optimizers, variables.
+"""Private Keras names outside the trainer: nested layers, seed states, accumulators.
 
-Keras has no public way to list every nested layer, or to tell
-seed-generator states and gradient accumulators from other variables. Each
-such reach is here, guarded:
-when a release moves the name, the guard logs one warning and the caller
-gets a fallback built from public names, or "unknown".
+Keras has no public way to list nested layers or to tell seed-generator
+states and gradient accumulators from other variables; when a release moves
+these names, the fallbacks are built from public names.
 """
 
 import keras
@@ -15,28 +13,20 @@ from keras_scaling.internals import _probes
 
 def _public_layers(model):
     """Every layer reachable through the public `layers` lists, model included."""
-    found, pending, seen = [], [model], set()
+    found, pending = {}, [model]
     while pending:
         layer = pending.pop()
-        if id(layer) in seen:
-            continue
-        seen.add(id(layer))
-        found.append(layer)
-        pending.extend(getattr(layer, "layers", None) or ())
-    return found
+        if id(layer) not in found:
+            found[id(layer)] = layer
+            pending.extend(getattr(layer, "layers", None) or ())
+    return list(found.values())
 
 
 @_probes.guarded(
     "keras.layer.flatten_layers",
     reaches="keras.Layer._flatten_layers",
-    lost=(
-        "layers nested inside custom layers are not seen: their "
-        "BatchNormalization statistics are compared as if mirrored"
-    ),
-    workaround=(
-        "Use BatchNormalization(synchronized=True), or ReplicaSyncCheck("
-        "per_replica_state='ignore')."
-    ),
+    lost="layers nested inside custom layers are not seen: their BatchNormalization statistics are compared as if mirrored",
+    workaround="Use BatchNormalization(synchronized=True), or ReplicaSyncCheck(per_replica_state='ignore').",
     fallback=_public_layers,
 )
 def all_layers(model):
@@ -45,11 +35,7 @@ def all_layers(model):
 
 
 def _seed_states_by_path(model):
-    return {
-        id(variable)
-        for variable in model.variables
-        if variable.path.split("/")[-1] == "seed_generator_state"
-    }
+    return {id(v) for v in model.variables if v.path.split("/")[-1] == "seed_generator_state"}
 
 
 @_probes.guarded(
@@ -61,23 +47,13 @@ def _seed_states_by_path(model):
 )
 def seed_generator_state_ids(model):
     """The ids of the state variables of the model's seed generators."""
-    states = set()
-    layers = all_layers(model)
-    if layers and not hasattr(layers[0], "_seed_generators"):
-        raise AttributeError("keras.Layer has no attribute '_seed_generators'")
-    for layer in layers:
-        for generator in layer._seed_generators:
-            states.add(id(generator.state))
-    return states
+    # Every layer has the list, so a missing one is an AttributeError here.
+    return {id(gen.state) for layer in all_layers(model) for gen in layer._seed_generators}
 
 
 def _accumulators_by_path(optimizers):
-    return {
-        id(variable)
-        for optimizer in optimizers
-        for variable in optimizer.variables
-        if variable.path.endswith("_gradient_accumulator")
-    }
+    variables = [v for optimizer in optimizers for v in optimizer.variables]
+    return {id(v) for v in variables if v.path.endswith("_gradient_accumulator")}
 
 
 @_probes.guarded(
@@ -89,24 +65,15 @@ def _accumulators_by_path(optimizers):
 )
 def gradient_accumulator_ids(optimizers):
     """The ids of the gradient accumulators of `optimizers` (and their inner ones)."""
-    found: set[int] = set()
-    for optimizer in optimizers:
-        if getattr(optimizer, "gradient_accumulation_steps", None):
-            found.update(id(v) for v in optimizer._accumulated_gradients or ())
-    return found
+    accumulating = [o for o in optimizers if getattr(o, "gradient_accumulation_steps", None)]
+    return {id(v) for o in accumulating for v in o._accumulated_gradients or ()}
 
 
 def tf_variable_of(variable):
-    """The `tf.Variable` that a Keras variable wraps (its public `value`).
-
-    Read outside an autocast scope, as callbacks are, `value` is the variable
-    itself, not a cast copy.
-    """
+    """The `tf.Variable` a Keras variable wraps (its `value`, read outside autocast)."""
     value = variable.value
     if not isinstance(value, tf.Variable):
-        raise TypeError(
-            f"variable must be a Keras or TensorFlow variable, got {type(variable).__name__}"
-        )
+        raise TypeError(f"variable must be a Keras or TensorFlow variable, got {variable!r}")
     return value
 
 
@@ -118,19 +85,14 @@ def is_keras_variable(value):
 @_probes.guarded(
     "keras.optimizer.batch_counter",
     reaches="keras.Optimizer._iterations",
-    lost=(
-        "with gradient_accumulation_steps, the batches trained are not counted: "
-        "ThroughputLogger measures nothing, BackupAndRestore refuses to start "
-        "and ReplicaSyncCheck checks at the start of each fit only"
-    ),
+    lost="with gradient_accumulation_steps, the batches trained are not counted: ThroughputLogger measures nothing, BackupAndRestore refuses to start and ReplicaSyncCheck checks at the start of each fit only",
     workaround="Train without gradient_accumulation_steps for these figures.",
 )
 def accumulating_batch_counter(optimizer):
-    """The variable in which an optimizer that accumulates gradients counts its batches.
+    """The variable counting the batches of an optimizer that accumulates gradients.
 
-    With `gradient_accumulation_steps=N`, Keras' public `iterations` is the
-    number of weight updates (the batches divided by N) on recent releases,
-    computed anew at each read; the batches are counted in `_iterations`.
+    With `gradient_accumulation_steps=N`, the public `iterations` counts
+    weight updates (batches / N) on recent releases.
     """
     counter = optimizer._iterations
     if not is_keras_variable(counter) and not isinstance(counter, tf.Variable):

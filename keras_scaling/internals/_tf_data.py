@@ -1,11 +1,4 @@
-"""Private tf.data and tf.distribute names: a dataset's inputs, graph and classes.
-
-TensorFlow has no public way to walk from a dataset to the datasets it was
-made from, to find the dataset behind a distributed iterator, or to tell a
-batched dataset from its elements. Each such reach is here, guarded: when a
-release moves the name, one warning says what is lost and the caller gets
-"unknown".
-"""
+"""Private tf.data and tf.distribute names: a dataset's inputs and graph, an iterator's dataset."""
 
 import tensorflow as tf
 
@@ -15,14 +8,8 @@ from keras_scaling.internals import _probes
 @_probes.guarded(
     "tf.data.dataset_inputs",
     reaches="tf.data.Dataset._inputs",
-    lost=(
-        "a dataset's origin is not traced: the data plan behind fit's data "
-        "and batching done before other transformations are not found"
-    ),
-    workaround=(
-        "Pass the dataset from keras_scaling.data.distribute to fit as it is, "
-        "and ThroughputLogger(global_batch_size=...)."
-    ),
+    lost="a dataset's origin is not traced: the data plan behind fit's data and batching done before other transformations are not found",
+    workaround="Pass the dataset from keras_scaling.data.distribute to fit as it is, and ThroughputLogger(global_batch_size=...).",
     fallback=(),
 )
 def dataset_inputs(dataset):
@@ -33,11 +20,7 @@ def dataset_inputs(dataset):
 @_probes.guarded(
     "tf.distribute.iterator_dataset",
     reaches="DistributedIterator._iterators / _dataset",
-    lost=(
-        "the dataset behind fit's iterator is not found (no data plan, no input "
-        "timing, no exact resume inside an epoch: BackupAndRestore resumes at "
-        "the start of the saved epoch)"
-    ),
+    lost="the dataset behind fit's iterator is not found (no data plan, no input timing, no exact resume inside an epoch: BackupAndRestore resumes at the start of the saved epoch)",
     workaround="Pass ThroughputLogger(global_batch_size=...).",
 )
 def dataset_of_iterator(iterator):
@@ -48,7 +31,7 @@ def dataset_of_iterator(iterator):
         iterator = iterator._iterators[0]
     dataset = iterator._dataset
     if not isinstance(dataset, tf.data.Dataset):
-        raise TypeError(f"_dataset is a {type(dataset).__name__}, not a tf.data.Dataset")
+        raise _probes.ReachError(f"_dataset is a {type(dataset).__name__}, not a tf.data.Dataset")
     return dataset
 
 

@@ -1,9 +1,4 @@
-"""The installed Keras and TensorFlow, and the range keras_scaling supports.
-
-Versions are read from the installed files, without importing Keras or
-TensorFlow, so that `import keras_scaling` stays cheap and can refuse an
-unsupported pair at once instead of failing later inside `fit`.
-"""
+"""The installed Keras and TensorFlow, read without importing them, and the supported range."""
 
 import functools
 import importlib.metadata
@@ -22,15 +17,9 @@ TESTED_PAIRS = (
     ("2.21.0", "3.16.0.dev2026102704"),
 )
 # Distributions that install the `tensorflow` package.
-_TENSORFLOW_DISTRIBUTIONS = (
-    "tensorflow",
-    "tensorflow-cpu",
-    "tf-nightly",
-    "tf-nightly-cpu",
-    "tensorflow-gpu",
-    "tensorflow-intel",
-    "tensorflow-macos",
-    "tensorflow-aarch64",
+_TENSORFLOW_DISTRIBUTIONS = tuple(
+    "tensorflow tensorflow-cpu tf-nightly tf-nightly-cpu tensorflow-gpu tensorflow-intel "
+    "tensorflow-macos tensorflow-aarch64".split()
 )
 _KERAS_DISTRIBUTIONS = ("keras", "keras-nightly")
 
@@ -43,9 +32,7 @@ def keras_at_least(*release):
 def parse(version):
     """The leading release numbers of a version string: `"3.16.0.dev1"` -> (3, 16, 0)."""
     numbers = re.match(r"\d+(\.\d+)*", version or "")
-    if numbers is None:
-        return ()
-    return tuple(int(part) for part in numbers.group(0).split("."))
+    return () if numbers is None else tuple(map(int, numbers.group(0).split(".")))
 
 
 def _package_dir(package):
@@ -53,17 +40,16 @@ def _package_dir(package):
         spec = importlib.util.find_spec(package)
     except (ImportError, ValueError):
         return None
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return list(spec.submodule_search_locations)[0]
+    locations = spec and spec.submodule_search_locations
+    return list(locations)[0] if locations else None
 
 
 @functools.cache
 def keras_version():
-    """The version of the `keras` package that `import keras` loads, or None.
+    """The version of the `keras` that `import keras` loads, or None.
 
-    Read from `keras/src/version.py`, which both `keras` and `keras-nightly`
-    install, so the answer is right when both distributions are installed.
+    Read from `keras/src/version.py`, right when both `keras` and
+    `keras-nightly` are installed.
     """
     directory = _package_dir("keras")
     if directory is None:
@@ -71,11 +57,9 @@ def keras_version():
     try:
         with open(os.path.join(directory, "src", "version.py"), encoding="utf-8") as file:
             found = re.search(r"__version__\s*=\s*[\"']([^\"']+)[\"']", file.read())
-        if found:
-            return found.group(1)
+        return found.group(1) if found else _distribution_version(_KERAS_DISTRIBUTIONS)
     except OSError:
-        pass
-    return _distribution_version(_KERAS_DISTRIBUTIONS)
+        return _distribution_version(_KERAS_DISTRIBUTIONS)
 
 
 @functools.cache
@@ -95,34 +79,19 @@ def _distribution_version(names):
     return None
 
 
-def _floor_text(floor):
-    return ".".join(map(str, floor))
-
-
 def unsupported_reason(keras, tensorflow):
-    """Why a Keras/TensorFlow pair cannot run keras_scaling, or None.
-
-    Args:
-        keras: the Keras version string, or None when Keras is missing.
-        tensorflow: the TensorFlow version string, or None when missing.
-
-    Returns:
-        A sentence naming the installed and the supported versions, or None
-        when the pair is supported.
-    """
+    """Why a Keras/TensorFlow pair (version strings, None when missing) cannot run, or None."""
     supported = (
-        f"keras_scaling supports Keras {_floor_text(MIN_KERAS)} or newer (Keras 3) "
-        f"with TensorFlow {_floor_text(MIN_TENSORFLOW)} or newer"
+        f"keras_scaling supports Keras {'.'.join(map(str, MIN_KERAS))} or newer (Keras 3) "
+        f"with TensorFlow {'.'.join(map(str, MIN_TENSORFLOW))} or newer"
     )
     if tensorflow is None:
         # TensorFlow is an extra of the package, so that pip never adds
         # `tensorflow` beside an installed tensorflow-cpu or tf-nightly.
         return (
-            f"TensorFlow is not installed. {supported}: install keras_scaling with "
-            "one, `pip install 'keras-scaling[tensorflow]'` (or "
-            "`'keras-scaling[tensorflow-cpu]'` for the CPU-only build), or install "
-            "the TensorFlow build you want yourself (tensorflow, tensorflow-cpu, "
-            "tf-nightly, ...)."
+            f"TensorFlow is not installed. {supported}: `pip install "
+            "'keras-scaling[tensorflow]'` (or `'keras-scaling[tensorflow-cpu]'`), or "
+            "install the TensorFlow build you want (tensorflow-cpu, tf-nightly, ...)."
         )
     if keras is None:
         return f"Keras is not installed. {supported}: `pip install 'keras>=3.8'`."
