@@ -1,13 +1,4 @@
-"""The `keras-scaling` command line: `bench`, `report`, `launch`, `doctor` and `tune`.
-
-`keras-scaling bench` measures the speedup of data-parallel training over
-replica counts; `keras-scaling report LOGDIR` prints the same table for
-runs logged earlier by `ThroughputLogger`; `keras-scaling launch` starts
-local multi-worker training; `keras-scaling doctor` checks versions,
-collectives and bandwidth on every worker of a cluster; `keras-scaling
-tune` finds the fastest settings for a model by measurement. `python -m
-keras_scaling` is the same program.
-"""
+"""The `keras-scaling` command line (also `python -m keras_scaling`): bench, report, launch, doctor, tune."""
 
 import argparse
 import sys
@@ -15,28 +6,17 @@ import sys
 from keras_scaling.cli import bench, doctor, launch, report, tune
 from keras_scaling.cli._errors import UsageError
 
-_PROG = "keras-scaling"
-
-
-def _parser():
-    parser = argparse.ArgumentParser(
-        prog=_PROG,
-        description="Measure and show data-parallel Keras training on tf.distribute.",
-    )
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    subparsers.required = True
-    bench.add_parser(subparsers)
-    report.add_parser(subparsers)
-    launch.add_parser(subparsers)
-    doctor.add_parser(subparsers)
-    tune.add_parser(subparsers)
-    return parser
-
 
 def main(argv=None):
     """Runs `keras-scaling` with `argv` (default `sys.argv[1:]`); returns the exit status.
 
     Bad input prints a message on stderr and returns 2, without a traceback.
+
+    Args:
+        argv: list of str, the arguments after the program's name.
+
+    Returns:
+        int, the exit status: 0 on success, 2 on bad input, 130 on Ctrl-C.
 
     Example:
 
@@ -45,7 +25,13 @@ def main(argv=None):
     main(["report", "logs/bench"])
     ```
     """
-    parser = _parser()
+    parser = argparse.ArgumentParser(
+        prog="keras-scaling",
+        description="Measure and show data-parallel Keras training on tf.distribute.",
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for command in (bench, report, launch, doctor, tune):
+        command.add_parser(subparsers)
     try:
         args = parser.parse_args(argv)
     except SystemExit as exit_:
@@ -53,8 +39,8 @@ def main(argv=None):
     try:
         return args.run(args)
     except UsageError as error:
-        print(f"{_PROG} {args.command}: error: {error}", file=sys.stderr)
+        print(f"keras-scaling {args.command}: error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"{_PROG} {args.command}: interrupted", file=sys.stderr)
+        print(f"keras-scaling {args.command}: interrupted", file=sys.stderr)
         return 130

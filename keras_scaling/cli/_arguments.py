@@ -1,6 +1,7 @@
-"""Argument types shared by the subcommands, worded as `keras_scaling._validation` words them."""
+"""argparse `type`s shared by the subcommands; their messages name what was given."""
 
 import argparse
+import math
 
 from keras_scaling import _validation
 
@@ -9,8 +10,8 @@ def _integer_at_least(text, minimum):
     try:
         value = int(text)
     except ValueError:
-        value = None
-    if value is None or value < minimum:
+        value = minimum - 1
+    if value < minimum:
         raise argparse.ArgumentTypeError(
             f"must be {_validation.integer_wording(minimum)}, got {text!r}"
         )
@@ -18,25 +19,69 @@ def _integer_at_least(text, minimum):
 
 
 def positive_int(text):
-    """An argparse `type`: a positive integer, or a message naming what was given."""
     return _integer_at_least(text, 1)
 
 
 def non_negative_int(text):
-    """An argparse `type`: an integer >= 0, or a message naming what was given."""
     return _integer_at_least(text, 0)
 
 
-def positive_number(unit):
-    """An argparse `type`: a positive number of `unit`, or a message naming what was given."""
+def number(unit, low=0.0, high=math.inf, high_text=None, low_included=False):
+    """A number of `unit` above `low` (from it with `low_included`), at most `high`; never nan."""
 
     def parse(text):
         try:
             value = float(text)
         except ValueError:
-            value = -1.0
-        if not value > 0:
-            raise argparse.ArgumentTypeError(f"must be a positive number of {unit}, got {text!r}")
+            value = math.nan
+        # No comparison holds for nan, and inf is above any finite `high`.
+        if not ((value >= low if low_included else value > low) and value <= high):
+            bounds = f"{'at least' if low_included else 'above'} {low:g}"
+            if high < math.inf:
+                bounds += f" and at most {high_text or f'{high:g}'}"
+            raise argparse.ArgumentTypeError(f"must be a number of {unit} {bounds}, got {text!r}")
         return value
 
     return parse
+
+
+def positive_number(unit):
+    return number(unit)
+
+
+def add_model_options(parser, command, outputs):
+    """Adds --model, --data, --cpu-devices, --steps-per-execution and --logdir.
+
+    `command` (`"bench"`) names the subcommand, `outputs` what LOGDIR receives.
+    """
+    from keras_scaling.cli._models import PRESETS
+
+    add = parser.add_argument
+    add(
+        "--model",
+        default="mlp",
+        metavar="PRESET|package.module:function",
+        help=f"{', '.join(PRESETS)} or a function without arguments returning a keras.Model "
+        "(default: mlp)",
+    )
+    add(
+        "--data",
+        metavar="package.module:function",
+        help="your data instead of synthetic data: a function returning a tf.data.Dataset of "
+        "samples, arrays (x, y) or a keras.utils.PyDataset",
+    )
+    add("--cpu-devices", type=positive_int, metavar="N", help="N logical CPUs instead of the GPUs")
+    add(
+        "--steps-per-execution",
+        type=positive_int,
+        default=1,
+        metavar="K",
+        help=f"steps per compiled call, for models keras-scaling {command} compiles (default 1)",
+    )
+    add(
+        "--logdir",
+        "--log-dir",
+        dest="logdir",
+        metavar="LOGDIR",
+        help=f"where to write {outputs} (default: logs/{command}-YYYYmmdd-HHMMSS)",
+    )

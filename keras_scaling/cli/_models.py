@@ -1,13 +1,8 @@
-"""The bench's models: presets, `package.module:function` specs, synthetic data.
+"""The models of `bench` and `tune`: presets, `package.module:function` specs, synthetic data.
 
-A model spec is a preset name or `package.module:function`. The function takes
-no arguments and returns a `keras.Model`, compiled or not; synthetic data
-needs its input shapes known, else `--data` gives the data. It is called inside the strategy's scope, so its variables are mirrored.
-A model that is not compiled is compiled by the bench: presets with SGD and
-sparse categorical cross-entropy; other models with SGD and mean squared
-error. Synthetic targets follow the loss: integer labels for sparse
-categorical cross-entropy, one-hot rows for categorical cross-entropy,
-uniform values in [0, 1) in the output's shape otherwise.
+A spec's function takes no arguments and returns a `keras.Model`; it is
+called inside the strategy's scope. See the bench guide for how models that
+are not compiled get compiled and how synthetic targets follow the loss.
 """
 
 import importlib
@@ -17,13 +12,14 @@ from keras_scaling.cli._errors import UsageError
 
 PRESETS = ("mlp", "cnn", "resnet50")
 _NUM_CLASSES = 10
+_DATA_FIX = (
+    "pass --data package.module:function, a function without arguments that returns "
+    "your data (a tf.data.Dataset of samples, arrays (x, y) or a keras.utils.PyDataset)"
+)
 
 
 def check_spec(spec):
-    """Raises `UsageError` unless `spec` is a preset or an importable callable.
-
-    The current directory is importable, as with `python -m`.
-    """
+    """Raises `UsageError` unless `spec` is a preset or an importable callable."""
     if spec in PRESETS:
         return
     if ":" not in spec:
@@ -36,8 +32,6 @@ def check_spec(spec):
 
 def check_data_spec(spec):
     """Raises `UsageError` unless `spec` (of `--data`) names an importable callable."""
-    if ":" not in spec:
-        raise UsageError(f"--data {spec!r} must have the form package.module:function")
     _import_function(spec, option="--data")
 
 
@@ -47,6 +41,7 @@ def load_data(spec):
 
 
 def _import_function(spec, option="--model"):
+    """The function `spec` names; the current directory is importable, as with `python -m`."""
     module_name, _, function_name = spec.partition(":")
     if not module_name or not function_name:
         raise UsageError(f"{option} {spec!r} must have the form package.module:function")
@@ -75,27 +70,25 @@ def build_model(spec):
     """Builds the model of `spec`; call it inside the strategy's scope."""
     import keras
 
+    layers = keras.layers
     if spec == "mlp":
+        dense = [layers.Dense(512, activation="relu"), layers.Dense(512, activation="relu")]
         return keras.Sequential(
-            [
-                keras.Input((784,)),
-                keras.layers.Dense(512, activation="relu"),
-                keras.layers.Dense(512, activation="relu"),
-                keras.layers.Dense(_NUM_CLASSES),
-            ],
-            name="mlp",
+            [keras.Input((784,)), *dense, layers.Dense(_NUM_CLASSES)], name="mlp"
         )
     if spec == "cnn":
+        convolutions = [
+            layer
+            for filters in (32, 64)
+            for layer in (layers.Conv2D(filters, 3, activation="relu"), layers.MaxPooling2D())
+        ]
         return keras.Sequential(
             [
                 keras.Input((32, 32, 3)),
-                keras.layers.Conv2D(32, 3, activation="relu"),
-                keras.layers.MaxPooling2D(),
-                keras.layers.Conv2D(64, 3, activation="relu"),
-                keras.layers.MaxPooling2D(),
-                keras.layers.Flatten(),
-                keras.layers.Dense(128, activation="relu"),
-                keras.layers.Dense(_NUM_CLASSES),
+                *convolutions,
+                layers.Flatten(),
+                layers.Dense(128, activation="relu"),
+                layers.Dense(_NUM_CLASSES),
             ],
             name="cnn",
         )
@@ -113,15 +106,15 @@ def build_model(spec):
 
 
 def compile_for_bench(model, spec, steps_per_execution):
-    """Compiles `model` unless it is compiled (see the module docstring)."""
+    """Compiles `model` unless it is: SGD, with sparse cross-entropy for presets, else MSE."""
     import keras
 
     if model.compiled:
         if steps_per_execution != 1:
             raise UsageError(
-                f"--steps-per-execution {steps_per_execution} applies to models the "
-                f"bench compiles, but --model {spec!r} returned a compiled model; "
-                "compile it with steps_per_execution instead"
+                f"--steps-per-execution {steps_per_execution} applies to models the bench "
+                f"compiles, but --model {spec!r} returned a compiled model; compile it "
+                "with steps_per_execution instead"
             )
         return
     if spec in PRESETS:
@@ -135,27 +128,26 @@ def compile_for_bench(model, spec, steps_per_execution):
     )
 
 
+def build_compiled(spec, steps_per_execution, strategy):
+    """`build_model` in `strategy`'s scope, then `compile_for_bench`."""
+    with strategy.scope():
+        model = build_model(spec)
+        compile_for_bench(model, spec, steps_per_execution)
+    return model
+
+
 def synthetic_data(model, num_samples, seed=0):
-    """Random inputs and targets shaped for `model`: `(x, y)` NumPy arrays."""
+    """Random `(x, y)` NumPy arrays shaped for `model`; targets follow its loss."""
     import numpy as np
 
-    inputs = _known_shapes(model, "inputs")
-    outputs = _known_shapes(model, "outputs")
     rng = np.random.default_rng(seed)
-    x = [_random_array(rng, num_samples, shape, dtype) for shape, dtype in inputs]
+    x = [_random_array(rng, num_samples, shape, dtype) for shape, dtype in _shapes(model, "inputs")]
     kind = _target_kind(model)
-    y = [_random_target(rng, num_samples, shape, kind) for shape, _ in outputs]
+    y = [_random_target(rng, num_samples, shape, kind) for shape, _ in _shapes(model, "outputs")]
     return (x[0] if len(x) == 1 else tuple(x)), (y[0] if len(y) == 1 else tuple(y))
 
 
-_DATA_FIX = (
-    "pass --data package.module:function, a function without arguments that "
-    "returns your own data (a tf.data.Dataset of samples, arrays (x, y) or a "
-    "keras.utils.PyDataset)"
-)
-
-
-def _known_shapes(model, which):
+def _shapes(model, which):
     try:
         tensors = getattr(model, which)
     except (AttributeError, ValueError):
@@ -165,17 +157,14 @@ def _known_shapes(model, which):
             f"the model has no defined {which}, so the bench cannot make synthetic "
             f"data for it: {_DATA_FIX}, or build the model on keras.Input(shape=...)"
         )
-    shapes = []
     for tensor in tensors:
-        shape = tuple(tensor.shape[1:])
-        if any(dim is None for dim in shape):
-            # Every keras-hub backbone takes inputs of any length: --data is the fix.
+        # Every keras-hub backbone takes inputs of any length: --data is the fix.
+        if any(dim is None for dim in tensor.shape[1:]):
             raise UsageError(
                 f"the model's {which} have unknown dimensions {tensor.shape}, so the "
                 f"bench cannot make synthetic data for them: {_DATA_FIX}"
             )
-        shapes.append((shape, str(tensor.dtype)))
-    return shapes
+    return [(tuple(tensor.shape[1:]), str(tensor.dtype)) for tensor in tensors]
 
 
 def _random_array(rng, num_samples, shape, dtype):
@@ -185,6 +174,7 @@ def _random_array(rng, num_samples, shape, dtype):
 
 
 def _target_kind(model):
+    """`labels`, `one_hot` or `values`, from the name of the model's loss."""
     import keras
 
     loss = getattr(model, "loss", None)
@@ -204,10 +194,8 @@ def _target_kind(model):
 def _random_target(rng, num_samples, shape, kind):
     import numpy as np
 
+    if kind == "values":
+        return rng.random((num_samples, *shape), dtype="float32")
     num_classes = shape[-1] if shape else 1
-    if kind == "labels":
-        return rng.integers(0, num_classes, size=(num_samples, *shape[:-1]))
-    if kind == "one_hot":
-        labels = rng.integers(0, num_classes, size=(num_samples, *shape[:-1]))
-        return np.eye(num_classes, dtype="float32")[labels]
-    return rng.random((num_samples, *shape), dtype="float32")
+    labels = rng.integers(0, num_classes, size=(num_samples, *shape[:-1]))
+    return labels if kind == "labels" else np.eye(num_classes, dtype="float32")[labels]

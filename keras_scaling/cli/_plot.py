@@ -1,90 +1,120 @@
-"""The bench's plots: speedup against replicas, efficiency against per-replica batch.
+"""The bench's charts: speedup against replicas, efficiency against per-replica batch.
 
-Each is a `_chart.Chart` (what it shows, testable as data), drawn with
-matplotlib by `_chart.render` into a 640 x 480 PNG for `scaling.png`,
-`efficiency.png` and TensorBoard's image cards. Without matplotlib (the extra
-`keras-scaling[plot]`) the `*_png` functions raise `_chart.MatplotlibMissing`.
+A `Chart` says what a chart shows; `render` draws it with matplotlib's Agg
+canvas (no pyplot state, the default style whatever the user's matplotlibrc)
+into a 640 x 480 PNG, sized for TensorBoard's image cards, and reads back
+what the figure holds so tests check the picture, not only the file.
+matplotlib is imported only when a chart is drawn (the extra
+`keras-scaling[plot]`): Keras imports `matplotlib.pyplot` whenever it is
+installed, at a cost to every `import keras`.
 """
 
+import collections
+import io
 import math
+from typing import NamedTuple
 
-from keras_scaling.cli import _chart
+import numpy as np
 
-# Room above the highest point and right of the last one, so the efficiency
-# label of the last point stays inside the axes.
+WIDTH_PX = 640
+HEIGHT_PX = 480
+FONT_PX = 20
+SMALL_FONT_PX = 18
+# matplotlib's "tab10", written out so that a user's matplotlibrc does not change the charts.
+COLORS = tuple("#1f77b4 #ff7f0e #2ca02c #d62728 #9467bd #8c564b #e377c2 #bcbd22 #17becf".split())
+GREY = "#808080"
+_DPI = 100
+_POINTS_PER_INCH = 72
+# Room above the highest point and right of the last one, for the point labels.
 _HEADROOM = 1.2
 _RIGHT_MARGIN = 0.12
 
 
+class MatplotlibMissing(ImportError):
+    """matplotlib cannot be imported; the message says how to install it."""
+
+
+class Line(NamedTuple):
+    """A line through `points`, `((x, y), ...)`; `label` names it in the legend."""
+
+    points: tuple
+    color: str
+    label: str = ""
+    dashed: bool = False
+    markers: bool = False
+
+
+class PointLabel(NamedTuple):
+    """`text` centred just above the point `(x, y)`."""
+
+    text: str
+    x: float
+    y: float
+    color: str
+
+
+class Chart(NamedTuple):
+    """What a chart shows; `x_ticks` are `((value, text), ...)`, matplotlib picks the y ticks."""
+
+    title: str
+    x_label: str
+    y_label: str
+    x_ticks: tuple
+    x_range: tuple
+    y_range: tuple
+    lines: tuple = ()
+    point_labels: tuple = ()
+    x_log2: bool = False
+    legend_at: str = "upper left"
+
+
+# What `render` read back from the figure. Boxes are `(left, top, right,
+# bottom)` in pixels of the PNG from its top left corner; a line's label is
+# "" when it has no legend entry.
+PlacedText = collections.namedtuple("PlacedText", "text role box size_px")
+PlottedLine = collections.namedtuple("PlottedLine", "label points")
+Rendered = collections.namedtuple("Rendered", "png axes_box texts lines y_ticks")
+
+
 def scaling_plot_png(rows, title, by_batch=False):
-    """Draws measured speedup and ideal speedup against replicas; returns PNG bytes.
+    """The PNG of `scaling_chart`; raises `MatplotlibMissing`."""
+    return render(scaling_chart(rows, title, by_batch)).png
 
-    Args:
-        rows: the bench's `Row`s.
-        title: str, the plot's title.
-        by_batch: bool, a line per per-replica batch.
 
-    Returns:
-        bytes, a 640 x 480 PNG image.
-
-    Raises:
-        _chart.MatplotlibMissing: matplotlib cannot be imported.
-    """
-    return _chart.render(scaling_chart(rows, title, by_batch)).png
+def efficiency_plot_png(rows, title, threshold=0.9):
+    """The PNG of `efficiency_chart`; raises `MatplotlibMissing`."""
+    return render(efficiency_chart(rows, title, threshold)).png
 
 
 def scaling_chart(rows, title, by_batch=False):
-    """The `Chart` that `scaling_plot_png` draws.
+    """Measured speedup (each point labelled with its efficiency) and the ideal against replicas.
 
-    The ideal of each run is the table's: its replicas over its baseline's
-    replicas (the replicas themselves over a 1-replica baseline). Each
-    measured point is labelled with its efficiency. With `by_batch`, one
-    line per per-replica batch.
+    The ideal is the table's: replicas over the baseline's replicas. With
+    `by_batch`, one measured line per per-replica batch.
     """
-    replicas = sorted({row.replicas for row in rows})
     ideal = sorted(
         {(row.replicas, row.ideal_speedup) for row in rows if not math.isnan(row.ideal_speedup)}
     )
     over_one_replica = all(speedup == count for count, speedup in ideal)
-    lines: list[_chart.Line] = []
-    point_labels: list[_chart.PointLabel] = []
+    lines, point_labels = [], []
     if ideal:
-        lines.append(
-            _chart.Line(
-                points=tuple(ideal),
-                color=_chart.GREY,
-                label="ideal (= replicas)" if over_one_replica else "ideal (replicas / baseline's)",
-                dashed=True,
-            )
-        )
+        label = "ideal (= replicas)" if over_one_replica else "ideal (replicas / baseline's)"
+        lines.append(Line(tuple(ideal), GREY, label, dashed=True))
     measured = [row for row in rows if not math.isnan(row.speedup)]
-    if by_batch:
-        batches = sorted({row.per_replica_batch_size for row in measured})
-        series = [
-            (
-                f"per-replica batch {batch}",
-                [row for row in measured if row.per_replica_batch_size == batch],
-            )
-            for batch in batches
-        ]
-    else:
-        series = [("measured", measured)] if measured else []
-    for index, (label, points) in enumerate(series):
-        color = _chart.COLORS[index % len(_chart.COLORS)]
+    batches = sorted({row.per_replica_batch_size if by_batch else 0 for row in measured})
+    for index, batch in enumerate(batches):
+        points = [r for r in measured if not by_batch or r.per_replica_batch_size == batch]
+        color = COLORS[index % len(COLORS)]
+        label = f"per-replica batch {batch}" if by_batch else "measured"
         lines.append(
-            _chart.Line(
-                points=tuple((row.replicas, row.speedup) for row in points),
-                color=color,
-                label=label,
-                markers=True,
-            )
+            Line(tuple((r.replicas, r.speedup) for r in points), color, label, markers=True)
         )
-        point_labels.extend(
-            _chart.PointLabel(f"{row.efficiency:.2f}", row.replicas, row.speedup, color)
-            for row in points
-        )
+        point_labels += [
+            PointLabel(f"{r.efficiency:.2f}", r.replicas, r.speedup, color) for r in points
+        ]
+    replicas = sorted({row.replicas for row in rows})
     highest = max([1] + [speedup for _, speedup in ideal] + [row.speedup for row in measured])
-    return _chart.Chart(
+    return Chart(
         title=f"{title}\nlabels: scaling efficiency",
         x_label="replicas",
         y_label=f"speedup over {'1 replica' if over_one_replica else 'the baseline'} (×)",
@@ -93,32 +123,11 @@ def scaling_chart(rows, title, by_batch=False):
         y_range=(0, highest * _HEADROOM),
         lines=tuple(lines),
         point_labels=tuple(point_labels),
-        legend_at="upper left",
     )
 
 
-def efficiency_plot_png(rows, title, threshold=0.9):
-    """Draws scaling efficiency against per-replica batch, a line per replica count.
-
-    The dashed line marks `threshold`: where a per-replica batch keeps every
-    device busy enough.
-
-    Args:
-        rows: the bench's `Row`s.
-        title: str, the plot's title.
-        threshold: float, the efficiency to mark.
-
-    Returns:
-        bytes, a 640 x 480 PNG image.
-
-    Raises:
-        _chart.MatplotlibMissing: matplotlib cannot be imported.
-    """
-    return _chart.render(efficiency_chart(rows, title, threshold)).png
-
-
 def efficiency_chart(rows, title, threshold=0.9):
-    """The `Chart` that `efficiency_plot_png` draws."""
+    """Efficiency against per-replica batch, a line per replica count, a dashed line at `threshold`."""
     batches = sorted({row.per_replica_batch_size for row in rows})
     # Half a doubling of room on each side of the logarithmic axis.
     x_range = (batches[0] / math.sqrt(2), batches[-1] * math.sqrt(2))
@@ -131,24 +140,12 @@ def efficiency_chart(rows, title, threshold=0.9):
             if row.replicas == replicas and not math.isnan(row.efficiency)
         )
         if points:
-            lines.append(
-                _chart.Line(
-                    points=tuple(points),
-                    color=_chart.COLORS[index % len(_chart.COLORS)],
-                    label=f"{replicas} replicas",
-                    markers=True,
-                )
-            )
+            color = COLORS[index % len(COLORS)]
+            lines.append(Line(tuple(points), color, f"{replicas} replicas", markers=True))
             highest = max([highest] + [efficiency for _, efficiency in points])
-    lines.append(
-        _chart.Line(
-            points=((x_range[0], threshold), (x_range[1], threshold)),
-            color=_chart.GREY,
-            label=f"{threshold:.2f}",
-            dashed=True,
-        )
-    )
-    return _chart.Chart(
+    threshold_points = ((x_range[0], threshold), (x_range[1], threshold))
+    lines.append(Line(threshold_points, GREY, f"{threshold:.2f}", dashed=True))
+    return Chart(
         title=title,
         x_label="per-replica batch (samples)",
         y_label="scaling efficiency (1 = ideal)",
@@ -158,4 +155,131 @@ def efficiency_chart(rows, title, threshold=0.9):
         lines=tuple(lines),
         x_log2=True,
         legend_at="lower right",
+    )
+
+
+def render(chart):
+    """Draws `chart`; returns a `Rendered` with a 640 x 480 PNG. Raises `MatplotlibMissing`."""
+    try:
+        import matplotlib.style
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError as error:
+        raise MatplotlibMissing(
+            f"matplotlib cannot be imported ({error}); pip install 'keras-scaling[plot]' "
+            "draws the charts"
+        ) from error
+
+    with matplotlib.style.context("default"):
+        figure = Figure(figsize=(WIDTH_PX / _DPI, HEIGHT_PX / _DPI), dpi=_DPI, layout="constrained")
+        canvas = FigureCanvasAgg(figure)
+        axes = figure.add_subplot()
+        _draw(chart, axes)
+        canvas.draw()
+        renderer = canvas.get_renderer()
+        texts = _placed_texts(axes, renderer)
+        buffer = io.BytesIO()
+        # No matplotlib version in the metadata: the same chart gives the same bytes.
+        figure.savefig(buffer, format="png", dpi=_DPI, metadata={"Software": None})
+    lines = []
+    for line in axes.get_lines():
+        label = str(line.get_label())
+        points = tuple((float(x), float(y)) for x, y in np.asarray(line.get_xydata()))
+        # matplotlib names the lines without a legend entry "_child0", ...
+        lines.append(PlottedLine("" if label.startswith("_") else label, points))
+    return Rendered(
+        png=buffer.getvalue(),
+        axes_box=_box(axes.get_window_extent(renderer)),
+        texts=texts,
+        lines=tuple(lines),
+        y_ticks=tuple(float(value) for value, _ in _visible_y_ticks(axes)),
+    )
+
+
+def _points(size_px):
+    """Font and line sizes are in points; ours are in pixels of the 100-dpi PNG."""
+    return size_px * _POINTS_PER_INCH / _DPI
+
+
+def _draw(chart, axes):
+    from matplotlib import ticker
+
+    for line in chart.lines:
+        xs, ys = zip(*line.points) if line.points else ((), ())
+        axes.plot(
+            xs,
+            ys,
+            color=line.color,
+            # matplotlib leaves labels starting with "_" out of the legend.
+            label=line.label or "_unlabelled",
+            linestyle="--" if line.dashed else "-",
+            linewidth=_points(3),
+            marker="o" if line.markers else None,
+            markersize=_points(10),
+        )
+    for label in chart.point_labels:
+        axes.annotate(
+            label.text,
+            (label.x, label.y),
+            xytext=(0, _points(9)),
+            textcoords="offset points",
+            ha="center",
+            va="bottom",
+            color=label.color,
+            fontsize=_points(SMALL_FONT_PX),
+        )
+    axes.set_title(chart.title, fontsize=_points(FONT_PX))
+    axes.set_xlabel(chart.x_label, fontsize=_points(FONT_PX))
+    axes.set_ylabel(chart.y_label, fontsize=_points(FONT_PX))
+    if chart.x_log2:
+        axes.set_xscale("log", base=2)
+    axes.set_xlim(*chart.x_range)
+    axes.set_ylim(*chart.y_range)
+    axes.set_xticks([value for value, _ in chart.x_ticks], [text for _, text in chart.x_ticks])
+    axes.xaxis.set_minor_locator(ticker.NullLocator())
+    # At most 6 y ticks, on steps of 1, 2, 2.5 or 5 times a power of 10, written as short as exact.
+    axes.yaxis.set_major_locator(ticker.MaxNLocator(nbins=5, steps=(1, 2, 2.5, 5, 10)))
+    axes.yaxis.set_major_formatter(ticker.StrMethodFormatter("{x:g}"))
+    axes.tick_params(labelsize=_points(FONT_PX))
+    axes.grid(True, color="#e2e2e2")
+    axes.set_axisbelow(True)
+    if any(line.label for line in chart.lines):
+        axes.legend(loc=chart.legend_at, fontsize=_points(SMALL_FONT_PX))
+
+
+def _visible_y_ticks(axes):
+    """`(value, label)` of the y ticks inside the axes."""
+    low, high = sorted(axes.get_ylim())
+    ticks = zip(axes.yaxis.get_majorticklocs(), axes.get_yticklabels())
+    return [(value, text) for value, text in ticks if low <= value <= high]
+
+
+def _placed_texts(axes, renderer):
+    legend = axes.get_legend()
+    roles = [
+        ("title", [axes.title]),
+        ("x label", [axes.xaxis.label]),
+        ("y label", [axes.yaxis.label]),
+        ("x tick", axes.get_xticklabels()),
+        ("y tick", [text for _, text in _visible_y_ticks(axes)]),
+        ("point label", axes.texts),
+        ("legend", legend.get_texts() if legend else []),
+    ]
+    return tuple(
+        PlacedText(
+            text=text.get_text(),
+            role=role,
+            box=_box(text.get_window_extent(renderer)),
+            size_px=text.get_fontsize() * _DPI / _POINTS_PER_INCH,
+        )
+        for role, texts in roles
+        for text in texts
+        if text.get_visible() and text.get_text()
+    )
+
+
+def _box(bbox):
+    """matplotlib's box (from the bottom left) as `(left, top, right, bottom)` from the top left."""
+    return tuple(
+        float(value) for value in (bbox.x0, HEIGHT_PX - bbox.y1, bbox.x1, HEIGHT_PX - bbox.y0)
     )

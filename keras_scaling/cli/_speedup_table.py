@@ -1,20 +1,9 @@
-"""The speedup table: one row of speedup and efficiency per `throughput.json` file.
+"""The scaling table: one row of speedup and efficiency per `throughput.json`.
 
-`ThroughputLogger` writes `log_dir/throughput.json` at the end of training.
-This module finds those files under a directory, and turns them into one row
-per run: replicas, global batch, samples/sec, speedup, efficiency, ideal,
-model TFLOP/s and MFU.
-
-Speedup is samples/sec divided by the baseline's samples/sec. The baseline
-is the 1-replica run among the runs when there is exactly one (so a bench
-sweep that includes 1 replica compares every count to the 1-replica figure
-it measured itself); otherwise each run's own: the speedup and efficiency
-the speedup of its recorded `baseline_samples_per_sec` on its
-`baseline_num_replicas`, and no speedup when it has none. Speedup, ideal
-(replicas divided by the baseline's replicas) and efficiency (speedup divided
-by ideal) come from `keras_scaling.baseline.speedup_of`, the function
-`ThroughputLogger` uses for its record, so a run's row shows the figures its
-logger wrote.
+Speedup is over the 1-replica run when there is exactly one among the runs,
+otherwise over each run's own recorded baseline (no speedup without one).
+Speedup, ideal and efficiency come from `_run_record.speedup_of`, as
+`ThroughputLogger` computes them, so a row shows the figures its logger wrote.
 """
 
 import dataclasses
@@ -30,14 +19,7 @@ THROUGHPUT_FILE = _run_record.THROUGHPUT_JSON
 
 @dataclasses.dataclass(frozen=True)
 class Run:
-    """One training run's `throughput.json`.
-
-    Args:
-        name: the run's directory relative to the directory searched
-            (`"replicas_2"`), or `"."` for the directory itself.
-        path: the absolute path of the file.
-        throughput: the parsed file.
-    """
+    """One `throughput.json`: `name` is its directory relative to the one searched (`"."` for itself)."""
 
     name: str
     path: str
@@ -59,21 +41,10 @@ class Row:
     tflops_per_sec: float | None = None
     mfu: float | None = None
 
-    def to_json(self):
-        return dataclasses.asdict(self)
-
 
 @dataclasses.dataclass(frozen=True)
 class Summary:
-    """The scaling table and where its baseline came from.
-
-    Args:
-        rows: `Row`s sorted by replicas, then run name.
-        baseline_samples_per_sec: the common baseline, or None when each row
-            uses its run's own recorded baseline.
-        baseline_source: a readable description of the baseline.
-        notes: remarks for the reader, such as runs that had no baseline.
-    """
+    """The rows, sorted by replicas then run; the common baseline (None: each run's own); notes."""
 
     rows: tuple
     baseline_samples_per_sec: float | None
@@ -89,22 +60,16 @@ def read_run(path, name):
 
 
 def find_runs(log_dir):
-    """Every readable `throughput.json` under `log_dir`, recursively.
-
-    Returns:
-        `(runs, problems)`: the `Run`s sorted by name, and one message per
-        file that could not be read.
-    """
+    """`(runs sorted by name, one message per unreadable file)` of every `throughput.json` under `log_dir`."""
     runs, problems = [], []
     for directory, subdirectories, files in os.walk(log_dir):
         subdirectories.sort()
-        if THROUGHPUT_FILE not in files:
-            continue
-        name = os.path.relpath(directory, log_dir)
-        try:
-            runs.append(read_run(os.path.join(directory, THROUGHPUT_FILE), name))
-        except (OSError, ValueError) as error:
-            problems.append(str(error))
+        if THROUGHPUT_FILE in files:
+            try:
+                path = os.path.join(directory, THROUGHPUT_FILE)
+                runs.append(read_run(path, os.path.relpath(directory, log_dir)))
+            except (OSError, ValueError) as error:
+                problems.append(str(error))
     return sorted(runs, key=lambda run: _natural_key(run.name)), problems
 
 
@@ -114,21 +79,20 @@ def _natural_key(name):
 
 
 def summarize(runs):
-    """The scaling `Summary` of `runs` (see the module docstring for the rules)."""
+    """The `Summary` of `runs` (see the module docstring for the baseline)."""
     if not runs:
         raise ValueError("summarize needs at least one run")
     single = [run for run in runs if run.throughput["num_replicas"] == 1]
     notes = []
-    if len(single) == 1:
-        common_baseline = single[0].throughput
+    common = single[0].throughput if len(single) == 1 else None
+    if common is not None:
         source = (
             f"the 1-replica run {single[0].name} "
-            f"({float(common_baseline['samples_per_sec']):.1f} samples/sec)"
+            f"({float(common['samples_per_sec']):.1f} samples/sec)"
         )
     else:
-        common_baseline = None
         source = "each run's own recorded baseline (see its throughput.json)"
-        if len(single) > 1:
+        if single:
             notes.append(
                 f"{len(single)} runs have 1 replica, so none is the common "
                 "baseline; each run's speedup uses its own recorded baseline"
@@ -138,13 +102,9 @@ def summarize(runs):
         record = run.throughput
         replicas = int(record["num_replicas"])
         samples_per_sec = float(record["samples_per_sec"])
-        figures = _run_record.speedup_of(record, common_baseline)
+        figures = _run_record.speedup_of(record, common)
         if figures is None:
-            speedup = efficiency = ideal_speedup = math.nan
             notes.append(f"{run.name} has no baseline, so no speedup")
-        else:
-            speedup, efficiency = figures.speedup, figures.efficiency
-            ideal_speedup = figures.ideal_speedup
         global_batch_size = int(record["global_batch_size"])
         tflops_per_sec = None
         if record.get("flops_per_sample"):
@@ -160,58 +120,34 @@ def summarize(runs):
                 ),
                 global_batch_size=global_batch_size,
                 samples_per_sec=samples_per_sec,
-                speedup=speedup,
-                efficiency=efficiency,
-                ideal_speedup=ideal_speedup,
+                speedup=figures.speedup if figures else math.nan,
+                efficiency=figures.efficiency if figures else math.nan,
+                ideal_speedup=figures.ideal_speedup if figures else math.nan,
                 tflops_per_sec=tflops_per_sec,
                 mfu=record.get("mfu"),
             )
         )
     rows.sort(key=lambda row: (row.replicas, _natural_key(row.run)))
-    return Summary(
-        rows=tuple(rows),
-        baseline_samples_per_sec=(
-            None if common_baseline is None else float(common_baseline["samples_per_sec"])
-        ),
-        baseline_source=source,
-        notes=tuple(notes),
-    )
+    baseline = None if common is None else float(common["samples_per_sec"])
+    return Summary(tuple(rows), baseline, source, tuple(notes))
 
 
 def smallest_efficient_batch(rows, threshold=0.9):
-    """The smallest per-replica batch reaching `threshold` efficiency at the largest count.
-
-    Args:
-        rows: `Row`s of a sweep over per-replica batches and replica counts.
-        threshold: float, the efficiency to reach.
-
-    Returns:
-        `(per_replica_batch_size or None, largest replica count)`.
-
-    Example: rows at 2 replicas with efficiencies 70%, 88%, 93% at per-replica
-    batches 16, 32, 64 give `(64, 2)`.
-    """
+    """`(smallest per-replica batch reaching threshold efficiency at the largest count or None, that count)`."""
     largest = max(row.replicas for row in rows)
     reaching = [
         row.per_replica_batch_size
         for row in rows
-        if row.replicas == largest
-        and not math.isnan(row.efficiency)
-        and row.efficiency >= threshold
+        if row.replicas == largest and row.efficiency >= threshold  # NaN is never >=
     ]
     return (min(reaching) if reaching else None), largest
 
 
 def summary_to_json(summary, **setup):
-    """The content of `scaling.json`: the set-up, the baseline and the rows.
-
-    NaN (no speedup) is written as null.
-    """
+    """The content of `scaling.json`: the set-up, the baseline and the rows, NaN as null."""
 
     def clean(value):
-        if isinstance(value, float) and math.isnan(value):
-            return None
-        return value
+        return None if isinstance(value, float) and math.isnan(value) else value
 
     return {
         "version": 1,
@@ -219,7 +155,46 @@ def summary_to_json(summary, **setup):
         "baseline_samples_per_sec": summary.baseline_samples_per_sec,
         "baseline_source": summary.baseline_source,
         "rows": [
-            {key: clean(value) for key, value in row.to_json().items()} for row in summary.rows
+            {key: clean(value) for key, value in dataclasses.asdict(row).items()}
+            for row in summary.rows
         ],
         "notes": list(summary.notes),
     }
+
+
+_COLUMNS = (
+    ("replicas", "{:d}", "replicas"),
+    ("global batch", "{:d}", "global_batch_size"),
+    ("samples/sec", "{:.1f}", "samples_per_sec"),
+    ("speedup", "{:.2f}x", "speedup"),
+    ("efficiency", "{:.2f}", "efficiency"),
+    ("ideal", "{:g}x", "ideal_speedup"),
+    ("model FLOP/s", "flops", "tflops_per_sec"),
+    ("MFU", "{:.3f}", "mfu"),
+    ("run", "{}", "run"),
+)
+
+
+def format_table(rows):
+    """The Markdown table of `rows`: numbers right-aligned, `-` where there is no figure."""
+    cells = [[title for title, _, _ in _COLUMNS]]
+    cells += [[_cell(fmt, getattr(row, field)) for _, fmt, field in _COLUMNS] for row in rows]
+    widths = [max(len(line[column]) for line in cells) for column in range(len(_COLUMNS))]
+    # Only the run's name is text, aligned left.
+    rule = ["-" * (width - 1) + ":" for width in widths[:-1]] + [":" + "-" * (widths[-1] - 1)]
+    lines = [
+        [text.rjust(width) for text, width in zip(line[:-1], widths)] + [line[-1].ljust(widths[-1])]
+        for line in cells
+    ]
+    lines.insert(1, rule)
+    return "\n".join("| " + " | ".join(line) + " |" for line in lines)
+
+
+def _cell(fmt, value):
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if fmt == "flops":
+        from keras_scaling.throughput._dashboard import flops_text_of
+
+        return flops_text_of(value * 1e12, "/s")
+    return fmt.format(value)

@@ -1,7 +1,4 @@
-"""The bench's sweep plan: replica counts, batch sizes and CPU thread pools.
-
-Pure arithmetic on numbers; nothing here touches TensorFlow.
-"""
+"""The bench's sweep plan: replica counts, batch sizes and CPU thread pools; no TensorFlow."""
 
 import dataclasses
 import math
@@ -11,28 +8,20 @@ from keras_scaling.cli._errors import UsageError
 
 
 def parse_replica_counts(text):
-    """Parses `--replicas`, such as `"1,2,4"`, into sorted distinct counts.
-
-    Example: `parse_replica_counts("4,1,2")` is `(1, 2, 4)`.
-    """
+    """`--replicas`, such as `"4,1,2"`, as sorted distinct counts: `(1, 2, 4)`."""
     return _parse_positive_list(text, "--replicas", "1,2,4")
 
 
 def parse_batch_sizes(text):
-    """Parses `--per-replica-batch`, such as `"16,32,64"`, into sorted distinct sizes.
-
-    Example: `parse_batch_sizes("64")` is `(64,)`; `parse_batch_sizes("64,16")`
-    is `(16, 64)`.
-    """
+    """`--per-replica-batch`, such as `"64,16"`, as sorted distinct sizes: `(16, 64)`."""
     return _parse_positive_list(text, "--per-replica-batch", "16,32,64,128")
 
 
 def _parse_positive_list(text, option, example):
     numbers = set()
     for part in text.split(","):
-        part = part.strip()
         try:
-            number = int(part)
+            number = int(part.strip())
         except ValueError:
             raise UsageError(
                 f"{option} must be a comma-separated list of positive integers "
@@ -45,43 +34,25 @@ def _parse_positive_list(text, option, example):
 
 
 def default_replica_counts(num_devices):
-    """1, then the powers of two up to `num_devices`, then `num_devices` itself.
-
-    Example: 8 devices give `(1, 2, 4, 8)`; 6 devices give `(1, 2, 4, 6)`.
-    """
-    counts = []
-    count = 1
-    while count <= num_devices:
-        counts.append(count)
-        count *= 2
-    if counts[-1] != num_devices:
-        counts.append(num_devices)
-    return tuple(counts)
+    """1, the powers of two up to `num_devices`, and `num_devices`: 6 gives `(1, 2, 4, 6)`."""
+    counts = [2**power for power in range(num_devices.bit_length())]
+    return tuple(counts if counts[-1] == num_devices else [*counts, num_devices])
 
 
 def check_replica_counts(replica_counts, num_devices, device_hint):
     """Raises `UsageError` when a count exceeds the devices there are."""
-    too_many = [count for count in replica_counts if count > num_devices]
-    if too_many:
-        devices = "device" if num_devices == 1 else "devices"
+    most = max(replica_counts)
+    if most > num_devices:
+        are = "is 1 device" if num_devices == 1 else f"are {num_devices} devices"
         raise UsageError(
-            f"--replicas asks for {max(too_many)} replicas but there "
-            f"{'is' if num_devices == 1 else 'are'} {num_devices} {devices} "
-            f"({device_hint}); ask for at most {num_devices}, or pass "
-            f"--cpu-devices {max(too_many)} to sweep over logical CPUs"
+            f"--replicas asks for {most} replicas but there {are} ({device_hint}); ask for at "
+            f"most {num_devices}, or pass --cpu-devices {most} to sweep over logical CPUs"
         )
 
 
 @dataclasses.dataclass(frozen=True)
 class SweepPoint:
-    """One replica count of the sweep and its batch sizes.
-
-    Args:
-        replicas: replicas in sync.
-        per_replica_batch_size: samples each replica takes per step.
-        global_batch_size: samples per step over all replicas
-            (`per_replica_batch_size * replicas`).
-    """
+    """One replica count of the sweep and its batch sizes."""
 
     replicas: int
     per_replica_batch_size: int
@@ -89,16 +60,10 @@ class SweepPoint:
 
 
 def plan_batches(replica_counts, per_replica_batch_size=None, global_batch_size=None):
-    """The batch sizes of every count: weak scaling, or strong scaling.
+    """A `SweepPoint` per count: weak scaling keeps the per-replica batch, strong the global one.
 
-    Weak scaling (`per_replica_batch_size` given) keeps each replica's batch
-    fixed, so the global batch grows with the replicas: 64 per replica gives
-    global batches 64, 128, 256 on 1, 2, 4 replicas. Strong scaling
-    (`global_batch_size` given) keeps the global batch fixed and splits it:
-    256 gives 256, 128, 64 per replica; it must divide by every count.
-
-    Returns:
-        A list of `SweepPoint`, one per count.
+    Raises:
+        UsageError: not exactly one batch given, or a count that does not divide the global batch.
     """
     if (per_replica_batch_size is None) == (global_batch_size is None):
         raise UsageError("give exactly one of --per-replica-batch and --global-batch")
@@ -110,9 +75,8 @@ def plan_batches(replica_counts, per_replica_batch_size=None, global_batch_size=
     not_dividing = [count for count in replica_counts if global_batch_size % count]
     if not_dividing:
         raise UsageError(
-            f"--global-batch {global_batch_size} does not divide by "
-            f"{not_dividing[0]} replicas; strong scaling splits the global batch "
-            "evenly, so pass a multiple of every replica count (such as "
+            f"--global-batch {global_batch_size} does not divide by {not_dividing[0]} "
+            "replicas; pass a multiple of every replica count (such as "
             f"{math.lcm(*replica_counts) * 32})"
         )
     return [
@@ -129,19 +93,10 @@ def available_cores():
 
 @dataclasses.dataclass(frozen=True)
 class CpuThreads:
-    """How the bench shares the CPU cores between logical CPU replicas.
+    """Each logical CPU replica's own pool: `cores // largest count` threads in every run.
 
-    Logical CPU devices share the host's cores. To make N replicas stand for
-    N devices, every replica gets a thread pool of its own with the same
-    number of threads in every run of the sweep: `cores // largest count`.
-    So the 1-replica baseline runs on that many cores and N replicas on N
-    times as many, like adding devices; as long as the largest count is at
-    most the number of cores, the speedup is real parallel speedup.
-
-    Args:
-        cores: CPU cores available to the process.
-        threads_per_replica: intra-op threads of each replica's pool.
-        largest_count: the largest replica count of the sweep.
+    So N replicas use N times the cores of 1 replica, like N devices, while
+    the largest count is at most the number of cores.
     """
 
     cores: int
@@ -150,31 +105,27 @@ class CpuThreads:
 
     @property
     def oversubscribed(self):
-        """Whether some count has more replicas than there are cores."""
         return self.largest_count > self.cores
 
     def intra_op_threads(self):
-        """Intra-op threads of each replica's own pool."""
         return self.threads_per_replica
 
     def inter_op_threads(self, replicas):
-        """Inter-op threads: one per replica, so replicas run side by side."""
+        """One per replica, so replicas run side by side."""
         return replicas
 
     def describe(self):
         """One or two lines for the bench's output."""
         per = "thread" if self.threads_per_replica == 1 else "threads"
         text = (
-            f"CPU thread pools: each replica has {self.threads_per_replica} intra-op "
-            f"{per} of its own ({self.cores} cores // {self.largest_count}, the "
-            "largest replica count), "
-            f"so N replicas use N x {self.threads_per_replica} of the {self.cores} "
-            "cores, like N devices."
+            f"CPU thread pools: each replica has {self.threads_per_replica} intra-op {per} of "
+            f"its own ({self.cores} cores // {self.largest_count}, the largest replica count), "
+            f"so N replicas use N x {self.threads_per_replica} of the {self.cores} cores, "
+            "like N devices."
         )
         if self.oversubscribed:
             text += (
-                f"\nWARNING: {self.largest_count} replicas on {self.cores} cores: "
-                "logical CPUs beyond the core count share cores, so the figures "
+                f"\nWARNING: {self.largest_count} replicas on {self.cores} cores: the figures "
                 f"above {self.cores} replicas are not meaningful as speedup."
             )
         return text
@@ -183,8 +134,4 @@ class CpuThreads:
 def plan_cpu_threads(replica_counts, cores):
     """The `CpuThreads` of a sweep over logical CPUs on `cores` cores."""
     largest = max(replica_counts)
-    return CpuThreads(
-        cores=cores,
-        threads_per_replica=max(1, cores // largest),
-        largest_count=largest,
-    )
+    return CpuThreads(cores, max(1, cores // largest), largest)

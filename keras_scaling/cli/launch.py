@@ -3,32 +3,16 @@
 import argparse
 import sys
 
-from keras_scaling.cli._arguments import non_negative_int, positive_int
+from keras_scaling.cli._arguments import non_negative_int, number, positive_int
 from keras_scaling.launch import _isolation, launcher
 
 _DESCRIPTION = """\
-Run COMMAND as N local workers of one MultiWorkerMirroredStrategy cluster.
-
-Each worker gets a TF_CONFIG naming all workers on free 127.0.0.1 ports
-(worker 0 is the chief), so keras_scaling.auto_strategy() in COMMAND joins
-them. Every output line is prefixed with "[worker i]". When a worker fails,
-the others are stopped and the exit status is the failed worker's (128 + N
-when signal N killed it); Ctrl-C is forwarded to every worker. SIGTERM is
-passed to every worker as a preemption notice (keras_scaling.BackupAndRestore
-saves, then exits with status 75), SIGKILL follows after --grace-period.
---max-restarts N starts the whole job again after a worker fails or is
-preempted, up to N times, and says why. No worker process is left running
-when launch returns.
-
-TensorFlow's servers listen on every network interface and authenticate
-nobody, so on Linux all workers run in one private network namespace with
-only loopback (--isolation=auto, when the kernel allows it): nothing outside
-can reach them, and they reach no network but 127.0.0.1.
-"""
-
-_EXAMPLE = """\
-example:
-  keras-scaling launch --workers 2 --cpu-devices 2 -- python examples/multi_worker.py
+Run COMMAND as N local workers of one MultiWorkerMirroredStrategy cluster:
+each gets a TF_CONFIG naming all workers on 127.0.0.1, so
+keras_scaling.auto_strategy() joins them. Output lines are prefixed with
+"[worker i]"; when a worker fails the others are stopped and its exit status
+is returned. The multi-worker guide says how signals, restarts and the
+network isolation work.
 """
 
 
@@ -41,81 +25,64 @@ def add_parser(subparsers):
         "[--grace-period SECONDS] [--max-restarts N] "
         "[--isolation {auto,require,off}] -- COMMAND ...",
         description=_DESCRIPTION,
-        epilog=_EXAMPLE,
+        epilog="example:\n  keras-scaling launch --workers 2 --cpu-devices 2 -- "
+        "python examples/multi_worker.py\n",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument(
+    add = parser.add_argument
+    add(
         "--workers",
         type=positive_int,
         required=True,
         metavar="N",
         help="number of worker processes",
     )
-    parser.add_argument(
+    add(
         "--cpu-devices",
         type=positive_int,
-        default=None,
         metavar="K",
-        help="split each worker's CPU into K logical devices (sets "
-        f"{launcher.CPU_DEVICES_ENV}=K, read by keras_scaling.auto_strategy)",
+        help=f"split each worker's CPU into K logical devices (sets {launcher.CPU_DEVICES_ENV}=K)",
     )
-    parser.add_argument(
+    add(
         "--port-base",
         type=positive_int,
-        default=None,
         metavar="P",
-        help="use ports P, P+1, ... on 127.0.0.1 (default: free ports)",
+        help="use ports P, P+1, ... (default: free ports)",
     )
-    parser.add_argument(
+    add(
         "--grace-period",
-        type=_seconds,
+        type=number("seconds", low_included=True),
         default=5.0,
         metavar="SECONDS",
-        help="time a worker has to stop after each signal before a stronger "
-        "one (SIGINT, then SIGTERM, then SIGKILL); default 5",
+        help="time a worker has after each signal (SIGINT, SIGTERM) before the next; default 5",
     )
-    parser.add_argument(
+    add(
         "--max-restarts",
         type=non_negative_int,
         default=0,
         metavar="N",
-        help="restart the whole job after a worker fails or is preempted "
-        "(exit status 75), up to N times; default 0",
+        help="restart the whole job after a worker fails or is preempted, up to N times; default 0",
     )
-    parser.add_argument(
+    add(
         "--isolation",
         choices=_isolation.MODES,
         default="auto",
-        help="run the workers in a private network namespace with only "
-        "loopback: 'auto' (default) when the kernel allows it, else warn and "
-        "go on; 'require' refuses to start without it; 'off' leaves the "
-        "workers' ports open on every interface (to attach a debugger)",
+        help="run the workers in a network namespace with only loopback: 'auto' (default) when "
+        "the kernel allows it, 'require' or refuse to start, 'off' (to attach a debugger)",
     )
-    parser.add_argument(
+    add(
         "command",
         nargs=argparse.REMAINDER,
         metavar="-- COMMAND ...",
-        help="the program each worker runs, with its arguments",
+        help="the program each worker runs",
     )
     parser.set_defaults(run=run)
     return parser
 
 
-def _seconds(text):
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0, got {text!r}")
-    return value
-
-
 def run(args):
     """Runs `args.command` as `args.workers` workers; returns the exit status."""
-    command = list(args.command)
-    if command and command[0] == "--":
-        command = command[1:]
+    command = args.command[1:] if args.command[:1] == ["--"] else list(args.command)
     if not command:
         print(
             "keras-scaling launch: no command given; write it after '--', e.g. "

@@ -5,22 +5,15 @@ import json
 import os
 import sys
 
-from keras_scaling.cli import _speedup_table
-from keras_scaling.cli._chart import MatplotlibMissing
+from keras_scaling.cli import _plot, _speedup_table
 from keras_scaling.cli._errors import UsageError
-from keras_scaling.cli._plot import scaling_plot_png
-from keras_scaling.cli._table import format_table
 
 _DESCRIPTION = """\
-Read every throughput.json under LOGDIR (recursively), as written by
-ThroughputLogger at the end of training: the runs of a `keras-scaling bench`
-or your own training runs. Print the scaling table (replicas, global batch,
-samples/sec, speedup, efficiency, ideal, model TFLOP/s and MFU when the
-runs recorded them) and write the plot of speedup
-against replicas (with matplotlib: pip install 'keras-scaling[plot]').
-
-Speedup is relative to the 1-replica run when there is exactly one among
-the runs, otherwise to each run's own recorded baseline.
+Read every throughput.json under LOGDIR (recursively), as ThroughputLogger
+writes them at the end of training, print the scaling table and write the
+plot of speedup against replicas (with matplotlib: pip install
+'keras-scaling[plot]'). Speedup is over the 1-replica run when there is
+exactly one, otherwise over each run's own recorded baseline.
 """
 
 
@@ -35,9 +28,7 @@ def add_parser(subparsers):
     )
     parser.add_argument("logdir", metavar="LOGDIR", help="directory to search")
     parser.add_argument(
-        "--output",
-        metavar="PNG",
-        help="where to write the plot (default: LOGDIR/scaling.png)",
+        "--output", metavar="PNG", help="where to write the plot (default: LOGDIR/scaling.png)"
     )
     parser.set_defaults(run=run)
     return parser
@@ -57,14 +48,22 @@ def run(args):
             "writes one into its log_dir at the end of training"
         )
     summary = _speedup_table.summarize(runs)
-    print(format_table(summary.rows))
+    print(_speedup_table.format_table(summary.rows))
     print(f"\nSpeedup over {summary.baseline_source}.")
     for note in summary.notes:
         print(f"Note: {note}.")
     output = args.output or os.path.join(log_dir, "scaling.png")
+    # A bench's title, from its scaling.json, else the directory's name.
     try:
-        png = scaling_plot_png(summary.rows, _title(log_dir))
-    except MatplotlibMissing as error:
+        with open(os.path.join(log_dir, "scaling.json"), encoding="utf-8") as file:
+            title = json.load(file).get("title")
+    except (OSError, ValueError, AttributeError):
+        title = None
+    try:
+        png = _plot.scaling_plot_png(
+            summary.rows, title or f"runs under {os.path.basename(log_dir)}"
+        )
+    except _plot.MatplotlibMissing as error:
         print(f"\nNo chart ({output}): {error}.")
         return 0
     try:
@@ -74,13 +73,3 @@ def run(args):
         raise UsageError(f"cannot write the plot to {output!r} ({error.strerror})") from None
     print(f"Wrote {output}.")
     return 0
-
-
-def _title(log_dir):
-    """The bench's title when LOGDIR is a bench sweep, else the directory's name."""
-    try:
-        with open(os.path.join(log_dir, "scaling.json"), encoding="utf-8") as file:
-            title = json.load(file).get("title")
-    except (OSError, ValueError, AttributeError):
-        title = None
-    return title or f"runs under {os.path.basename(log_dir)}"

@@ -442,13 +442,13 @@ def test_sweep_writes_a_png_plot(sweep):
 
 
 def test_the_sweeps_plot_is_the_chart_of_the_figures_in_scaling_json(sweep):
-    from keras_scaling.cli import _chart, _plot, _speedup_table
+    from keras_scaling.cli import _plot, _speedup_table
 
     log_dir, _ = sweep
     scaling = _read_json(log_dir / "scaling.json")
     rows = [_speedup_table.Row(**row) for row in scaling["rows"]]
 
-    rendered = _chart.render(_plot.scaling_chart(rows, scaling["title"]))
+    rendered = _plot.render(_plot.scaling_chart(rows, scaling["title"]))
 
     # The same chart gives the same bytes: scaling.png plots these points.
     assert rendered.png == (log_dir / "scaling.png").read_bytes()
@@ -457,11 +457,11 @@ def test_the_sweeps_plot_is_the_chart_of_the_figures_in_scaling_json(sweep):
 
 
 def _rendered_scaling_chart():
-    from keras_scaling.cli import _chart, _plot
+    from keras_scaling.cli import _plot
 
     # Perfect scaling up to 8 replicas: the last label sits at the top right.
     rows = [_row(replicas, 32, 1.0) for replicas in (1, 2, 4, 8)]
-    return _chart.render(_plot.scaling_chart(rows, "mlp, weak scaling on 8 logical CPU(s)"))
+    return _plot.render(_plot.scaling_chart(rows, "mlp, weak scaling on 8 logical CPU(s)"))
 
 
 def _inside(box, bounds):
@@ -480,14 +480,14 @@ def test_efficiency_labels_stay_inside_the_axes():
 
 
 def test_no_text_of_the_plot_is_clipped_by_the_image():
-    from keras_scaling.cli import _chart
+    from keras_scaling.cli import _plot
 
     rendered = _rendered_scaling_chart()
 
     roles = {text.role for text in rendered.texts}
     assert roles == {"title", "x label", "y label", "x tick", "y tick", "point label", "legend"}
     for text in rendered.texts:
-        assert _inside(text.box, (0, 0, _chart.WIDTH_PX, _chart.HEIGHT_PX)), text
+        assert _inside(text.box, (0, 0, _plot.WIDTH_PX, _plot.HEIGHT_PX)), text
 
 
 def test_the_legend_and_tick_labels_keep_clear_of_each_other_and_of_the_axis_labels():

@@ -1,6 +1,6 @@
 """The bench's charts, drawn with matplotlib: what they plot, their ticks, their PNG.
 
-The charts are read back from the figure `_chart.render` drew (the points of
+The charts are read back from the figure `_plot.render` drew (the points of
 each line, the ticks, the box of each text) and from the PNG it wrote.
 """
 
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from keras_scaling.cli import _chart, _plot, _speedup_table
+from keras_scaling.cli import _plot, _speedup_table
 
 
 def _row(replicas, batch, efficiency):
@@ -48,7 +48,7 @@ def _read_png(png):
 def test_the_scaling_chart_plots_the_measured_speedups_and_the_ideal():
     rows = [_row(1, 32, 1.0), _row(2, 32, 0.93), _row(4, 32, 0.81), _row(8, 32, 0.7)]
 
-    rendered = _chart.render(_plot.scaling_chart(rows, "mlp"))
+    rendered = _plot.render(_plot.scaling_chart(rows, "mlp"))
 
     assert [(line.label, line.points) for line in rendered.lines] == [
         ("ideal (= replicas)", ((1, 1.0), (2, 2.0), (4, 4.0), (8, 8.0))),
@@ -65,7 +65,7 @@ def test_the_scaling_chart_plots_the_measured_speedups_and_the_ideal():
 def test_the_scaling_chart_of_a_batch_sweep_plots_a_line_per_per_replica_batch():
     rows = _batch_sweep_rows()
 
-    rendered = _chart.render(_plot.scaling_chart(rows, "mlp", by_batch=True))
+    rendered = _plot.render(_plot.scaling_chart(rows, "mlp", by_batch=True))
 
     assert [(line.label, line.points) for line in rendered.lines] == [
         ("ideal (= replicas)", ((1, 1.0), (2, 2.0), (4, 4.0))),
@@ -90,7 +90,7 @@ def test_the_efficiency_chart_has_a_line_per_replica_count_and_the_threshold_acr
 
 
 def test_the_efficiency_chart_plots_the_measured_efficiencies():
-    rendered = _chart.render(_plot.efficiency_chart(_batch_sweep_rows(), "mlp", threshold=0.9))
+    rendered = _plot.render(_plot.efficiency_chart(_batch_sweep_rows(), "mlp", threshold=0.9))
 
     by_label = {line.label: line.points for line in rendered.lines}
     assert by_label["2 replicas"] == ((8, 0.6), (32, 0.95))
@@ -112,14 +112,14 @@ def test_the_efficiency_chart_plots_the_measured_efficiencies():
 def test_y_ticks_fall_on_round_numbers(replicas, efficiency, ticks):
     rows = [_row(1, 32, 1.0), _row(replicas, 32, efficiency)]
 
-    rendered = _chart.render(_plot.scaling_chart(rows, "mlp"))
+    rendered = _plot.render(_plot.scaling_chart(rows, "mlp"))
 
     assert rendered.y_ticks == ticks
 
 
 def test_tick_text_is_as_short_as_exact():
     # Efficiencies up to 0.95: the y axis reaches 1.14, ticks every 0.25.
-    rendered = _chart.render(_plot.efficiency_chart(_batch_sweep_rows(), "mlp"))
+    rendered = _plot.render(_plot.efficiency_chart(_batch_sweep_rows(), "mlp"))
 
     y_ticks = [text.text for text in rendered.texts if text.role == "y tick"]
     assert y_ticks == ["0", "0.25", "0.5", "0.75", "1"]
@@ -128,7 +128,7 @@ def test_tick_text_is_as_short_as_exact():
 def test_batches_a_doubling_apart_are_evenly_spaced_on_the_logarithmic_axis():
     rows = [_row(2, batch, 0.9) for batch in (8, 16, 32, 128)]
 
-    rendered = _chart.render(_plot.efficiency_chart(rows, "mlp"))
+    rendered = _plot.render(_plot.efficiency_chart(rows, "mlp"))
 
     centres = [(text.box[0] + text.box[2]) / 2 for text in rendered.texts if text.role == "x tick"]
     gaps = [right - left for left, right in zip(centres, centres[1:])]
@@ -137,13 +137,13 @@ def test_batches_a_doubling_apart_are_evenly_spaced_on_the_logarithmic_axis():
 
 
 def test_no_text_of_the_efficiency_chart_is_clipped_or_overlaps_another():
-    rendered = _chart.render(_plot.efficiency_chart(_batch_sweep_rows(), "mlp, weak scaling"))
+    rendered = _plot.render(_plot.efficiency_chart(_batch_sweep_rows(), "mlp, weak scaling"))
 
     roles = {text.role for text in rendered.texts}
     assert roles == {"title", "x label", "y label", "x tick", "y tick", "legend"}
     for text in rendered.texts:
         left, top, right, bottom = text.box
-        assert 0 <= left and right <= _chart.WIDTH_PX and 0 <= top and bottom <= _chart.HEIGHT_PX
+        assert 0 <= left and right <= _plot.WIDTH_PX and 0 <= top and bottom <= _plot.HEIGHT_PX
     for index, text in enumerate(rendered.texts):
         for other in rendered.texts[index + 1 :]:
             overlap = (
@@ -163,9 +163,9 @@ def test_the_png_is_640_by_480_and_draws_each_line_in_its_colour():
 
     pixels = _read_png(_plot.scaling_plot_png(rows, "mlp"))
 
-    assert pixels.shape[:2] == (_chart.HEIGHT_PX, _chart.WIDTH_PX)
+    assert pixels.shape[:2] == (_plot.HEIGHT_PX, _plot.WIDTH_PX)
     colours = {tuple(rgb) for rgb in np.round(pixels[..., :3] * 255).astype(int).reshape(-1, 3)}
-    for colour in (_chart.COLORS[0], _chart.GREY):  # the measured line, the ideal
+    for colour in (_plot.COLORS[0], _plot.GREY):  # the measured line, the ideal
         assert tuple(round(c * 255) for c in matplotlib.colors.to_rgb(colour)) in colours
 
 
@@ -173,12 +173,12 @@ def test_the_same_chart_gives_the_same_png_whatever_the_users_matplotlibrc():
     import matplotlib
 
     chart = _plot.scaling_chart([_row(1, 32, 1.0), _row(2, 32, 0.9)], "mlp")
-    png = _chart.render(chart).png
+    png = _plot.render(chart).png
 
     with matplotlib.rc_context(
         {"font.family": "serif", "axes.edgecolor": "red", "figure.facecolor": "black"}
     ):
-        styled = _chart.render(chart).png
+        styled = _plot.render(chart).png
 
     assert styled == png
 
@@ -188,5 +188,5 @@ def test_without_matplotlib_render_raises_naming_the_extra(monkeypatch):
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` fails
 
-    with pytest.raises(_chart.MatplotlibMissing, match=r"pip install 'keras-scaling\[plot\]'"):
+    with pytest.raises(_plot.MatplotlibMissing, match=r"pip install 'keras-scaling\[plot\]'"):
         _plot.scaling_plot_png([_row(1, 32, 1.0)], "mlp")

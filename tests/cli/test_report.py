@@ -4,6 +4,7 @@ The runs here are hand-written `throughput.json` files, which are what
 `report` reads: a user's own runs are exactly such files.
 """
 
+import dataclasses
 import json
 import math
 import os
@@ -13,7 +14,7 @@ import sys
 import pytest
 
 from keras_scaling.cli import _speedup_table
-from keras_scaling.cli._table import format_table
+from keras_scaling.cli._speedup_table import format_table
 
 
 def _write_run(
@@ -131,7 +132,7 @@ def test_table_prints_every_column_and_a_dash_for_no_speedup(tmp_path):
     rows = list(_speedup_table.summarize(_speedup_table.find_runs(tmp_path)[0]).rows)
     rows.append(
         rows[1].__class__(
-            **{**rows[1].to_json(), "speedup": math.nan, "efficiency": math.nan, "run": "x"}
+            **{**dataclasses.asdict(rows[1]), "speedup": math.nan, "efficiency": math.nan, "run": "x"}
         )
     )
 
