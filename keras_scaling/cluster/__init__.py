@@ -1,19 +1,6 @@
-"""Where a multi-worker cluster comes from: `TF_CONFIG`, Slurm, Kubernetes, `launch`.
+"""Where a multi-worker cluster comes from: `TF_CONFIG`, Kubernetes, Slurm, `launch`.
 
-`keras_scaling.auto_strategy()` asks `resolve_cluster()` which cluster this
-process belongs to, from its environment alone, in this order:
-
-1. `TF_CONFIG`, when set (by `keras-scaling launch`, Vertex AI, Kubeflow,
-   Ray Train or by hand): it wins, and the log says what it won over;
-2. `KERAS_SCALING_WORKER_HOSTS` with `JOB_COMPLETION_INDEX`: the pods of a
-   Kubernetes Indexed Job or JobSet;
-3. the Slurm job step this process is a task of (`srun`), with more than
-   one task.
-
-The core is plain functions of a mapping of environment variables, testable
-with dicts; `keras_scaling.devices` builds the TensorFlow side from their
-`ClusterSpec`. `describe_cluster()` is the sentence the log, `describe_strategy`
-and `keras-scaling doctor` print.
+Plain functions of a mapping of environment variables; see docs/guides/clusters.md.
 """
 
 import dataclasses
@@ -62,23 +49,16 @@ def _parameter_server_message(task: object, count: int) -> str:
     servers = "a parameter server" if count == 1 else f"{count} parameter servers"
     return (
         f"TF_CONFIG names {servers} ('ps' tasks; this task is {task!r}): keras_scaling "
-        "trains with all-reduce (MultiWorkerMirroredStrategy), where every worker holds "
-        "the variables, and a cluster with 'ps' tasks needs "
-        "tf.distribute.ParameterServerStrategy, with a coordinator on the chief. Build "
-        "that strategy yourself, or remove the 'ps' tasks (on Vertex AI, worker pool 2) "
-        "to train the chief and workers with all-reduce."
+        "trains with all-reduce, and 'ps' tasks need tf.distribute.ParameterServerStrategy. "
+        "Build that strategy yourself, or remove the 'ps' tasks (on Vertex AI, worker pool 2)."
     )
 
 
 def tf_config_cluster(env: Mapping[str, str]) -> ClusterSpec | None:
     """The cluster `TF_CONFIG` describes, or None when it is unset or names one process.
 
-    `chief`, `worker` and `evaluator` tasks are read as Vertex AI and Kubeflow
-    write them: the chief is worker 0 of the training and the workers follow;
-    the evaluator trains with nobody, whether its cluster lists it (Vertex
-    AI) or leaves it out (Kubeflow's TFJob, AI Platform). `ps` tasks are an
-    error on every task but the evaluator: keras_scaling trains with
-    all-reduce, and parameter servers need `tf.distribute.ParameterServerStrategy`.
+    The chief is worker 0 of the training; the evaluator trains with nobody,
+    listed in the cluster or not. `ps` tasks are refused (but on the evaluator).
 
     Args:
         env: mapping, the environment (`os.environ`, or a dict in tests).
@@ -120,8 +100,7 @@ def tf_config_cluster(env: Mapping[str, str]) -> ClusterSpec | None:
     parameter_servers = tuple(jobs.get("ps") or ())
     if parameter_servers and task_type != "evaluator":
         raise ValueError(_parameter_server_message(task, len(parameter_servers)))
-    # Kubeflow's TFJob and AI Platform leave the evaluator out of the cluster
-    # it evaluates: it is no part of the training.
+    # Kubeflow's TFJob and AI Platform leave the evaluator out of the cluster.
     outside = task_type == "evaluator" and not evaluator
     if len(chief) + len(workers) < 2 and not evaluator and not outside:
         return None
@@ -169,15 +148,13 @@ def resolve_cluster(
 
     Args:
         env: mapping, the environment; defaults to `os.environ`.
-        expand: function expanding a Slurm host list (the default asks
-            `scontrol show hostnames` when it is there).
+        expand: function expanding a Slurm host list.
 
     Returns:
         A `ClusterSpec`, or None.
 
     Raises:
-        NotInStepError: inside a Slurm job of several tasks, outside `srun`,
-            with neither `TF_CONFIG` nor `KERAS_SCALING_WORKER_HOSTS` set.
+        NotInStepError: inside a Slurm job of several tasks, outside `srun`.
         ValueError: the winning source's variables are malformed.
 
     Example:
@@ -220,16 +197,12 @@ def resolve_cluster(
 def describe_cluster(env: Mapping[str, str] | None = None) -> str:
     """One sentence saying where this process's cluster comes from.
 
-    Such as `"Slurm job 1234 step 0: 4 tasks on 2 nodes"`, `"TF_CONFIG: 2
-    workers; this is worker 1, set by keras-scaling launch"`, `"Kubernetes
-    indexed job, pod 0 of 4 (KERAS_SCALING_WORKER_HOSTS)"`, or, for a single
-    process, `"one process: ..."`.
-
     Args:
         env: mapping, the environment; defaults to `os.environ`.
 
     Returns:
-        str.
+        str, such as `"Slurm job 1234 step 0: 4 tasks on 2 nodes"`, or
+        `"one process: ..."`.
 
     Raises:
         NotInStepError, ValueError: as `resolve_cluster`.

@@ -1,9 +1,7 @@
 """Slurm's compressed host lists (`gpu[01-04,07],login3`), expanded.
 
-`scontrol show hostnames` does it where Slurm is installed; the pure-Python
-expander below does it everywhere else (a Kubernetes pod, a test) and checks
-the syntax first, since `scontrol` 22.05 turns a malformed list such as
-`node[1` into a wrong host instead of an error.
+By `scontrol show hostnames` where Slurm is, else in Python; the syntax is
+checked in Python first, since `scontrol` 22.05 turns `node[1` into a wrong host.
 """
 
 import ipaddress
@@ -18,15 +16,10 @@ _SCONTROL_TIMEOUT_S = 10
 
 
 def _split_top_level(text: str, parameter: str) -> list[str]:
-    """Splits `text` at the commas and white space outside brackets, as Slurm does.
-
-    A YAML list written into one variable (`"a:1 b:1"`, `"a:1, b:1"`) reads
-    as `"a:1,b:1"`; an empty entry between two commas is refused.
-    """
+    """Splits `text` at commas and white space outside brackets; refuses empty entries."""
     entries: list[str] = []
     current, depth = "", 0
-    # Whether a comma is waiting for the entry that must follow it.
-    comma_pending = True
+    comma_pending = True  # a comma waits for the entry that must follow it
     for char in text:
         if char == "[":
             depth += 1
@@ -87,12 +80,9 @@ def _ipv6_literal(inside: str, text: str, parameter: str) -> str:
 def _expand_one(name: str, text: str, parameter: str) -> list[str]:
     """One entry with any number of bracket groups: their product, in `scontrol`'s order.
 
-    `scontrol show hostnames` (Slurm 22.05) varies the last group fastest,
-    then the others from the first on: `a[1-2]b[1-2]c[1-2]` is a1b1c1,
-    a1b1c2, a2b1c1, a2b1c2, a1b2c1, ... A bracket holding an IPv6 address
-    (`[fd00::1]:2222`) is kept as it is.
+    `scontrol` (Slurm 22.05) varies the last group fastest, then the others
+    from the first on: `a[1-2]b[1-2]c[1-2]` is a1b1c1, a1b1c2, a2b1c1, ...
     """
-    # Literal text and, in between, the values of each numeric group.
     pieces: list[str | list[str]] = []
     rest = name
     while "[" in rest:
@@ -107,8 +97,6 @@ def _expand_one(name: str, text: str, parameter: str) -> list[str]:
         rest = rest[close_at + 1 :]
     pieces.append(rest)
     groups = [index for index, piece in enumerate(pieces) if isinstance(piece, list)]
-    # Slowest first: the groups before the last from the one before it back
-    # to the first, then the last.
     order = groups[-2::-1] + groups[-1:]
     hosts = []
     for values in itertools.product(*(pieces[index] for index in order)):
@@ -120,19 +108,7 @@ def _expand_one(name: str, text: str, parameter: str) -> list[str]:
 
 
 def expand_hostlist_python(text: str, parameter: str = "host list") -> list[str]:
-    """Expands a Slurm host list in pure Python, checking its syntax.
-
-    Args:
-        text: str, such as `"gpu[01-04,07],login3"` or `"rack[1-2]-n[1-2]"`;
-            entries are separated by commas, white space or both.
-        parameter: str, the name the error messages give the list.
-
-    Returns:
-        list of str, the host names in order.
-
-    Raises:
-        ValueError: the list is empty or malformed.
-    """
+    """`expand_hostlist` without `scontrol`."""
     if not isinstance(text, str) or not text.strip():
         raise ValueError(f"{parameter} is empty: expected host names such as 'gpu[01-04,07]'")
     hosts = []
@@ -141,13 +117,11 @@ def expand_hostlist_python(text: str, parameter: str = "host list") -> list[str]
     return hosts
 
 
-# Where Slurm's commands find the cluster's configuration: SLURM_CONF, the
-# default path, or the cache slurmd keeps on the nodes of a configless cluster.
+# The default configuration, and slurmd's cache on a configless cluster's nodes.
 _SLURM_CONF_PATHS = ("/etc/slurm/slurm.conf", "/run/slurm/conf/slurm.conf")
 
 
 def _scontrol_hostnames(text: str) -> list[str] | None:
-    """`scontrol show hostnames TEXT`, or None when scontrol is absent or fails."""
     scontrol = shutil.which("scontrol")
     if scontrol is None:
         return None
@@ -175,16 +149,10 @@ def expand_hostlist(
 ) -> list[str]:
     """Expands a Slurm compressed host list into host names.
 
-    The syntax is checked in Python; the expansion is `scontrol show
-    hostnames` when Slurm's `scontrol` is on the `PATH`, finds the cluster's
-    configuration (`SLURM_CONF`, `/etc/slurm/slurm.conf` or a configless
-    node's cache) and answers, else the same rules in Python: entries
-    separated by commas, white space or both, each with bracket groups of
-    numbers and ranges whose zero padding is kept (`gpu[01-04,07]` is gpu01
-    ... gpu04, gpu07), several groups multiplying in `scontrol`'s order (the
-    last group fastest, then the others from the first on: `r[1-2]n[1-2]` is
-    r1n1, r1n2, r2n1, r2n2). A bracket holding an IPv6 address
-    (`[fd00::1]:2222`) is that address, not a range.
+    By `scontrol show hostnames` when it is on the `PATH` with a
+    configuration, else by the same rules in Python: entries separated by
+    commas or white space, ranges keeping their zero padding, several groups
+    multiplying in `scontrol`'s order, `[fd00::1]` an IPv6 address.
 
     Args:
         text: str, the host list, such as `SLURM_STEP_NODELIST`.

@@ -1,18 +1,4 @@
-"""A Kubernetes Indexed Job's pods as a cluster: plain functions of the environment.
-
-Each pod of an Indexed Job (or of a JobSet's replicated job) gets its index
-in `JOB_COMPLETION_INDEX`. With one more variable, the same in every pod,
-naming the workers in Slurm's host-list notation, every pod computes the same
-worker list and its own task, so nobody writes `TF_CONFIG` JSON in YAML:
-
-    KERAS_SCALING_WORKER_HOSTS=train-[0-3].train-svc:2222
-
-is train-0.train-svc:2222 ... train-3.train-svc:2222 (the Job `train`'s pods
-behind the headless Service `train-svc`), and the pod of index 2 is worker 2.
-A plain list works too, its entries separated by commas, spaces or both (as
-a YAML list is written into one variable), and IPv6 addresses in brackets
-(`[fd00::1]:2222`).
-"""
+"""A Kubernetes Indexed Job's pods as a cluster, from `JOB_COMPLETION_INDEX` and a host list."""
 
 from collections.abc import Mapping
 
@@ -41,8 +27,7 @@ def worker_hosts_cluster(env: Mapping[str, str]) -> ClusterSpec | None:
     """The cluster named by `KERAS_SCALING_WORKER_HOSTS` and `JOB_COMPLETION_INDEX`, or None.
 
     None when `KERAS_SCALING_WORKER_HOSTS` is unset. The pod of index `i` is
-    worker `i`; worker 0 is the chief. The list's entries are separated by
-    commas, white space or both, and read the same on every pod.
+    worker `i`; worker 0 is the chief.
 
     Args:
         env: mapping, the environment (`os.environ`, or a dict in tests).

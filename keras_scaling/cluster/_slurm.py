@@ -1,11 +1,8 @@
 """A Slurm job step's tasks as a cluster: plain functions of the environment.
 
-Inside `srun` (alone, or in an `sbatch` script) every task of the step gets
-the same node list and tasks-per-node, and its own node and local rank. From
-those every task computes the same worker list: for each node of the step in
-order, one worker per task on it, at `host:port_base + local rank`. A task's
-index in that list comes from its node and local rank, not `SLURM_PROCID`,
-so it holds whatever `--distribution` placed the ranks.
+Every task computes the same worker list (per node in order, one worker per
+task at `host:port_base + local rank`); its index comes from its node and
+local rank, not `SLURM_PROCID`, so it holds whatever `--distribution` did.
 """
 
 import re
@@ -15,12 +12,9 @@ from keras_scaling.cluster._hostlist import expand_hostlist
 from keras_scaling.cluster._spec import ClusterSpec
 
 PORT_ENV = "KERAS_SCALING_PORT"
-# Ports below Linux's default ephemeral range (32768-60999), where the
-# kernel picks the local ports of outgoing connections.
+# Below Linux's ephemeral range (32768-60999), where outgoing connections' ports are.
 PORT_RANGE = (20000, 32768)
-# Steps of one job that get ports of their own: steps 0 to 7 (step 8 shares
-# step 0's, and so on).
-STEPS_PER_JOB = 8
+STEPS_PER_JOB = 8  # steps 0 to 7 get ports of their own; step 8 shares step 0's
 _TASKS_PER_NODE = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
 
 
@@ -67,12 +61,10 @@ def _int(env: Mapping[str, str], name: str) -> int | None:
 
 
 def _job_tasks(env: Mapping[str, str]) -> int:
-    """The tasks `srun` would start in this job: `--ntasks`, else one per node (`--nodes`)."""
+    """The tasks `srun` would start in this job: `--ntasks`, else `SLURM_TASKS_PER_NODE`'s."""
     ntasks = _int(env, "SLURM_NTASKS") or _int(env, "SLURM_NPROCS")
     if ntasks:
         return ntasks
-    # Without --ntasks Slurm sets no SLURM_NTASKS; srun then starts the tasks
-    # of SLURM_TASKS_PER_NODE, one per node of --nodes by default.
     try:
         return sum(parse_tasks_per_node(env.get("SLURM_TASKS_PER_NODE") or "1"))
     except ValueError:
@@ -87,21 +79,16 @@ def in_slurm_job(env: Mapping[str, str]) -> bool:
 def in_slurm_step(env: Mapping[str, str]) -> bool:
     """Whether this process is a task of a Slurm job step (started by `srun`)."""
     step = env.get("SLURM_STEP_ID", env.get("SLURM_STEPID"))
-    # The batch script itself runs as the step "batch" (or without the
-    # variable, as in Slurm 22.05), and an salloc shell as "extern"/none.
+    # The batch script is step "batch" (unset in Slurm 22.05), an salloc shell "extern"/unset.
     return in_slurm_job(env) and step is not None and step.isdigit()
 
 
 def step_port_base(job_id: int, step_id: int, tasks_on_busiest_node: int = 1) -> int:
     """The first port of a step's tasks on each node, the same on every task.
 
-    The range `PORT_RANGE` (20000 to 32767) is cut into blocks of
-    `tasks_on_busiest_node` ports, one per task of a node; steps 0 to 7 of a
-    job take 8 consecutive blocks, and job `J` takes the 8 blocks at
-    `(J mod W) * 8`, where `W = 12768 // (8 * tasks_on_busiest_node)` jobs
-    fit in the range (1596 with one task per node, 399 with 4, 199 with 8).
-    So the ports of steps 0 to 7 of two jobs never coincide when the jobs'
-    ids are less than `W` apart and their steps run as many tasks per node.
+    Steps 0 to 7 of two jobs get different ports when the jobs' ids are less
+    than 12768 // (8 * `tasks_on_busiest_node`) apart (the scheme:
+    docs/guides/clusters.md).
 
     Args:
         job_id: int, `SLURM_JOB_ID`.
@@ -146,11 +133,9 @@ def _port_override(env: Mapping[str, str], tasks_on_busiest_node: int) -> int | 
 class NotInStepError(RuntimeError):
     """A Slurm job of several tasks runs this Python as one process, outside `srun`.
 
-    Raised by `auto_strategy()` (through `slurm_cluster`) in a batch script
-    or `salloc` shell of `--ntasks=2` or more (or `--nodes=2` or more, one
-    task per node) that runs `python train.py` directly: that one process
-    would train alone while the other tasks never start. The message names
-    the fix: `srun python train.py`.
+    Raised by `auto_strategy()` (through `slurm_cluster`): that one process
+    would train alone while the other tasks never start. The fix:
+    `srun python train.py`.
 
     Args:
         *args: the message, as for any exception.
@@ -173,21 +158,18 @@ def slurm_cluster(
 ) -> ClusterSpec | None:
     """The cluster of the Slurm job step this process is a task of, or None.
 
-    None outside Slurm and in a step of one task. The step's tasks are the
-    workers; worker 0 (the chief) is local rank 0 on the first node.
+    None outside Slurm and in a step of one task; worker 0 (the chief) is
+    local rank 0 on the first node.
 
     Args:
         env: mapping, the environment (`os.environ`, or a dict in tests).
-        expand: function expanding a compressed host list (the default asks
-            `scontrol show hostnames` when it is there).
+        expand: function expanding a compressed host list.
 
     Returns:
         A `ClusterSpec`, or None.
 
     Raises:
-        NotInStepError: a job of several tasks runs this process outside
-            `srun` (a batch script or `salloc` shell running Python directly):
-            one process would train alone while the others were never started.
+        NotInStepError: a job of several tasks runs this process outside `srun`.
         ValueError: the step's variables are malformed or disagree, or
             `KERAS_SCALING_PORT` is not a usable port.
 
@@ -209,18 +191,11 @@ def slurm_cluster(
     if not in_slurm_step(env):
         ntasks = _job_tasks(env)
         if ntasks > 1:
-            counted = ""
-            if not (env.get("SLURM_NTASKS") or env.get("SLURM_NPROCS")):
-                counted = (
-                    f" (SLURM_TASKS_PER_NODE={env.get('SLURM_TASKS_PER_NODE')}, the tasks "
-                    "srun starts on the nodes of --nodes without --ntasks)"
-                )
             raise NotInStepError(
-                f"Slurm job {job_id} has {ntasks} tasks{counted}, but this Python runs outside "
-                "a job step (straight from the batch script or an salloc shell), so "
-                f"it would train alone while the other {ntasks - 1} never start. Start "
-                "one process per task with srun: `srun python train.py` in the batch "
-                "script; or `srun --ntasks=1 python train.py` to train on one process."
+                f"Slurm job {job_id} has {ntasks} tasks, but this Python runs outside a job "
+                f"step, so it would train alone while the other {ntasks - 1} never start. "
+                "Start one process per task with srun: `srun python train.py` (or `srun "
+                "--ntasks=1 python train.py` for one process)."
             )
         return None
     step_id = _int(env, "SLURM_STEP_ID")
@@ -281,22 +256,15 @@ def _device_ids(text: object) -> list[str]:
 
 
 def _bound_per_task(env: Mapping[str, str]) -> bool:
-    """Whether the job asked Slurm to give each task GPUs of its own.
-
-    `sbatch`/`srun` options reach the tasks' environment as these variables
-    when given to `sbatch` (or exported); given to `srun` alone they do not,
-    and the GPU counts below tell instead.
-    """
+    """Whether `sbatch` options asked for GPUs per task (`srun`'s alone leave no variable)."""
     if env.get("SLURM_GPUS_PER_TASK"):
         return True
     bind = [part.strip() for part in env.get("SLURM_GPU_BIND", "").split(",")]
     kinds = {part.split(":")[0] for part in bind if part and part != "verbose"}
-    # closest, map_gpu, mask_gpu, per_task and single bind each task; none does not.
     return bool(kinds - {"none"})
 
 
 def _step_gpu_count(env: Mapping[str, str]) -> int | None:
-    """The GPUs of this step on this node, or None when Slurm does not say."""
     if env.get("SLURM_STEP_GPUS"):
         return len(_device_ids(env["SLURM_STEP_GPUS"]))
     count = _int(env, "SLURM_GPUS_ON_NODE")
@@ -308,17 +276,11 @@ def _step_gpu_count(env: Mapping[str, str]) -> int | None:
 
 
 def task_gpus(env: Mapping[str, str], local_rank: int, tasks_on_node: int) -> list[str] | None:
-    """The GPU ids this task should see, from what Slurm bound, or None to leave them be.
+    """The GPU ids this task should see, or None to leave them be.
 
-    When Slurm bound GPUs to each task, in any form (`--gpus-per-task`, or
-    `--gpu-bind=single:N`, `closest`, `map_gpu:...`, `mask_gpu:...`,
-    `per_task:N`), the task's `CUDA_VISIBLE_DEVICES` holds its own GPUs,
-    fewer than the step's on the node (`SLURM_STEP_GPUS`,
-    `SLURM_GPUS_ON_NODE`): those are kept, all of them (None). When every
-    task of a node sees all the step's GPUs of the node (`--gres=gpu:4` with
-    2 tasks per node, or `--gpu-bind=none`), each task takes an equal share
-    in local-rank order. A node without GPUs gives None too: no `nvidia-smi`
-    is asked.
+    GPUs Slurm bound to each task are kept (None). When every task of a node
+    sees all the step's GPUs of the node, each takes an equal share by local
+    rank. A node without GPUs gives None.
 
     Args:
         env: mapping, the environment.

@@ -6,10 +6,7 @@ from typing import Any
 
 @dataclasses.dataclass(frozen=True)
 class ClusterSpec:
-    """A multi-worker cluster and this process's task in it, and where it came from.
-
-    Built by `resolve_cluster` from Slurm's, Kubernetes' or `TF_CONFIG`'s
-    environment; plain data, no TensorFlow.
+    """A multi-worker cluster, this process's task in it, and where it came from.
 
     Args:
         source: str, `"slurm"`, `"kubernetes"`, `"tf_config"` or `"launch"`.
@@ -19,10 +16,9 @@ class ClusterSpec:
         task_type: str, this process's task: `"worker"`, `"chief"` or
             `"evaluator"`.
         task_index: int, this process's index among the tasks of its type.
-        chief: tuple of `"host:port"`, the `chief` task, if any (Vertex AI and
-            Kubeflow name one; it is worker 0 of the training).
-        evaluator: tuple of `"host:port"`, the `evaluator` task, if any; empty
-            on an evaluator that its cluster leaves out (Kubeflow's TFJob).
+        chief: tuple of `"host:port"`, the `chief` task, if any (worker 0 of
+            the training).
+        evaluator: tuple of `"host:port"`, the `evaluator` task, if any.
         local_rank: int, this task's rank among the tasks on its node.
         tasks_on_node: int, the tasks of the cluster on this node.
         port_source: str, where the ports came from (for messages).
