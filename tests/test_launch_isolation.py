@@ -313,9 +313,8 @@ def test_off_warns_once_naming_the_ports():
     assert err == (
         "keras-scaling launch: warning: isolation is off: while the job runs, its "
         "workers listen on every network interface on ports "
-        f"{first}, {second}, and TensorFlow's servers authenticate nobody; anyone "
-        "who can reach this machine can run operations in them. See Security in "
-        "the README.\n"
+        f"{first}, {second}, and TensorFlow's servers authenticate nobody. See "
+        "Security in the multi-worker guide.\n"
     )
 
 

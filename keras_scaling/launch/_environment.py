@@ -1,13 +1,7 @@
-"""Environment variables that one keras_scaling process sets for another.
+"""Environment variables one keras_scaling process sets for another; imports nothing."""
 
-Plain constants, importing nothing: `launcher` (which must not import
-TensorFlow) sets them for every worker it starts, `devices` reads them.
-"""
-
-# The logical CPUs each worker splits its CPU into, as
-# `keras-scaling launch --cpu-devices K` asks; read by `auto_strategy`.
+# The logical CPUs each worker splits its CPU into (`launch --cpu-devices`).
 CPU_DEVICES_ENV = "KERAS_SCALING_CPU_DEVICES"
 
-# Set by `keras-scaling launch` for every worker, so that the cluster's
-# origin (`keras_scaling.cluster.describe_cluster`) says who wrote TF_CONFIG.
+# Set for `launch`'s workers, so `describe_cluster` names it as TF_CONFIG's origin.
 LAUNCHED_ENV = "KERAS_SCALING_LAUNCHED"

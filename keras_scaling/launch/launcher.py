@@ -1,11 +1,4 @@
-"""Start N local workers of one command, as a group that lives and dies together.
-
-The local counterpart of `torchrun` for `tf.distribute.MultiWorkerMirroredStrategy`:
-every worker gets a `TF_CONFIG` naming the whole cluster on free 127.0.0.1
-ports, every line it prints is prefixed with its index, and when one worker
-fails (or the user presses Ctrl-C) the others are stopped rather than left
-blocked in a collective that can never complete. Plain Python: no TensorFlow.
-"""
+"""Start N local workers of one command, as a group that lives and dies together; no TensorFlow."""
 
 import dataclasses
 import json
@@ -32,9 +25,8 @@ _POLL_INTERVAL_S = 0.05
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     """Returns `count` distinct TCP ports that are free on `host` right now.
 
-    All sockets stay bound until every port is chosen, so the ports are
-    distinct; they are released before returning, so another process could
-    in principle take one before the workers bind it.
+    They are released before returning: another process could take one
+    before the workers bind it.
 
     Args:
         count: int, the number of ports.
@@ -75,49 +67,21 @@ def _check_ports_free(ports, host="127.0.0.1"):
                 ) from None
 
 
-def _tf_config(ports, index, host="127.0.0.1"):
-    """The `TF_CONFIG` of worker `index` in a cluster of workers on `ports`.
-
-    Worker 0 is the chief: with no `chief` task in the cluster,
-    `MultiWorkerMirroredStrategy` gives that role to worker 0.
-
-    Args:
-        ports: list of int, one port per worker.
-        index: int, this worker's index in `ports`.
-        host: str, the workers' address, `"127.0.0.1"` by default.
-
-    Returns:
-        A dict, such as `{"cluster": {"worker": ["127.0.0.1:5001",
-        "127.0.0.1:5002"]}, "task": {"type": "worker", "index": 1}}`.
-    """
-    return {
-        "cluster": {"worker": [f"{host}:{port}" for port in ports]},
-        "task": {"type": "worker", "index": index},
-    }
-
-
 def worker_env(
     base_env: Mapping[str, str], ports: Sequence[int], index: int, cpu_devices: int | None = None
 ) -> dict[str, str]:
-    """The environment of worker `index`: `base_env` plus its cluster settings.
+    """The environment of worker `index`: a copy of `base_env` plus its cluster settings.
 
-    Sets `TF_CONFIG`, `KERAS_SCALING_LAUNCHED=1` (so that
-    `keras_scaling.cluster.describe_cluster()` names `launch` as the origin),
-    `KERAS_SCALING_CPU_DEVICES` when `cpu_devices` is given, and
-    `PYTHONUNBUFFERED=1` (unless already set) so that a Python worker's
-    lines reach the terminal as they are printed, not when a buffer fills.
-
-    `TF_CONFIG` names every worker of the cluster on 127.0.0.1, one port
-    each, and gives this worker task `{"type": "worker", "index": index}`;
-    worker 0 is the chief. `base_env` itself is not changed.
+    Sets `TF_CONFIG` (every worker on 127.0.0.1, worker 0 the chief),
+    `KERAS_SCALING_LAUNCHED=1`, `KERAS_SCALING_CPU_DEVICES` when
+    `cpu_devices` is given, and `PYTHONUNBUFFERED=1` unless set.
 
     Args:
         base_env: dict (or `os.environ`), the environment to start from.
         ports: list of int, one port per worker of the cluster.
         index: int, this worker's index in `ports`.
         cpu_devices: int or None, the logical CPUs each worker splits its CPU
-            into (`KERAS_SCALING_CPU_DEVICES`); None, the default, leaves it
-            unset.
+            into; None leaves it unset.
 
     Returns:
         A new dict.
@@ -138,7 +102,8 @@ def worker_env(
         raise ValueError(f"index must be below len(ports) = {len(ports)}, got {index}")
     cpu_devices = _validation.optional_positive_int(cpu_devices, "cpu_devices")
     env = dict(base_env)
-    env["TF_CONFIG"] = json.dumps(_tf_config(ports, index))
+    cluster = {"worker": [f"127.0.0.1:{port}" for port in ports]}
+    env["TF_CONFIG"] = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})
     env[LAUNCHED_ENV] = "1"
     if cpu_devices is not None:
         env[CPU_DEVICES_ENV] = str(cpu_devices)
@@ -147,12 +112,7 @@ def worker_env(
 
 
 def _describe_status(returncode):
-    """`"status 3"`, or `"status -9 (killed by SIGKILL)"` for a signal.
-
-    Args:
-        returncode: int, a `subprocess.Popen.returncode` (negative: the
-            signal that ended the process).
-    """
+    """`"status 3"`, or `"status -9 (killed by SIGKILL)"` for a signal."""
     if returncode < 0:
         try:
             name = signal.Signals(-returncode).name
@@ -164,35 +124,18 @@ def _describe_status(returncode):
     return f"status {returncode}"
 
 
-def _exit_code_for(returncode):
-    """The launcher's exit status for a worker's: 128 + N for signal N, as a shell does.
-
-    Args:
-        returncode: int, a `subprocess.Popen.returncode` (negative: the
-            signal that ended the process).
-    """
-    if returncode < 0:
-        return 128 + (-returncode)
-    return returncode
-
-
 @dataclasses.dataclass
 class LaunchResult:
-    """How a group of workers ended.
+    """How a group of workers ended; a caller usually exits with its `exit_code`.
 
     Args:
-        exit_code: 0 when every worker succeeded; otherwise the failed
-            worker's status (128 + N when signal N killed it), or 130 after
-            Ctrl-C.
+        exit_code: as `launch` returns it.
         returncodes: each worker's own return code, by index (negative: the
-            signal that ended it, often the launcher's own when stopping it).
+            signal that ended it).
         failed_worker: the index of the first worker that failed, or None.
         interrupted: whether the launcher was interrupted (SIGINT or SIGTERM).
         message: one line for the user, empty when all succeeded.
-        restarts: how many times the whole job was restarted
-            (`max_restarts`).
-
-    `launch` returns one; a caller usually exits with its `exit_code`.
+        restarts: how many times the whole job was restarted.
 
     Example:
 
@@ -217,8 +160,7 @@ class _Worker:
 
     def __init__(self, index, command, env, stdout, stderr, write_lock, preexec_fn=None):
         self.index = index
-        # A session of its own makes the worker the leader of a process group
-        # that holds its children too, so signals reach all of them; and the
+        # A session of its own: signals reach the worker's children too, and the
         # terminal's Ctrl-C reaches only the launcher, which forwards it once.
         self.process = subprocess.Popen(
             command,
@@ -230,34 +172,25 @@ class _Worker:
             preexec_fn=preexec_fn,  # joins the job's network namespace, if any
         )
         self.pgid = self.process.pid
-        prefix = f"[worker {index}] "
+        copies = ((self.process.stdout, stdout), (self.process.stderr, stderr))
         self.threads = [
-            threading.Thread(
-                target=_copy_lines,
-                args=(self.process.stdout, stdout, prefix, write_lock),
-                daemon=True,
-            ),
-            threading.Thread(
-                target=_copy_lines,
-                args=(self.process.stderr, stderr, prefix, write_lock),
-                daemon=True,
-            ),
+            threading.Thread(target=_copy_lines, args=(*copy, f"[worker {index}] ", write_lock))
+            for copy in copies
         ]
         for thread in self.threads:
+            thread.daemon = True
             thread.start()
 
     def poll(self):
         return self.process.poll()
 
     def signal_group(self, signum):
-        """Sends `signum` to the worker and every process it started."""
         try:
             os.killpg(self.pgid, signum)
         except (ProcessLookupError, PermissionError):
             pass
 
     def group_alive(self):
-        """Whether any process of the worker's group is still running."""
         if self.process.poll() is None:
             return True
         try:
@@ -268,12 +201,7 @@ class _Worker:
 
 
 def _group_has_live_process(pgid):
-    """Whether process group `pgid` has a member that is not a zombie.
-
-    A worker's orphaned children are reparented to the system's init, which
-    may take its time to reap them; a zombie holds no resources, so it does
-    not count. Without /proc (not Linux), every member counts.
-    """
+    """Whether group `pgid` has a non-zombie member (init may reap late); True without /proc."""
     try:
         pids = [name for name in os.listdir("/proc") if name.isdigit()]
     except OSError:
@@ -297,9 +225,7 @@ def _copy_lines(pipe, target, prefix, write_lock):
         for raw_line in iter(pipe.readline, b""):
             if not output_open:
                 continue  # keep draining so the worker never blocks on a full pipe
-            line = raw_line.decode("utf-8", errors="replace")
-            if not line.endswith("\n"):
-                line += "\n"
+            line = raw_line.decode("utf-8", errors="replace").removesuffix("\n") + "\n"
             with write_lock:
                 try:
                     target.write(prefix + line)
@@ -343,57 +269,25 @@ def launch(
 ) -> LaunchResult:
     """Runs `command` as `num_workers` local workers of one cluster, and waits.
 
-    Each worker runs `command` with a `TF_CONFIG` naming every worker on
-    127.0.0.1 (worker 0 is the chief), so that
-    `keras_scaling.auto_strategy()` (or `MultiWorkerMirroredStrategy`) in the
-    command joins them into one cluster. Every line a worker prints on stdout
-    or stderr is copied to `stdout` or `stderr` prefixed with `[worker i] `.
-    Workers read no stdin.
-
-    The group lives and dies together:
-
-    - When a worker fails (non-zero status, or killed by a signal), the
-      others get SIGTERM, then SIGKILL after `grace_period_s`: they may be
-      blocked in a collective operation that can never complete, so they are
-      stopped, not waited for. (TensorFlow's multi-worker runtime takes
-      SIGTERM as a preemption notice and keeps running, so it is usually the
-      SIGKILL that stops such a worker.)
-    - On SIGTERM, the launcher sends SIGTERM to every worker, a preemption
-      notice: with `keras_scaling.BackupAndRestore` they save a backup and
-      exit with status 75 (`EXIT_PREEMPTED`). SIGKILL follows after
-      `grace_period_s`. The launcher then exits with 75 when every worker
-      did, else 143.
-    - On SIGINT (Ctrl-C), the launcher forwards SIGINT to every worker, then
-      sends SIGTERM and finally SIGKILL, each after `grace_period_s`. A
-      second Ctrl-C skips the wait.
-    - A worker that exits with status 75 (preempted, after saving) gets its
-      peers `grace_period_s` to exit by themselves before they are stopped.
-    - With `max_restarts`, a job whose worker failed or was preempted is
-      started again, all workers anew, up to `max_restarts` times; each
-      restart prints why on `stderr`. A job the launcher was told to stop
-      (SIGINT, SIGTERM) is not restarted.
-    - Signals go to each worker's whole process group, so processes a worker
-      started are stopped too, and none is left running when this returns.
-
-    The launcher handles SIGINT and SIGTERM only when called from the main
-    thread (Python delivers signals there alone).
-
-    TensorFlow's servers listen on every network interface and authenticate
-    nobody. So on Linux, where the kernel allows it (as root, or with
-    unprivileged user namespaces), all workers of the job run in one private
-    network namespace whose only interface is loopback: they reach each
-    other on 127.0.0.1, nothing outside reaches them, and they reach no
-    other network. Files, devices, process ids and signals are unchanged.
+    Each worker gets a `TF_CONFIG` naming every worker on 127.0.0.1 (worker 0
+    is the chief), and its output lines prefixed with `[worker i] `. The
+    group lives and dies together: when a worker fails, the others get
+    SIGTERM, then SIGKILL after `grace_period_s` (a worker blocked in a
+    collective never ends otherwise); SIGINT and SIGTERM to the launcher are
+    passed on (a second Ctrl-C skips the wait), and a SIGTERM after which
+    every worker exits with 75 (`BackupAndRestore`'s preemption) gives 75.
+    Signals go to each worker's process group: none is left running on
+    return. Signals are handled only when called from the main thread. On
+    Linux, the workers run in a private network namespace with only loopback
+    (`isolation`). The details: docs/guides/multi-worker.md.
 
     Args:
         command: list of str, the program and its arguments.
         num_workers: int, the number of workers, at least 1.
-        cpu_devices: int or None, when set each worker's environment gets
-            `KERAS_SCALING_CPU_DEVICES=cpu_devices`, which makes
-            `keras_scaling.auto_strategy()` split that worker's CPU into that
-            many logical devices. Defaults to None (not set).
-        port_base: int or None, when set the workers use ports `port_base`,
-            `port_base + 1`, ...; by default free ports are picked.
+        cpu_devices: int or None, the logical devices `auto_strategy()` splits
+            each worker's CPU into (`KERAS_SCALING_CPU_DEVICES`).
+        port_base: int or None, the first of consecutive ports; by default
+            free ports are picked.
         grace_period_s: float, how long a worker has to stop after each
             signal before the next, stronger one. Defaults to 5.0.
         stdout: file for the workers' prefixed stdout; `sys.stdout` by default.
@@ -401,19 +295,16 @@ def launch(
         env: dict, the environment the workers' settings are added to;
             `os.environ` by default.
         max_restarts: int, how many times to restart the whole job after a
-            worker fails or is preempted. Defaults to 0.
-        isolation: str, the workers' network. `"auto"` (default): a private
-            network namespace when the kernel allows one; otherwise one
-            warning on `stderr` naming the ports open on every interface.
-            `"require"`: refuse to start without one (ValueError).
-            `"off"`: no namespace (to reach the workers over the network, for
-            a debugger or profiler), with the same warning.
+            worker fails or is preempted (not after SIGINT or SIGTERM), saying
+            why on `stderr`. Defaults to 0.
+        isolation: str, `"auto"` (default: a private network namespace when
+            the kernel allows one, else a warning on `stderr` naming the open
+            ports), `"require"` (ValueError without one) or `"off"`.
 
     Returns:
-        A `LaunchResult`: `exit_code` is 0 when every worker succeeded, the
-        first failed worker's status otherwise (128 + N for signal N), 130
-        after Ctrl-C, 143 after SIGTERM (75 when every worker then saved and
-        exited with 75); `message` says which worker failed and how.
+        A `LaunchResult`: `exit_code` 0 when every worker succeeded, else the
+        first failed worker's status (128 + N for signal N), 130 after
+        Ctrl-C, 143 after SIGTERM (or 75, above).
 
     Raises:
         TypeError, ValueError: an argument is invalid, the command cannot
@@ -428,26 +319,30 @@ def launch(
     print(result.exit_code, result.message)
     ```
     """
-    num_workers, cpu_devices, port_base, grace_period_s = _check_arguments(
-        command, num_workers, cpu_devices, port_base, grace_period_s
+    if isinstance(command, (str, bytes)) or not command:
+        raise ValueError(
+            f"command must be a non-empty list of strings (the program and its arguments), "
+            f"got {command!r}"
+        )
+    num_workers = _validation.positive_int(num_workers, "num_workers")
+    cpu_devices = _validation.optional_positive_int(cpu_devices, "cpu_devices")
+    port_base = _validation.optional_positive_int(port_base, "port_base")
+    if port_base is not None and port_base + num_workers - 1 > 65535:
+        raise ValueError(
+            f"port_base={port_base} leaves no room for {num_workers} ports below 65536; "
+            "pass a smaller port base"
+        )
+    grace_period_s = _validation.non_negative_number(
+        grace_period_s, "grace_period_s", unit="seconds"
     )
-    max_restarts = _validation.non_negative_int(
-        max_restarts, "max_restarts", fix="Pass 0 to never restart."
-    )
+    fix = "Pass 0 to never restart."
+    max_restarts = _validation.non_negative_int(max_restarts, "max_restarts", fix=fix)
+    stdout = sys.stdout if stdout is None else stdout
     stderr = sys.stderr if stderr is None else stderr
+    arguments = (command, num_workers, cpu_devices, port_base, grace_period_s, stdout, stderr)
     restarts = 0
     while True:
-        result = _launch_once(
-            command,
-            num_workers,
-            cpu_devices,
-            port_base,
-            grace_period_s,
-            stdout,
-            stderr,
-            env,
-            isolation,
-        )
+        result = _launch_once(*arguments, os.environ if env is None else env, isolation)
         result.restarts = restarts
         if result.exit_code == 0 or result.interrupted or restarts >= max_restarts:
             return result
@@ -461,20 +356,8 @@ def launch(
 
 
 def _launch_once(
-    command,
-    num_workers,
-    cpu_devices,
-    port_base,
-    grace_period_s,
-    stdout,
-    stderr,
-    env,
-    isolation,
+    command, num_workers, cpu_devices, port_base, grace_period_s, stdout, stderr, env, isolation
 ):
-    """Runs the workers once, as `launch` describes; returns a `LaunchResult`."""
-    stdout = sys.stdout if stdout is None else stdout
-    stderr = sys.stderr if stderr is None else stderr
-    env = os.environ if env is None else env
     if port_base is None:
         ports = free_ports(num_workers)
     else:
@@ -489,20 +372,12 @@ def _launch_once(
     workers = []
     with _Signals() as signals:
         try:
+            streams = (stdout, stderr, write_lock, network.preexec_fn)
             for index in range(num_workers):
-                workers.append(
-                    _Worker(
-                        index,
-                        list(command),
-                        worker_env(env, ports, index, cpu_devices),
-                        stdout,
-                        stderr,
-                        write_lock,
-                        network.preexec_fn,
-                    )
-                )
+                settings = worker_env(env, ports, index, cpu_devices)
+                workers.append(_Worker(index, list(command), settings, *streams))
         except (OSError, subprocess.SubprocessError) as error:
-            # SubprocessError: joining the network namespace failed in the child.
+            # SubprocessError: joining the namespace failed in the child.
             _stop(workers, [signal.SIGKILL], grace_period_s, signals)
             network.close()
             raise ValueError(
@@ -522,26 +397,6 @@ def _launch_once(
     return result
 
 
-def _check_arguments(command, num_workers, cpu_devices, port_base, grace_period_s):
-    if isinstance(command, (str, bytes)) or not command:
-        raise ValueError(
-            f"command must be a non-empty list of strings (the program and its "
-            f"arguments), got {command!r}"
-        )
-    num_workers = _validation.positive_int(num_workers, "num_workers")
-    cpu_devices = _validation.optional_positive_int(cpu_devices, "cpu_devices")
-    port_base = _validation.optional_positive_int(port_base, "port_base")
-    if port_base is not None and port_base + num_workers - 1 > 65535:
-        raise ValueError(
-            f"port_base={port_base} leaves no room for {num_workers} ports below "
-            "65536; pass a smaller port base"
-        )
-    grace_period_s = _validation.non_negative_number(
-        grace_period_s, "grace_period_s", unit="seconds"
-    )
-    return num_workers, cpu_devices, port_base, grace_period_s
-
-
 def _supervise(workers, grace_period_s, signals):
     """Waits until all workers succeed, one fails, or a signal arrives."""
     while True:
@@ -554,32 +409,17 @@ def _supervise(workers, grace_period_s, signals):
             name = signal.Signals(first).name
             returncodes = [worker.process.wait() for worker in workers]
             if all(code == EXIT_PREEMPTED for code in returncodes):
-                return LaunchResult(
-                    exit_code=EXIT_PREEMPTED,
-                    returncodes=returncodes,
-                    interrupted=True,
-                    message=f"interrupted by {name}; every worker saved a backup "
-                    f"and exited with status {EXIT_PREEMPTED} (preempted)",
-                )
-            return LaunchResult(
-                exit_code=128 + first,
-                returncodes=returncodes,
-                interrupted=True,
-                message=f"interrupted by {name}; stopped the workers",
-            )
+                message = f"interrupted by {name}; every worker saved a backup and exited with "
+                message += f"status {EXIT_PREEMPTED} (preempted)"
+                return LaunchResult(EXIT_PREEMPTED, returncodes, interrupted=True, message=message)
+            message = f"interrupted by {name}; stopped the workers"
+            return LaunchResult(128 + first, returncodes, interrupted=True, message=message)
         returncodes = [worker.poll() for worker in workers]
-        failed = next(
-            (
-                worker
-                for worker, code in zip(workers, returncodes)
-                if code is not None and code != 0
-            ),
-            None,
-        )
+        failed = next((w for w, code in zip(workers, returncodes) if code not in (None, 0)), None)
         if failed is not None:
             if failed.process.returncode == EXIT_PREEMPTED:
                 # Its peers saved at the same step and are exiting too.
-                _wait_for_exit(workers, grace_period_s, signals)
+                _wait(_all_exited, workers, grace_period_s, signals, len(signals.received))
             running = [worker for worker in workers if worker.poll() is None]
             _stop(running, [signal.SIGTERM, signal.SIGKILL], grace_period_s, signals)
             code = failed.process.returncode
@@ -587,7 +427,7 @@ def _supervise(workers, grace_period_s, signals):
             if running:
                 message += "; stopped the others"
             return LaunchResult(
-                exit_code=_exit_code_for(code) or 1,
+                exit_code=128 - code if code < 0 else code,  # as a shell: 128 + N for signal N
                 returncodes=[worker.process.wait() for worker in workers],
                 failed_worker=failed.index,
                 message=message,
@@ -597,22 +437,33 @@ def _supervise(workers, grace_period_s, signals):
         time.sleep(_POLL_INTERVAL_S)
 
 
-def _wait_for_exit(workers, timeout_s, signals):
-    """Waits up to `timeout_s` for every worker to exit, or for a signal."""
-    received_before = len(signals.received)
+def _wait(condition, workers, timeout_s, signals=None, since=0):
+    """Polls `condition(workers)` up to `timeout_s`: True once it holds, else False.
+
+    A signal counts when `signals` received more than `since` (a second Ctrl-C).
+    """
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and len(signals.received) == received_before:
-        if all(worker.poll() is not None for worker in workers):
-            return
+    while time.monotonic() < deadline:
+        if signals is not None and len(signals.received) > since:
+            return False
+        if condition(workers):
+            return True
         time.sleep(_POLL_INTERVAL_S)
+    return False
+
+
+def _all_exited(workers):
+    return all(worker.poll() is not None for worker in workers)
+
+
+def _all_gone(workers):
+    for worker in workers:
+        worker.poll()  # reaps it
+    return not any(worker.group_alive() for worker in workers)
 
 
 def _stop(workers, signal_sequence, grace_period_s, signals):
-    """Sends each signal in turn to the workers' groups until none is left.
-
-    Waits up to `grace_period_s` after each signal but the last; a signal
-    received by the launcher meanwhile (a second Ctrl-C) skips the wait.
-    """
+    """Sends each signal in turn to the workers' groups, `grace_period_s` apart."""
     received_before = len(signals.received)
     for position, signum in enumerate(signal_sequence):
         alive = [worker for worker in workers if worker.group_alive()]
@@ -620,25 +471,8 @@ def _stop(workers, signal_sequence, grace_period_s, signals):
             return
         for worker in alive:
             worker.signal_group(signum)
-        if position == len(signal_sequence) - 1:
-            break
-        deadline = time.monotonic() + grace_period_s
-        while time.monotonic() < deadline:
-            if len(signals.received) > received_before:
-                break  # asked again: stop waiting, go on to the stronger signal
-            _reap(alive)
-            if not any(worker.group_alive() for worker in alive):
-                return
-            time.sleep(_POLL_INTERVAL_S)
-    # After SIGKILL, wait (briefly) for the kernel to remove the processes.
-    deadline = time.monotonic() + 5.0
-    while time.monotonic() < deadline:
-        _reap(workers)
-        if not any(worker.group_alive() for worker in workers):
+        last = position == len(signal_sequence) - 1
+        if not last and _wait(_all_gone, alive, grace_period_s, signals, received_before):
             return
-        time.sleep(_POLL_INTERVAL_S)
-
-
-def _reap(workers):
-    for worker in workers:
-        worker.poll()
+    # After SIGKILL, wait (briefly) for the kernel to remove the processes.
+    _wait(_all_gone, workers, 5.0)
