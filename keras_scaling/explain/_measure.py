@@ -1,140 +1,84 @@
 """The TensorFlow side of `explain`: runs the variants of the training step and times them.
 
-Every variant runs the model's own Keras train function (`model.train_function`,
-with the `keras_scaling.compat` fix for `steps_per_execution` > 1 on several
-replicas) from a distributed iterator, called in a Python loop as `fit` calls
-it, without callbacks. Variants differ only in where the batches come from,
-how many steps one call runs and how many replicas run them:
-
-- `real`: the user's pipeline, at the model's `steps_per_execution` S;
-- `resident`: one batch of that pipeline, repeated from memory, at S;
-- `resident_amortized`: the same at K > S steps per call;
-- `one_replica`: a copy of the model on the first replica's device alone,
-  under `OneDeviceStrategy` (no collective, so it does not clash with the
-  `MirroredStrategy` of the process), on a per-replica slice of that batch, at K.
-
-On the user's pipeline it also measures what the run waits for its next
-batch, the time `IteratorGetNext` takes (what TensorFlow's data performance
-guide reads in the profiler): `input_wait` runs the same train function
-with each batch fetched eagerly, so the fetch can be timed, then trained on.
-
-The variants take turns within each round, so a slow spell of the machine
-spreads over all of them rather than landing on one; each counts the median
-of its rounds. While the other variants run, the user's pipeline fills its
-prefetch buffers, and a round that drained them would take batches faster
-than the pipeline makes them: each round on the pipeline starts a fresh
-iterator (empty buffers, as `fit` starts each epoch) and runs as many steps
-untimed before timing. The model's weights, optimizer state, metrics and
-`steps_per_execution` are put back afterwards.
+Every variant calls the model's own `train_function` in a Python loop, as
+`fit` does, without callbacks; variants differ in where batches come from
+(the pipeline, or one batch resident in memory), the steps per call (S or
+K) and the replicas (all, or a copy on the first device under
+`OneDeviceStrategy`, which does not clash with the process's
+`MirroredStrategy`). They take turns within each round, each counting its
+median round.
 """
 
-import logging
 import math
+import os
+import statistics
 import time
 
-from keras_scaling.devices import _topology
+import numpy as np
+import tensorflow as tf
 
-logger = logging.getLogger("keras_scaling")
+from keras_scaling.devices import _topology
 
 VARIANTS = ("real", "resident", "resident_amortized", "one_replica", "input_wait")
 
 
 def default_amortized(steps_per_execution):
-    """K: the steps per call that make the host's per-call cost small against the step."""
+    """K: steps per call that make the host's per-call cost small against the step."""
     return max(16, 4 * steps_per_execution)
 
 
-def _cpu_count():
-    import os
-
-    return os.cpu_count() or 1
-
-
 def _without_auto_shard(dataset):
-    import tensorflow as tf
-
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
     return dataset.with_options(options)
 
 
 def _resident_dataset(batch):
-    import tensorflow as tf
-
     return _without_auto_shard(tf.data.Dataset.from_tensors(batch).repeat())
-
-
-def _wait_for(logs):
-    import numpy as np
-    import tensorflow as tf
-
-    for value in tf.nest.flatten(logs):
-        np.asarray(value)
 
 
 class _Variant:
     """A train function and the iterator it draws from, at its steps per call."""
 
     def __init__(self, model, iterator, steps_per_execution):
-        self.model = model
-        self.iterator = iterator
-        self.steps_per_execution = steps_per_execution
+        self.model, self.iterator, self.steps_per_execution = model, iterator, steps_per_execution
         model.steps_per_execution = steps_per_execution
         model.make_train_function(force=True)
         self.function = model.train_function
 
-    def run(self, calls):
-        """Runs `calls` calls; returns seconds per step."""
+    def run(self, calls, iterator=None):
+        """Seconds per step over `calls` calls, their last results read."""
         self.model.steps_per_execution = self.steps_per_execution
-        return _timed_calls(self.function, self.iterator, calls) / (
-            calls * self.steps_per_execution
-        )
+        start_s = time.perf_counter()
+        for _ in range(calls):
+            logs = self.function(self.iterator if iterator is None else iterator)
+        for value in tf.nest.flatten(logs):
+            np.asarray(value)
+        return (time.perf_counter() - start_s) / (calls * self.steps_per_execution)
 
 
-def _timed_calls(function, iterator, calls):
-    """Seconds `calls` calls of a train function take, its last results read."""
-    start_s = time.perf_counter()
-    logs = None
-    for _ in range(calls):
-        logs = function(iterator)
-    _wait_for(logs)
-    return time.perf_counter() - start_s
+class _Pipeline(_Variant):
+    """The user's pipeline (`self.iterator` is the distributed dataset): `real` and `input_wait`.
 
-
-class _Pipeline:
-    """The user's pipeline: the `real` step and the `input_wait`, a fresh iterator each round.
-
-    A fresh iterator starts with empty prefetch buffers, so no round takes
-    batches the pipeline buffered while the other variants ran; the untimed
-    calls then bring it to its steady flow.
+    A fresh iterator each round, so no round takes batches buffered while
+    the other variants ran.
     """
 
-    def __init__(self, model, distributed_dataset, steps_per_execution):
-        self.model = model
-        self.dataset = distributed_dataset
-        self.steps_per_execution = steps_per_execution
-        model.steps_per_execution = steps_per_execution
-        model.make_train_function(force=True)
-        self.function = model.train_function
-        self.fetch_overhead_s = 0.0
+    fetch_overhead_s = 0.0
 
-    def run(self, calls, steps):
+    def run_real(self, calls, steps):
         """Returns `(seconds per step, seconds per step waited for the next batch)`.
 
-        `calls` untimed calls, `calls` timed ones (the step), then steps
-        whose batches are fetched eagerly, timed, and handed to the same
-        train function: the wait is the mean fetch over `steps` of them (a
-        rare long one, such as a pass's start, counts as in the step), less
-        the fetch's own cost on a batch that is ready.
+        The wait: the mean eager fetch over `steps` steps, trained on by the
+        same function, less a fetch's own cost on a ready batch.
         """
-        self.model.steps_per_execution = self.steps_per_execution
-        iterator = iter(self.dataset)
-        _timed_calls(self.function, iterator, calls)
-        step_s = _timed_calls(self.function, iterator, calls) / (calls * self.steps_per_execution)
+        iterator = iter(self.iterator)
+        self.run(calls, iterator)
+        step_s = self.run(calls, iterator)
         # The first eager fetches after the compiled ones are irregular (one
         # waits a whole batch, the next few find theirs ready): untimed.
         untimed = max(5, steps // 5)
-        waits_s, logs = [], None
+        waits_s = []
         for index in range(untimed + steps):
             start_s = time.perf_counter()
             batch = next(iterator)
@@ -142,15 +86,13 @@ class _Pipeline:
                 waits_s.append(time.perf_counter() - start_s)
             # Not an iterator: Keras' train function runs one step on it.
             logs = self.function([batch])
-        _wait_for(logs)
+        for value in tf.nest.flatten(logs):
+            np.asarray(value)
         del iterator
         return step_s, max(0.0, sum(waits_s) / steps - self.fetch_overhead_s)
 
 
 def _fetch_s(iterator, fetches=10):
-    """The median time of an eager fetch from an iterator whose batches are ready."""
-    import statistics
-
     times_s = []
     for _ in range(fetches):
         start_s = time.perf_counter()
@@ -160,8 +102,6 @@ def _fetch_s(iterator, fetches=10):
 
 
 class _SavedState:
-    """The model's variables and optimizer state, and what explain changes on it."""
-
     def __init__(self, model):
         self.model = model
         self.variables = [(v, v.numpy()) for v in model.variables]
@@ -173,8 +113,6 @@ class _SavedState:
         self.train_function = model.train_function
 
     def restore(self):
-        import numpy as np
-
         for variable, value in self.variables:
             variable.assign(value)
         optimizer = getattr(self.model, "optimizer", None)
@@ -191,9 +129,7 @@ class _SavedState:
 
 
 def _one_replica_model(model, device, steps_per_execution):
-    """A copy of `model` on `device` alone, compiled as it is; or `(None, reason)`."""
-    import tensorflow as tf
-
+    """`(copy, strategy, None)`: `model` alone on `device`, compiled; or `(None, _, reason)`."""
     strategy = tf.distribute.OneDeviceStrategy(device)
     try:
         # Read outside the new scope: mirrored variables refuse another strategy.
@@ -213,25 +149,8 @@ def _one_replica_model(model, device, steps_per_execution):
     return copy, strategy, None
 
 
-def _first_rows(batch, rows):
-    import tensorflow as tf
-
-    return tf.nest.map_structure(lambda tensor: tensor[:rows], batch)
-
-
-def _batch_size(batch):
-    import tensorflow as tf
-
-    return int(tf.nest.flatten(batch)[0].shape[0])
-
-
 def _pipeline_samples_per_sec(dataset, batches, global_batch_size):
-    """The pipeline's own rate on this worker, pulled in a compiled loop.
-
-    A Python loop would add its own cost per batch to the pipeline's.
-    """
-    import tensorflow as tf
-
+    """The pipeline's own rate on this worker, pulled in a compiled loop (no Python cost)."""
     iterator = iter(dataset)
 
     @tf.function
@@ -246,17 +165,10 @@ def _pipeline_samples_per_sec(dataset, batches, global_batch_size):
 
 
 def measure(model, dataset, strategy, *, steps, rounds, amortized=None, pipeline_batches=None):
-    """Times the variants of the step; returns a dict of the figures, which `_report.explanation` reads.
+    """Times the variants on `dataset` (this worker's global batches); the dict `_report` reads.
 
-    Args:
-        model: a compiled Keras model built under `strategy`.
-        dataset: a `tf.data.Dataset` of this worker's global batches.
-        strategy: the `tf.distribute.Strategy`.
-        steps: int, training steps each variant runs per round.
-        rounds: int, rounds of all variants.
-        amortized: int, K, or None for `default_amortized`.
-        pipeline_batches: batches to time the pipeline alone over, or None
-            for `steps`.
+    `amortized` is K (None: `default_amortized`); `pipeline_batches` (None:
+    `steps`) times the pipeline alone.
     """
     from keras_scaling import compat
 
@@ -270,7 +182,7 @@ def measure(model, dataset, strategy, *, steps, rounds, amortized=None, pipeline
     amortized = amortized or default_amortized(steps_per_execution)
     dataset = _without_auto_shard(dataset.repeat())
     batch = next(iter(dataset))
-    worker_batch_size = _batch_size(batch)
+    worker_batch_size = int(tf.nest.flatten(batch)[0].shape[0])
     if worker_batch_size % local_replicas:
         raise ValueError(
             f"the data's batches hold {worker_batch_size} samples, which "
@@ -296,11 +208,9 @@ def measure(model, dataset, strategy, *, steps, rounds, amortized=None, pipeline
             if copy is None:
                 notes.append(f"synchronization is not measured: {reason}")
             else:
-                one_iterator = iter(
-                    one_strategy.experimental_distribute_dataset(
-                        _resident_dataset(_first_rows(batch, per_replica_batch_size))
-                    )
-                )
+                rows = tf.nest.map_structure(lambda x: x[:per_replica_batch_size], batch)
+                one_dataset = one_strategy.experimental_distribute_dataset(_resident_dataset(rows))
+                one_iterator = iter(one_dataset)
                 variants["one_replica"] = _Variant(copy, one_iterator, amortized)
         calls = {
             name: max(2, math.ceil(steps / variant.steps_per_execution))
@@ -308,13 +218,13 @@ def measure(model, dataset, strategy, *, steps, rounds, amortized=None, pipeline
         }
         real_calls = max(2, math.ceil(steps / steps_per_execution))
         # Traces, and warms up the pipeline and the devices.
-        pipeline.run(2, 2)
+        pipeline.run_real(2, 2)
         for variant in variants.values():
             variant.run(2)
         pipeline.fetch_overhead_s = _fetch_s(resident_iterator)
         times: dict[str, list[float]] = {name: [] for name in ("real", "input_wait", *variants)}
         for _ in range(rounds):
-            step_s, waited_s = pipeline.run(real_calls, steps)
+            step_s, waited_s = pipeline.run_real(real_calls, steps)
             times["real"].append(step_s)
             times["input_wait"].append(waited_s)
             for name, variant in variants.items():
@@ -331,7 +241,7 @@ def measure(model, dataset, strategy, *, steps, rounds, amortized=None, pipeline
         "num_workers": num_workers,
         "device_kind": device_kind,
         "host_cpu_replicas": device_kind == "CPU" and local_replicas > 1,
-        "cpu_cores": _cpu_count() if device_kind == "CPU" else None,
+        "cpu_cores": (os.cpu_count() or 1) if device_kind == "CPU" else None,
         "per_replica_batch_size": per_replica_batch_size,
         "global_batch_size": global_batch_size,
         "steps_per_execution": steps_per_execution,
@@ -345,10 +255,7 @@ def measure(model, dataset, strategy, *, steps, rounds, amortized=None, pipeline
 
 
 def compute_mfu(model, strategy, peak_flops, per_replica_batch_size, compute_s):
-    """MFU of the compute part: one replica's FLOPs over its compute time and peak.
-
-    Returns `(mfu, reason)`, one of them None.
-    """
+    """`(mfu, reason)` of the compute part, one of them None."""
     from keras_scaling.mfu import flops
     from keras_scaling.mfu import peak_flops as peak_module
 

@@ -1,9 +1,7 @@
-"""What `explain` reports: one record per replica count, its text, and `explain.json`.
+"""`explain`'s record per replica count, its text and `explain.json`, from `_measure`'s dict.
 
-Pure functions of the measured figures (`_measure.measure`'s dict), so the
-bench's parent process, which gathers the counts its workers measured, and
-`explain` in the user's process write the same record. The schema is in
-docs/reference/explain-json.md.
+Pure, so the bench's parent process and `explain` write the same record;
+the schema is in docs/reference/explain-json.md.
 """
 
 import dataclasses
@@ -16,11 +14,9 @@ FILE_NAME = "explain.json"
 
 @dataclasses.dataclass(frozen=True)
 class Explanation:
-    """The split of the step at one replica count, its verdict and its record.
+    """The `Split` at one replica count, its `Verdict` and `explain.json`'s `record`.
 
-    `split` is a `Split` (parts in seconds and shares), `verdict` a `Verdict`
-    (`bound`, `confidence`, `text`, `notes`), `record` the dict written to
-    `explain.json`; `str()` gives the table and the verdict.
+    `str()` gives the table and the verdict.
     """
 
     split: object
@@ -32,15 +28,7 @@ class Explanation:
 
 
 def explanation(measurements, *, mfu=None, mfu_reason=None, efficient_per_replica_batch=None):
-    """The `Explanation` of `_measure.measure`'s figures at one replica count.
-
-    Args:
-        measurements: dict from `_measure.measure`.
-        mfu: MFU of the compute part, or None.
-        mfu_reason: why `mfu` is None.
-        efficient_per_replica_batch: from a sweep over per-replica batches,
-            the smallest reaching 90% efficiency.
-    """
+    """The `Explanation` of `_measure.measure`'s figures at one replica count."""
     timings = {
         name: _split.timing(values, zero_allowed=name == "input_wait")
         for name, values in measurements["variants"].items()
@@ -129,32 +117,24 @@ def explanation(measurements, *, mfu=None, mfu_reason=None, efficient_per_replic
 
 def verdict_lines(explanation):
     """The verdict of one count: its sentence, how sure, and its notes."""
-    record = explanation.record
-    verdict = explanation.verdict
+    record, verdict = explanation.record, explanation.verdict
     lines = [f"{record['replicas']} replica(s): {verdict.text} ({verdict.confidence})"]
     if record["pipeline_samples_per_sec"]:
         lines.append(
             f"  input pipeline alone: {record['pipeline_samples_per_sec']:,.0f} samples/s; "
-            f"training takes {record['training_samples_per_sec']:,.0f} samples/s with "
-            "the input free"
+            f"training takes {record['training_samples_per_sec']:,.0f} samples/s with the input free"
         )
-    lines.extend(f"  note: {note}" for note in verdict.notes)
-    return lines
+    return lines + [f"  note: {note}" for note in verdict.notes]
 
 
 def format_report(explanations):
     """The table of the split per replica count, then each count's verdict."""
     table = _split.format_table([(item.record["replicas"], item.split) for item in explanations])
-    lines = [table, ""]
-    for item in explanations:
-        lines.extend(verdict_lines(item))
+    lines = [table, ""] + [line for item in explanations for line in verdict_lines(item)]
     return "\n".join(lines)
 
 
 def to_json(explanations, **setup):
     """The content of `explain.json`: the setup and one record per replica count."""
-    return {
-        "schema_version": SCHEMA_VERSION,
-        **setup,
-        "counts": [item.record for item in explanations],
-    }
+    counts = [item.record for item in explanations]
+    return {"schema_version": SCHEMA_VERSION, **setup, "counts": counts}

@@ -1,11 +1,4 @@
-"""Where `explain` writes: `explain.json` and TensorBoard (Custom Scalars and Text).
-
-TensorBoard gets the split per replica count as scalars whose step is the
-replica count (tags `explain/<part>_ms` and `explain/<part>_share`), a
-Custom Scalars layout that draws them as one chart per unit, and the table
-with the verdicts in the Text tab (tag `explain/verdict`), all in the run
-`explain` under the log directory, through keras_scaling's TensorBoard writer.
-"""
+"""`explain.json`, and the TensorBoard run `explain`: scalars stepped by replica count, Text."""
 
 import json
 import os
@@ -59,10 +52,7 @@ def verdict_markdown(explanations):
 
 
 def write(log_dir, explanations, **setup):
-    """Writes `log_dir/explain.json` and the TensorBoard run `log_dir/explain`.
-
-    Returns the path of `explain.json`.
-    """
+    """Writes `log_dir/explain.json` and the run `log_dir/explain`; returns the json's path."""
     os.makedirs(log_dir, exist_ok=True)
     path = os.path.join(log_dir, _report.FILE_NAME)
     with open(path, "w", encoding="utf-8") as file:
