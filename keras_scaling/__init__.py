@@ -1,26 +1,8 @@
-"""keras_scaling: correct, fast and visible data-parallel Keras training.
-
-Composable pieces for ordinary Keras code on `tf.distribute`:
-
-- `keras_scaling.data.distribute`: shard per worker, batch globally, prefetch,
-  static shapes.
-- `ReplicaSyncCheck`: a callback that proves the mirrored copies of every
-  weight are equal, and says exactly what diverged.
-- `ThroughputLogger`: a callback that writes throughput, speedup and scaling
-  efficiency to TensorBoard.
-- `keras_scaling.compat`: fixes for Keras 3 defects that break `fit` under
-  `tf.distribute`.
-- `use_logical_cpus`, `auto_strategy`, `describe_strategy`: devices and
-  strategies; `keras_scaling.cluster`: the multi-worker cluster from Slurm,
-  Kubernetes or `TF_CONFIG`.
-- `explain(model, data)`: the training step split into input, compute,
-  synchronization and host overhead, with a verdict and the fix.
-- `tune(model, data)`: the fastest settings for the model on its devices,
-  found by measurement; `tune.load("tune.json")` gives them back as
-  keyword arguments.
+"""keras_scaling: correct, fast and visible data-parallel Keras training on `tf.distribute`.
 
 Names are imported on first use, so `import keras_scaling` is cheap and does
 not initialise TensorFlow's devices: `use_logical_cpus` can still follow it.
+The guides in docs/guides/ show each piece.
 """
 
 import importlib
@@ -70,26 +52,9 @@ _EXPORTS = {
     "ReplicaDivergenceError": "keras_scaling.replica_sync.replica_sync_check",
     "ThroughputLogger": "keras_scaling.throughput.throughput_logger",
 }
-_SUBMODULES = (
-    "baseline",
-    "callbacks",
-    "cluster",
-    "compat",
-    "data",
-    "devices",
-    "doctor",
-    "explain",
-    "flops",
-    "launch",
-    "launcher",
-    "mfu",
-    "peak_flops",
-    "preemption",
-    "replica_state",
-    "replica_sync",
-    "throughput",
-    "tune",
-    "utilization",
+_SUBMODULES = tuple(
+    "baseline callbacks cluster compat data devices doctor explain flops launch launcher mfu "
+    "peak_flops preemption replica_state replica_sync throughput tune utilization".split()
 )
 
 __all__ = sorted(_EXPORTS) + list(_SUBMODULES)
