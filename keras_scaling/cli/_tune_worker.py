@@ -2,11 +2,12 @@
 
 Run as `python -m keras_scaling.cli._tune_worker ...` by `keras-scaling
 tune`: TensorFlow fixes the number of logical CPUs, its thread pools and the
-strategy's all-reduce once per process. It builds the strategy
-(`keras_scaling.auto_strategy` with `--strategy-kwargs`, on the bench's
-thread pools), the model and the data as the bench's worker does
-(`_bench_worker`, `_models`), then calls `keras_scaling.tune` (unless
-`--serve-only`). With `--serve` it then prints `READY` (`keras_scaling.cli.tune`) and serves rounds:
+strategy's all-reduce once per process. It splits the CPU
+(`keras_scaling.use_logical_cpus` with `--cpu-kwargs`), builds the strategy
+(`keras_scaling.auto_strategy` with `--strategy-kwargs`), the model and the
+data as the bench's worker does (`_models`), then calls `keras_scaling.tune`
+(unless `--serve-only`; with `--serve` it leaves the final side by side to
+the command). With `--serve` it then prints `READY` (`keras_scaling.cli.tune`) and serves rounds:
 each stdin line is the JSON `{"settings": ..., "steps": N}` and gets the
 line `RATE samples_per_sec wall_s`; `quit` or the end of stdin ends it. Bad
 input ends it with exit status 2 and a last stderr line starting with
@@ -19,7 +20,7 @@ import math
 import sys
 import time
 
-from keras_scaling.cli import _bench_worker, _models, _sweep_plan
+from keras_scaling.cli import _models, _worker
 from keras_scaling.cli._errors import UsageError
 from keras_scaling.cli.tune import QUIT, RATE, READY, USAGE_PREFIX
 
@@ -31,7 +32,6 @@ def _worker_parser():
     parser = argparse.ArgumentParser(prog="python -m keras_scaling.cli._tune_worker")
     parser.add_argument("--model", required=True)
     parser.add_argument("--data")
-    parser.add_argument("--cpu-devices", type=int)
     parser.add_argument("--per-replica-batch", type=int, required=True)
     parser.add_argument("--steps-per-execution", type=int, default=1)
     parser.add_argument("--budget", type=float, required=True)
@@ -42,38 +42,34 @@ def _worker_parser():
     # Seconds of the budget kept for the candidates in processes of their own.
     parser.add_argument("--reserve", type=float, default=0.0)
     parser.add_argument("--strategy-kwargs", default="{}")
+    parser.add_argument("--cpu-kwargs", default="{}")
     parser.add_argument("--serve", action="store_true")
     parser.add_argument("--serve-only", action="store_true")
     return parser
 
 
-def _strategy(cpu_devices, strategy_kwargs):
-    """`auto_strategy(**strategy_kwargs)` on the bench's devices and thread pools."""
+def _strategy(cpu_kwargs, strategy_kwargs):
+    """`auto_strategy(**strategy_kwargs)` on the logical CPUs of `cpu_kwargs`, or on the GPUs."""
     import tensorflow as tf
 
     import keras_scaling
 
-    if cpu_devices:
-        threads = _sweep_plan.plan_cpu_threads([cpu_devices], _sweep_plan.available_cores())
-        # Thread pools are fixed when TensorFlow initialises its devices.
-        tf.config.threading.set_intra_op_parallelism_threads(threads.intra_op_threads())
-        tf.config.threading.set_inter_op_parallelism_threads(threads.inter_op_threads(cpu_devices))
+    if cpu_kwargs:
         tf.config.set_visible_devices([], "GPU")
-        keras_scaling.use_logical_cpus(cpu_devices)
+        keras_scaling.use_logical_cpus(**cpu_kwargs)
     try:
         return keras_scaling.auto_strategy(**strategy_kwargs)
     except ValueError as error:
         raise UsageError(str(error)) from None
 
 
-def _worker(args):
-    from keras_scaling.tune import _measure, _search, tune
+def _worker_main(args):
+    from keras_scaling.tune import _measure, _search, _tune
 
-    strategy = _strategy(args.cpu_devices, json.loads(args.strategy_kwargs))
+    cpu_kwargs = json.loads(args.cpu_kwargs)
+    strategy = _strategy(cpu_kwargs, json.loads(args.strategy_kwargs))
     try:
-        with strategy.scope():
-            model = _models.build_model(args.model)
-            _models.compile_for_bench(model, args.model, args.steps_per_execution)
+        model = _models.build_compiled(args.model, args.steps_per_execution, strategy)
     except UsageError:
         raise
     except Exception as error:
@@ -102,7 +98,7 @@ def _worker(args):
                 f"{math.ceil(args.budget - budget_s + 3 * _search.MIN_BUDGET_S)} or more"
             )
         try:
-            tune(
+            _tune(
                 model,
                 data,
                 per_replica_batch_size=args.per_replica_batch,
@@ -112,6 +108,8 @@ def _worker(args):
                 allow=args.allow,
                 log_dir=args.logdir,
                 verbose=True,
+                confirm=not args.serve,
+                cpu=cpu_kwargs,
             )
         except _search.BudgetTooSmall as error:
             # The search had what the process start and the all-reduce left of --budget.
@@ -145,13 +143,7 @@ def _as_options(message):
 
 
 def main(argv=None):
-    args = _worker_parser().parse_args(argv)
-    _bench_worker._die_with_parent()
-    try:
-        return _worker(args)
-    except UsageError as error:
-        print(f"{USAGE_PREFIX}{error}", file=sys.stderr, flush=True)
-        return 2
+    return _worker.main(_worker_parser(), _worker_main, USAGE_PREFIX, argv)
 
 
 if __name__ == "__main__":

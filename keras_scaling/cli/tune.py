@@ -2,10 +2,10 @@
 
 The command checks its arguments, then runs the search in a process of its
 own (`keras_scaling.cli._tune_worker`): TensorFlow fixes the number of
-logical CPUs and its thread pools once per process. On several devices of
-one machine, that process then serves rounds while another process, with
-another all-reduce, runs in turns with it: a strategy's all-reduce is fixed
-when it is made, and two MirroredStrategy objects in one process break each
+logical CPUs and its thread pools once per process. That process then
+serves rounds while another process, with another all-reduce or other CPU
+thread pools, runs in turns with it: a strategy's all-reduce is fixed when
+it is made, and two MirroredStrategy objects in one process break each
 other's.
 """
 
@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 
-from keras_scaling.cli import _bench_worker, _models
+from keras_scaling.cli import _models, _sweep_plan
 from keras_scaling.cli._arguments import positive_int, positive_number
 from keras_scaling.cli._errors import UsageError
 
@@ -30,14 +30,19 @@ READY = "@ready"
 RATE = "@rate "
 QUIT = "quit"
 _WORKER_LOG = "tune_worker.log"
-# Share of the budget kept for the all-reduce, measured in processes of its own.
-_PROCESS_SHARE = 0.3
-# From this budget on, 40%: a candidate process's start, warm-up, rounds and
-# the final side by side across processes need about 70 s on 2 cores.
-_PROCESS_SHARE_LARGE = 0.4
-_LARGE_BUDGET_S = 120.0
-# The smallest budget that also measures the all-reduce.
-_ALL_REDUCE_MIN_BUDGET_S = 60.0
+# Share of the budget kept for the knobs measured in processes of their own
+# (the all-reduce, the CPU thread pools) and the final side by side.
+_PROCESS_SHARE = 0.35
+# From this budget on, half: each candidate process's start, warm-up and
+# rounds take about 30 s on 2 cores, the final side by side about 20 s.
+_PROCESS_SHARE_LARGE = 0.5
+_LARGE_BUDGET_S = 150.0
+# The smallest budget that also measures them.
+_PROCESS_MIN_BUDGET_S = 60.0
+# A candidate process's start, over the first's; the final side by side's
+# reserve, over its estimate: the load changes during the search.
+_START_MARGIN = 1.2
+_CONFIRM_MARGIN = 1.2
 # Seconds a worker gets to end after it is told to, and then to be killed.
 _END_S = 5.0
 _LOG_TAIL_LINES = 25
@@ -65,11 +70,13 @@ Knobs that keep the model's arithmetic, tried by default:
   private_threadpool_size
                         tf.data's threads: a pool of the pipeline's own
                         (map parallelism and prefetch are AUTOTUNE already)
-  cross_device_ops      the all-reduce, on several devices of one machine:
-                        each in a process of its own, in turns with the
-                        first's (30% of the budget, 40% from --budget
-                        120 on; from --budget 60 on);
-                        across workers nothing is measured
+  cross_device_ops      the all-reduce, on several devices of one machine
+  cpu_threads           TensorFlow's CPU thread pools, on logical CPUs
+                        (--cpu-devices): each of these two in a process of
+                        its own, in turns with the first's (35% of the
+                        budget, half from --budget 150 on, the final side
+                        by side included; from --budget 60 on); across
+                        workers nothing is measured
 Knobs that change training, tried only with --allow:
   batch                 the per-replica batch: scale the learning rate
   precision             mixed precision (GPUs and TPUs)
@@ -80,6 +87,7 @@ LOGDIR/tune.json and the table into TensorBoard (run "tune", Text tab).
 Apply the result with:
 
   tuned = keras_scaling.tune.load("LOGDIR/tune.json")
+  keras_scaling.use_logical_cpus(**tuned.cpu_kwargs)   # logical CPUs only
   strategy = keras_scaling.auto_strategy(**tuned.strategy_kwargs)
   model.compile(..., **tuned.compile_kwargs)
   train = keras_scaling.data.distribute(data, strategy=strategy, **tuned.data_kwargs)
@@ -201,12 +209,10 @@ class _Worker:
         ]
         if args.data is not None:
             command.append(f"--data={args.data}")
-        if args.cpu_devices:
-            command.append(f"--cpu-devices={args.cpu_devices}")
         env = dict(os.environ)
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-        if args.cpu_devices:
-            env.setdefault(_bench_worker.THREADPOOL_ENV, "1")
+        # The worker's --cpu-kwargs alone decide its thread pools.
+        env.pop("TF_OVERRIDE_GLOBAL_THREADPOOL", None)
         os.makedirs(log_dir, exist_ok=True)
         self.log_path = os.path.join(log_dir, name)
         # Its stderr (TensorFlow's start-up lines) goes to a log, shown when it fails.
@@ -297,9 +303,42 @@ def _devices(cpu_devices):
     return ("GPU", gpus) if gpus else ("CPU", 1)
 
 
+def _start_cpu(args):
+    """The start's `use_logical_cpus` settings: the bench's thread pools, or none on GPUs."""
+    if not args.cpu_devices:
+        return {}
+    threads = _sweep_plan.plan_cpu_threads([args.cpu_devices], _sweep_plan.available_cores())
+    return {
+        "n": args.cpu_devices,
+        "threads_per_device": threads.intra_op_threads(),
+        "inter_op_threads": threads.inter_op_threads(args.cpu_devices),
+    }
+
+
+def _process_candidates(args, device_kind, replicas, start_cpu):
+    """`([(knob, value)], [(knob, reason)])`: what runs in processes of its own, and what not, why."""
+    from keras_scaling.tune import _candidates
+
+    candidates, skipped = [], []
+    values, reason = _candidates.all_reduce_values(device_kind, replicas, 1)
+    candidates += [("cross_device_ops", value) for value in values]
+    if reason:
+        skipped.append(("cross_device_ops", reason))
+    values, reason = _candidates.cpu_thread_values(start_cpu, _sweep_plan.available_cores())
+    candidates += [("cpu_threads", value) for value in values]
+    if reason:
+        skipped.append(("cpu_threads", reason))
+    if candidates and args.budget < _PROCESS_MIN_BUDGET_S:
+        # Their share would leave the first search too little to measure anything.
+        reason = f"--budget {args.budget:g} leaves them no time; pass --budget 60 or more"
+        skipped += [(knob, reason) for knob in dict(candidates)]
+        candidates = []
+    return candidates, skipped
+
+
 def run(args):
     """Checks the arguments, runs the search in worker processes; returns the exit status."""
-    from keras_scaling.tune import _candidates
+    from keras_scaling.tune import _report, _search
 
     _check(args)
     started_at = time.time()
@@ -308,38 +347,43 @@ def run(args):
     if os.path.exists(log_dir) and not os.path.isdir(log_dir):
         raise UsageError(f"--logdir {log_dir!r} is a file; pass a directory")
     device_kind, replicas = _devices(args.cpu_devices)
-    values, reason = _candidates.all_reduce_values(device_kind, replicas, 1)
-    if values and args.budget < _ALL_REDUCE_MIN_BUDGET_S:
-        # Its share would leave the first search too little to measure anything.
-        values = ()
-        reason = f"--budget {args.budget:g} leaves it no time; pass --budget 60 or more"
-    # Kept back from the search in the first process: the all-reduce's share,
-    # and the seconds its processes take to end.
+    start_cpu = _start_cpu(args)
+    candidates, skipped = _process_candidates(args, device_kind, replicas, start_cpu)
+    # Kept back from the search in the first process: the share of the
+    # knobs measured in processes of their own and of the final side by
+    # side, and the seconds the processes take to end.
     share = _PROCESS_SHARE_LARGE if args.budget >= _LARGE_BUDGET_S else _PROCESS_SHARE
-    reserve_s = (share * args.budget if values else 0.0) + _END_S
-    extra = [f"--reserve={reserve_s}"] + (["--serve"] if values else [])
-    worker = _Worker(args, log_dir, started_at, name=_WORKER_LOG, extra=extra)
+    reserve_s = (share * args.budget if candidates else 0.0) + _END_S
+    extra = [f"--reserve={reserve_s}", f"--cpu-kwargs={json.dumps(start_cpu)}"]
+    worker = _Worker(
+        args,
+        log_dir,
+        started_at,
+        name=_WORKER_LOG,
+        extra=extra + (["--serve"] if candidates else []),
+    )
+    path = os.path.join(log_dir, "tune.json")
     try:
         ready = worker.wait_ready(echo=True)
-        path = os.path.join(log_dir, "tune.json")
         if not ready:
             returncode = worker.finish()
             if returncode:
                 return worker.failure(returncode)
-            _finish_record(path, args, started_at, reason)
-            return 0
         ready_s = time.time() - started_at
         with open(path, encoding="utf-8") as file:
             record = json.load(file)
-        worker = _search_all_reduce(
-            args, record, worker, values, started_at, ready_s, log_dir, device_kind
-        )
+        record["trials"] += [
+            _search.trial_record(knob, None, reason=f"not tried: {reason}")
+            for knob, reason in skipped
+        ]
+        if ready:
+            _search_in_processes(
+                args, record, worker, candidates, started_at, ready_s, log_dir, device_kind
+            )
     except BaseException:
         worker.kill()
         raise
     worker.finish()
-    from keras_scaling.tune import _report
-
     record["elapsed_s"] = time.time() - started_at
     record["budget_s"] = args.budget
     _report.write(log_dir, record)
@@ -350,23 +394,19 @@ def run(args):
     return 0
 
 
-def _finish_record(path, args, started_at, reason):
-    """The first process's tune.json, with the whole command's time and why the all-reduce was not tried."""
-    from keras_scaling.tune import _report, _search
-
-    with open(path, encoding="utf-8") as file:
-        record = json.load(file)
-    record["elapsed_s"] = time.time() - started_at
-    record["budget_s"] = args.budget
-    if reason:
-        record["trials"].append(
-            _search.trial_record("cross_device_ops", None, reason=f"not tried: {reason}")
-        )
-    _report.write(os.path.dirname(path), record)
+def _process_settings(settings):
+    """What a process fixes when it starts: the strategy's and the CPU's settings."""
+    return {"strategy": settings["strategy"], "cpu": settings.get("cpu", {})}
 
 
-def _search_all_reduce(args, record, worker, values, started_at, ready_s, log_dir, device_kind):
-    """Each all-reduce against the incumbent's, in a process of its own; returns the incumbent worker."""
+def _search_in_processes(
+    args, record, first, candidates, started_at, ready_s, log_dir, device_kind
+):
+    """Each knob a process fixes, against the incumbent, in a process of its own; then the final side by side.
+
+    The first process serves the incumbent's rounds until a candidate is
+    kept; the kept candidate's process serves them from then on.
+    """
     from keras_scaling.tune import _candidates, _decision, _search
 
     best = record["best"]
@@ -380,162 +420,197 @@ def _search_all_reduce(args, record, worker, values, started_at, ready_s, log_di
     # What starting a worker costs: its time to the first round, tune's own search aside.
     start_up_s = max(1.0, ready_s - record["elapsed_s"])
     warm_up_s = record.get("timeline_s", {}).get("warm_up_s", 0.0)
-    record["notes"].append(
-        f"all-reduce: TensorFlow's choice on {device_kind} is "
-        f"{_candidates.default_all_reduce(device_kind)}; each other one ran in a process "
-        "of its own, in turns with it"
-    )
     # The serving runner traces its train function again: its first round
     # is a warm-up; the second gives the cost of a round.
-    worker.round(settings, steps)
-    _, pair_s = worker.round(settings, steps)
+    first.round(settings, steps)
+    _, pair_s = first.round(settings, steps)
     pair_s *= 2
-    first, first_best = worker, dict(best)
+    worker = first
+    record.setdefault("timeline_s", {})["processes"] = {
+        "ready_s": ready_s,
+        "start_up_s": start_up_s,
+        "round_pair_s": pair_s,
+    }
     # The start runs at 1/ratio of the best's speed in the final side by side.
-    confirm_pair_s = pair_s / 2 * (1 + max(1.0, best["ratio_to_start"]))
-    confirm_reserve_s = 1.5 * _decision.MIN_ROUNDS * confirm_pair_s
-    for value in values:
+    confirm_reserve_s = (
+        _CONFIRM_MARGIN * _decision.MIN_ROUNDS * pair_s / 2 * (1 + best["ratio_to_start"])
+    )
+    out_of_budget = False
+    for knob, value in candidates:
+        candidate_settings = _candidates.with_value(settings, knob, value)
+        if out_of_budget or candidate_settings == settings:
+            reason = (
+                "not measured: the budget is spent" if out_of_budget else "not tried: already so"
+            )
+            record["trials"].append(_search.trial_record(knob, value, reason=reason))
+            continue
         left_s = args.budget - (time.time() - started_at)
-        # Another process may start slower than the first; its tracing is
-        # as the first's warm-up; ending the processes takes a few seconds.
-        overhead_s = 1.5 * start_up_s + warm_up_s + _END_S
+        # Another process starts about as the first did; its tracing is as
+        # the first's warm-up; ending the processes takes a few seconds.
+        overhead_s = _START_MARGIN * start_up_s + warm_up_s + _END_S
         rounds = _decision.rounds_affordable(
             left_s, pair_s, overhead_s, reserve_s=confirm_reserve_s
         )
         if rounds == 0:
-            record["trials"].append(
-                _search.trial_record(
-                    "cross_device_ops", value, reason="not measured: the budget is spent"
-                )
+            out_of_budget = True
+            needed_s = _decision.minimum_cost_s(pair_s, overhead_s) + confirm_reserve_s
+            reason = (
+                f"not measured: the budget is spent ({max(0.0, left_s):.0f} s left, "
+                f"about {needed_s:.0f} s needed with the final side by side)"
             )
-            break
-        candidate_settings = _candidates.with_value(settings, "cross_device_ops", value)
+            record["trials"].append(_search.trial_record(knob, value, reason=reason))
+            continue
         candidate = _Worker(
             args,
             log_dir,
             started_at,
-            name=f"tune_worker_{value}.log",
+            name=f"tune_worker_{knob}_{len(record['trials'])}.log",
             extra=[
                 "--serve-only",
                 f"--strategy-kwargs={json.dumps(candidate_settings['strategy'])}",
+                f"--cpu-kwargs={json.dumps(candidate_settings['cpu'])}",
             ],
         )
         try:
             if not candidate.wait_ready(echo=False):
                 raise RuntimeError(f"it ended before its first round; see {candidate.log_path}")
             candidate.round(candidate_settings, steps)  # traces
-            incumbent_rates: list[float] = []
-            candidate_rates: list[float] = []
-            for index in range(rounds):
-                left_s = args.budget - (time.time() - started_at)
-                if index and left_s < pair_s + _END_S + confirm_reserve_s:
-                    break
-                if index and _decision.is_clear(
-                    _decision.Comparison(tuple(incumbent_rates), tuple(candidate_rates))
-                ):
-                    break
-                pair_started_s = time.time()
-                pair = [
-                    (worker, settings, incumbent_rates),
-                    (candidate, candidate_settings, candidate_rates),
-                ]
-                for process, these, rates in pair if index % 2 == 0 else reversed(pair):
-                    rates.append(process.round(these, steps)[0])
-                pair_s = max(pair_s, time.time() - pair_started_s)
+            comparison, pair_s = _alternate(
+                (worker, settings),
+                (candidate, candidate_settings),
+                steps,
+                rounds,
+                args,
+                started_at,
+                pair_s,
+                reserve_s=confirm_reserve_s,
+            )
         except (RuntimeError, OSError, ValueError) as error:
             candidate.kill()
+            record["trials"].append(_search.trial_record(knob, value, reason=f"failed: {error}"))
+            continue
+        if len(comparison.ratios) < _decision.MIN_ROUNDS:
+            candidate.finish()
+            out_of_budget = True
             record["trials"].append(
-                _search.trial_record("cross_device_ops", value, reason=f"failed: {error}")
+                _search.trial_record(knob, value, reason="not measured: the budget is spent")
             )
             continue
-        if len(incumbent_rates) < _decision.MIN_ROUNDS:
-            candidate.finish()
-            record["trials"].append(
-                _search.trial_record(
-                    "cross_device_ops", value, reason="not measured: the budget is spent"
-                )
+        if knob == "cross_device_ops" and not any(
+            trial["knob"] == knob and trial["ratio_to_incumbent"] for trial in record["trials"]
+        ):
+            record["notes"].append(
+                f"all-reduce: TensorFlow's choice on {device_kind} is "
+                f"{_candidates.default_all_reduce(device_kind)}; each other one ran in a "
+                "process of its own, in turns with it"
             )
-            break
-        comparison = _decision.Comparison(tuple(incumbent_rates), tuple(candidate_rates))
         decision = _decision.decide(comparison)
         ratio_to_start = best["ratio_to_start"] * comparison.ratio
-        trial = _search.trial_record(
-            "cross_device_ops",
-            value,
-            comparison=comparison,
-            decision=decision,
-            ratio_to_start=ratio_to_start,
+        record["trials"].append(
+            _search.trial_record(
+                knob, value, comparison=comparison, decision=decision, ratio_to_start=ratio_to_start
+            )
         )
-        record["trials"].append(trial)
         print(
-            f"  cross_device_ops={value}: {comparison.candidate_median:,.0f} samples/sec, "
+            f"  {knob}={_report_value(value)}: {comparison.candidate_median:,.0f} samples/sec, "
             f"{comparison.ratio:.2f}x the incumbent: "
             f"{'kept' if decision.kept else 'not kept'} ({decision.reason})",
             flush=True,
         )
-        if decision.kept:
-            if worker is not first:  # the first serves the start's rounds at the end
-                worker.finish()
-            worker, settings = candidate, candidate_settings
-            best["settings"] = settings
-            best["ratio_to_start"] = ratio_to_start
-            best["samples_per_sec"] = record["start"]["samples_per_sec"] * ratio_to_start
-            best["ratio_source"] = (
-                "the product of the kept changes' ratios; the all-reduce in processes of its own"
-            )
-        else:
+        if not decision.kept:
             candidate.finish()
+            continue
+        if worker is not first:  # the first serves the start's rounds at the end
+            worker.finish()
+        worker, settings = candidate, candidate_settings
+        best["settings"] = settings
+        best["ratio_to_start"] = ratio_to_start
+        best["samples_per_sec"] = record["start"]["samples_per_sec"] * ratio_to_start
+        best["ratio_source"] = "the product of the kept changes' ratios"
+        if knob in _candidates.CHANGES_ROUNDING:
+            record["notes"].append(_candidates.describe_change(knob, value, settings))
+    _confirm(args, record, first, worker, steps, started_at)
     if worker is not first:
-        worker = _confirm_all_reduce(args, record, first, first_best, worker, steps, started_at)
-    return worker
+        worker.finish()
 
 
-def _confirm_all_reduce(args, record, first, first_best, worker, steps, started_at):
-    """The start (in the first process) against the best (in its own), side by side; returns the worker kept.
+def _report_value(value):
+    from keras_scaling.tune import _report
 
-    A ratio the all-reduce's comparison multiplied into the first process's
-    is no promise: unless this side by side shows a gain beyond the noise,
-    the first process's best is handed back.
+    return _report._value(value)
+
+
+def _alternate(
+    incumbent, candidate, steps, rounds, args, started_at, pair_s, *, reserve_s=0.0, min_rounds=1
+):
+    """Rounds of `(worker, settings)` pairs in turns, the first of each pair alternating.
+
+    Stops after `rounds`, when the decision is clear, or (after `min_rounds`)
+    when the next pair would overrun the budget less `reserve_s`. Returns
+    the `Comparison` and the slowest pair's seconds.
+    """
+    from keras_scaling.tune import _decision
+
+    rates: tuple[list[float], list[float]] = ([], [])
+    pair = [(incumbent, rates[0]), (candidate, rates[1])]
+    for index in range(rounds):
+        left_s = args.budget - (time.time() - started_at)
+        if index >= min_rounds and left_s < pair_s + _END_S + reserve_s:
+            break
+        if index >= _decision.MIN_ROUNDS and _decision.is_clear(
+            _decision.Comparison(tuple(rates[0]), tuple(rates[1]))
+        ):
+            break
+        pair_started_s = time.time()
+        for (process, these), values in pair if index % 2 == 0 else reversed(pair):
+            values.append(process.round(these, steps)[0])
+        pair_s = max(pair_s, time.time() - pair_started_s)
+    return _decision.Comparison(tuple(rates[0]), tuple(rates[1])), pair_s
+
+
+def _confirm(args, record, first, worker, steps, started_at):
+    """The start (in the first process) against the best (in `worker`, maybe the first), side by side.
+
+    A product of ratios measured one knob at a time is no promise: unless
+    this side by side shows a gain beyond the noise, the start is handed back.
     """
     from keras_scaling.tune import _decision
 
     best = record["best"]
-    start_settings = record["start"]["settings"]
-    start_rates: list[float] = []
-    best_rates: list[float] = []
-    pair = [(first, start_settings, start_rates), (worker, best["settings"], best_rates)]
-    pair_s = 0.0
-    for index in range(_decision.MAX_ROUNDS):
-        left_s = args.budget - (time.time() - started_at)
-        if index >= _decision.MIN_ROUNDS and (
-            left_s < pair_s + _END_S
-            or _decision.is_clear(_decision.Comparison(tuple(start_rates), tuple(best_rates)))
-        ):
-            break
-        pair_started_s = time.time()
-        for process, these, rates in pair if index % 2 == 0 else reversed(pair):
-            rates.append(process.round(these, steps)[0])
-        pair_s = max(pair_s, time.time() - pair_started_s)
-    comparison = _decision.Comparison(tuple(start_rates), tuple(best_rates))
+    start = record["start"]
+    if best["settings"] == start["settings"]:
+        return
+    comparison, _ = _alternate(
+        (first, start["settings"]),
+        (worker, best["settings"]),
+        steps,
+        _decision.MAX_ROUNDS,
+        args,
+        started_at,
+        0.0,
+        min_rounds=_decision.MIN_ROUNDS,
+    )
     decision = _decision.decide(comparison)
     rounds = len(comparison.ratios)
+    where = "" if worker is first else ", each in a process of its own"
+    start["samples_per_sec"] = comparison.incumbent_median
     if decision.kept:
-        first.finish()
-        record["start"]["samples_per_sec"] = comparison.incumbent_median
         best["ratio_to_start"] = comparison.ratio
         best["samples_per_sec"] = comparison.incumbent_median * comparison.ratio
-        best["ratio_source"] = (
-            f"best against start, {rounds} alternating rounds, each in a process of its own"
-        )
-        return worker
-    worker.finish()
-    record["best"] = first_best
+        best["ratio_source"] = f"best against start, {rounds} alternating rounds{where}"
+        return
     record["notes"].append(
-        f"the best with its all-reduce ran at {comparison.ratio:.2f}x the start side by "
-        f"side ({decision.reason}): the all-reduce is left as it was"
+        f"the kept changes ran at {comparison.ratio:.2f}x the start side by side "
+        f"({decision.reason}): the start is kept"
+    )
+    best.update(
+        settings=start["settings"],
+        samples_per_sec=comparison.incumbent_median,
+        ratio_to_start=1.0,
+        ratio_source=f"kept changes not faster than the start in {rounds} alternating rounds",
+        trains_the_same=True,
     )
     for trial in record["trials"]:
-        if trial["knob"] == "cross_device_ops" and trial["kept"]:
+        if trial["kept"]:
             trial["kept"] = False
             trial["reason"] += "; not confirmed against the start"
-    return first

@@ -46,6 +46,9 @@ class TunedSettings:
         ratio_to_start: their speed over the start's.
         trains_the_same: False when an allowed knob (per-replica batch)
             changed what is trained.
+        cpu_kwargs: for `keras_scaling.use_logical_cpus`, first in the
+            process (the number of logical CPUs and their thread pools);
+            empty unless the devices are logical CPUs.
 
     Example:
 
@@ -68,6 +71,7 @@ class TunedSettings:
     samples_per_sec: float | None
     ratio_to_start: float
     trains_the_same: bool
+    cpu_kwargs: dict = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,6 +116,7 @@ def _settings_of(record: dict, which: str) -> TunedSettings:
         samples_per_sec=entry.get("samples_per_sec"),
         ratio_to_start=float(entry.get("ratio_to_start", 1.0)),
         trains_the_same=bool(entry.get("trains_the_same", True)),
+        cpu_kwargs=dict(settings.get("cpu", {})),
     )
 
 
@@ -123,9 +128,10 @@ def load(path: "str | os.PathLike[str]", which: str = "best") -> TunedSettings:
         which: `"best"` (default) or `"start"`.
 
     Returns:
-        A `TunedSettings`: `compile_kwargs`, `data_kwargs` and
-        `strategy_kwargs` go to `model.compile`, `keras_scaling.data.distribute`
-        and `keras_scaling.auto_strategy`.
+        A `TunedSettings`: `compile_kwargs`, `data_kwargs`,
+        `strategy_kwargs` and `cpu_kwargs` go to `model.compile`,
+        `keras_scaling.data.distribute`, `keras_scaling.auto_strategy` and
+        `keras_scaling.use_logical_cpus`.
 
     Raises:
         FileNotFoundError: no such file.
@@ -251,6 +257,35 @@ def tune(
     result.best.compile_kwargs["steps_per_execution"]
     ```
     """
+    return _tune(
+        model,
+        data,
+        per_replica_batch_size=per_replica_batch_size,
+        data_kwargs=data_kwargs,
+        strategy=strategy,
+        budget_s=budget_s,
+        allow=allow,
+        log_dir=log_dir,
+        verbose=verbose,
+    )
+
+
+def _tune(
+    model,
+    data,
+    *,
+    per_replica_batch_size,
+    data_kwargs,
+    strategy,
+    budget_s,
+    allow,
+    log_dir,
+    verbose,
+    confirm=True,
+    cpu=None,
+):
+    """`tune`, for `keras-scaling tune`'s process: `cpu` is its `use_logical_cpus` settings;
+    `confirm=False` leaves the final side by side to the command, which measures more knobs."""
     import tensorflow as tf
 
     from keras_scaling.tune import _candidates, _measure, _report, _search
@@ -286,6 +321,7 @@ def tune(
         },
         "data": data_settings,
         "strategy": {},
+        "cpu": dict(cpu or {}),
     }
     runner = _measure.Runner(model, strategy, data)
 
@@ -302,6 +338,7 @@ def tune(
             allowed=allowed,
             explain_fn=explain_fn,
             verbose=verbose,
+            confirm=confirm,
         )
     finally:
         runner.restore()

@@ -1,8 +1,9 @@
 """What `tune` tries, in which order: plain functions of explain's verdict and the settings.
 
-Settings are three dicts, the keyword arguments of the calls they go to:
-`compile` (`model.compile`), `data` (`keras_scaling.data.distribute`) and
-`strategy` (`keras_scaling.auto_strategy`). A knob changes one entry of
+Settings are four dicts, the keyword arguments of the calls they go to:
+`compile` (`model.compile`), `data` (`keras_scaling.data.distribute`),
+`strategy` (`keras_scaling.auto_strategy`) and `cpu`
+(`keras_scaling.use_logical_cpus`, empty unless the devices are logical CPUs). A knob changes one entry of
 one of them. Knobs that keep the model's arithmetic are tried by default;
 `per_replica_batch_size` and `mixed_precision` change what is trained and
 are tried only when allowed (`allow=("batch", "precision")`).
@@ -47,11 +48,13 @@ SECTION = {
     "private_threadpool_size": "data",
     "per_replica_batch_size": "data",
     "cross_device_ops": "strategy",
+    "cpu_threads": "cpu",
 }
 # Knobs after which the weights differ from the start's.
 CHANGES_TRAINING = ("per_replica_batch_size", "mixed_precision")
-# Knobs that keep the mathematics but not the float rounding.
-CHANGES_ROUNDING = ("jit_compile",)
+# Knobs that keep the mathematics but not the float rounding: other
+# kernels, or sums split over another number of threads.
+CHANGES_ROUNDING = ("jit_compile", "cpu_threads")
 # The largest steps_per_execution tried: beyond it the host's per-call cost
 # is far below noise, and the epoch must hold whole calls.
 LARGEST_STEPS_PER_EXECUTION = 64
@@ -188,7 +191,10 @@ def with_value(settings, knob, value):
     """A copy of `settings` with `knob` set to `value`."""
     section = SECTION[knob]
     changed = {name: dict(values) for name, values in settings.items()}
-    changed[section][knob] = value
+    if knob == "cpu_threads":  # the thread pools are the whole section
+        changed[section] = dict(value)
+    else:
+        changed[section][knob] = value
     return changed
 
 
@@ -203,6 +209,11 @@ def describe_change(knob, value, settings):
         )
     if knob == "jit_compile":
         return "jit_compile=True: XLA's kernels, the same mathematics up to float rounding"
+    if knob == "cpu_threads":
+        return (
+            f"CPU thread pools {describe_cpu_threads(value)}: the same mathematics, "
+            "sums split over other threads may round differently"
+        )
     return f"{knob} {current} -> {value}"
 
 
@@ -243,3 +254,42 @@ def all_reduce_values(device_kind, local_replicas, num_workers):
 def default_all_reduce(device_kind):
     """The name of the all-reduce TensorFlow picks on `device_kind`, for the table."""
     return _DEFAULT_ALL_REDUCE.get(device_kind, "TensorFlow's choice")
+
+
+def cpu_thread_values(cpu, cores):
+    """The CPU thread pools to try against `cpu`, and why none when none.
+
+    Args:
+        cpu: the start's `cpu` settings, the keyword arguments of
+            `keras_scaling.use_logical_cpus` (empty when the devices are not
+            logical CPUs).
+        cores: the host's CPU cores.
+
+    Returns:
+        `(values, reason)`: `cpu` settings to try, each in a process of its
+        own (pools are fixed when TensorFlow makes its devices), or `()` with
+        the reason.
+
+    Example: `cpu_thread_values({"n": 2, "threads_per_device": 1,
+    "inter_op_threads": 2}, 2)` gives TensorFlow's own pools, `{"n": 2}`,
+    then a pool of all 2 cores for each device.
+    """
+    count = cpu.get("n")
+    if not count:
+        return (), "the devices are not logical CPUs"
+    values = [
+        # TensorFlow's own: one intra-op pool of every core, shared by the devices.
+        {"n": count},
+        {"n": count, "threads_per_device": cores, "inter_op_threads": count},
+    ]
+    return tuple(value for value in values if value != cpu), None
+
+
+def describe_cpu_threads(cpu):
+    """`cpu` settings in words, for the table."""
+    if not cpu.get("threads_per_device"):
+        return "shared by the devices (TensorFlow's own)"
+    inter = cpu.get("inter_op_threads")
+    return f"of {cpu['threads_per_device']} thread(s) per device" + (
+        f", {inter} inter-op" if inter else ""
+    )

@@ -27,6 +27,10 @@ def _spread(value):
 
 
 def _value(value):
+    if isinstance(value, dict) and "n" in value:
+        from keras_scaling.tune import _candidates
+
+        return "pools " + _candidates.describe_cpu_threads(value)
     return json.dumps(value) if not isinstance(value, str) else value
 
 
@@ -71,6 +75,8 @@ def apply_lines(record, path):
     """The lines that apply the best settings, in the user's code."""
     best = record["best"]["settings"]
     lines = [f'tuned = keras_scaling.tune.load("{path}")']
+    if best.get("cpu"):
+        lines.append("keras_scaling.use_logical_cpus(**tuned.cpu_kwargs)   # first in the process")
     if best["strategy"]:
         lines.append("strategy = keras_scaling.auto_strategy(**tuned.strategy_kwargs)")
     if best["data"]:

@@ -131,7 +131,7 @@ def _steps_for(settings, step_s, round_s, other=None):
     return _decision.steps_per_round(step_s, round_s, spe)
 
 
-def search(runner, start, *, budget_s, allowed, explain_fn, verbose):
+def search(runner, start, *, budget_s, allowed, explain_fn, verbose, confirm=True):
     """Runs the search; returns the record of `tune.json` (without writing it).
 
     Args:
@@ -141,6 +141,8 @@ def search(runner, start, *, budget_s, allowed, explain_fn, verbose):
         allowed: knob names that change training, from `_candidates.parse_allow`.
         explain_fn: `explain_fn(dataset, steps)` gives an `Explanation`.
         verbose: print each trial as it ends.
+        confirm: run the best and the start side by side at the end; False
+            leaves it to the caller, which measures more knobs first.
     """
     clock = _Clock(budget_s)
     round_s = round_s_for(budget_s)
@@ -166,7 +168,7 @@ def search(runner, start, *, budget_s, allowed, explain_fn, verbose):
     explain_cost_s = explain_steps_total * step_s + _EXPLAIN_WARMUPS * warmup_s
     # Kept back from the start for the final side by side of the best and
     # the start: MIN_ROUNDS round pairs at the start's speed at most.
-    confirm_reserve_s = (
+    confirm_reserve_s = confirm * (
         _CONFIRM_MARGIN
         * _decision.MIN_ROUNDS
         * 2
@@ -295,6 +297,9 @@ def search(runner, start, *, budget_s, allowed, explain_fn, verbose):
     start_samples_per_sec = _median(start_rates)
     if best is start:
         best_samples_per_sec, ratio, source = start_samples_per_sec, 1.0, "no change kept"
+    elif not confirm:
+        best_samples_per_sec = start_samples_per_sec * incumbent_ratio
+        ratio, source = incumbent_ratio, "the product of the kept changes' ratios"
     else:
         best_samples_per_sec = start_samples_per_sec * incumbent_ratio
         ratio, source = incumbent_ratio, "the product of the kept changes' ratios"

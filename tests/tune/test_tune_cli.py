@@ -5,7 +5,7 @@ import json
 import pytest
 
 import keras_scaling
-from keras_scaling.cli import main
+from keras_scaling.cli import _sweep_plan, main
 
 
 def test_tune_writes_tune_json_that_load_applies(tmp_path, capfd):
@@ -29,11 +29,19 @@ def test_tune_writes_tune_json_that_load_applies(tmp_path, capfd):
     # The whole command, its processes' start included; a little slack for
     # a loaded machine, where ending a process can take longer.
     assert record["elapsed_s"] <= 120 * 1.2
-    # On two replicas the all-reduce is a knob, in a process of its own.
-    assert "cross_device_ops" in [trial["knob"] for trial in record["trials"]]
+    # On two logical CPUs the all-reduce and the thread pools are knobs, each
+    # in a process of their own; the start's pools are the bench's.
+    knobs = [trial["knob"] for trial in record["trials"]]
+    assert "cross_device_ops" in knobs and "cpu_threads" in knobs
+    assert record["start"]["settings"]["cpu"] == {
+        "n": 2,
+        "threads_per_device": max(1, _sweep_plan.available_cores() // 2),
+        "inter_op_threads": 2,
+    }
     assert "steps_per_execution" in out and 'keras_scaling.tune.load("' in out
     tuned = keras_scaling.tune.load(log_dir / "tune.json")
     assert tuned.compile_kwargs == record["best"]["settings"]["compile"]
+    assert tuned.cpu_kwargs == record["best"]["settings"]["cpu"]
 
 
 @pytest.mark.parametrize(

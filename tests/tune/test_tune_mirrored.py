@@ -77,7 +77,9 @@ def test_tune_json_holds_start_and_best_with_their_settings(tuned):
     assert record == json.loads(json.dumps(result.record))
     for which in ("start", "best"):
         assert record[which]["samples_per_sec"] > 0
-        assert set(record[which]["settings"]) == {"compile", "data", "strategy"}
+        assert set(record[which]["settings"]) == {"compile", "data", "strategy", "cpu"}
+        # In the user's process, tune cannot change the pools its devices have.
+        assert record[which]["settings"]["cpu"] == {}
     assert record["start"]["settings"]["compile"] == {
         "steps_per_execution": 1,
         "jit_compile": False,
