@@ -1,15 +1,8 @@
-"""How busy the devices are: model TFLOP/s and MFU from throughput, plain arithmetic.
+"""Model TFLOP/s and MFU from throughput: plain arithmetic, numbers in and out.
 
-Numbers in, numbers out (no Keras), like `keras_scaling.throughput`:
-
-    flops_per_sec            = flops_per_sample * samples_per_sec
-    tflops_per_sec           = flops_per_sec / 1e12                 (all replicas)
-    tflops_per_sec_per_replica = tflops_per_sec / num_replicas
-    mfu                      = flops_per_sec / (peak_flops_per_replica * num_replicas)
-
-MFU (model FLOPs utilization) counts the model's own arithmetic (forward and
-backward of each sample), not recomputation or the optimizer update, so it
-compares set-ups fairly: 0.4 means the devices do useful model arithmetic at
+MFU (model FLOPs utilization) is `flops_per_sample * samples_per_sec /
+(peak_flops_per_replica * num_replicas)`: 0.4 means the devices do the
+model's own arithmetic (forward and backward, not the optimizer update) at
 40% of their peak.
 """
 
@@ -38,8 +31,7 @@ class Utilization:
     Args:
         tflops_per_sec: float, model TFLOP/s of all replicas together.
         tflops_per_sec_per_replica: float, `tflops_per_sec / num_replicas`.
-        mfu: float, achieved FLOPs/sec over the peak of all replicas, or None
-            without a peak.
+        mfu: float, achieved FLOPs/sec over the peak of all replicas, or None.
 
     Example:
 
@@ -63,8 +55,8 @@ def utilization(
     """Model TFLOP/s and MFU of a throughput figure.
 
     Args:
-        flops_per_sample: float, floating-point operations of one training
-            sample, forward and backward.
+        flops_per_sample: float, operations of one training sample, forward
+            and backward.
         samples_per_sec: float, samples trained per second, all replicas.
         num_replicas: int, replicas in sync.
         peak_flops_per_replica: float, peak FLOPs/sec of one replica's
@@ -74,9 +66,8 @@ def utilization(
         A `Utilization`.
 
     Raises:
-        TypeError: a figure that is not a number (or `num_replicas` not an
-            integer).
-        ValueError: a figure that is not positive and finite.
+        TypeError, ValueError: a figure that is not a positive, finite number
+            (`num_replicas`: integer).
 
     Example:
 
@@ -87,19 +78,13 @@ def utilization(
     """
     flops_per_sample = _validation.positive_number(flops_per_sample, "flops_per_sample")
     samples_per_sec = _validation.positive_number(samples_per_sec, "samples_per_sec")
-    num_replicas = _validation.positive_int(num_replicas, "num_replicas")
     flops_per_sec = flops_per_sample * samples_per_sec
+    num_replicas = _validation.positive_int(num_replicas, "num_replicas")
     mfu = None
     if peak_flops_per_replica is not None:
-        peak_flops_per_replica = _validation.positive_number(
-            peak_flops_per_replica, "peak_flops_per_replica"
-        )
-        mfu = flops_per_sec / (peak_flops_per_replica * num_replicas)
-    return Utilization(
-        tflops_per_sec=flops_per_sec / 1e12,
-        tflops_per_sec_per_replica=flops_per_sec / 1e12 / num_replicas,
-        mfu=mfu,
-    )
+        peak = _validation.positive_number(peak_flops_per_replica, "peak_flops_per_replica")
+        mfu = flops_per_sec / (peak * num_replicas)
+    return Utilization(flops_per_sec / 1e12, flops_per_sec / 1e12 / num_replicas, mfu)
 
 
 def check_flops_per_sample(
@@ -121,10 +106,10 @@ def check_flops_per_sample(
 
     ```python
     check_flops_per_sample(3.2e6)   # 3200000.0
-    check_flops_per_sample("auto")  # 'auto'
     ```
     """
-    return _check_choice(value, parameter, ("auto",), "floating-point operations of one sample")
+    unit = "floating-point operations of one sample"
+    return _validation.positive_number_or_one_of(value, parameter, ("auto", None), unit=unit)
 
 
 def check_peak_flops(
@@ -145,11 +130,12 @@ def check_peak_flops(
     Example:
 
     ```python
-    check_peak_flops(312e12)      # 312000000000000.0
     check_peak_flops("measure")   # 'measure'
     ```
     """
-    return _check_choice(value, parameter, ("auto", "measure"), "FLOPs/sec of one replica")
+    choices = ("auto", "measure", None)
+    unit = "FLOPs/sec of one replica"
+    return _validation.positive_number_or_one_of(value, parameter, choices, unit=unit)
 
 
 def underuse_advice(
@@ -162,12 +148,11 @@ def underuse_advice(
     input_samples_per_sec: float | None = None,
     samples_per_sec: float | None = None,
 ) -> str | None:
-    """What keeps devices underused when training scales well, or None.
+    """What keeps devices underused when training scales well (efficiency >= 0.8, MFU < 0.2).
 
-    Efficiency at or above 0.8 with MFU below 0.2 means every replica is
-    equally underused. The figures point to, in this order: an input
-    pipeline that yields barely more than training takes; float32 on a
-    device with faster dtypes; a small per-replica batch.
+    The figures point to, in this order: an input pipeline that yields
+    barely more than training takes; float32 on a device with faster dtypes;
+    a small per-replica batch.
 
     Args:
         efficiency: float, scaling efficiency, or None.
@@ -195,16 +180,13 @@ def underuse_advice(
         f"MFU is {mfu:.2f} although scaling efficiency is {efficiency:.2f}: every "
         "replica is underused alike."
     )
-    if (
-        input_samples_per_sec is not None
-        and samples_per_sec is not None
-        and input_samples_per_sec < 1.2 * samples_per_sec
-    ):
-        return (
-            f"{opening} The input pipeline alone yields {input_samples_per_sec:.0f} "
-            f"samples/sec, barely more than training takes ({samples_per_sec:.0f}): "
-            "the devices wait for input (more parallel reads and maps, prefetch, cache)."
-        )
+    if input_samples_per_sec is not None and samples_per_sec is not None:
+        if input_samples_per_sec < 1.2 * samples_per_sec:
+            return (
+                f"{opening} The input pipeline alone yields {input_samples_per_sec:.0f} "
+                f"samples/sec, barely more than training takes ({samples_per_sec:.0f}): "
+                "the devices wait for input (more parallel reads and maps, prefetch, cache)."
+            )
     if compute_dtype == "float32" and faster_dtypes:
         dtype, times = faster_dtypes[0]
         policy = "mixed_bfloat16" if dtype == "bfloat16" else "mixed_float16"
@@ -212,16 +194,9 @@ def underuse_advice(
             f"{opening} The device peaks {times:.0f}x higher in {dtype} than in "
             f"float32: keras.mixed_precision.set_global_policy({policy!r})."
         )
+    batch = per_replica_batch_size
     return (
-        f"{opening} A per-replica batch of {per_replica_batch_size} gives each "
-        "device little work per step: try a larger per-replica batch "
-        f"(keras-scaling bench --per-replica-batch {per_replica_batch_size},"
-        f"{per_replica_batch_size * 2},{per_replica_batch_size * 4} finds the smallest "
-        "that keeps devices busy)."
+        f"{opening} A per-replica batch of {batch} gives each device little work per step: "
+        f"try a larger per-replica batch (keras-scaling bench --per-replica-batch "
+        f"{batch},{batch * 2},{batch * 4} finds the smallest that keeps devices busy)."
     )
-
-
-def _check_choice(
-    value: float | str | None, parameter: str, choices: tuple[str, ...], unit: str
-) -> float | str | None:
-    return _validation.positive_number_or_one_of(value, parameter, (*choices, None), unit=unit)
