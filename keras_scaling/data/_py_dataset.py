@@ -43,13 +43,14 @@ def is_py_dataset(data):
     return isinstance(data, keras.utils.PyDataset)
 
 
-def _as_fit_layout(item):
-    if isinstance(item, tuple):
-        items = list(item)
-        while items and items[-1] is None:
-            items.pop()
-        return tuple(items)
-    return (item,)
+def as_fit_layout(item):
+    """`item` as a tuple `(x,)`, `(x, y)` or `(x, y, sample_weight)`, without trailing `None`s."""
+    if not isinstance(item, tuple):
+        return (item,)
+    items = list(item)
+    while items and items[-1] is None:
+        items.pop()
+    return tuple(items)
 
 
 def _describe(item):
@@ -76,29 +77,27 @@ def _batch_size_of(item):
 def check_item(item, index, signature, expected_size, first_item_text):
     """`item` as `(x, y, ...)`; ValueError unless it has item 0's structure and sample
     shapes, and `expected_size` samples."""
-    item = _as_fit_layout(item)
-    mismatch = None
-    try:
-        tf.nest.assert_same_structure(signature, item)
-    except (ValueError, TypeError) as error:
-        mismatch = f"its structure differs ({error})"
-    if mismatch is None:
-        for spec, leaf in zip(tf.nest.flatten(signature), tf.nest.flatten(item)):
-            shape = tuple(np.shape(leaf))
-            if not shape or not spec.shape[1:].is_compatible_with(shape[1:]):
-                mismatch = f"a sample shape differs ({shape[1:]} against {tuple(spec.shape[1:])})"
-                break
-            if shape[0] != expected_size:
-                mismatch = (
-                    f"it has {shape[0]} samples where {expected_size} are expected "
-                    "(every item but the last must be a full batch of item 0's size)"
-                )
-                break
+    item = as_fit_layout(item)
+    mismatch = _mismatch(item, signature, expected_size)
     if mismatch is not None:
         raise ValueError(
             f"PyDataset item {index} does not match item 0: {mismatch}. Item 0 is {first_item_text} and item {index} is {_describe(item)}. Every item must have item 0's structure and sample shapes, and every item but the last its number of samples."
         )
     return item
+
+
+def _mismatch(item, signature, expected_size):
+    try:
+        tf.nest.assert_same_structure(signature, item)
+    except (ValueError, TypeError) as error:
+        return f"its structure differs ({error})"
+    for spec, leaf in zip(tf.nest.flatten(signature), tf.nest.flatten(item)):
+        shape = tuple(np.shape(leaf))
+        if not shape or not spec.shape[1:].is_compatible_with(shape[1:]):
+            return f"a sample shape differs ({shape[1:]} against {tuple(spec.shape[1:])})"
+        if shape[0] != expected_size:
+            return f"it has {shape[0]} samples where {expected_size} are expected (every item but the last must be a full batch of item 0's size)"
+    return None
 
 
 def inspect_py_dataset(py_dataset, num_samples=None):
@@ -114,14 +113,14 @@ def inspect_py_dataset(py_dataset, num_samples=None):
     num_items = int(num_items)
     if num_items == 0:
         raise ValueError("data is an empty PyDataset: there is nothing to train on.")
-    first = _as_fit_layout(py_dataset[0])
+    first = as_fit_layout(py_dataset[0])
     signature = _signature(first, 0)
     batch_size = _batch_size_of(first)
     first_text = _describe(first)
     check_item(first, 0, signature, batch_size, first_text)
     last_size = batch_size
     if num_items > 1:
-        last = _as_fit_layout(py_dataset[num_items - 1])
+        last = as_fit_layout(py_dataset[num_items - 1])
         last_size = _batch_size_of(last) if tf.nest.flatten(last) else 0
         check_item(last, num_items - 1, signature, last_size, first_text)
     item_sizes = (batch_size,) * (num_items - 1) + (last_size,)

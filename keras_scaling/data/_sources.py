@@ -268,20 +268,16 @@ def count_records(path):
 
 def _split_fit_layout(data):
     """`data` without trailing `None`s, as `fit` accepts `(x, None)` and `(x, y, None)`."""
-    if isinstance(data, tuple):
-        if not 1 <= len(data) <= 3:
-            raise ValueError(
-                f"data as a tuple must be (x,), (x, y) or (x, y, sample_weight) like model.fit takes, got a tuple of {len(data)} items. Pass several inputs as a list or dict in x: ([x1, x2], y)."
-            )
-        items = list(data)
-        while items and items[-1] is None:
-            items.pop()
-        if not items or any(item is None for item in items):
-            raise ValueError(
-                "data has None in place of x or y: pass (x, y) or (x, y, sample_weight)."
-            )
-        return tuple(items)
-    return data
+    if not isinstance(data, tuple):
+        return data
+    if not 1 <= len(data) <= 3:
+        raise ValueError(
+            f"data as a tuple must be (x,), (x, y) or (x, y, sample_weight) like model.fit takes, got a tuple of {len(data)} items. Pass several inputs as a list or dict in x: ([x1, x2], y)."
+        )
+    items = _py_dataset.as_fit_layout(data)
+    if not items or any(item is None for item in items):
+        raise ValueError("data has None in place of x or y: pass (x, y) or (x, y, sample_weight).")
+    return items
 
 
 def _inspect_arrays(data):

@@ -1,14 +1,7 @@
-"""Devices and strategies: which strategy to train with, and its workers, replicas and devices.
+"""Devices and strategies: which strategy to train with (`strategies`), and its workers,
+replicas and devices (`_topology`).
 
-- `strategies`: making and describing strategies (`use_logical_cpus`,
-  `auto_strategy`, `describe_strategy`, `StrategyInfo`, `tf_config`);
-- `_topology`: counting a strategy's workers, replicas and devices (plain
-  functions of a `tf.distribute.Strategy`, importing nothing else of
-  keras_scaling, so that `keras_scaling.compat` can use them too).
-
-Names are imported on first use, as from `keras_scaling` itself: importing
-`keras_scaling.devices._topology` does not load the strategies, which
-enable `keras_scaling.compat`, which counts replicas with `_topology`.
+Names load on first use: `compat` imports `_topology`, and the strategies enable `compat`.
 """
 
 import importlib
@@ -31,23 +24,14 @@ if TYPE_CHECKING:
         warn_if_keras_distribution_set as warn_if_keras_distribution_set,
     )
 
-_STRATEGIES = "keras_scaling.devices.strategies"
-_TOPOLOGY = "keras_scaling.devices._topology"
-_EXPORTS = {
-    "StrategyInfo": _STRATEGIES,
-    "auto_strategy": _STRATEGIES,
-    "describe_strategy": _STRATEGIES,
-    "is_chief": _TOPOLOGY,
-    "num_replicas": _TOPOLOGY,
-    "num_workers": _TOPOLOGY,
-    "replica_device_names": _TOPOLOGY,
-    "replicas_per_worker": _TOPOLOGY,
-    "strategy_kind": _STRATEGIES,
-    "tf_config": _STRATEGIES,
-    "use_logical_cpus": _STRATEGIES,
-    "warn_if_keras_distribution_set": _STRATEGIES,
-    "worker_index": _TOPOLOGY,
-}
+_EXPORTS = dict.fromkeys(
+    "StrategyInfo auto_strategy describe_strategy strategy_kind tf_config use_logical_cpus warn_if_keras_distribution_set".split(),
+    "keras_scaling.devices.strategies",
+)
+_EXPORTS |= dict.fromkeys(
+    "is_chief num_replicas num_workers replica_device_names replicas_per_worker worker_index".split(),
+    "keras_scaling.devices._topology",
+)
 
 __all__ = sorted(_EXPORTS)
 

@@ -1,18 +1,13 @@
 """Workers, replicas and devices of a strategy: the one place that counts them.
 
-Plain functions of a `tf.distribute.Strategy`, importing nothing else of
-keras_scaling, so every module (including `compat`) can use them without an
-import cycle. `keras_scaling.devices` gives the public ones, beside the
-strategies of `keras_scaling.devices.strategies`.
+It imports nothing else of keras_scaling, so that `compat` can use it without a cycle.
 """
 
+import re
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import tensorflow as tf
-
-if TYPE_CHECKING:
-    pass
 
 
 def _local_devices(strategy: tf.distribute.Strategy) -> tuple[str, ...]:
@@ -38,10 +33,7 @@ def _is_multi_worker(strategy: tf.distribute.Strategy) -> bool:
 
 
 def num_workers(strategy: tf.distribute.Strategy) -> int:
-    """The number of workers (machines or processes) the strategy spans.
-
-    1 for every strategy but `MultiWorkerMirroredStrategy` (the workers of
-    its cluster) and `TPUStrategy` (the TPU hosts).
+    """The workers (machines or processes) the strategy spans: the TPU hosts, the cluster's, or 1.
 
     Args:
         strategy: a `tf.distribute.Strategy`.
@@ -52,9 +44,7 @@ def num_workers(strategy: tf.distribute.Strategy) -> int:
     Example:
 
     ```python
-    import tensorflow as tf
-    from keras_scaling import devices
-    devices.num_workers(tf.distribute.get_strategy())   # 1
+    keras_scaling.devices.num_workers(tf.distribute.get_strategy())   # 1
     ```
     """
     if _is_multi_worker(strategy):
@@ -66,10 +56,7 @@ def num_workers(strategy: tf.distribute.Strategy) -> int:
 
 
 def worker_index(strategy: tf.distribute.Strategy) -> int:
-    """This worker's index among `num_workers(strategy)`: 0 on a single worker.
-
-    With a `chief` task in `TF_CONFIG` the chief is worker 0 and the
-    `worker` tasks follow it.
+    """This worker's index among `num_workers(strategy)`: a `chief` task is 0, `worker` tasks follow.
 
     Args:
         strategy: a `tf.distribute.Strategy`.
@@ -80,25 +67,17 @@ def worker_index(strategy: tf.distribute.Strategy) -> int:
     Example:
 
     ```python
-    import tensorflow as tf
-    from keras_scaling import devices
-    devices.worker_index(tf.distribute.get_strategy())   # 0
+    keras_scaling.devices.worker_index(tf.distribute.get_strategy())   # 0
     ```
     """
-    if not _is_multi_worker(strategy):
+    resolver = strategy.cluster_resolver if _is_multi_worker(strategy) else None
+    if resolver is None or resolver.task_type == "chief":
         return 0
-    resolver = strategy.cluster_resolver
-    has_chief = bool(resolver.cluster_spec().as_dict().get("chief"))
-    if resolver.task_type == "chief":
-        return 0
-    return resolver.task_id + (1 if has_chief else 0)
+    return resolver.task_id + bool(resolver.cluster_spec().as_dict().get("chief"))
 
 
 def is_chief(strategy: tf.distribute.Strategy) -> bool:
-    """Whether this worker is the one that writes logs, files and checkpoints.
-
-    Always true on a single worker; under `MultiWorkerMirroredStrategy`, true
-    on the chief only (worker 0 when `TF_CONFIG` has no `chief` task).
+    """Whether this worker writes logs, files and checkpoints: the chief, or worker 0 without one.
 
     Args:
         strategy: a `tf.distribute.Strategy`.
@@ -109,15 +88,11 @@ def is_chief(strategy: tf.distribute.Strategy) -> bool:
     Example:
 
     ```python
-    import tensorflow as tf
-    from keras_scaling import devices
-    if devices.is_chief(tf.distribute.get_strategy()):
+    if keras_scaling.devices.is_chief(tf.distribute.get_strategy()):
         print("this worker writes the logs")
     ```
     """
-    if not _is_multi_worker(strategy):
-        return True
-    return bool(strategy.extended.should_checkpoint)
+    return not _is_multi_worker(strategy) or bool(strategy.extended.should_checkpoint)
 
 
 def num_replicas(strategy: tf.distribute.Strategy) -> int:
@@ -132,9 +107,7 @@ def num_replicas(strategy: tf.distribute.Strategy) -> int:
     Example:
 
     ```python
-    import tensorflow as tf
-    from keras_scaling import devices
-    devices.num_replicas(tf.distribute.get_strategy())   # 1
+    keras_scaling.devices.num_replicas(tf.distribute.get_strategy())   # 1
     ```
     """
     return int(strategy.num_replicas_in_sync)
@@ -152,28 +125,16 @@ def replicas_per_worker(strategy: tf.distribute.Strategy) -> int:
     Example:
 
     ```python
-    import tensorflow as tf
-    from keras_scaling import devices
-    devices.replicas_per_worker(tf.distribute.get_strategy())   # 1
+    keras_scaling.devices.replicas_per_worker(tf.distribute.get_strategy())   # 1
     ```
     """
     return num_replicas(strategy) // num_workers(strategy)
 
 
 def local_copy(variable: Any, strategy: tf.distribute.Strategy) -> Any:
-    """This worker's first copy of a (possibly mirrored) variable or per-replica value.
+    """This worker's first copy of a Keras variable, `tf.Variable` or per-replica value.
 
-    All copies of a mirrored variable are equal; reading one costs a fraction
-    of reading the variable as a whole. A Keras variable is read through the
-    `tf.Variable` it wraps (its public `value`).
-
-    Args:
-        variable: a Keras variable, a `tf.Variable` (such as
-            `model.optimizer.iterations`) or `tf.distribute` values.
-        strategy: the `tf.distribute.Strategy` it was created under.
-
-    Returns:
-        A `tf.Variable` or tensor: call `.numpy()` to read it eagerly.
+    The copies of a mirrored variable are equal, and one costs a fraction of the whole to read.
     """
     # A Keras variable's `value` is a property giving its tf.Variable; a
     # tf.Variable's `value` is a method, and distributed values have none.
@@ -183,18 +144,9 @@ def local_copy(variable: Any, strategy: tf.distribute.Strategy) -> Any:
 
 
 def read_int(variable: Any) -> int:
-    """The value of a local integer `tf.Variable` (one copy), read eagerly.
+    """The value of a local integer `tf.Variable`, read eagerly between steps.
 
-    Reading waits for the work queued before it on the variable's device.
-    One `ReadVariableOp` costs about 20 microseconds, where `numpy()` (a
-    name scope, an identity op and the dispatch layers around the same op)
-    costs about 100: this runs between training steps.
-
-    Args:
-        variable: a `tf.Variable` on one device, such as `local_copy`'s.
-
-    Returns:
-        int.
+    One `ReadVariableOp` costs about 20 microseconds, `numpy()` about 100.
     """
     handle = getattr(variable, "handle", None)
     if isinstance(handle, tf.Tensor) and handle.dtype == tf.resource:
@@ -206,17 +158,9 @@ def read_int(variable: Any) -> int:
 
 
 def work_done_on_return(device_kind: str) -> bool:
-    """Whether a call of a `tf.function` on `device_kind` devices returns only once their work is done.
+    """Whether a `tf.function` call on `device_kind` devices returns with its work done.
 
-    CPU kernels run within the call under eager's synchronous execution (the
-    default), so a read right after it waits for nothing; a GPU or TPU call
-    returns once its work is queued, and the next read waits for that work.
-
-    Args:
-        device_kind: `"CPU"`, `"GPU"` or `"TPU"`, as in `describe_strategy`.
-
-    Returns:
-        bool.
+    True on CPUs under synchronous execution; a GPU or TPU call returns once its work is queued.
     """
     return device_kind == "CPU" and tf.config.experimental.get_synchronous_execution()
 
@@ -224,9 +168,8 @@ def work_done_on_return(device_kind: str) -> bool:
 def replica_device_names(strategy: tf.distribute.Strategy) -> list[str]:
     """A device name for every replica, in the order of `all_gather`.
 
-    This worker's replicas are named by their devices; another worker's
-    replicas by the same local devices under that worker's task index, or
-    `"worker W replica R"` when the local names carry no task.
+    Other workers' replicas are this worker's devices under their task index,
+    or `"worker W replica R"` when the names carry no task.
 
     Args:
         strategy: a `tf.distribute.Strategy`.
@@ -237,24 +180,18 @@ def replica_device_names(strategy: tf.distribute.Strategy) -> list[str]:
     Example:
 
     ```python
-    import tensorflow as tf
-    from keras_scaling import devices
-    devices.replica_device_names(tf.distribute.get_strategy())
+    keras_scaling.devices.replica_device_names(tf.distribute.get_strategy())
     # ['/job:localhost/replica:0/task:0/device:CPU:0']
     ```
     """
-    local = list(_local_devices(strategy))
-    this_worker = worker_index(strategy)
+    local, this_worker = _local_devices(strategy), worker_index(strategy)
     names = []
     for worker in range(num_workers(strategy)):
         for position, name in enumerate(local):
             if worker == this_worker:
                 names.append(name)
             elif "/task:" in name:
-                before, _, after = name.partition("/task:")
-                rest = after.split("/", 1)
-                suffix = "/" + rest[1] if len(rest) > 1 else ""
-                names.append(f"{before}/task:{worker}{suffix}")
+                names.append(re.sub(r"/task:\d+", f"/task:{worker}", name, count=1))
             else:
                 names.append(f"worker {worker} replica {position}")
     return names

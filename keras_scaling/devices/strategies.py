@@ -1,11 +1,7 @@
-"""Making and describing strategies: the logical CPUs, the strategy that fits the devices, its description.
-
-A strategy's workers, replicas and devices are counted in
-`keras_scaling.devices._topology`, which this module re-exports; both are
-`keras_scaling.devices`.
-"""
+"""Making and describing strategies; re-exports the counts of `keras_scaling.devices._topology`."""
 
 import dataclasses
+import functools
 import glob
 import json
 import logging
@@ -15,7 +11,7 @@ from typing import Any, TypeGuard
 
 import tensorflow as tf
 
-from keras_scaling import _validation, cluster, compat
+from keras_scaling import _validation, cluster, compat, devices
 from keras_scaling.cluster import _tensorflow as _cluster_tf
 from keras_scaling.devices._topology import (
     _device_kind,
@@ -24,62 +20,41 @@ from keras_scaling.devices._topology import (
     is_chief,
     num_replicas,
     num_workers,
-    replica_device_names,
-    replicas_per_worker,
+    replica_device_names,  # noqa: F401  (in __all__)
+    replicas_per_worker,  # noqa: F401  (in __all__)
     worker_index,
 )
 from keras_scaling.internals import _probes
 from keras_scaling.launch._environment import CPU_DEVICES_ENV as _CPU_DEVICES_ENV
 
-__all__ = [
-    "StrategyInfo",
-    "auto_strategy",
-    "describe_strategy",
-    "is_chief",
-    "num_replicas",
-    "num_workers",
-    "replica_device_names",
-    "replicas_per_worker",
-    "strategy_kind",
-    "tf_config",
-    "use_logical_cpus",
-    "warn_if_keras_distribution_set",
-    "worker_index",
-]
+# The package's names, each defined or re-exported here.
+__all__ = list(devices.__all__)
 
 logger = logging.getLogger("keras_scaling")
 
 
 def use_logical_cpus(n: int) -> list[str]:
-    """Split the host CPU into `n` logical devices.
+    """Split the host CPU into `n` logical devices, for a real `MirroredStrategy` of `n` replicas.
 
-    A real `tf.distribute.MirroredStrategy` with `n` replicas then runs on a
-    machine without accelerators, such as a laptop or a CI runner. The logical
-    devices share the host's cores, so they show that training is correct on
-    several replicas; they only show real parallel speedup while `n` is at most
-    the number of cores.
-
-    TensorFlow fixes its devices the first time it uses them, so this must be
-    called once per process, before anything touches a device (building a
-    model, creating a tensor or a strategy). Calling it again with the same
-    `n` is harmless; with a different `n` it raises.
+    The devices share the host's cores: they show that training is correct on
+    several replicas, not a speedup beyond the cores. Call it before anything
+    touches a device (a model, a tensor, a strategy); again with the same `n`
+    is harmless.
 
     Args:
         n: int, the number of logical CPU devices, at least 1.
 
     Returns:
-        The list of logical CPU device names, such as `["/device:CPU:0", ...]`.
+        The logical CPU device names, such as `["/device:CPU:0", ...]`.
 
     Raises:
         TypeError: `n` is not an integer.
         ValueError: `n` is smaller than 1.
-        RuntimeError: TensorFlow has already initialised its devices with a
-            different number of CPUs.
+        RuntimeError: TensorFlow's devices are already set up with another count.
 
     Example:
 
     ```python
-    import keras_scaling
     keras_scaling.use_logical_cpus(4)
     strategy = keras_scaling.auto_strategy()   # MirroredStrategy, 4 replicas
     ```
@@ -95,29 +70,22 @@ def use_logical_cpus(n: int) -> list[str]:
         if len(current) == n:
             return [device.name for device in current]
         raise RuntimeError(
-            f"use_logical_cpus({n}) was called after TensorFlow initialised its "
-            f"devices ({len(current)} logical CPU(s) now). Call it once, at the "
-            "start of the process, before building models, tensors or "
-            "strategies."
+            f"use_logical_cpus({n}) was called after TensorFlow initialised its devices ({len(current)} logical CPU(s) now). Call it once, at the start of the process, before building models, tensors or strategies."
         ) from error
     return [device.name for device in tf.config.list_logical_devices("CPU")]
 
 
 def _apply_cpu_devices_from_env(spec: "cluster.ClusterSpec | None" = None) -> None:
-    """Honours `KERAS_SCALING_CPU_DEVICES`, set by `keras-scaling launch`."""
+    """Honours `KERAS_SCALING_CPU_DEVICES`, which `keras-scaling launch` sets."""
     value = os.environ.get(_CPU_DEVICES_ENV)
     if not value:
         return
-    try:
-        count = int(value)
-    except ValueError:
-        count = 0
+    count = int(value) if value.strip().isdigit() else 0
     if count < 1:
         raise ValueError(f"{_CPU_DEVICES_ENV} must be a positive integer, got {value!r}")
     if _tf_config_worker_count() > 1 or _trains_with_others(spec):
-        # MultiWorkerMirroredStrategy configures collective ops, which must
-        # happen before TensorFlow initialises its context; listing the logical
-        # devices, as use_logical_cpus does to return them, initialises it.
+        # MultiWorkerMirroredStrategy configures collective ops before TensorFlow
+        # initialises its context, which listing the devices (use_logical_cpus) does.
         cpu = tf.config.list_physical_devices("CPU")[0]
         tf.config.set_logical_device_configuration(
             cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(count)]
@@ -127,15 +95,11 @@ def _apply_cpu_devices_from_env(spec: "cluster.ClusterSpec | None" = None) -> No
 
 
 def tf_config() -> dict[str, Any]:
-    """Returns the parsed `TF_CONFIG` environment variable, or `{}`.
-
-    `TF_CONFIG` describes a multi-worker cluster and this process's task in
-    it; `keras-scaling launch` sets it for every worker it starts. An unset
-    or empty variable gives `{}`.
+    """The parsed `TF_CONFIG` environment variable (a cluster and this task in it), or `{}`.
 
     Returns:
-        dict, the decoded JSON object, such as `{"cluster": {"worker": [...]},
-        "task": {"type": "worker", "index": 0}}`, or `{}`.
+        dict, such as `{"cluster": {"worker": [...]}, "task": {"type": "worker",
+        "index": 0}}`, or `{}` when unset or empty.
 
     Raises:
         ValueError: `TF_CONFIG` is not valid JSON, or not a JSON object.
@@ -143,10 +107,7 @@ def tf_config() -> dict[str, Any]:
     Example:
 
     ```python
-    from keras_scaling import devices
-    config = devices.tf_config()
-    workers = config.get("cluster", {}).get("worker", [])
-    print(f"{len(workers)} worker(s) in TF_CONFIG")
+    workers = keras_scaling.devices.tf_config().get("cluster", {}).get("worker", [])
     ```
     """
     raw = os.environ.get("TF_CONFIG")
@@ -174,9 +135,7 @@ def _tpu_address() -> str | None:
     """The TPU to resolve, or None: looks only at local signs, never the network."""
     if os.environ.get("TPU_NAME"):
         return os.environ["TPU_NAME"]
-    if glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"):
-        return "local"
-    return None
+    return "local" if glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*") else None
 
 
 def auto_strategy(
@@ -184,63 +143,39 @@ def auto_strategy(
     communication: str | None = None,
     bytes_per_pack: int | None = None,
 ) -> tf.distribute.Strategy:
-    """Pick the `tf.distribute` strategy that fits this machine, and say why.
+    """Pick the `tf.distribute` strategy that fits this machine, and log why.
 
-    In order of preference:
-
-    1. `TPUStrategy` when a TPU is attached (a TPU VM, or `TPU_NAME` set).
-    2. `MultiWorkerMirroredStrategy` when this process is one of several
-       workers: `TF_CONFIG` names more than one (as `keras-scaling launch`,
-       Vertex AI and Kubeflow write it, `chief` task included), or
-       `KERAS_SCALING_WORKER_HOSTS` with `JOB_COMPLETION_INDEX` (a Kubernetes
-       Indexed Job), or this is a task of a Slurm job step of several tasks
-       (`srun`), with no `TF_CONFIG` needed. `TF_CONFIG` wins over the others.
-       An `evaluator` task of `TF_CONFIG` (listed in its cluster, as Vertex
-       AI writes it, or left out, as Kubeflow's TFJob does) evaluates alone:
-       it gets the strategy this machine's devices give. `ps` tasks in
-       `TF_CONFIG` are an error: they need `ParameterServerStrategy`.
-    3. `MirroredStrategy` over all GPUs when there are two or more.
-    4. `MirroredStrategy` over the logical CPUs when `use_logical_cpus` (or
-       `KERAS_SCALING_CPU_DEVICES`) made several.
-    5. Otherwise the default strategy (one device).
-
-    The choice and its reason, with where the cluster came from
-    (`keras_scaling.cluster.describe_cluster()`, also in
-    `describe_strategy()`), are logged at INFO level on the
-    `keras_scaling` logger. With more than one replica, `keras_scaling.compat`
-    is enabled (unless `KERAS_SCALING_NO_COMPAT=1`), so `model.fit` works
-    under the chosen strategy.
+    `TPUStrategy` when a TPU is attached; `MultiWorkerMirroredStrategy` when
+    this process is one of several workers (`TF_CONFIG`, a Slurm step, a
+    Kubernetes Indexed Job; an `evaluator` task evaluates alone);
+    `MirroredStrategy` over two or more GPUs, or over several logical CPUs;
+    else the default strategy. With several replicas, `keras_scaling.compat`
+    is enabled. The strategies guide gives the details.
 
     Args:
-        cross_device_ops: the all-reduce of a `MirroredStrategy` on one
-            machine: `"reduction_to_one_device"`, `"hierarchical_copy"` or
-            `"nccl"` (GPUs only), as `keras_scaling.tune` measures them;
-            None (default) leaves TensorFlow's choice. Other strategies
-            ignore it.
+        cross_device_ops: the all-reduce of a `MirroredStrategy` on one machine:
+            `"reduction_to_one_device"`, `"hierarchical_copy"` or `"nccl"`
+            (GPUs only); None (default) leaves TensorFlow's choice.
         communication: the all-reduce across workers of a
-            `MultiWorkerMirroredStrategy`: `"auto"`, `"ring"` or `"nccl"`
-            (`tf.distribute.experimental.CommunicationImplementation`);
-            None (default) leaves TensorFlow's choice. Other strategies
-            ignore it.
-        bytes_per_pack: int >= 0, the size of the packs gradients are
-            grouped into across workers (0 or None: TensorFlow's choice).
-            Other strategies ignore it.
+            `MultiWorkerMirroredStrategy`: `"auto"`, `"ring"` or `"nccl"`;
+            None (default) leaves TensorFlow's choice.
+        bytes_per_pack: int >= 0, the size of the packs gradients are grouped
+            into across workers (0 or None: TensorFlow's choice). Each option
+            is ignored by the strategies it does not apply to.
 
     Returns:
         A `tf.distribute.Strategy`.
 
     Raises:
-        keras_scaling.cluster.NotInStepError: a Slurm job of several tasks
-            runs this Python outside `srun`, so the other tasks never start.
-        ValueError: an unknown `cross_device_ops` or `communication`, a
-            negative `bytes_per_pack`, the cluster's environment is malformed, `TF_CONFIG` has
-            `ps` tasks, a Slurm node name does not resolve, or this task's
-            port is in use.
+        keras_scaling.cluster.NotInStepError: a Slurm job of several tasks runs
+            this Python outside `srun`.
+        ValueError: an unknown option; a malformed cluster environment,
+            `TF_CONFIG` with `ps` tasks, a Slurm node name that does not
+            resolve, or this task's port in use.
 
     Example:
 
     ```python
-    import keras, keras_scaling
     strategy = keras_scaling.auto_strategy()
     with strategy.scope():
         model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
@@ -269,12 +204,7 @@ _keras_distribution_warned = False
 
 
 def warn_if_keras_distribution_set() -> bool:
-    """Warns once when a `keras.distribution` distribution is set.
-
-    On the TensorFlow backend, `keras.distribution.set_distribution(...)`
-    (such as `DataParallel`) trains silently on one device: that API is
-    built for JAX. Data parallelism on TensorFlow is a `tf.distribute`
-    strategy, such as `keras_scaling.auto_strategy()`.
+    """Warns once when a `keras.distribution` distribution is set: on TensorFlow it trains on one device.
 
     Returns:
         bool, whether a distribution is set.
@@ -282,8 +212,7 @@ def warn_if_keras_distribution_set() -> bool:
     Example:
 
     ```python
-    from keras_scaling import devices
-    devices.warn_if_keras_distribution_set()   # False: none is set
+    keras_scaling.devices.warn_if_keras_distribution_set()   # False: none is set
     ```
     """
     global _keras_distribution_warned
@@ -295,29 +224,21 @@ def warn_if_keras_distribution_set() -> bool:
     if not _keras_distribution_warned and keras.backend.backend() == "tensorflow":
         _keras_distribution_warned = True
         logger.warning(
-            "keras_scaling: keras.distribution.set_distribution(%s) is set, but on "
-            "the TensorFlow backend the keras.distribution API does not spread "
-            "training over devices (it is built for JAX): the model trains on one "
-            "device. Use a tf.distribute strategy instead: build and compile the "
-            "model under keras_scaling.auto_strategy().scope(), and call "
-            "keras.distribution.set_distribution(None).",
+            "keras_scaling: keras.distribution.set_distribution(%s) is set, but on the TensorFlow backend the keras.distribution API (built for JAX) trains on one device. "
+            "Build and compile the model under keras_scaling.auto_strategy().scope(), and call keras.distribution.set_distribution(None).",
             type(distribution).__name__,
         )
     return True
 
 
-# The origin of the cluster of each strategy auto_strategy built, for
-# describe_strategy; weak, so a strategy is not kept alive by being described.
+# Weak: a strategy is not kept alive by being described.
 _cluster_origins: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _cross_device_ops(name: str | None) -> Any:
-    """The `tf.distribute` cross-device ops named `name`, or None for TensorFlow's choice."""
-    choices = {
-        "reduction_to_one_device": tf.distribute.ReductionToOneDevice,
-        "hierarchical_copy": tf.distribute.HierarchicalCopyAllReduce,
-        "nccl": tf.distribute.NcclAllReduce,
-    }
+    choices = {"reduction_to_one_device": tf.distribute.ReductionToOneDevice}
+    choices["hierarchical_copy"] = tf.distribute.HierarchicalCopyAllReduce
+    choices["nccl"] = tf.distribute.NcclAllReduce
     if name is None:
         return None
     if name not in choices:
@@ -328,22 +249,15 @@ def _cross_device_ops(name: str | None) -> Any:
 
 
 def _communication_options(communication: str | None, bytes_per_pack: int | None) -> Any:
-    """`tf.distribute.experimental.CommunicationOptions` of the names given, or None for TensorFlow's."""
-    implementations = {
-        "auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
-        "ring": tf.distribute.experimental.CommunicationImplementation.RING,
-        "nccl": tf.distribute.experimental.CommunicationImplementation.NCCL,
-    }
+    """`CommunicationOptions` of the names given, or None for TensorFlow's choice."""
+    implementation = tf.distribute.experimental.CommunicationImplementation
+    implementations = {"auto": implementation.AUTO, "ring": implementation.RING}
+    implementations["nccl"] = implementation.NCCL
     if communication is not None and communication not in implementations:
         raise ValueError(
-            f"communication must be one of {', '.join(implementations)} or None, "
-            f"got {communication!r}"
+            f"communication must be one of {', '.join(implementations)} or None, got {communication!r}"
         )
-    if bytes_per_pack is not None and (
-        isinstance(bytes_per_pack, bool)
-        or not isinstance(bytes_per_pack, int)
-        or bytes_per_pack < 0
-    ):
+    if bytes_per_pack is not None and not (type(bytes_per_pack) is int and bytes_per_pack >= 0):
         raise ValueError(
             f"bytes_per_pack must be an integer >= 0 (0: TensorFlow's choice), got {bytes_per_pack!r}"
         )
@@ -373,37 +287,26 @@ def _choose_strategy(
             # Device files such as /dev/vfio/N also exist on hosts that pass
             # other hardware through to virtual machines.
             logger.warning(
-                "auto_strategy: accelerator device files suggest a TPU, but none "
-                "could be initialised (%s); looking for other devices",
+                "auto_strategy: accelerator device files suggest a TPU, but none could be initialised (%s); looking for other devices",
                 error,
             )
     if _trains_with_others(spec):
-        if spec.source in ("tf_config", "launch"):
-            return _multi_worker_strategy(
-                communication_options=communication_options
-            ), f"{spec.num_workers} workers"
-        return _multi_worker_strategy(
-            _cluster_tf.cluster_resolver(spec), communication_options
-        ), f"{spec.num_workers} workers"
+        own = spec.source in ("tf_config", "launch")
+        resolver = None if own else _cluster_tf.cluster_resolver(spec)
+        strategy = _multi_worker_strategy(resolver, communication_options)
+        return strategy, f"{spec.num_workers} workers"
     if spec is not None and spec.task_type == "evaluator":
         logger.info(
-            "auto_strategy: TF_CONFIG makes this task the evaluator, which evaluates "
-            "alone and trains with nobody: it gets a strategy over this machine's "
-            "devices, to evaluate the checkpoints the chief writes"
+            "auto_strategy: TF_CONFIG makes this task the evaluator, which evaluates alone and trains with nobody: it gets a strategy over this machine's devices, to evaluate the checkpoints the chief writes"
         )
     gpus = tf.config.list_logical_devices("GPU")
+    cpus = [device.name for device in tf.config.list_logical_devices("CPU")]
     if len(gpus) >= 2:
-        return tf.distribute.MirroredStrategy(
-            cross_device_ops=cross_device_ops
-        ), f"{len(gpus)} GPUs found"
-    cpus = tf.config.list_logical_devices("CPU")
-    if len(gpus) == 0 and len(cpus) >= 2:
-        return (
-            tf.distribute.MirroredStrategy(
-                [device.name for device in cpus], cross_device_ops=cross_device_ops
-            ),
-            f"{len(cpus)} logical CPUs and no GPU",
-        )
+        strategy = tf.distribute.MirroredStrategy(cross_device_ops=cross_device_ops)
+        return strategy, f"{len(gpus)} GPUs found"
+    if not gpus and len(cpus) >= 2:
+        strategy = tf.distribute.MirroredStrategy(cpus, cross_device_ops=cross_device_ops)
+        return strategy, f"{len(cpus)} logical CPUs and no GPU"
     return tf.distribute.get_strategy(), "one device: no TPU, workers or several devices"
 
 
@@ -416,28 +319,26 @@ def _multi_worker_strategy(
     hook = None
     if cpu_count > 1 and not tf.config.list_physical_devices("GPU"):
         hook = _collective_local_devices_hook()
+    build = functools.partial(
+        tf.distribute.MultiWorkerMirroredStrategy,
+        cluster_resolver=cluster_resolver,
+        communication_options=communication_options,
+    )
     if hook is None:
-        return tf.distribute.MultiWorkerMirroredStrategy(
-            cluster_resolver=cluster_resolver, communication_options=communication_options
-        )
+        return build()
     extended, original = hook
 
-    # TensorFlow gives a worker without accelerators a single CPU replica,
-    # whatever its logical CPUs; here the replicas follow the logical CPUs, as
-    # MirroredStrategy's do on one machine.
-    def _initialize_local_devices(
-        self: Any, cluster_resolver: Any, worker_device: str
-    ) -> tuple[tuple[str, ...], str]:
-        devices, kind = original(self, cluster_resolver, worker_device)
+    # TensorFlow gives a worker without accelerators one CPU replica, whatever
+    # its logical CPUs; here they follow the logical CPUs, as on one machine.
+    def _initialize_local_devices(self: Any, resolver: Any, worker_device: str) -> Any:
+        devices, kind = original(self, resolver, worker_device)
         if kind == "CPU":
             devices = tuple(f"{worker_device}/device:CPU:{i}" for i in range(cpu_count))
         return devices, kind
 
     extended._initialize_local_devices = _initialize_local_devices
     try:
-        return tf.distribute.MultiWorkerMirroredStrategy(
-            cluster_resolver=cluster_resolver, communication_options=communication_options
-        )
+        return build()
     finally:
         extended._initialize_local_devices = original
 
@@ -450,7 +351,6 @@ def _multi_worker_strategy(
     workaround="Run one logical CPU per worker (launch --cpu-devices 1), or use GPUs.",
 )
 def _collective_local_devices_hook() -> tuple[Any, Any]:
-    """(the class that picks a worker's devices, its original method), or None."""
     from tensorflow.python.distribute import collective_all_reduce_strategy as collective
 
     extended = collective.CollectiveAllReduceExtended
@@ -462,7 +362,7 @@ def _collective_local_devices_hook() -> tuple[Any, Any]:
 
 @dataclasses.dataclass(frozen=True)
 class StrategyInfo:
-    """What a strategy runs on: kind, workers, replicas and devices.
+    """What a strategy runs on: kind, workers, replicas and devices; `str` is one line.
 
     Args:
         kind: the strategy's class name, such as `"MirroredStrategy"`.
@@ -472,15 +372,12 @@ class StrategyInfo:
         num_replicas: replicas in sync across all workers.
         local_devices: the device names of this worker's replicas.
         device_kind: `"CPU"`, `"GPU"` or `"TPU"`.
-        cluster_origin: where the workers' cluster came from, such as
-            `"Slurm job 1234 step 0: 4 tasks on 2 nodes"` or `"TF_CONFIG: 2
-            workers; ..."` (`keras_scaling.cluster.describe_cluster()`), or
-            `""` on a single worker.
+        cluster_origin: where the cluster came from, such as `"Slurm job 1234
+            step 0: 4 tasks on 2 nodes"`, or `""` on a single worker.
 
     Example:
 
     ```python
-    import tensorflow as tf, keras_scaling
     keras_scaling.use_logical_cpus(2)
     strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
     info = keras_scaling.describe_strategy(strategy)
@@ -504,15 +401,13 @@ class StrategyInfo:
         return self.num_replicas // self.num_workers
 
     def __str__(self) -> str:
-        workers = "worker" if self.num_workers == 1 else "workers"
-        replicas = "replica" if self.num_replicas == 1 else "replicas"
         text = (
-            f"{self.kind}: {self.num_workers} {workers}, {self.num_replicas} "
-            f"{replicas} on {self.device_kind} ({', '.join(self.local_devices)})"
+            f"{self.kind}: {self.num_workers} worker{'s' * (self.num_workers > 1)}, "
+            f"{self.num_replicas} replica{'s' * (self.num_replicas > 1)} on {self.device_kind} "
+            f"({', '.join(self.local_devices)})"
         )
         if self.num_workers > 1:
-            text += f"; this is worker {self.worker_index}"
-            text += " (chief)" if self.is_chief else ""
+            text += f"; this is worker {self.worker_index}" + " (chief)" * self.is_chief
         if self.cluster_origin:
             text += f"; cluster from {self.cluster_origin}"
         return text
@@ -522,11 +417,13 @@ def describe_strategy(strategy: tf.distribute.Strategy | None = None) -> Strateg
     """Describe a strategy: kind, workers, replicas and device names.
 
     Args:
-        strategy: a `tf.distribute.Strategy`; defaults to the current one
-            (`tf.distribute.get_strategy()`).
+        strategy: a `tf.distribute.Strategy`; defaults to the current one.
 
     Returns:
-        A `StrategyInfo`, whose `str` is one readable line.
+        A `StrategyInfo`.
+
+    Raises:
+        TypeError: `strategy` is not a `tf.distribute.Strategy`.
 
     Example:
 
@@ -537,8 +434,7 @@ def describe_strategy(strategy: tf.distribute.Strategy | None = None) -> Strateg
     # MirroredStrategy: 1 worker, 2 replicas on CPU (/job:localhost/.../CPU:0, ...)
     ```
     """
-    if strategy is None:
-        strategy = tf.distribute.get_strategy()
+    strategy = tf.distribute.get_strategy() if strategy is None else strategy
     if not isinstance(strategy, tf.distribute.Strategy):
         raise TypeError(f"strategy must be a tf.distribute.Strategy, got {type(strategy).__name__}")
     devices = _local_devices(strategy)
@@ -555,11 +451,8 @@ def describe_strategy(strategy: tf.distribute.Strategy | None = None) -> Strateg
 
 
 def _cluster_origin(strategy: tf.distribute.Strategy) -> str:
-    origin = _cluster_origins.get(strategy)
-    if origin is not None:
-        return origin
-    if not _is_multi_worker(strategy):
-        return ""
+    if strategy in _cluster_origins or not _is_multi_worker(strategy):
+        return _cluster_origins.get(strategy, "")
     resolver = strategy.cluster_resolver
     if isinstance(resolver, tf.distribute.cluster_resolver.TFConfigClusterResolver):
         try:
@@ -572,10 +465,7 @@ def _cluster_origin(strategy: tf.distribute.Strategy) -> str:
 
 
 def strategy_kind(strategy: tf.distribute.Strategy) -> str:
-    """The strategy's public class name.
-
-    `tf.distribute.MultiWorkerMirroredStrategy()` is an instance of the
-    internal `CollectiveAllReduceStrategy`; users know it by its public name.
+    """The strategy's public class name (not `CollectiveAllReduceStrategy`, for instance).
 
     Args:
         strategy: a `tf.distribute.Strategy`.
@@ -586,10 +476,8 @@ def strategy_kind(strategy: tf.distribute.Strategy) -> str:
     Example:
 
     ```python
-    import tensorflow as tf
-    from keras_scaling import devices
     strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
-    devices.strategy_kind(strategy)   # 'MirroredStrategy'
+    keras_scaling.devices.strategy_kind(strategy)   # 'MirroredStrategy'
     ```
     """
     if _is_multi_worker(strategy):
