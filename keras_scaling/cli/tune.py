@@ -540,32 +540,18 @@ def _report_value(value):
     return _report._value(value)
 
 
-def _alternate(
-    incumbent, candidate, steps, rounds, args, started_at, pair_s, *, reserve_s=0.0, min_rounds=1
-):
-    """Rounds of `(worker, settings)` pairs in turns, the first of each pair alternating.
+def _alternate(incumbent, candidate, steps, rounds, args, started_at, pair_s, **kwargs):
+    """`_search.alternate` over `(worker, settings)` pairs; returns the comparison and the slowest pair's seconds."""
+    from keras_scaling.tune import _search
 
-    Stops after `rounds`, when the decision is clear, or (after `min_rounds`)
-    when the next pair would overrun the budget less `reserve_s`. Returns
-    the `Comparison` and the slowest pair's seconds.
-    """
-    from keras_scaling.tune import _decision
-
-    rates: tuple[list[float], list[float]] = ([], [])
-    pair = [(incumbent, rates[0]), (candidate, rates[1])]
-    for index in range(rounds):
-        left_s = args.budget - (time.time() - started_at)
-        if index >= min_rounds and left_s < pair_s + _END_S + reserve_s:
-            break
-        if index >= _decision.MIN_ROUNDS and _decision.is_clear(
-            _decision.Comparison(tuple(rates[0]), tuple(rates[1]))
-        ):
-            break
-        pair_started_s = time.time()
-        for (process, these), values in pair if index % 2 == 0 else reversed(pair):
-            values.append(process.round(these, steps)[0])
-        pair_s = max(pair_s, time.time() - pair_started_s)
-    return _decision.Comparison(tuple(rates[0]), tuple(rates[1])), pair_s
+    comparison, slowest_s = _search.alternate(
+        lambda: incumbent[0].round(incumbent[1], steps)[0],
+        lambda: candidate[0].round(candidate[1], steps)[0],
+        rounds,
+        lambda: args.budget - (time.time() - started_at) - _END_S,
+        **kwargs,
+    )
+    return comparison, max(pair_s, slowest_s)
 
 
 def _confirm(args, record, first, worker, steps, started_at):

@@ -16,12 +16,10 @@ whether Python bound the name to this package or to its function.
 import dataclasses
 import json
 import os
-import sys
-import types
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from keras_scaling import _validation
+from keras_scaling import _callable_module, _validation
 
 if TYPE_CHECKING:
     import keras
@@ -370,15 +368,4 @@ def _tune(
     return result
 
 
-class _CallableModule(types.ModuleType):
-    """This package, callable as its `tune` function.
-
-    The package and its function share the name `keras_scaling.tune`;
-    importing `keras_scaling.tune._search` binds the package to it.
-    """
-
-    def __call__(self, *args: Any, **kwargs: Any) -> TuneResult:
-        return tune(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule
+_callable_module.make_callable(__name__, tune)

@@ -97,31 +97,47 @@ def trial_record(knob, value, *, comparison=None, decision=None, ratio_to_start=
     }
 
 
-def _compare(runner, incumbent, candidate, rounds, steps, clock, reserve_s=0.0, min_rounds=1):
+def alternate(run_incumbent, run_candidate, rounds, left_s, *, reserve_s=0.0, min_rounds=1):
     """Rounds of the two in turns, the first of each pair alternating, while the budget lasts.
 
-    Returns the `Comparison` of the rounds run (fewer than `rounds` when the
-    next pair would overrun the budget, though never fewer than
-    `min_rounds`, or when the decision is already clear) and the slowest
-    pair's seconds.
+    Args:
+        run_incumbent, run_candidate: each runs one round, returning samples/sec.
+        rounds: the most round pairs to run.
+        left_s: returns the seconds of the budget left.
+        reserve_s: seconds kept back: after `min_rounds`, no pair starts that
+            would eat into them.
+        min_rounds: round pairs run whatever the budget.
+
+    Returns:
+        The `Comparison` of the rounds run (they stop early once the
+        decision is clear) and the slowest pair's seconds.
     """
-    incumbent_rates: list[float] = []
-    candidate_rates: list[float] = []
+    rates: tuple[list[float], list[float]] = ([], [])
+    order = ((run_incumbent, rates[0]), (run_candidate, rates[1]))
     slowest_pair_s = 0.0
     for index in range(rounds):
-        if index >= min_rounds and clock.left_s() - reserve_s < slowest_pair_s:
+        if index >= min_rounds and left_s() - reserve_s < slowest_pair_s:
             break
-        if incumbent_rates and _decision.is_clear(
-            _decision.Comparison(tuple(incumbent_rates), tuple(candidate_rates))
+        if index >= _decision.MIN_ROUNDS and _decision.is_clear(
+            _decision.Comparison(tuple(rates[0]), tuple(rates[1]))
         ):
             break
-        started_s = clock.elapsed_s()
-        order = ((incumbent, incumbent_rates), (candidate, candidate_rates))
-        for settings, rates in order if index % 2 == 0 else reversed(order):
-            rates.append(runner.round(settings, steps)[0])
-        slowest_pair_s = max(slowest_pair_s, clock.elapsed_s() - started_s)
-    comparison = _decision.Comparison(tuple(incumbent_rates), tuple(candidate_rates))
-    return comparison, slowest_pair_s
+        started_s = time.perf_counter()
+        for run, values in order if index % 2 == 0 else reversed(order):
+            values.append(run())
+        slowest_pair_s = max(slowest_pair_s, time.perf_counter() - started_s)
+    return _decision.Comparison(tuple(rates[0]), tuple(rates[1])), slowest_pair_s
+
+
+def _compare(runner, incumbent, candidate, rounds, steps, clock, reserve_s=0.0, min_rounds=1):
+    return alternate(
+        lambda: runner.round(incumbent, steps)[0],
+        lambda: runner.round(candidate, steps)[0],
+        rounds,
+        clock.left_s,
+        reserve_s=reserve_s,
+        min_rounds=min_rounds,
+    )
 
 
 def _steps_for(settings, step_s, round_s, other=None):
