@@ -1,16 +1,7 @@
 """The fastest settings for a model on its devices, found by measurement and applied in one line.
 
-`keras_scaling.tune(model, data)` starts from the model's own settings,
-asks `keras_scaling.explain` what bounds the step, then measures each knob
-against the incumbent in alternating rounds of real `fit` calls, keeps a
-change only when its gain exceeds the noise, and stops at the budget. It
-writes `tune.json`, which `keras_scaling.tune.load` reads back as the
-keyword arguments of `model.compile`, `keras_scaling.data.distribute` and
-`keras_scaling.auto_strategy`. `keras-scaling tune` does the same from the
-command line. See docs/guides/tune.md.
-
-The package is callable: `keras_scaling.tune(...)` is `tune.tune(...)`
-whether Python bound the name to this package or to its function.
+The package is callable: `keras_scaling.tune(...)` is `tune.tune(...)`.
+See docs/guides/tune.md.
 """
 
 import dataclasses
@@ -190,29 +181,16 @@ def tune(
 ) -> TuneResult:
     """Finds faster settings for training `model` on `data`, by measurement.
 
-    Starts from the model's `steps_per_execution` and `jit_compile` and the
-    data settings given, asks `keras_scaling.explain` what bounds the step
-    and tries the remedy first, then the other knobs. Each value runs in
-    alternating rounds with the incumbent (real `model.fit` calls, timed over
-    their epochs after the first); a change is kept only when its median gain exceeds
-    the rounds' noise and 5%. It stops when `budget_s` is spent. The best
-    and the start then run side by side once more, in budget kept back for
-    it; unless that gain too exceeds the noise, the start is handed back.
-
-    | knob | where | changes training |
-    |---|---|---|
-    | `steps_per_execution` | `compile_kwargs` | no: bitwise the same weights |
-    | `jit_compile` (XLA) | `compile_kwargs` | no, but other kernels: the same mathematics up to float rounding |
-    | `cache` | `data_kwargs` | no: the same batches in the same order |
-    | `private_threadpool_size` (tf.data's threads) | `data_kwargs` | no: the same batches in the same order |
-    | `per_replica_batch_size` | `data_kwargs` | yes: only with `allow="batch"`; scale the learning rate |
-
-    XLA is not tried with several replicas on CPUs (it cannot reach the
-    other logical devices' variables). The all-reduce is fixed when the
-    strategy is made: `keras-scaling tune`, which builds the model itself,
-    measures it in processes of its own; here `strategy_kwargs` stays empty. The model trains while it is
-    measured; its weights, optimizer state and compile settings are put
-    back afterwards.
+    Each knob's values run in alternating rounds of real `model.fit` calls
+    with the incumbent, and a change is kept only when its median gain
+    exceeds the rounds' noise and 5%; at the end the best runs side by side
+    with the start once more, and unless that gain too exceeds the noise the
+    start is handed back. The knobs and what each changes in training are
+    in the tune guide. The model trains while it is measured; its weights,
+    optimizer state and compile settings are put back afterwards. The
+    all-reduce and the CPU thread pools are fixed when a process makes its
+    strategy and devices, so only `keras-scaling tune` measures them; here
+    `strategy_kwargs` and `cpu_kwargs` stay empty.
 
     Args:
         model: a compiled `keras.Model`, built in `strategy`'s scope.
