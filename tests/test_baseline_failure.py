@@ -1,12 +1,11 @@
-"""`baseline="auto"` never costs the run: a failure of the copy it times is caught, the copy freed.
+"""`baseline="auto"` never competes with the run: it is timed before the first step, and a failure turns it off.
 
 With several replicas `ThroughputLogger` times a copy of the model alone on
-device 0 when `fit` starts. Here the copy really runs out of memory: a layer
-asks for a terabyte when it runs outside a `MirroredStrategy`, as the
-baseline's copy does (the run itself, on 2 logical CPUs, never asks). The
-allocator refuses and TensorFlow raises `ResourceExhaustedError` inside the
-copy's training. The room check's arithmetic is tested with numbers: a CPU
-reports no memory, so it cannot run here.
+device 0 before the first step of `fit`. Here the copy really runs out of
+memory: a layer asks for a terabyte when it runs outside a
+`MirroredStrategy`, as the baseline's copy does (the run itself, on 2
+logical CPUs, never asks). The allocator refuses and TensorFlow raises
+`ResourceExhaustedError` inside the copy's training.
 """
 
 import gc
@@ -94,37 +93,55 @@ def test_a_baseline_copy_out_of_memory_is_caught_freed_and_training_goes_on(
     assert alive == [model.layers[0]]
 
 
-def test_a_copy_that_fits_in_the_free_memory_with_a_tenth_to_spare_is_allowed():
-    gib = 2**30
-    assert baseline._room_for_copy(2 * gib, in_use_bytes=9 * gib, limit_bytes=16 * gib) is None
+# The run's model, and the run's optimizer steps each step of the copy saw.
+_run = {"model": None, "seen": []}
 
 
-def test_a_copy_that_does_not_fit_says_how_much_it_needs_and_how_much_is_free():
-    gib = 2**30
-    reason = baseline._room_for_copy(
-        6 * gib, in_use_bytes=9 * gib, limit_bytes=16 * gib, device="/device:GPU:0"
-    )
-    assert reason == (
-        "a copy of the model needs about 6144 MiB (weights, gradients, optimizer state "
-        "and one batch's activations) and /device:GPU:0 has 7168 MiB free of 16384 MiB"
-    )
+class RecordsTheRunsStepsOutsideMirrored(keras.layers.Layer):
+    """Passes its input through; outside a MirroredStrategy it records the run's optimizer steps."""
+
+    def call(self, inputs):
+        if tf.distribute.has_strategy():
+            return inputs
+
+        def record():
+            _run["seen"].append(int(_run["model"].optimizer.iterations.numpy()))
+            return np.float32(0.0)
+
+        return inputs + tf.reshape(tf.py_function(record, [], tf.float32), [])
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
 
 
-def test_the_copy_estimate_counts_weights_gradients_adam_slots_and_activations():
-    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4), keras.layers.Dense(2)])
-    model.compile(optimizer="adam", loss="mse")
-    model.optimizer.build(model.trainable_variables)
-    weights = (8 * 4 + 4 + 4 * 2 + 2) * 4
-    optimizer_state = sum(
-        int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in model.optimizer.variables
-    )
-    assert optimizer_state >= 2 * weights  # two Adam slots, and counters
-    activations = 2 * (4 + 2) * 32 * 4
+@pytest.mark.logical_cpus(2)
+def test_the_baseline_copy_trains_before_the_runs_first_step_and_states_its_cost(
+    strategy, tmp_path, caplog
+):
+    with strategy.scope():
+        model = keras.Sequential(
+            [keras.Input((4,)), RecordsTheRunsStepsOutsideMirrored(), keras.layers.Dense(1)]
+        )
+        model.compile(optimizer="sgd", loss="mse")
+    _run.update(model=model, seen=[])
+    logger = keras_scaling.ThroughputLogger(tmp_path, baseline="auto", update_freq=2)
 
-    estimate = baseline._copy_memory_bytes(model, batch_size=32)
+    with caplog.at_level(logging.INFO, logger="keras_scaling"):
+        model.fit(_data(), epochs=2, verbose=0, callbacks=[logger])
 
-    assert estimate == weights + weights + optimizer_state + activations
-
-
-def test_a_cpu_reports_no_memory_so_the_baseline_is_measured_there():
-    assert baseline._device_memory("/job:localhost/replica:0/task:0/device:CPU:0") is None
+    # Every step of the copy ran while the run had taken no step.
+    assert len(_run["seen"]) >= 10 and set(_run["seen"]) == {0}
+    assert int(model.optimizer.iterations.numpy()) == 16
+    (took,) = [
+        r.getMessage() for r in caplog.records if "timing the baseline took" in r.getMessage()
+    ]
+    assert "before the first step" in took
+    (text,) = [
+        p.value
+        for p in _tensorboard.read_summaries(_tensorboard.run_dir(tmp_path))[
+            "throughput/setup_baseline"
+        ]
+    ]
+    assert "| baseline took |" in text
+    assert " s, timing a copy of the model alone before the first step" in text
+    assert baseline.read_throughput_json(tmp_path)["baseline_samples_per_sec"] > 0

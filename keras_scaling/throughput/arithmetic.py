@@ -1,16 +1,12 @@
-"""Throughput arithmetic: measuring windows, steady-state statistics, speedup, read spacing.
+"""Throughput arithmetic: measuring windows, steady state, speedup, read spacing.
 
-Numbers in, numbers out: nothing here knows about Keras, so every figure
-`ThroughputLogger` writes can be checked with made-up numbers and a fake clock.
-
-A measurement point is `(time_s, iterations, samples)`: a clock reading in
-seconds, the optimizer's step counter and the number of samples trained so far.
-Throughput is measured between consecutive points of one window, and a window
-is restarted wherever time that is not training must be left out (a new epoch
-after validation and checkpoints, a retrace).
+Numbers in, numbers out: nothing here knows about Keras. A point is
+`(time_s, iterations, samples)`: a clock reading, the optimizer's step
+counter and the samples trained so far.
 """
 
 import dataclasses
+import math
 from collections.abc import Sequence
 
 from keras_scaling import _validation
@@ -34,11 +30,11 @@ class Interval:
     """Training measured between two consecutive points of a window.
 
     Args:
-        end_iterations: int, the optimizer's iterations at the end of the
-            interval; the step at which its figures are logged.
-        steps: int, optimizer steps taken in the interval.
-        samples: int, samples trained in the interval (all replicas).
-        duration_s: float, wall-clock seconds the interval lasted.
+        end_iterations: int, the optimizer's iterations at its end, the step
+            its figures are logged at.
+        steps: int, optimizer steps taken in it.
+        samples: int, samples trained in it (all replicas).
+        duration_s: float, wall-clock seconds it lasted.
 
     Example:
 
@@ -57,31 +53,28 @@ class Interval:
 
     @property
     def samples_per_sec(self) -> float:
-        """Samples per second over the interval, all replicas together."""
+        """Samples per second, all replicas together."""
         return self.samples / self.duration_s
 
     @property
     def steps_per_sec(self) -> float:
-        """Optimizer steps per second over the interval."""
+        """Optimizer steps per second."""
         return self.steps / self.duration_s
 
     @property
     def step_time_s(self) -> float:
-        """Mean seconds per optimizer step over the interval."""
+        """Mean seconds per optimizer step."""
         return self.duration_s / self.steps
 
 
 class ThroughputWindow:
-    """Turns consecutive measurement points into measured intervals.
+    """Turns consecutive points into measured intervals.
 
-    `restart` opens the window at a point; each `update` closes the interval
-    since the previous point and returns it. Like Lightning's
-    `_MonotonicWindow`, it raises instead of producing nonsense when time,
-    iterations or samples go backwards within a window, or when steps were
-    taken in no time at all.
-
-    With `warmup_steps=N`, the first `N` steps after `restart` are not
-    measured: the first point at or beyond them starts the measurement.
+    `restart` opens the window at a point, leaving out `warmup_steps` after
+    it; each `update` returns the `Interval` since the previous point, or
+    None while warming up or when no step was taken. Time, iterations or
+    samples going backwards, or steps taken in zero seconds, raise
+    `ValueError`; `update` before `restart` raises `RuntimeError`.
 
     Example:
 
@@ -89,8 +82,7 @@ class ThroughputWindow:
     from keras_scaling.throughput import ThroughputWindow
     window = ThroughputWindow()
     window.restart(time_s=10.0, iterations=4, samples=128)
-    interval = window.update(time_s=10.5, iterations=14, samples=448)
-    interval.samples_per_sec   # 640.0
+    window.update(time_s=10.5, iterations=14, samples=448).samples_per_sec   # 640.0
     ```
     """
 
@@ -111,20 +103,11 @@ class ThroughputWindow:
     def restart(
         self, *, time_s: float, iterations: int, samples: int, warmup_steps: int = 0
     ) -> None:
-        """Opens the window at a point; nothing before it is measured.
-
-        Args:
-            time_s: float, clock reading in seconds.
-            iterations: int, the optimizer's iterations at that time.
-            samples: int, samples trained so far.
-            warmup_steps: int, steps after this point that are not measured.
-        """
+        """Opens the window at a point, `warmup_steps` after which are not measured."""
         if warmup_steps < 0:
             raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
         self._last = (float(time_s), int(iterations), int(samples))
-        self._measure_from_iterations = (
-            int(iterations) + int(warmup_steps) if warmup_steps else None
-        )
+        self._measure_from_iterations = int(iterations) + warmup_steps if warmup_steps else None
 
     def close(self) -> None:
         """Closes the window: the next point must `restart` it."""
@@ -132,61 +115,49 @@ class ThroughputWindow:
         self._measure_from_iterations = None
 
     def update(self, *, time_s: float, iterations: int, samples: int) -> Interval | None:
-        """Adds a point and returns the `Interval` since the previous one.
-
-        Returns None while warming up and when no step was taken since the
-        previous point (then the previous point is kept).
-
-        Raises:
-            RuntimeError: the window is not open.
-            ValueError: time, iterations or samples went backwards, or steps
-                were taken in zero seconds.
-        """
+        """Adds a point; returns the `Interval` since the previous one, or None."""
         if self._last is None:
             raise RuntimeError("ThroughputWindow.update called before restart")
-        time_s, iterations, samples = float(time_s), int(iterations), int(samples)
-        last_time_s, last_iterations, last_samples = self._last
-        for name, value, last in (
-            ("time_s", time_s, last_time_s),
-            ("iterations", iterations, last_iterations),
-            ("samples", samples, last_samples),
-        ):
+        point = (float(time_s), int(iterations), int(samples))
+        for name, value, last in zip(("time_s", "iterations", "samples"), point, self._last):
             if value < last:
                 raise ValueError(
-                    f"{name} went backwards within a window: {last} then "
-                    f"{value}; restart the window when the counter is reset"
+                    f"{name} went backwards within a window: {last} then {value}; "
+                    "restart the window when the counter is reset"
                 )
+        (last_time_s, last_iterations, last_samples), (time_s, iterations, samples) = (
+            self._last,
+            point,
+        )
         steps = iterations - last_iterations
         if steps == 0:
             return None
         if time_s == last_time_s:
             raise ValueError(
-                f"{steps} step(s) took zero seconds (time_s={time_s}); the "
-                "clock must advance while training"
+                f"{steps} step(s) took zero seconds (time_s={time_s}); the clock must "
+                "advance while training"
             )
-        self._last = (time_s, iterations, samples)
+        self._last = point
         if self._measure_from_iterations is not None:
             if iterations >= self._measure_from_iterations:
                 self._measure_from_iterations = None
             return None
-        return Interval(
-            end_iterations=iterations,
-            steps=steps,
-            samples=samples - last_samples,
-            duration_s=time_s - last_time_s,
-        )
+        return Interval(iterations, steps, samples - last_samples, time_s - last_time_s)
 
 
 def weighted_percentile(values: Sequence[float], weights: Sequence[float], q: float) -> float:
-    """The smallest value whose cumulative weight reaches `q` percent.
-
-    With all weights 1 this is the "lower" percentile of the values: no
-    interpolation, so the result is always one of the values.
+    """The smallest value whose cumulative weight reaches `q` percent (no interpolation).
 
     Args:
         values: sequence of floats.
         weights: sequence of positive numbers, one per value.
         q: float in [0, 100].
+
+    Returns:
+        One of `values`.
+
+    Raises:
+        ValueError: lengths differ, no value, `q` out of range or a weight <= 0.
 
     Example:
 
@@ -205,9 +176,7 @@ def weighted_percentile(values: Sequence[float], weights: Sequence[float], q: fl
     if any(weight <= 0 for weight in weights):
         raise ValueError(f"weights must be positive, got {list(weights)}")
     pairs = sorted(zip(values, weights))
-    total = sum(weights)
-    threshold = total * q / 100.0
-    cumulative = 0.0
+    threshold, cumulative = sum(weights) * q / 100.0, 0.0
     for value, weight in pairs:
         cumulative += weight
         if cumulative >= threshold:
@@ -217,21 +186,15 @@ def weighted_percentile(values: Sequence[float], weights: Sequence[float], q: fl
 
 @dataclasses.dataclass(frozen=True)
 class SteadyState:
-    """Steady-state throughput over all measured intervals.
-
-    Percentiles are over steps: `step_time_p50_s` is the time of the median
-    step. `samples_per_sec` is `samples per step / step_time_p50_s`, so a few
-    slow intervals (a checkpoint saved mid-epoch, a garbage collection) do not
-    move it.
+    """Steady-state throughput over measured intervals: the median step, not the mean.
 
     Args:
-        samples_per_sec: float, median throughput, all replicas together.
-        steps_per_sec: float, median optimizer steps per second.
+        samples_per_sec: float, samples per step / `step_time_p50_s`.
+        steps_per_sec: float, 1 / `step_time_p50_s`.
         step_time_p10_s, step_time_p50_s, step_time_p90_s: float, step time
-            percentiles in seconds.
-        steps_measured: int, the steps the figures are based on.
-        samples_measured: int, the samples the figures are based on.
-        intervals_measured: int, the intervals the figures are based on.
+            percentiles over steps, in seconds.
+        steps_measured, samples_measured, intervals_measured: int, what the
+            figures are based on.
 
     Example:
 
@@ -256,7 +219,7 @@ class SteadyState:
 
 
 class ThroughputStats:
-    """Collects measured intervals and gives their steady state.
+    """Collects measured intervals and gives their `SteadyState`.
 
     Example:
 
@@ -282,19 +245,18 @@ class ThroughputStats:
         """The `SteadyState` of the intervals so far, or None without any."""
         if not self._intervals:
             return None
-        step_times = [interval.step_time_s for interval in self._intervals]
+        times = [interval.step_time_s for interval in self._intervals]
         steps = [interval.steps for interval in self._intervals]
-        steps_measured = sum(steps)
-        samples_measured = sum(interval.samples for interval in self._intervals)
-        p50 = weighted_percentile(step_times, steps, 50)
+        samples = sum(interval.samples for interval in self._intervals)
+        p50 = weighted_percentile(times, steps, 50)
         return SteadyState(
-            samples_per_sec=samples_measured / steps_measured / p50,
+            samples_per_sec=samples / sum(steps) / p50,
             steps_per_sec=1.0 / p50,
-            step_time_p10_s=weighted_percentile(step_times, steps, 10),
+            step_time_p10_s=weighted_percentile(times, steps, 10),
             step_time_p50_s=p50,
-            step_time_p90_s=weighted_percentile(step_times, steps, 90),
-            steps_measured=steps_measured,
-            samples_measured=samples_measured,
+            step_time_p90_s=weighted_percentile(times, steps, 90),
+            steps_measured=sum(steps),
+            samples_measured=samples,
             intervals_measured=len(self._intervals),
         )
 
@@ -305,8 +267,7 @@ class Speedup:
 
     Args:
         speedup: float, `samples_per_sec / baseline_samples_per_sec`.
-        ideal_speedup: float, `num_replicas / baseline_num_replicas`: what
-            perfect scaling would give.
+        ideal_speedup: float, `num_replicas / baseline_num_replicas`.
         efficiency: float, `speedup / ideal_speedup`; 1.0 is perfect scaling.
 
     Example:
@@ -332,14 +293,9 @@ def speedup(
 ) -> Speedup:
     """Speedup, ideal speedup and scaling efficiency of a run over its baseline.
 
-    The one place this arithmetic is done: `ThroughputLogger` (through it for
-    each interval, and through `keras_scaling.baseline.speedup_of` for its
-    record), `keras-scaling report` and `keras-scaling bench` all use it.
-
     Args:
         samples_per_sec: float, the run's throughput, all replicas together.
-        baseline_samples_per_sec: float, the baseline's throughput with the
-            same per-replica batch.
+        baseline_samples_per_sec: float, the baseline's, same per-replica batch.
         num_replicas: int, the run's replicas.
         baseline_num_replicas: int, the baseline's replicas, default 1.
 
@@ -354,7 +310,6 @@ def speedup(
 
     ```python
     from keras_scaling.throughput import speedup
-    # 2 replicas reach 1800 samples/s; one replica alone reached 1000.
     speedup(1800.0, 1000.0, num_replicas=2)
     # Speedup(speedup=1.8, ideal_speedup=2.0, efficiency=0.9)
     ```
@@ -383,26 +338,22 @@ def auto_update_freq(
 ) -> int:
     """Steps between counter reads so that reading costs at most `max_share` of training.
 
-    Each read of the step counter waits for the devices and costs
-    `read_cost_s`; spread over `n` steps of `step_time_s` it costs
-    `read_cost_s / (n * step_time_s)`. The answer is rounded up to 1, 2 or 5
-    times a power of ten, so the points fall on round steps. A run of known
-    length is still drawn as a series: the spacing is at most
-    `spacing_for_points(run_steps, steps_per_execution)` (a short run pays
-    for its dozen reads; a long one is not affected).
+    Rounded up to 1, 2 or 5 times a power of ten, at least `floor_steps`;
+    with `run_steps`, at most `spacing_for_points(run_steps, steps_per_execution)`.
 
     Args:
         step_time_s: float, seconds per optimizer step.
-        read_cost_s: float, seconds one measurement costs the training loop.
-        max_share: float, the largest share of step time measuring may take;
-            default 0.0025 (0.25%).
-        floor_steps: int, the fewest steps between reads (unless the run is
-            too short for it).
-        run_steps: int or None, the optimizer steps the run will take, when known.
+        read_cost_s: float, seconds one read costs the training loop.
+        max_share: float, the largest share of step time reads may take.
+        floor_steps: int, the fewest steps between reads.
+        run_steps: int or None, the optimizer steps the run will take.
         steps_per_execution: int, steps of one call of the train function.
 
     Returns:
         int, steps between reads.
+
+    Raises:
+        ValueError: a step time <= 0, a negative read cost or a floor < 1.
 
     Example:
 
@@ -416,19 +367,10 @@ def auto_update_freq(
     step_time_s = _validation.positive_number(step_time_s, "step_time_s", unit="seconds")
     read_cost_s = _validation.non_negative_number(read_cost_s, "read_cost_s", unit="seconds")
     floor_steps = _validation.positive_int(floor_steps, "floor_steps")
-    needed = read_cost_s / (max_share * step_time_s)
-    steps = floor_steps
-    magnitude = 1
-    while steps < needed:
-        for factor in (1, 2, 5):
-            candidate = factor * magnitude
-            if candidate >= floor_steps and candidate >= needed:
-                steps = candidate
-                break
-        else:
-            magnitude *= 10
-            continue
-        break
+    needed = max(floor_steps, read_cost_s / (max_share * step_time_s))
+    magnitude = 10 ** math.floor(math.log10(needed))
+    steps = next(f * magnitude for f in (1, 2, 5, 10) if f * magnitude >= needed)
+    steps = floor_steps if needed == floor_steps else int(steps)
     if run_steps is not None:
         steps = min(steps, spacing_for_points(run_steps, steps_per_execution))
     return steps
@@ -441,16 +383,20 @@ POINTS_PER_RUN = 12
 def spacing_for_points(
     run_steps: int, steps_per_execution: int = 1, points: int = POINTS_PER_RUN
 ) -> int:
-    """The widest spacing of reads that still gives a run of `run_steps` about `points` points.
+    """The widest spacing of reads giving a run of `run_steps` about `points` points.
 
-    A multiple of `steps_per_execution` (reads happen between calls of the
-    train function), at least one call.
+    Whole calls of the train function, at least one.
 
     Args:
         run_steps: int, the optimizer steps the run will take.
         steps_per_execution: int, steps of one call of the train function.
-        points: int, the points wanted; default 12 (warm-up and the first
-            call of each epoch are not measured, so about 10 are drawn).
+        points: int, the points wanted, default 12.
+
+    Returns:
+        int, steps between reads, a multiple of `steps_per_execution`.
+
+    Raises:
+        ValueError: an argument < 1.
 
     Example:
 
@@ -463,25 +409,19 @@ def spacing_for_points(
     run_steps = _validation.positive_int(run_steps, "run_steps")
     steps_per_execution = _validation.positive_int(steps_per_execution, "steps_per_execution")
     points = _validation.positive_int(points, "points")
-    calls = max(1, run_steps // points // steps_per_execution)
-    return calls * steps_per_execution
+    return max(1, run_steps // points // steps_per_execution) * steps_per_execution
 
 
 class ReadSchedule:
-    """When to read the step counter next, without reading it in between.
+    """When to read the step counter next, counting calls of the train function in between.
 
-    Each read of the counter waits for the devices, so between reads the
-    steps taken are only counted up from the calls of the train function,
-    each at most `steps_per_execution` steps. A read is due once that count
-    reaches the next multiple of `every_steps` (or the end of a warm-up), so
-    points fall on regular steps.
-
-    A read is also due at `epoch_end_iterations` when it is set and comes
-    first, so that every epoch of known length ends on a point.
+    A read is due at the next multiple of `every_steps` (or the end of a
+    warm-up), or at `epoch_end_iterations` when set and sooner. Each call
+    counts as `steps_per_execution` steps. Used before `restart`, it raises
+    `RuntimeError`.
 
     Args:
-        every_steps: int, steps between reads; may be changed at any time
-            (it applies from the next `restart`).
+        every_steps: int, steps between reads; may be changed at any time.
         steps_per_execution: int, steps of one call of the train function.
 
     Example:
@@ -489,13 +429,11 @@ class ReadSchedule:
     ```python
     from keras_scaling.throughput import ReadSchedule
     schedule = ReadSchedule(every_steps=10)
-    # The counter just read 3:
+    # The counter just read 3: due at step 10.
     schedule.restart(iterations=3)
-    # Due at step 10, the 7th call:
     [schedule.count_execution() for _ in range(7)]   # [False, False, False, False, False, False, True]
-    # Due at step 15:
     schedule.restart(iterations=10, warmup_steps=5)
-    schedule.executions_until_due()   # 5: calls of one step each
+    schedule.executions_until_due()   # 5
     ```
     """
 
@@ -509,38 +447,31 @@ class ReadSchedule:
         self._upper_bound = 0
 
     def restart(self, iterations: int, warmup_steps: int = 0) -> None:
-        """Counts from a read of the counter: due after the warm-up, else at the next multiple.
-
-        Or at the end of the epoch (`epoch_end_iterations`), when that comes first.
-        """
+        """Counts from a read of the counter at `iterations`."""
         self._upper_bound = iterations
         if warmup_steps:
             self.next_read_iterations = iterations + warmup_steps
         else:
             self.next_read_iterations = (iterations // self.every_steps + 1) * self.every_steps
-        if self.epoch_end_iterations is not None:
-            if iterations < self.epoch_end_iterations < self.next_read_iterations:
-                self.next_read_iterations = self.epoch_end_iterations
+        end = self.epoch_end_iterations
+        if end is not None and iterations < end < self.next_read_iterations:
+            self.next_read_iterations = end
 
     def count_execution(self) -> bool:
         """Counts one call of the train function; True when a read is due."""
-        next_read_iterations = self._next_read_iterations("count_execution")
+        due = self._due("count_execution")
         self._upper_bound += self.steps_per_execution
-        return self._upper_bound >= next_read_iterations
+        return self._upper_bound >= due
 
     def executions_until_due(self) -> int:
-        """Calls of the train function from here until a read is due: at least 1.
-
-        The `count_execution` that returns True is the one this many calls on;
-        a caller that only counts down need not call it for the calls before.
-        """
-        remaining = self._next_read_iterations("executions_until_due") - self._upper_bound
+        """Calls of the train function until a read is due, at least 1."""
+        remaining = self._due("executions_until_due") - self._upper_bound
         return max(1, -(-remaining // self.steps_per_execution))
 
-    def _next_read_iterations(self, method: str) -> int:
+    def _due(self, method: str) -> int:
         if self.next_read_iterations is None:
             raise RuntimeError(
-                f"ReadSchedule.{method} called before restart: restart it at a read of "
-                "the step counter first"
+                f"ReadSchedule.{method} called before restart: restart it at a read of the "
+                "step counter first"
             )
         return self.next_read_iterations

@@ -1,6 +1,6 @@
 """`ThroughputLogger`: throughput, speedup and scaling efficiency in TensorBoard."""
 
-import atexit
+import dataclasses
 import logging
 import math
 import os
@@ -8,13 +8,12 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import keras
 
 from keras_scaling import _validation, devices
 from keras_scaling.data import _iterator_plan
-from keras_scaling.devices import _topology
 from keras_scaling.fit_hooks import _fit_end, _step_counter, _trace_count, _train_function_hook
 from keras_scaling.mfu import _throughput_flops
 from keras_scaling.mfu import utilization as utilization_lib
@@ -26,167 +25,105 @@ from keras_scaling.throughput import baseline as baseline_lib
 from keras_scaling.throughput._writer import ThroughputWriter
 from keras_scaling.throughput.arithmetic import (
     ReadSchedule,
+    SteadyState,
     ThroughputStats,
     ThroughputWindow,
     auto_update_freq,
     spacing_for_points,
 )
 
-if TYPE_CHECKING:
-    from keras_scaling.throughput import SteadyState
-
 __all__ = ["ThroughputLogger"]
-
-
-class _CounterUnknown(Exception):
-    """The batches trained cannot be read in this fit."""
-
 
 logger = logging.getLogger("keras_scaling")
 
 DEFAULT_WARMUP_STEPS = 5
-# update_freq="auto": reads of the step counter take at most this share of
-# the measured step time, and are at least this many steps apart. A read
-# also idles the devices while the next step is dispatched, which on steps
-# of a millisecond costs about twice the read's own time again.
-_AUTO_MAX_SHARE = 0.001
+# update_freq="auto": reads at least 10 steps apart, and, once a step is
+# timed, far enough apart that a read (taken as 1 ms: the wait for the
+# devices plus their idling while the next step is dispatched) costs at
+# most 0.1% of training.
 _AUTO_FLOOR_STEPS = 10
+_AUTO_READ_COST_S = 0.001
+_AUTO_MAX_SHARE = 0.001
 _ADVICE_AFTER_INTERVALS = 3
 # Set before TensorFlow starts, each logical CPU has a thread pool of its own
 # (tensorflow/core/common_runtime/local_device.cc), as `keras-scaling bench` does.
 _THREADPOOL_ENV = "TF_OVERRIDE_GLOBAL_THREADPOOL"
 
 
+class _CounterUnknown(Exception):
+    """The batches trained cannot be read in this fit (the probe has said why)."""
+
+
+def _no_iterator():
+    return None
+
+
+@dataclasses.dataclass
+class _Fit:
+    """What one `fit` call holds: made at `on_train_begin`, dropped with the fit."""
+
+    info: Any
+    begin_s: float
+    steps_per_epoch: int | None
+    run_steps: int | None
+    changes: Any
+    hook: Any = None
+    counter: Any = None
+    element_spec: Any = None
+    iterator: Callable[[], Any] = _no_iterator  # weak: each epoch's is freed when Keras drops it
+    started: bool = False  # its first execution has ended
+    finished: bool = False
+    executions_until_due: int = 1  # calls of the train function until the next read
+    traces_at_read: int = 0
+    epoch_points: list = dataclasses.field(default_factory=list)  # the epoch's first and last
+    epoch_stats: ThroughputStats = dataclasses.field(default_factory=ThroughputStats)
+
+
 class ThroughputLogger(keras.callbacks.Callback):
     """Writes throughput, speedup and scaling efficiency to TensorBoard.
 
-    Scalars go to keras_scaling's run directory under `log_dir`, beside the
-    loss that `keras.callbacks.TensorBoard(log_dir)` writes, with the
-    optimizer's `iterations` as the step:
+    Scalars go to the run `log_dir/scaling`, beside the loss that
+    `keras.callbacks.TensorBoard(log_dir)` writes, at the optimizer's
+    `iterations`; every tag is in the TensorBoard reference page. It also
+    writes Custom Scalars charts, the set-up and its advice as text, and
+    `log_dir/throughput.json` (written before `fit` returns, and kept up to
+    date while it trains), and adds `samples_per_sec` to each epoch's logs
+    (NaN for an epoch in which nothing could be timed): put `History`,
+    `CSVLogger` and Keras' `TensorBoard` after it.
 
-    | tag | meaning |
-    |---|---|
-    | `throughput/samples_per_sec` | samples trained per second over the interval, all replicas together |
-    | `throughput/steps_per_sec` | optimizer steps per second |
-    | `throughput/per_replica_samples_per_sec` | `samples_per_sec / replicas` |
-    | `throughput/startup_time_s` | seconds from the start of `fit` to the end of its first execution (tracing included) |
-    | `scaling/speedup` | `samples_per_sec / baseline` (the baseline: one replica, same per-replica batch) |
-    | `scaling/ideal_speedup` | replicas divided by the baseline's replicas (1 unless a file says otherwise) |
-    | `scaling/efficiency` | `speedup / ideal_speedup`; 1.0 is perfect scaling |
-    | `throughput/tflops_per_sec` | model TFLOP/s, all replicas: `flops_per_sample * samples_per_sec / 1e12` (GPUs, TPUs) |
-    | `throughput/gflops_per_sec` | the same in GFLOP/s (`/ 1e9`), on CPUs |
-    | `throughput/per_replica_tflops_per_sec` | `tflops_per_sec / replicas` (`per_replica_gflops_per_sec` on CPUs) |
-    | `throughput/mfu` | model FLOPs utilization: achieved FLOP/s / (peak FLOP/s of one replica x replicas) |
-
-    Efficiency and MFU are fractions (1.0 is perfect) here, in the terminal
-    and in `throughput.json`. Besides the scalars: Custom Scalars charts
-    (speedup against ideal first, then efficiency, samples/sec and, where
-    they can have points, model FLOP/s and MFU), and in the Text dashboard
-    the set-up in three short tables (the run, the baseline, how it is
-    measured) and the advice given.
-
-    How it measures:
-
-    - Samples are counted as the batches trained (the optimizer's step
-      counter, which counts every batch, also with
-      `gradient_accumulation_steps`) times the global batch, so `steps_per_execution` > 1, a partial last execution, several
-      `fit` calls and resumed runs count right. The global batch is
-      `global_batch_size` when given, else the plan of a dataset made by
-      `keras_scaling.data.distribute`, else the data's static batch size times
-      the replicas. When none is known (arrays or a dataset with a partial
-      last batch), it says so once and measures nothing in that `fit`: pass
-      `global_batch_size=`.
-    - The counter is read (which waits for the devices to finish their work)
-      at every multiple of `update_freq` steps, so points fall on regular
-      steps. `"auto"` starts at 10 steps and, after the first measured
-      interval, widens the spacing to a round number of steps at which the
-      reads take at most 0.1% of the measured step time (a read also idles
-      the devices while the next step is dispatched: on steps of about a
-      millisecond, measuring costs at most about 0.3% in all). So that a
-      short fit still draws a series, `"auto"` reads at least every twelfth
-      of the fit's steps (`keras_scaling.throughput.spacing_for_points`),
-      and at the last step of every epoch of known length, so that every
-      epoch has its figure.
-    - Only time between train batches of one epoch counts: validation,
-      checkpoints saved at the end of an epoch and the first execution of
-      every epoch are left out. The first execution of each `fit` call,
-      `warmup_steps` more steps, and any interval in which the step function
-      was traced again are warm-up, not measured; the start-up time is logged
-      on its own.
-    - Steps never repeat: a step already written (by this or an earlier run,
-      before a `BackupAndRestore` resume) is not written again.
-    - `samples_per_sec` of each epoch, the steady state (median step) of that
-      epoch's intervals, is added to every epoch's logs, so the progress bar,
-      `History`, `CSVLogger` and Keras' `TensorBoard` (as
-      `epoch_samples_per_sec`) show it; put those callbacks after this one.
-      An epoch with no interval of its own (all warm-up, say) gets its
-      samples over its time from the end of its first call of the train
-      function to its last read, warm-up included; one with no read after
-      that call (a single call, an int `update_freq` longer than the epoch,
-      nothing measured in the fit) gets NaN.
-      The same figure, unless NaN, is the epoch's entry in `throughput.json`.
-    - `log_dir/throughput.json` (steady-state median samples/sec over the
-      whole run, step time percentiles, set-up, baseline, speedup, ideal and
-      efficiency, each epoch's figure) is written before `fit` returns. While
-      it trains, a background thread writes the set-up to the event file at
-      once, the new points about a second after each new figure, and rewrites
-      `throughput.json` a second after each epoch and every 2 seconds
-      while figures change, so `fit`'s loop does no file writes and nothing
-      measured is lost however training stops (another callback raising,
-      Ctrl-C, a notebook that lives on).
-    - Under `MultiWorkerMirroredStrategy` only the chief writes, and the
-      figure is the measured global throughput: all workers step together,
-      so global batch times steps over the chief's wall time.
-    - Advice is given once each, on the `keras_scaling` logger and in the
-      Text dashboard (`throughput/advice`): very short steps (use
-      `steps_per_execution`), efficiency below 0.8 (whether the input
-      pipeline, timed alone, or the combining of updates is the likelier
-      cause), well-scaling but underused devices.
-
-    Baselines: a number is the samples/sec of one replica. A path to an
-    earlier run's `log_dir` or `throughput.json` takes its figure (with a
-    warning when its per-replica batch, dtype policy or device kind
-    differs). `"measure"` times a copy of the model (`clone_model`, same
-    compile config) alone on the first device on synthetic batches of one
-    replica's size before the first measured step, without touching the
-    trained model, once per model, batch and device in a process. On logical CPUs that copy has all of the host's cores
-    while the replicas share them, so speedup reads low; a warning and the
-    set-up table say so and point to `keras-scaling bench`. `"auto"` is the
-    run itself with one replica (speedup 1.0) and `"measure"` with several.
-    None writes no `scaling/` tags.
-
-    Model FLOPs and MFU: `flops_per_sample="auto"` counts the operations of
-    one training sample once, before the first measured step, from the
-    traced graph of the model's loss and gradients
-    (`keras_scaling.flops.training_flops_per_sample`); models it cannot
-    count (RNN loops, ops without statistics) get no `tflops` or `mfu`
-    tags, with the reason logged once. `peak_flops="auto"` looks one
-    replica's device up in `keras_scaling.peak_flops.PEAK_FLOPS` (GPUs by
-    name, TPUs by accelerator type, for the dtype policy's compute dtype);
-    an unknown device logs once that MFU needs `peak_flops=`. `"measure"`
-    times a large matrix multiply on one device (for CPUs). A number is
-    taken as given; None turns either off. When efficiency is high but MFU
-    low, the advice says whether the input, the dtype or the per-replica
-    batch is the likelier cause.
+    Samples are the optimizer's step counter times the global batch, so
+    `steps_per_execution`, gradient accumulation and resumed runs count
+    right. The first execution of each `fit` plus `warmup_steps`, retraced
+    intervals and the time between epochs are left out. The baseline and
+    the FLOPs count are set up before the first step of the first `fit`,
+    never between steps. Under `MultiWorkerMirroredStrategy` only the chief
+    writes. The throughput guide explains how it measures.
 
     Args:
         log_dir: str or path, the run's log directory, as given to
             `keras.callbacks.TensorBoard`.
-        baseline: a number, a path, `"measure"`, `"auto"` or None; default
+        baseline: the samples/sec of one replica with the same per-replica
+            batch: a number, a path to an earlier run's `log_dir` or
+            `throughput.json`, `"measure"` (times a copy of the model alone
+            on one device), `"auto"` (the run itself with one replica,
+            `"measure"` with several) or None (no `scaling/` tags); default
             `"auto"`.
-        update_freq: `"auto"` (the default) or an int, optimizer steps
-            between reads of the step counter and so between points.
+        update_freq: `"auto"` (the default: about a dozen points a `fit` at
+            least, reads costing at most about 0.1%, a point at the end of
+            every epoch) or an int, optimizer steps between points.
         warmup_steps: int, steps after the first execution of each `fit`
-            call that are not measured; default None means 5.
-        global_batch_size: int, samples per optimizer step over all replicas;
-            default None reads it from the data (see above).
-        flops_per_sample: `"auto"`, a positive number (floating-point
-            operations of one sample, forward and backward) or None; default
-            `"auto"`.
-        peak_flops: `"auto"`, `"measure"`, a positive number (peak FLOPs/sec
-            of one replica's device) or None; default `"auto"`.
-        clock: callable returning seconds, default `time.perf_counter`; a
-            test can pass a clock of its own.
+            that are not measured; default None means 5.
+        global_batch_size: int, samples per optimizer step over all
+            replicas; default None reads it from the data, and when it
+            cannot, measures nothing and says to pass it.
+        flops_per_sample: `"auto"` (counted), a positive number or None.
+        peak_flops: `"auto"` (looked up), `"measure"`, a positive number
+            (FLOP/s of one replica) or None.
+        clock: callable returning seconds, default `time.perf_counter`.
+
+    Raises:
+        ValueError: an argument out of range, or a `log_dir` that cannot be made.
+        TypeError: an argument of the wrong type.
 
     Example:
 
@@ -255,39 +192,35 @@ class ThroughputLogger(keras.callbacks.Callback):
         if not callable(clock):
             raise TypeError(f"clock must be a callable returning seconds, got {clock!r}")
         self._clock = clock
-        self._schedule = ReadSchedule(
-            _AUTO_FLOOR_STEPS if isinstance(update_freq, str) else update_freq
-        )
-        self._calibrated = update_freq != "auto"
-        # update_freq="auto": the spacing that keeps reads cheap, once measured.
-        self._cost_spacing = _AUTO_FLOOR_STEPS
-        self._run_steps = None
-        self._steps_per_epoch = None
-        self._stats = ThroughputStats()
-        self._epoch_stats = ThroughputStats()
-        # The epoch's first and last reads of the step counter.
-        self._epoch_points: list[dict[str, Any]] = []
-        self._window = ThroughputWindow()
-        self._epochs: list[tuple[int, SteadyState]] = []
-        # Set at the first measurement of a fit (Any: mypy cannot see that
-        # the methods that use them run only after it).
+        auto = update_freq == "auto"
+        self._schedule = ReadSchedule(_AUTO_FLOOR_STEPS if auto else int(update_freq))
+        # update_freq="auto": the spacing a timed step allows, once timed.
+        self._cost_spacing: int | None = None if auto else int(update_freq)
+        # What the logger keeps over its fits, set up at the first (Any: used
+        # only once set, which mypy cannot see).
         self._setup: Any = None
         self._flops: Any = None
-        self._startup_time_s: float | None = None
         self._baseline_note: str | None = None
+        self._startup_time_s: float | None = None
+        self._stats = ThroughputStats()
+        self._epochs: list[tuple[int, SteadyState]] = []
         self._advised: set[str] = set()
-        self._finished = True
-        self._hook: _train_function_hook.TrainFunctionHook | None = None
-        self._executions_until_due = 1  # a closed window opens at the next call
-        # Held while figures change and while the writer's thread takes them.
+        self._window = ThroughputWindow()
+        self._fit: Any = None  # a _Fit from on_train_begin
+        # Held while figures change and while the writer takes them.
         self._lock = threading.RLock()
-        self._writer: Any = None  # the chief's, once the first fit starts
+        self._writer: Any = None  # the chief's, from its first fit
+        self._compat_applied: list = []
+        self._trace_count_undo: Callable[[], None] | None = None
         # `keras-scaling bench` sets it: advice names its options, not Python's.
         self._command_line = False
 
-    # Keras hooks: gather inputs, hand them to the core and the writers. There
-    # is no batch hook (see `_train_function_hook`): the work of each step is
-    # done after each call of the train function.
+    @property
+    def _finished(self) -> bool:
+        return self._fit is None or self._fit.finished
+
+    # Keras hooks. No batch hook: one would make Keras wait for every step;
+    # the work of each step is done around each call of the train function.
 
     def set_model(self, model: keras.Model) -> None:
         super().set_model(model)
@@ -297,65 +230,62 @@ class ThroughputLogger(keras.callbacks.Callback):
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         devices.warn_if_keras_distribution_set()
-        if _topology.is_chief(self.model.distribute_strategy):
+        info = devices.describe_strategy(self.model.distribute_strategy)
+        if info.is_chief:
             # A read-only or full log_dir fails here, not at the first save.
             _validation.writable_directory(self.log_dir, "log_dir", "ThroughputLogger")
         # Finishes a logger (this one too) whose fit raised outside a step.
         _train_function_hook.abandon_other_fits(self.model, self.params)
         _fit_end.end_other_fits(self.params)
-        self._changes = _fit_end.FitChanges(self.params)
-        self._changes.add(self._finish)
+        changes = _fit_end.FitChanges(self.params)
+        changes.add(self._finish)
         self._compat_applied += _enable_compat(self.model)
-        self._info = devices.describe_strategy(self.model.distribute_strategy)
-        self._train_begin_s = self._clock()
-        self._fit_started = False
-        self._finished = False
-        self._window.close()
-        self._executions_until_due = 1
-        self._schedule.steps_per_execution = int(getattr(self.model, "steps_per_execution", 1) or 1)
-        self._steps_per_epoch = _positive_or_none(self.params.get("steps"))
+        steps_per_epoch = _positive_or_none(self.params.get("steps"))
         epochs = _positive_or_none(self.params.get("epochs"))
-        self._run_steps = (
-            self._steps_per_epoch * epochs if self._steps_per_epoch and epochs else None
+        fit = self._fit = _Fit(
+            info=info,
+            begin_s=self._clock(),
+            steps_per_epoch=steps_per_epoch,
+            run_steps=steps_per_epoch * epochs if steps_per_epoch and epochs else None,
+            changes=changes,
         )
+        self._window.close()
+        self._schedule.steps_per_execution = int(getattr(self.model, "steps_per_execution", 1) or 1)
         if self.update_freq == "auto":
             self._schedule.every_steps = self._auto_spacing()
-        self._batch_counter: _step_counter.BatchCounter | None = None
-        self._element_spec = None
-        self._iterator = _no_iterator
-        self._hook = _train_function_hook.TrainFunctionHook(
+        fit.hook = _train_function_hook.TrainFunctionHook(
             self.model,
             after=self._after_execution,
-            before=self._see_iterator,
+            before=self._before_execution,
             on_error=self._finish,
             owner=self.params,
             on_abandoned=self._finish,
         )
-        self._hook.attach()
-        atexit.register(self._finish_at_exit)
-        if self._info.is_chief:
+        fit.hook.attach()
+        if info.is_chief:
             if self._writer is None:
                 self._writer = ThroughputWriter(self.log_dir, self._record, self._lock)
             self._writer.start()
 
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-        if getattr(self, "_changes", None) is not None:
-            # The fit is alive; Keras drops the last epoch's iterator now.
-            self._changes.unwatch()
+        fit = self._fit
+        if fit is None:
+            return
         self._window.close()
-        self._executions_until_due = 1
-        self._epoch_stats = ThroughputStats()
-        self._epoch_points = []
-        if self._hook is not None:
-            self._hook.before = self._see_iterator  # the epoch may bring a new iterator
-            self._hook.attach()  # again, in case the train function was rebuilt
+        fit.executions_until_due = 1
+        fit.epoch_stats = ThroughputStats()
+        fit.epoch_points = []
+        if fit.hook is not None:
+            fit.hook.before = self._before_execution  # the epoch may bring a new iterator
+            fit.hook.attach()  # again, in case the train function was rebuilt
 
     def on_test_begin(self, logs: dict[str, Any] | None = None) -> None:
         self._window.close()
-        self._executions_until_due = 1
+        if self._fit is not None:
+            self._fit.executions_until_due = 1
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-        steady = self._epoch_stats.steady_state() or self._whole_epoch()
+        steady = self._epoch_steady_state()
         if logs is not None:
             # In every epoch's logs, so that History's lists line up by epoch
             # and CSVLogger, which fixes its columns at the first, has it.
@@ -374,114 +304,107 @@ class ThroughputLogger(keras.callbacks.Callback):
 
     # Around each call of the train function.
 
-    def _see_iterator(self, iterator):
-        # Held weakly: each epoch's iterator is freed when Keras drops it, as
-        # it would be without this callback. Freeing an iterator can wait up
-        # to a minute for tf.data's autotuning thread to wake.
-        if getattr(self, "_changes", None) is not None:
-            self._changes.watch(iterator)  # freed by Python: the fit is over
-        held = self._iterator()
-        if held is None and not self._finished:
-            if self._element_spec is None:
-                self._element_spec = getattr(iterator, "element_spec", None)
-            self._iterator = _weak_reference(iterator)
+    def _before_execution(self, iterator):
+        fit = self._fit
+        held = fit.iterator()
+        if held is None and not fit.finished:
+            if fit.element_spec is None:
+                fit.element_spec = getattr(iterator, "element_spec", None)
+            fit.iterator = _weak_reference(iterator)
             held = iterator
-        if held is iterator and self._hook is not None:
-            self._hook.before = None  # until the next epoch
+        if held is iterator and fit.hook is not None:
+            fit.hook.before = None  # until the next epoch
+        if self._setup is None and not fit.finished:
+            self._guarded(self._set_up)
 
     def _after_execution(self):
-        # Between reads, a call costs a decrement: the schedule says how
-        # many calls on the next read is due.
-        self._executions_until_due -= 1
-        if self._executions_until_due > 0 or self._finished:
+        fit = self._fit
+        fit.executions_until_due -= 1
+        if fit.executions_until_due > 0 or fit.finished:
             return
-        if not self._window.is_open:
-            self._open_window_or_finish()
-        else:
-            self._measure()
-        if not self._finished:
-            self._executions_until_due = self._schedule.executions_until_due()
+        self._guarded(self._measure if self._window.is_open else self._open_window)
+        if not fit.finished:
+            fit.executions_until_due = self._schedule.executions_until_due()
 
-    # Measuring.
-
-    def _read_iterations(self):
-        """The batches trained so far (the step counter); reading it waits for the devices."""
-        if self._batch_counter is None:
-            self._batch_counter = _step_counter.BatchCounter(self.model)
-        batches = self._batch_counter.read()
-        if batches is None:
-            raise _CounterUnknown()
-        return batches
-
-    def _samples(self, iterations):
-        return iterations * self._setup["global_batch_size"]
-
-    def _open_window_or_finish(self):
+    def _guarded(self, step):
+        """Runs `step`; a fit whose samples cannot be counted is measured no further."""
         try:
-            self._open_window()
+            step()
         except _iterator_plan.GlobalBatchSizeUnknown as error:
-            # Training goes on; only the figures that need it are lost.
             logger.warning("%s ThroughputLogger measures nothing in this fit.", error)
             self._finish()
         except _CounterUnknown:
-            # The probe of the step counter has said what is lost.
             self._finish()
         except BaseException:
             self._finish()
             raise
 
+    # Measuring.
+
+    def _read_point(self):
+        """`(time_s, iterations, samples)` now; reading the step counter waits for the devices."""
+        fit = self._fit
+        if fit.counter is None:
+            fit.counter = _step_counter.BatchCounter(self.model)
+        iterations = fit.counter.read()
+        if iterations is None:
+            raise _CounterUnknown()
+        return dict(
+            time_s=self._clock(),
+            iterations=iterations,
+            samples=iterations * self._setup["global_batch_size"],
+        )
+
     def _open_window(self):
-        iterations = self._read_iterations()
-        now_s = self._clock()
+        fit = self._fit
+        point = self._read_point()
         warmup_steps = 0
-        if not self._fit_started:
-            self._fit_started = True
-            startup_time_s = now_s - self._train_begin_s
-            if self._setup is None:
+        if not fit.started:
+            fit.started = True
+            startup_time_s = point["time_s"] - fit.begin_s
+            if self._startup_time_s is None:
                 self._startup_time_s = startup_time_s
-                self._set_up(iterations)
-            self._write({"throughput/startup_time_s": startup_time_s}, iterations)
+                self._write_setup(point["iterations"])
+            self._write({"throughput/startup_time_s": startup_time_s}, point["iterations"])
             warmup_steps = self.warmup_steps
-            now_s = self._clock()
-        if self.update_freq == "auto" and self._steps_per_epoch is not None:
-            # Every epoch ends on a point, so that each has its figure. This
-            # read is after the epoch's first call of the train function.
-            first_call_steps = min(self._schedule.steps_per_execution, self._steps_per_epoch)
+            point["time_s"] = self._clock()
+        if self.update_freq == "auto" and fit.steps_per_epoch is not None:
+            # Every epoch ends on a point. This read follows the epoch's first call.
+            first_call_steps = min(self._schedule.steps_per_execution, fit.steps_per_epoch)
             self._schedule.epoch_end_iterations = (
-                iterations - first_call_steps + self._steps_per_epoch
+                point["iterations"] - first_call_steps + fit.steps_per_epoch
             )
-        point = dict(time_s=now_s, iterations=iterations, samples=self._samples(iterations))
         self._window.restart(**point, warmup_steps=warmup_steps)
-        self._epoch_points = [point, point]
-        self._traces_at_read = _trace_count.traces(self.model)
-        self._schedule.restart(iterations, warmup_steps)
+        fit.epoch_points = [point, point]
+        fit.traces_at_read = _trace_count.traces(self.model)
+        self._schedule.restart(point["iterations"], warmup_steps)
 
     def _measure(self):
-        read_start_s = None if self._calibrated else self._clock()
-        iterations = self._read_iterations()
-        now_s = self._clock()
+        fit = self._fit
+        point = self._read_point()
+        fit.epoch_points[-1] = point
         traces = _trace_count.traces(self.model)
-        point = dict(time_s=now_s, iterations=iterations, samples=self._samples(iterations))
-        self._epoch_points[-1] = point
-        if traces != self._traces_at_read:
-            # The step function was traced again within this interval.
-            self._traces_at_read = traces
+        if traces != fit.traces_at_read:  # retraced within this interval: not measured
+            fit.traces_at_read = traces
             self._window.restart(**point)
-            self._schedule.restart(iterations)
+            self._schedule.restart(point["iterations"])
             return
         interval = self._window.update(**point)
         if interval is not None:
             self._add(interval)
-            if not self._calibrated:
-                self._calibrate(interval.step_time_s, read_start_s, work_start_s=now_s)
-        self._schedule.restart(iterations)
+            if self._cost_spacing is None:
+                self._cost_spacing = auto_update_freq(
+                    interval.step_time_s,
+                    _AUTO_READ_COST_S,
+                    max_share=_AUTO_MAX_SHARE,
+                    floor_steps=_AUTO_FLOOR_STEPS,
+                )
+                self._schedule.every_steps = self._auto_spacing()
+        self._schedule.restart(point["iterations"])
         if interval is not None and len(self._stats) == _ADVICE_AFTER_INTERVALS:
             self._advise()
-            # The advice may have timed the input pipeline: the next interval
-            # starts after it, so its time is not counted as training's.
-            self._window.restart(
-                time_s=self._clock(), iterations=iterations, samples=point["samples"]
-            )
+            # The advice may have timed the input pipeline: not training's time.
+            self._window.restart(**{**point, "time_s": self._clock()})
 
     def _add(self, interval):
         samples_per_sec = interval.samples_per_sec
@@ -498,74 +421,53 @@ class ThroughputLogger(keras.callbacks.Callback):
         scalars.update(self._flops.scalars(samples_per_sec))
         with self._lock:
             self._stats.add(interval)
-            self._epoch_stats.add(interval)
+            self._fit.epoch_stats.add(interval)
             if self._writer is not None:
                 self._writer.changed()
         self._write(scalars, interval.end_iterations)
 
-    def _whole_epoch(self):
-        """An epoch with no measured interval: its `SteadyState` from its first read to its last, or None."""
-        if not self._epoch_points:
+    def _epoch_steady_state(self):
+        """The epoch's steady state; without an interval of its own, its first read to its last."""
+        fit = self._fit
+        if fit is None:
             return None
+        steady = fit.epoch_stats.steady_state()
+        if steady is not None or not fit.epoch_points:
+            return steady
         window = ThroughputWindow()
-        window.restart(**self._epoch_points[0])
-        interval = window.update(**self._epoch_points[-1])
+        window.restart(**fit.epoch_points[0])
+        interval = window.update(**fit.epoch_points[-1])
         if interval is None:  # no step between them
             return None
-        self._epoch_stats.add(interval)
-        return self._epoch_stats.steady_state()
-
-    def _calibrate(self, step_time_s, read_start_s, work_start_s):
-        """Spaces the reads of `update_freq="auto"` by what one measurement costs.
-
-        A measurement costs its read of the step counter and the work after
-        it. Where the devices are done when the train function returns (CPU),
-        the measurement's own read costs what a read costs. Elsewhere that
-        read also waits for the devices' queued work, which is training, not
-        cost, so a second read right after it is timed.
-        """
-        self._calibrated = True
-        work_s = self._clock() - work_start_s
-        if _topology.work_done_on_return(self._info.device_kind):
-            read_s = work_start_s - read_start_s
-        else:
-            read_start_s = self._clock()
-            self._read_iterations()
-            read_s = self._clock() - read_start_s
-        self._cost_spacing = auto_update_freq(
-            step_time_s,
-            work_s + read_s,
-            max_share=_AUTO_MAX_SHARE,
-            floor_steps=_AUTO_FLOOR_STEPS,
-        )
-        self._schedule.every_steps = self._auto_spacing()
+        fit.epoch_stats.add(interval)
+        return fit.epoch_stats.steady_state()
 
     def _auto_spacing(self):
-        """`update_freq="auto"`'s spacing: cheap reads, yet a series of points in a short fit."""
-        if self._run_steps is None:
-            return self._cost_spacing
+        """`update_freq="auto"`: cheap reads, yet a series of points in a short fit."""
+        spacing = self._cost_spacing or _AUTO_FLOOR_STEPS
+        if self._fit is None or self._fit.run_steps is None:
+            return spacing
         return min(
-            self._cost_spacing,
-            spacing_for_points(self._run_steps, self._schedule.steps_per_execution),
+            spacing, spacing_for_points(self._fit.run_steps, self._schedule.steps_per_execution)
         )
 
     def _speedup(self, samples_per_sec):
-        """`Speedup` of a throughput figure, or None without a baseline."""
         if self._baseline is None:
             return None
         return self._baseline.speedup(samples_per_sec, self._setup["num_replicas"])
 
-    # Set-up: batch sizes, baseline, FLOPs, and the set-up table.
+    # Set-up: before the first step of the logger's first fit.
 
-    def _set_up(self, iterations):
-        info = self._info
+    def _set_up(self):
+        fit, info = self._fit, self._fit.info
+        start_s = self._clock()
         global_batch_size = _iterator_plan.global_batch_size(
-            self.global_batch_size, self._iterator(), self._element_spec, info.num_replicas
+            self.global_batch_size, fit.iterator(), fit.element_spec, info.num_replicas
         )
         per_replica_batch_size = global_batch_size // info.num_replicas
-        spec = _throughput_flops.one_replica_spec(self._element_spec, per_replica_batch_size)
+        spec = _throughput_flops.one_replica_spec(fit.element_spec, per_replica_batch_size)
         policy = getattr(self.model, "dtype_policy", None)
-        self._setup = {
+        setup = {
             "strategy": info.kind,
             "num_workers": info.num_workers,
             "num_replicas": info.num_replicas,
@@ -576,7 +478,7 @@ class ThroughputLogger(keras.callbacks.Callback):
         }
         self._baseline, self._baseline_note = baseline_lib.for_run(
             self._baseline,
-            self._setup,
+            setup,
             model=self.model,
             one_replica_spec=spec,
             device=info.local_devices[0],
@@ -587,26 +489,33 @@ class ThroughputLogger(keras.callbacks.Callback):
                 and os.environ.get(_THREADPOOL_ENV) != "1"
             ),
         )
-        if not info.is_chief:
+        if info.is_chief:
+            self._flops = _throughput_flops.resolve(
+                self.model,
+                flops_per_sample=self.flops_per_sample,
+                peak_flops=self.peak_flops,
+                one_replica_spec=spec,
+                setup=setup,
+                device=info.local_devices[0],
+                command_line=self._command_line,
+            )
+        else:
             self._flops = _throughput_flops.ModelFlops(num_replicas=info.num_replicas)
+        self._setup = setup
+        fit.begin_s += self._clock() - start_s  # the start-up time leaves the set-up out
+
+    def _write_setup(self, step):
+        if self._writer is None:
             return
-        self._flops = _throughput_flops.resolve(
-            self.model,
-            flops_per_sample=self.flops_per_sample,
-            peak_flops=self.peak_flops,
-            one_replica_spec=spec,
-            setup=self._setup,
-            device=info.local_devices[0],
-            command_line=self._command_line,
-        )
+        setup = self._setup
         run_rows = [
-            ("strategy", info.kind),
-            ("workers", info.num_workers),
-            ("replicas", info.num_replicas),
-            ("device kind", info.device_kind),
-            ("per-replica batch", self._setup["per_replica_batch_size"]),
-            ("global batch", global_batch_size),
-            ("dtype policy", self._setup["dtype_policy"]),
+            ("strategy", setup["strategy"]),
+            ("workers", setup["num_workers"]),
+            ("replicas", setup["num_replicas"]),
+            ("device kind", setup["device_kind"]),
+            ("per-replica batch", setup["per_replica_batch_size"]),
+            ("global batch", setup["global_batch_size"]),
+            ("dtype policy", setup["dtype_policy"]),
             ("steps per execution", self._schedule.steps_per_execution),
         ]
         measuring_rows = [
@@ -614,26 +523,29 @@ class ThroughputLogger(keras.callbacks.Callback):
             ("left out", f"the first execution of each fit and {self.warmup_steps} steps after it"),
             *self._flops.setup_rows(),
         ]
+        measure_time_s = getattr(self._baseline, "measure_time_s", None)
         with self._lock:
             self._writer.changed()
         self._writer.layout(flops_tag=self._flops.flops_tag, mfu=self._flops.has_mfu)
-        self._writer.text(iterations, dashboard.SETUP_TAG, dashboard.setup_markdown(run_rows))
+        self._writer.text(step, dashboard.SETUP_TAG, dashboard.setup_markdown(run_rows))
         self._writer.text(
-            iterations,
+            step,
             dashboard.BASELINE_TAG,
             dashboard.baseline_markdown(
                 dashboard.baseline_text(self._baseline, self.log_dir),
                 self._baseline_note,
-                _baseline_time_text(self._baseline),
+                None
+                if measure_time_s is None
+                else f"{measure_time_s:.1f} s, timing a copy of the model alone before the first step",
             ),
         )
         self._writer.text(
-            iterations,
+            step,
             dashboard.MEASURING_TAG,
             dashboard.setup_markdown(measuring_rows, heading="measuring"),
         )
 
-    # Writing and saving.
+    # Writing, and the end of a fit.
 
     def _write(self, scalars, step):
         if self._writer is not None:
@@ -657,25 +569,22 @@ class ThroughputLogger(keras.callbacks.Callback):
             **baseline_fields,
         )
 
-    # Keras does not call on_train_end when fit raises (it has no
-    # try/finally): the train function's hook finishes when a step raises,
-    # Ctrl-C included; the writer's thread and atexit cover an error raised
-    # elsewhere, and the next fit of the model finishes what was left.
+    # Keras skips on_train_end when fit raises: `_fit_end` finishes it then.
 
     def _finish(self):
-        if self._finished:
+        fit = self._fit
+        if fit is None or fit.finished:
             return
-        self._finished = True
+        fit.finished = True
         try:
             if self._writer is not None:
                 self._writer.stop()  # may raise: a full disk, for one
         finally:
-            if self._hook is not None:
-                self._hook.detach()
-                self._hook = None
+            if fit.hook is not None:
+                fit.hook.detach()
+                fit.hook = None
             self._undo_fit_changes()
-        atexit.unregister(self._finish_at_exit)
-        if self._setup is not None and not self._stats and self._info.is_chief:
+        if self._setup is not None and not self._stats and fit.info.is_chief:
             logger.warning(
                 "ThroughputLogger: no step was measured (warm-up: first execution "
                 "+ %d steps, then a figure every %d steps); %s has no throughput. "
@@ -684,30 +593,24 @@ class ThroughputLogger(keras.callbacks.Callback):
                 self._schedule.every_steps,
                 _run_record.THROUGHPUT_JSON,
             )
-        self._iterator = _no_iterator
+        fit.iterator = _no_iterator
 
     def _undo_fit_changes(self):
-        """Puts back `train_step` and the Keras functions this logger patched on its own."""
-        undo, self._trace_count_undo = getattr(self, "_trace_count_undo", None), None
+        """Puts back `train_step` and the Keras fixes this logger enabled on its own."""
+        undo, self._trace_count_undo = self._trace_count_undo, None
         if undo is not None:
             undo()
-        applied, self._compat_applied = getattr(self, "_compat_applied", []), []
+        applied, self._compat_applied = self._compat_applied, []
         if applied:
             from keras_scaling import compat
 
             compat._restore(applied)
 
-    def _finish_at_exit(self):
-        try:
-            self._finish()
-        except Exception:
-            logger.exception("ThroughputLogger: could not save at exit")
-
-    # Advice: the sentences are _throughput_advice's; each is logged and
-    # written to the Text dashboard once.
+    # Advice: each kind logged and written to the Text dashboard once.
 
     def _advise(self):
-        if len(self._stats) < _ADVICE_AFTER_INTERVALS or not self._info.is_chief:
+        fit = self._fit
+        if len(self._stats) < _ADVICE_AFTER_INTERVALS or fit is None or not fit.info.is_chief:
             return
         steady = self._stats.steady_state()
         assert steady is not None  # intervals were measured
@@ -717,7 +620,7 @@ class ThroughputLogger(keras.callbacks.Callback):
             figures=self._speedup(steady.samples_per_sec),
             steps_per_execution=self._schedule.steps_per_execution,
             host_cpu_replicas=(
-                self._setup["device_kind"] == "CPU" and self._info.replicas_per_worker > 1
+                self._setup["device_kind"] == "CPU" and fit.info.replicas_per_worker > 1
             ),
             utilization=self._flops.utilization(steady.samples_per_sec),
             per_replica_batch_size=self._setup["per_replica_batch_size"],
@@ -731,14 +634,10 @@ class ThroughputLogger(keras.callbacks.Callback):
 
     def _input_samples_per_sec(self):
         """The input pipeline's samples/sec over all workers, or (None, why not)."""
-        samples_per_sec, reason = _input_timing.input_samples_per_sec(self._iterator())
+        samples_per_sec, reason = _input_timing.input_samples_per_sec(self._fit.iterator())
         if samples_per_sec is not None:
             samples_per_sec *= self._setup["num_workers"]
         return samples_per_sec, reason
-
-
-def _no_iterator():
-    return None
 
 
 def _positive_or_none(value):
@@ -762,11 +661,3 @@ def _enable_compat(model):
     from keras_scaling import compat
 
     return compat._enable_for_quietly(model.distribute_strategy)
-
-
-def _baseline_time_text(baseline):
-    """The set-up table's time of timing the baseline's copy, or None when none was timed."""
-    seconds = getattr(baseline, "measure_time_s", None)
-    if seconds is None:
-        return None
-    return f"{seconds:.1f} s, timing a copy of the model alone before training went on"

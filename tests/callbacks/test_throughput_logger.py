@@ -517,32 +517,23 @@ def _counter_reads(monkeypatch):
     return reads
 
 
-@pytest.mark.parametrize("synchronous", [True, False], ids=["synchronous", "asynchronous"])
-def test_auto_update_freq_times_a_second_read_only_where_the_first_waits_for_queued_work(
-    tmp_path, monkeypatch, synchronous
+def test_auto_update_freq_widens_after_the_first_point_and_ends_the_epoch_on_a_point(
+    tmp_path, monkeypatch
 ):
-    # Under eager's synchronous execution, a CPU step is done when the train
-    # function returns: the measuring read costs what a read costs. Without
-    # it, that read waits for the step, and a second read is timed.
     reads = _counter_reads(monkeypatch)
     model = _model()
     logger = keras_scaling.ThroughputLogger(tmp_path, baseline=None, clock=FakeClock())
-    tf.config.experimental.set_synchronous_execution(synchronous)
     # A fit planned long (so that no spacing for a dozen points applies: only
     # what the reads cost decides), stopped after its first epoch.
     stop = keras.callbacks.LambdaCallback(
         on_epoch_end=lambda epoch, logs: setattr(model, "stop_training", True)
     )
-    try:
-        model.fit(_dataset(512, 8), epochs=200, verbose=0, callbacks=[logger, stop])
-    finally:
-        tf.config.experimental.set_synchronous_execution(True)
+    model.fit(_dataset(512, 8), epochs=200, verbose=0, callbacks=[logger, stop])
     # Reads: the first execution, the end of the warm-up (5 steps), the first
-    # point on the floor of 10 steps; then the calibrated spacing, which the
-    # fake clock's 1 ms per reading makes longer than the epoch, whose end
-    # at step 64 is read.
-    first_point = [1, 6, 10]
-    assert reads == (first_point if synchronous else first_point + [10]) + [64]
+    # point on the floor of 10 steps; then a spacing for reads of 1 ms to
+    # cost 0.1% of the fake clock's steps of well under a millisecond, longer
+    # than the epoch, whose end at step 64 is read.
+    assert reads == [1, 6, 10, 64]
     assert _steps(tmp_path) == [10, 64]
 
 
