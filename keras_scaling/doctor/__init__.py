@@ -1,18 +1,6 @@
 """`keras-scaling doctor`: check a cluster the way training will use it.
 
-`run_checks()` runs on every worker of a job, started the way training is
-started (`keras-scaling launch`, `srun`, a Ray Train loop, or alone). It says
-where the cluster came from and what it holds (workers, replicas, devices),
-then checks, through the strategy's own collectives:
-
-| check | fails when |
-|---|---|
-| `versions` | a worker runs another Python, TensorFlow, Keras or keras_scaling (the message names it) |
-| `devices` | workers differ in replicas or kind of device (each worker's devices are named); no collective runs then |
-| `all-reduce` | the sum of known values over all replicas is not the known sum |
-| `first collective` | never: seconds from the start until the first collective completed |
-| `bandwidth` | never: all-reduce time and MB/s for a tensor the size of ResNet50's gradients |
-| `server` | never: who can reach the job's TensorFlow servers (every interface) |
+The checks and what they print: docs/guides/doctor.md.
 """
 
 import dataclasses
@@ -22,19 +10,8 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any, TextIO
 
-from keras_scaling.doctor._checks import (
-    BYTES_PER_FLOAT32,
-    BYTES_PER_MB,
-    RESNET50_GRADIENT_MB,
-    Check,
-    bandwidth_check,
-    check_all_reduce,
-    compare_devices,
-    compare_versions,
-    listening_addresses,
-    local_versions,
-    server_exposure_check,
-)
+from keras_scaling.doctor import _checks
+from keras_scaling.doctor._checks import Check
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -45,18 +22,14 @@ __all__ = ["Check", "DoctorReport", "run_checks"]
 
 # Elements of the known-value all-reduce: enough to see a partial corruption.
 _KNOWN_VALUES = 1024
-# How long a worker waits for each other worker's report: the strategy is
-# built once every worker joined, so they arrive within seconds.
+# The strategy is built once every worker joined, so reports come within seconds.
 _REPORT_WAIT_S = 300.0
 _SHOWN_ADDRESSES = 4
 
 
 @dataclasses.dataclass(frozen=True)
 class DoctorReport:
-    """What `run_checks` found on this worker.
-
-    Every worker of a job gets the same verdicts: the checks compare what
-    all workers sent.
+    """What `run_checks` found on this worker; every worker gets the same verdicts.
 
     Args:
         strategy_info: the `keras_scaling.StrategyInfo` of the strategy checked.
@@ -104,32 +77,26 @@ def _tf_config_line(config: dict[str, Any]) -> str:
     )
 
 
-def _own_address(strategy: "tf.distribute.Strategy", num_workers: int) -> str | None:
-    """This worker's host:port in the strategy's cluster, or None when the job starts no server."""
+def _own_port(
+    strategy: "tf.distribute.Strategy", num_workers: int
+) -> tuple[str | None, int | None]:
+    """This worker's host:port and port in the strategy's cluster; None without a server."""
     resolver = getattr(strategy, "cluster_resolver", None)
     if num_workers < 2 or resolver is None:
-        return None
+        return None, None
     try:
-        return str(resolver.cluster_spec().task_address(resolver.task_type, resolver.task_id))
-    except (AttributeError, TypeError, ValueError):
-        return None
-
-
-def _port(address: str | None) -> int | None:
-    try:
-        return int(address.rsplit(":", 1)[1]) if address else None
-    except (IndexError, ValueError):
-        return None
+        address = str(resolver.cluster_spec().task_address(resolver.task_type, resolver.task_id))
+        return address, int(address.rsplit(":", 1)[1])
+    except (AttributeError, TypeError, ValueError, IndexError):
+        return None, None
 
 
 def _listening(port: int) -> list[str]:
     found = []
     for name in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
+        if os.path.exists(name):
             with open(name, encoding="ascii") as file:
-                found += listening_addresses(file.read(), port)
-        except OSError:
-            continue
+                found += _checks.listening_addresses(file.read(), port)
     return found
 
 
@@ -143,33 +110,21 @@ def _interfaces() -> list[str]:
 def run_checks(
     strategy: "tf.distribute.Strategy | None" = None,
     *,
-    size_mb: float = RESNET50_GRADIENT_MB,
+    size_mb: float = _checks.RESNET50_GRADIENT_MB,
     rounds: int = 3,
     out: TextIO | None = sys.stdout,
 ) -> DoctorReport:
-    """Check the cluster this process belongs to, and print what was found.
+    """Checks the cluster this process belongs to, and prints what was found.
 
-    Call it on every worker, as training would be called. The workers first
-    exchange their versions and devices through the coordination service of
-    `MultiWorkerMirroredStrategy`, not a collective: when they disagree on
-    their replicas or kind of device, every worker fails the `devices` check
-    within seconds, naming each worker's devices, and no collective runs
-    (each would wait forever). The other checks are collectives, so a
-    worker that does not call it makes the others wait (for its report,
-    5 minutes at most). Under `keras-scaling launch`, `srun` or a Ray Train loop, the strategy
-    comes from `keras_scaling.auto_strategy()`, which reads `TF_CONFIG`, a
-    Slurm job step or a Kubernetes worker list (`keras_scaling.cluster`); the
-    first line printed says which.
+    Call it on every worker, as training would be: a worker that does not
+    makes the others wait (5 minutes at most). Workers whose devices differ
+    fail `devices` within seconds and run no collective.
 
     Args:
         strategy: the `tf.distribute.Strategy` to check; default
-            `keras_scaling.auto_strategy()`, built here (so the time to the
-            first collective includes joining the cluster).
-        size_mb: float, the size in MB (10^6 bytes) of the float32 tensor
-            whose all-reduce is timed; default 102.2, ResNet50's gradients.
-            Under 1 MB, or when the median all-reduce takes under 1 ms, the
-            `bandwidth` check says it is too small to time instead of giving
-            MB/s; with one replica in all it says there is nothing to combine.
+            `keras_scaling.auto_strategy()`, built here.
+        size_mb: float, MB (10^6 bytes) of the float32 tensor whose all-reduce
+            is timed; default 102.2, ResNet50's gradients; 1 at least for MB/s.
         rounds: int, timed all-reduces of that tensor (the median is shown).
         out: a text stream to print to as the checks run, or None for silence.
 
@@ -177,8 +132,8 @@ def run_checks(
         A `DoctorReport`; `report.ok` is False when a check failed.
 
     Raises:
-        TypeError: `size_mb` is not a number, or `rounds` not an integer.
-        ValueError: `size_mb` is not finite and positive, or `rounds` is below 1.
+        TypeError, ValueError: `size_mb` is not a positive number, or `rounds`
+            not a positive integer.
 
     Example:
 
@@ -190,19 +145,16 @@ def run_checks(
         raise SystemExit(1)
     ```
     """
-    # Here, not at the top: `import keras_scaling.doctor` must stay cheap and
-    # leave TensorFlow's devices uninitialised.
+    # Here: `import keras_scaling.doctor` must leave TensorFlow's devices uninitialised.
     import keras_scaling
     from keras_scaling import _validation, cluster, devices
     from keras_scaling.doctor import _collectives
     from keras_scaling.internals import _versions
 
-    size_mb = _validation.positive_number(
-        size_mb, "size_mb", unit="MB", fix="Pass the tensor's size in MB, such as 102.2."
-    )
-    rounds = _validation.positive_int(
-        rounds, "rounds", fix="Pass the number of timed all-reduces, such as 3."
-    )
+    fix = "Pass the tensor's size in MB, such as 102.2."
+    size_mb = _validation.positive_number(size_mb, "size_mb", unit="MB", fix=fix)
+    fix = "Pass the number of timed all-reduces, such as 3."
+    rounds = _validation.positive_int(rounds, "rounds", fix=fix)
 
     def say(text: str) -> None:
         if out is not None:
@@ -211,8 +163,7 @@ def run_checks(
     started = time.perf_counter()
     config = devices.tf_config()
     host = socket.gethostname()
-    # Printed before the strategy is built: under MultiWorkerMirroredStrategy
-    # building it waits until every worker of TF_CONFIG has joined.
+    # Printed first: building a multi-worker strategy waits for every worker.
     say(f"keras-scaling doctor on {host} (pid {os.getpid()})")
     say(f"cluster: {cluster.describe_cluster()}")
     say(f"cluster: {_tf_config_line(config)}")
@@ -222,10 +173,8 @@ def run_checks(
     built_s = time.perf_counter() - started
     info = devices.describe_strategy(strategy)
     say(f"strategy: {info}")
-    say(
-        f"this is worker {info.worker_index} of {info.num_workers}; replicas: "
-        f"{info.num_replicas} in all, {info.replicas_per_worker} per worker"
-    )
+    replicas = f"{info.num_replicas} in all, {info.replicas_per_worker} per worker"
+    say(f"this is worker {info.worker_index} of {info.num_workers}; replicas: {replicas}")
 
     checks = []
 
@@ -233,56 +182,37 @@ def run_checks(
         checks.append(check)
         say(str(check))
 
-    address = _own_address(strategy, info.num_workers)
+    address, port = _own_port(strategy, info.num_workers)
+    versions = (keras_scaling.__version__, _versions.tf_version(), _versions.keras_version())
     report = {
         "worker": info.worker_index,
         "host": host,
         "address": address,
         "pid": os.getpid(),
-        "versions": local_versions(
-            keras_scaling.__version__, _versions.tf_version(), _versions.keras_version()
-        ),
+        "versions": _checks.local_versions(*versions),
         "devices": list(info.local_devices),
         "device_kind": info.device_kind,
     }
     reports = _collectives.exchange_reports(strategy, report, info.num_workers, _REPORT_WAIT_S)
-    record(compare_versions(reports, info.num_workers))
-    record(compare_devices(reports, info.num_workers))
+    record(_checks.compare_versions(reports, info.num_workers))
+    record(_checks.compare_devices(reports, info.num_workers))
     if checks[-1].ok:
-        record(
-            check_all_reduce(
-                _collectives.all_reduce_known_values(strategy, _KNOWN_VALUES), info.num_replicas
-            )
-        )
-        first_collective_s = time.perf_counter() - started
-        record(
-            Check(
-                "first collective",
-                ok=True,
-                message=f"completed {first_collective_s:.2f} s after the start "
-                f"({built_s:.2f} s of it building the strategy)",
-            )
-        )
-        num_floats = max(1, round(size_mb * BYTES_PER_MB / BYTES_PER_FLOAT32))
-        seconds = (
-            _collectives.time_all_reduce(strategy, num_floats, rounds)
-            if info.num_replicas > 1
-            else []
-        )
-        record(
-            bandwidth_check(num_floats * BYTES_PER_FLOAT32, seconds, num_replicas=info.num_replicas)
-        )
+        known = _collectives.all_reduce_known_values(strategy, _KNOWN_VALUES)
+        record(_checks.check_all_reduce(known, info.num_replicas))
+        first_s = time.perf_counter() - started
+        message = f"completed {first_s:.2f} s after the start ({built_s:.2f} s of it building the strategy)"
+        record(Check("first collective", True, message))
+        num_floats = max(1, round(size_mb * _checks.BYTES_PER_MB / _checks.BYTES_PER_FLOAT32))
+        seconds = []
+        if info.num_replicas > 1:
+            seconds = _collectives.time_all_reduce(strategy, num_floats, rounds)
+        size_bytes = num_floats * _checks.BYTES_PER_FLOAT32
+        record(_checks.bandwidth_check(size_bytes, seconds, num_replicas=info.num_replicas))
     else:
-        say(
-            "not run: all-reduce, first collective, bandwidth (collectives, which would "
-            "wait forever for replicas that never come)"
-        )
-    port = _port(address)
-    record(server_exposure_check(port, _listening(port) if port else [], _interfaces()))
+        say("not run: all-reduce, first collective, bandwidth (they would wait forever)")
+    record(_checks.server_exposure_check(port, _listening(port) if port else [], _interfaces()))
     result = DoctorReport(strategy_info=info, checks=tuple(checks))
-    if result.ok:
-        say(f"keras-scaling doctor: all {len(checks)} checks passed")
-    else:
-        names = ", ".join(check.name for check in result.failures)
-        say(f"keras-scaling doctor: FAILED: {names}")
+    failed = ", ".join(check.name for check in result.failures)
+    passed = f"all {len(checks)} checks passed"
+    say(f"keras-scaling doctor: {f'FAILED: {failed}' if failed else passed}")
     return result

@@ -1,11 +1,4 @@
-"""The doctor's collectives: what every replica sends, and what comes back.
-
-Each function runs one collective through `strategy.run`, so every worker
-must call the same ones in the same order, as in training. The workers'
-reports go first, through the coordination service's key-value store: no
-collective, so workers that disagree on their devices learn it instead of
-waiting in the first collective whose shape depends on them.
-"""
+"""The doctor's collectives; every worker must run the same ones in the same order."""
 
 import itertools
 import json
@@ -16,21 +9,8 @@ import tensorflow as tf
 
 from keras_scaling.internals import _probes
 
-# Room for one worker's report (host name, pid, four version strings) as
-# JSON; every worker must use the same length for the all-gather to match.
+# One worker's report as JSON; the same length on every worker, for the all-gather.
 REPORT_BYTES = 1024
-
-
-def _encode(report):
-    data = json.dumps(report, sort_keys=True).encode("utf-8")
-    if len(data) > REPORT_BYTES:
-        raise ValueError(f"worker report is {len(data)} bytes, more than {REPORT_BYTES}: {report}")
-    return np.frombuffer(data.ljust(REPORT_BYTES, b"\0"), dtype=np.uint8).astype(np.int32)
-
-
-def _decode(row):
-    data = bytes(int(value) for value in row).rstrip(b"\0")
-    return json.loads(data.decode("utf-8"))
 
 
 def _first_local(strategy, result):
@@ -54,7 +34,6 @@ _KEY_PREFIX = "keras_scaling/doctor"
     workaround="Check that every worker has the same devices before running doctor.",
 )
 def _key_value_store():
-    """The reach: TensorFlow's context, whose coordination service holds keys for the job."""
     from tensorflow.python.eager import context
 
     store = context.context()
@@ -66,24 +45,12 @@ def _key_value_store():
 
 
 def exchange_reports(strategy, report, num_workers, wait_s):
-    """Every worker's `report` dict (which holds its `"worker"` index), with no collective.
+    """The reports of the workers that sent one within `wait_s`, in worker order.
 
-    Each worker writes its report under a key of its own in the coordination
-    service that `MultiWorkerMirroredStrategy` starts (on worker 0), then
-    reads the others'. Worker 0 serves the keys, so it returns only once
-    every worker that sent a report has read them all: it may then exit.
-    Without a key-value store (a probe that failed), the reports go through
-    `gather_reports`, an all-gather.
-
-    Args:
-        strategy: the `tf.distribute.Strategy` whose workers report.
-        report: this worker's report, JSON-serialisable.
-        num_workers: the workers of the strategy.
-        wait_s: seconds to wait for each other worker's report; a worker
-            whose report does not come is left out of the result.
-
-    Returns:
-        The reports in worker order, one per worker that sent one in time.
+    They go through the coordination service's key-value store, no
+    collective, so workers with differing devices learn it instead of waiting
+    forever; without the store, through `gather_reports`. Worker 0 serves
+    the keys, so it returns only once every other worker has read them.
     """
     if num_workers == 1:
         return [report]
@@ -106,7 +73,6 @@ def exchange_reports(strategy, report, num_workers, wait_s):
 
 
 def _wait_for_key(store, key, wait_s):
-    """The value of `key`, or None when it was not written within `wait_s` or the store is gone."""
     try:
         return store.get_config_key_value(key, max(1, round(wait_s * 1000)))
     except tf.errors.OpError:
@@ -116,23 +82,22 @@ def _wait_for_key(store, key, wait_s):
 
 
 def gather_reports(strategy, report):
-    """Every worker's `report` dict (which holds its `"worker"` index), by an all-gather.
-
-    Returns the reports in worker order, one per worker that took part.
-    """
-    encoded = tf.constant(_encode(report)[None, :])
+    """Every worker's `report` in worker order, by an all-gather."""
+    data = json.dumps(report, sort_keys=True).encode("utf-8")
+    if len(data) > REPORT_BYTES:
+        raise ValueError(f"worker report is {len(data)} bytes, more than {REPORT_BYTES}: {report}")
+    row = np.frombuffer(data.ljust(REPORT_BYTES, b"\0"), dtype=np.uint8).astype(np.int32)
+    encoded = tf.constant(row[None, :])
 
     @tf.function
     def replica_fn():
         return tf.distribute.get_replica_context().all_gather(encoded, axis=0)
 
     rows = _first_local(strategy, strategy.run(replica_fn)).numpy()
-    # One report per worker, by the index each worker wrote into its own:
-    # the gathered rows need not be one per replica (a multi-worker strategy
-    # over logical CPUs gathers one row per worker).
+    # Rows need not be one per replica (one per worker over logical CPUs).
     by_worker: dict[int, dict] = {}
     for row in rows:
-        decoded = _decode(row)
+        decoded = json.loads(bytes(int(value) for value in row).rstrip(b"\0").decode("utf-8"))
         by_worker.setdefault(decoded["worker"], decoded)
     return [by_worker[index] for index in sorted(by_worker)]
 
@@ -150,11 +115,9 @@ def all_reduce_known_values(strategy, num_values):
 
 
 def time_all_reduce(strategy, num_floats, rounds):
-    """The seconds each of `rounds` all-reduces (sum) of `num_floats` float32 took.
+    """The seconds of each of `rounds` all-reduces of `num_floats` float32, after an untimed one.
 
-    One untimed round first traces the function and sets up the collective.
-    The tensor is a mirrored variable, made on the replicas' devices before
-    the clock starts, so each round times the all-reduce alone.
+    A mirrored variable, on the replicas' devices before the clock starts.
     """
     with strategy.scope():
         mirrored = tf.Variable(tf.ones([num_floats]), trainable=False)
