@@ -2,8 +2,7 @@
 
 TensorFlow's gRPC servers listen on every interface and authenticate nobody;
 inside a namespace whose only interface is `lo`, the workers still reach each
-other on 127.0.0.1 and nothing outside reaches them. How it is made:
-docs/guides/multi-worker.md#how-the-isolation-works.
+other on 127.0.0.1 and nothing outside reaches them. How: docs/guides/multi-worker.md.
 
 `KERAS_SCALING_TEST_UNSHARE_ERRNO=EPERM` (any errno name) makes the holder's
 `unshare` fail with that errno, as a kernel that forbids it would.
