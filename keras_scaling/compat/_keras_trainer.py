@@ -1,11 +1,8 @@
 """Where Keras keeps its TensorFlow trainer: the one place that names it.
 
-The compat fixes replace functions of Keras' TensorFlow trainer module
-(`keras.src.backend.tensorflow.trainer`), which is private and changes
-between releases: Keras 3.8 to 3.15 call the trainer class
-`TensorFlowTrainer`, the upcoming release calls it `Trainer`. The fixes ask
-this module, never the names, and get `None` when the trainer cannot be
-found; they then report themselves as unavailable.
+The trainer module is private and changes between releases (Keras 3.8 to
+3.15 call the class `TensorFlowTrainer`, the next release `Trainer`); the
+fixes get None here when it cannot be found, and report themselves off.
 """
 
 import importlib
@@ -29,7 +26,6 @@ _WORKAROUND = (
 
 
 def _find_trainer_class(module):
-    """The class of `module` that `keras.Model` inherits its training loop from."""
     import keras
 
     for candidate in keras.Model.__mro__:
@@ -64,9 +60,7 @@ def trainer_module():
 def trainer_class():
     """Keras' TensorFlow trainer class (`TensorFlowTrainer` or `Trainer`), or None."""
     module = trainer_module()
-    if module is None:
-        return None
-    return _find_trainer_class(module)
+    return None if module is None else _find_trainer_class(module)
 
 
 @_probes.guarded(
@@ -91,16 +85,12 @@ def module_function(name):
 
 
 def is_multi_worker_collective(strategy):
-    """Whether Keras treats `strategy` as multi-worker collective all-reduce.
-
-    Keras' own test (`_collective_all_reduce_multi_worker`) when it is there;
-    otherwise the same question asked of the public API.
-    """
+    """Whether Keras treats `strategy` as multi-worker (its own test when it has one)."""
     import tensorflow as tf
 
     keras_test = module_function("_collective_all_reduce_multi_worker")
     if keras_test is not None:
         return keras_test(strategy)
-    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
-        return False
-    return _topology.num_workers(strategy) > 1
+    return isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) and (
+        _topology.num_workers(strategy) > 1
+    )

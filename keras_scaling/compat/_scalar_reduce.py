@@ -1,10 +1,8 @@
 """Fix for tensorflow/tensorflow#72388: scalar metrics on several workers.
 
-Under `MultiWorkerMirroredStrategy`, Keras' `reduce_per_replica` averages
-every step output with `strategy.reduce("MEAN", value, axis=0)`. Metrics are
-scalars, which have no axis 0: "Invalid reduction dimension 0 for input with
-0 dimensions". The replacement averages scalars over the replicas with
-`axis=None` and leaves every other value to Keras.
+Keras averages step outputs with `strategy.reduce("MEAN", value, axis=0)`,
+which fails on scalars under `MultiWorkerMirroredStrategy` ("Invalid
+reduction dimension 0 for input with 0 dimensions"); scalars get `axis=None`.
 """
 
 import keras
@@ -15,13 +13,12 @@ from keras_scaling.devices import _topology
 NAME = "scalar_reduce"
 ISSUE = "tensorflow/tensorflow#72388"
 SUMMARY = (
-    "scalar metrics fail to reduce under MultiWorkerMirroredStrategy; "
-    "scalars are averaged over replicas with axis=None"
+    "scalar metrics fail to reduce under MultiWorkerMirroredStrategy; scalars "
+    "are averaged over replicas with axis=None"
 )
 
 
 def target():
-    """The attribute this fix replaces: `(owner, name)`."""
     return _keras_trainer.trainer_module(), "reduce_per_replica"
 
 
@@ -31,9 +28,7 @@ def probe():
         return False, _keras_source.TRAINER_NOT_FOUND
     reduce_per_replica = _keras_trainer.module_function("reduce_per_replica")
     if reduce_per_replica is None:
-        return False, (
-            "keras' reduce_per_replica is gone: the reduction this fix replaces no longer exists"
-        )
+        return False, "keras' reduce_per_replica is gone"
     source = _keras_source.source_of(reduce_per_replica)
     if source is None:
         return _keras_source.by_version("the axis=0 reduction of scalars")
@@ -54,7 +49,6 @@ def _is_scalar(value, strategy):
 
 
 def make_replacement(original_reduce_per_replica):
-    """Returns a `reduce_per_replica` that averages scalars with `axis=None`."""
 
     def reduce_per_replica(values, strategy, reduction):
         if reduction not in ("auto", "mean") or not (

@@ -1,19 +1,11 @@
 """Fix for keras-team/keras#19246: `steps_per_execution > 1` on several replicas.
 
-Keras 3 runs the fused steps of one execution in a `tf.while_loop` whose body
-calls the per-step `tf.function` inside a `tf.cond`. Under a
-`MirroredStrategy` with several replicas, that nested function loses its
-captured inputs: "You must feed a value for placeholder tensor
-'while/cond/Placeholder'". The replacement runs the same steps in one compiled
-function with the step inlined in the loop body: the loop condition alone
-decides whether a step runs, so no step sits inside a `tf.cond`.
-
-`_make_function` builds the train and the test function: `evaluate` fails
-the same way under `MultiWorkerMirroredStrategy`. `predict` builds its own
-function, without the nested loop, and is left as it is. Only mirrored
-strategies (`MirroredStrategy`, `MultiWorkerMirroredStrategy`) with several
-replicas get the fused loop, where the defect was reproduced; other
-strategies, one replica, `run_eagerly` and `jit_compile` keep Keras' loop.
+Keras runs the fused steps in a `tf.while_loop` that calls the per-step
+`tf.function` inside a `tf.cond`, where it loses its captured inputs under a
+mirrored strategy ("You must feed a value for placeholder tensor
+'while/cond/Placeholder'"). The replacement inlines the step in the loop
+body. Only mirrored strategies with several replicas, in graph mode without
+`jit_compile`, get it; `predict` has no nested loop and is left as it is.
 """
 
 import tensorflow as tf
@@ -24,16 +16,13 @@ from keras_scaling.devices import _topology
 NAME = "steps_per_execution"
 ISSUE = "keras-team/keras#19246"
 SUMMARY = (
-    "steps_per_execution > 1 fails in fit (and evaluate) on several "
-    "replicas; the fused steps run in one loop without a nested per-step "
-    "function"
+    "steps_per_execution > 1 fails in fit (and evaluate) on several replicas; "
+    "the fused steps run in one loop without a nested per-step function"
 )
-# Marks the train and test functions built while this fix is active.
 BUILT_BY_FIX = "_keras_scaling_compat"
 
 
 def target():
-    """The attribute this fix replaces: `(owner, name)`."""
     return _keras_trainer.trainer_class(), "_make_function"
 
 
@@ -43,10 +32,7 @@ def probe():
     if trainer is None:
         return False, _keras_source.TRAINER_NOT_FOUND
     if "_make_function" not in trainer.__dict__:
-        return False, (
-            f"{trainer.__name__} no longer has _make_function: the fused loop "
-            "this fix replaces is gone"
-        )
+        return False, f"{trainer.__name__} no longer has _make_function"
     source = _keras_source.source_of(trainer._make_function)
     if source is None:
         return _keras_source.by_version("the nested per-step function")
@@ -64,7 +50,6 @@ def probe():
 
 
 def make_replacement(original_make_function):
-    """Returns a `_make_function` that fuses steps without nesting."""
 
     def _make_function(self, step_function):
         keras_function = original_make_function(self, step_function)
@@ -74,8 +59,6 @@ def make_replacement(original_make_function):
             or self.jit_compile
             or not _is_mirrored_with_several_replicas(self.distribute_strategy)
         ):
-            # The defect needs fused steps in graph mode on several replicas
-            # of a mirrored strategy; elsewhere Keras' own loop is kept.
             function = keras_function
         else:
             function = _fused_function(self, step_function, keras_function)
@@ -93,25 +76,18 @@ def _is_mirrored_with_several_replicas(strategy):
 
 
 def _fused_function(self, step_function, keras_function):
-    """Runs up to `steps_per_execution` steps per call in one `tf.function`.
-
-    Keras' own loop semantics are kept: an execution reads at most
-    `steps_per_execution` batches, stops early when the iterator runs out
-    (the partial last execution), returns the outputs of its last step, and
-    raises `StopIteration` when it finds no batch at all. The loop is not
-    unrolled (`model.unrolled_steps_per_execution` is not used): unrolled
-    copies of the step would each need a `tf.cond` guard again.
-    """
+    """Up to `steps_per_execution` steps per call in one `tf.function`, with Keras' semantics:
+    a partial last execution, the last step's outputs, `StopIteration` without a batch.
+    Not unrolled: each unrolled copy of the step would need a `tf.cond` again."""
 
     def one_step_on_data(data):
         outputs = self.distribute_strategy.run(step_function, args=(data,))
-        # Looked up at call time so that a fix of it applies here too.
+        # Looked up at call time, so that the scalar_reduce fix applies here too.
         return _keras_trainer.module_function("reduce_per_replica")(
             outputs, self.distribute_strategy, reduction="auto"
         )
 
-    # Keras 3.12 and later turn optional inputs into None before the step;
-    # earlier releases have no optional inputs to convert.
+    # Keras 3.12 and later turn optional inputs into None before the step.
     autoconvert_optionals = getattr(self, "_autoconvert_optionals", None)
     if autoconvert_optionals is not None:
         one_step_on_data = autoconvert_optionals(one_step_on_data)
@@ -133,8 +109,7 @@ def _fused_function(self, step_function, keras_function):
                 one_step_on_data(optional_inputs.get_value())
             )
             empty_outputs._element_spec = outputs.element_spec
-            # Never read a batch beyond this execution's share: the next
-            # execution starts where this one stopped.
+            # Never read beyond this execution's share: the next one starts there.
             optional_inputs = tf.cond(
                 tf.less(execution_step + 1, steps_per_execution),
                 iterator.get_next_as_optional,
@@ -162,8 +137,7 @@ def _fused_function(self, step_function, keras_function):
             if not optional_outputs.has_value():
                 raise StopIteration
             return optional_outputs.get_value()
-        # A Python iterator (`train_on_batch`) goes through Keras' own
-        # per-step function, which is not inside a `tf.cond` there.
+        # A Python iterator (`train_on_batch`): Keras' step is not inside a tf.cond there.
         return keras_function(iterator)
 
     return function

@@ -1,19 +1,10 @@
 """Fix for `fit` failing before the first step on several replicas.
 
-Before the first step, `TensorFlowTrainer._maybe_symbolic_build` builds the
-model from the first batch, which it averages over the replicas with
-`strategy.reduce("MEAN", ...)`. That fails in two ways:
-
-- a multi-worker strategy rejects the per-replica batch ("Attempt to convert
-  a value (PerReplica: ...) with an unsupported type", keras-team/keras#20585);
-- on any strategy with several replicas, `MirroredStrategy` included, the
-  mean is an `AddN`, which has no kernel for `bool` and `string` tensors
-  ("Value for attr 'T' of bool is not in the list of allowed values"): a
-  model with a boolean mask (keras-hub's `padding_mask`) or raw text inputs
-  (`TextVectorization` inside the model) cannot be trained.
-
-Building needs only shapes and dtypes, which every replica's batch has, so
-the replacement builds from this worker's first replica's batch instead.
+Keras builds the model from the first batch averaged over the replicas with
+`strategy.reduce("MEAN", ...)`: a multi-worker strategy rejects it
+(keras-team/keras#20585), and on any strategy the mean (`AddN`) has no
+kernel for `bool` and `string` inputs. Building needs only shapes and
+dtypes: the replacement uses this worker's first replica's batch.
 """
 
 import keras
@@ -26,13 +17,12 @@ NAME = "symbolic_build"
 ISSUE = "keras-team/keras#20585"
 SUMMARY = (
     "fit on several replicas fails before the first step under "
-    "MultiWorkerMirroredStrategy, and on any strategy with bool or string "
-    "inputs; the model is built from one local replica's batch"
+    "MultiWorkerMirroredStrategy, and with bool or string inputs; the model "
+    "is built from one local replica's batch"
 )
 
 
 def target():
-    """The attribute this fix replaces: `(owner, name)`."""
     return _keras_trainer.trainer_class(), "_maybe_symbolic_build"
 
 
@@ -43,10 +33,7 @@ def probe():
         return False, _keras_source.TRAINER_NOT_FOUND
     build = trainer.__dict__.get("_maybe_symbolic_build")
     if build is None:
-        return False, (
-            f"{trainer.__name__}._maybe_symbolic_build is gone: the build step "
-            "this fix replaces no longer exists"
-        )
+        return False, f"{trainer.__name__}._maybe_symbolic_build is gone"
     source = _keras_source.source_of(build)
     if source is None:
         return _keras_source.by_version("the reduced first batch")
@@ -63,7 +50,6 @@ def probe():
 
 
 def _local_batch(batch, strategy):
-    """`batch` with each per-replica value replaced by this worker's first replica's."""
     return keras.tree.map_structure(
         lambda value: (
             _topology.local_copy(value, strategy)
@@ -75,14 +61,12 @@ def _local_batch(batch, strategy):
 
 
 def make_replacement(original_build):
-    """Returns a `_maybe_symbolic_build` that uses one local replica's batch."""
 
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
         strategy = self._distribute_strategy
         if iterator is None or strategy is None:
             return original_build(self, iterator=iterator, data_batch=data_batch)
-        # Keras 3.12 and later yield (begin_step, end_step, iterator),
-        # earlier releases (step, iterator).
+        # Keras 3.12 and later yield (begin_step, end_step, iterator), earlier (step, iterator).
         for item in iterator:
             data_batch = _local_batch(next(item[-1]), strategy)
             break
