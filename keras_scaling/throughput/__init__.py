@@ -1,21 +1,9 @@
 """Throughput, speedup and scaling efficiency: `ThroughputLogger` and what it stands on.
 
 The package's public names are the throughput arithmetic of
-`keras_scaling.throughput.arithmetic` (numbers in, numbers out: measuring
-windows, steady-state statistics, speedup, read spacing), gathered here as
-in keras_scaling 0.1. The rest of the feature, each in a module of its own:
-
-- `throughput_logger`: `ThroughputLogger`, the callback: a thin adapter that
-  gathers step counts, samples and clock readings from Keras;
-- `baseline`: the one-replica throughput that speedup is measured against,
-  and the public names of the run record `throughput.json`;
-- `_run_record`: the run record, built, validated, written and read;
-- `_writer` and `_background_save`: the event file and `throughput.json`,
-  written off `fit`'s loop, whatever way training stops;
-- `_dashboard` and `_advice`: the charts, text and advice shown in TensorBoard;
-- `_input_timing`: timing the input pipeline alone.
-
-Model FLOPs and MFU are `keras_scaling.mfu`'s.
+`keras_scaling.throughput.arithmetic`, gathered here as in keras_scaling 0.1;
+`throughput_logger` holds the callback, `baseline` the baselines and the
+public names of `throughput.json`.
 """
 
 from keras_scaling.throughput.arithmetic import (

@@ -1,15 +1,11 @@
-"""The advice `ThroughputLogger` gives: pure functions from figures to sentences.
-
-Each function returns the sentences (or None when there is nothing to say);
-the logger logs them once each and writes the same text to TensorBoard.
-"""
+"""The advice `ThroughputLogger` gives: pure functions from figures to sentences (None: nothing to say)."""
 
 import math
 
 from keras_scaling.mfu.utilization import underuse_advice
 
-# Steps shorter than this are dominated by the training loop's fixed cost per
-# call (Python, callbacks, dispatch), which steps_per_execution amortises.
+# Shorter steps are dominated by the loop's fixed cost per call (Python,
+# callbacks, dispatch), which steps_per_execution amortises.
 SHORT_STEP_S = 0.005
 LOW_EFFICIENCY = 0.8
 # An input pipeline this much faster than training is not the bottleneck.
@@ -17,33 +13,20 @@ _INPUT_HEADROOM = 1.2
 
 
 def short_steps(step_time_s, steps_per_execution):
-    """Advice to run several steps per call when steps are very short, else None.
-
-    Example: `short_steps(0.001, 1)` advises `steps_per_execution=20`.
-    """
+    """Advice to run several steps per call when steps are very short."""
     if steps_per_execution != 1 or step_time_s >= SHORT_STEP_S:
         return None
-    suggested = max(2, math.ceil(0.02 / step_time_s))
     return (
         f"steps take {step_time_s * 1e3:.2f} ms, so the training loop's fixed cost "
         "per call is a large share of each step. Run several steps per call: "
-        f"model.compile(..., steps_per_execution={suggested})."
+        f"model.compile(..., steps_per_execution={max(2, math.ceil(0.02 / step_time_s))})."
     )
 
 
 def low_efficiency(
     figures, samples_per_sec, input_samples_per_sec, input_reason, *, host_cpu_replicas
 ):
-    """Why scaling efficiency is low, or None when it is not.
-
-    Args:
-        figures: the `keras_scaling.throughput.Speedup` of the run.
-        samples_per_sec: float, training's steady-state throughput.
-        input_samples_per_sec: float, the input pipeline's throughput alone
-            (all workers), or None.
-        input_reason: why the input could not be timed, when it could not.
-        host_cpu_replicas: whether the replicas are CPU devices of one host.
-    """
+    """Why scaling efficiency is low, given the input pipeline's own rate (None: not timed, and why)."""
     if figures.ideal_speedup <= 1 or figures.efficiency >= LOW_EFFICIENCY:
         return None
     if input_samples_per_sec is None:
@@ -86,76 +69,44 @@ def shared_cores_baseline(num_replicas):
     )
 
 
-def due(
-    given,
-    *,
-    steady,
-    figures,
-    steps_per_execution,
-    host_cpu_replicas,
-    utilization,
-    per_replica_batch_size,
-    compute_dtype,
-    faster_dtypes,
-    input_samples_per_sec,
-):
-    """The advice a run's figures call for that was not given yet.
+def due(given, *, steady, figures, utilization, input_samples_per_sec, **run):
+    """The `(kind, text)` advice not given yet (kinds: short_steps, low_efficiency, underused).
 
-    Args:
-        given: set of the kinds of advice already given.
-        steady: the run's `keras_scaling.throughput.SteadyState`.
-        figures: its `keras_scaling.throughput.Speedup`, or None without a baseline.
-        steps_per_execution: int.
-        host_cpu_replicas: whether the replicas are CPU devices of one host.
-        utilization: the run's `keras_scaling.utilization` figures (with
-            `mfu`), or None.
-        per_replica_batch_size: int.
-        compute_dtype: str, the dtype policy's compute dtype.
-        faster_dtypes: `(dtype, times faster)` pairs the device offers.
-        input_samples_per_sec: callable returning the input pipeline's
-            samples/sec alone and, when it could not be timed, why; called
-            only when the advice depends on it (it times the pipeline).
-
-    Returns:
-        list of `(kind, text)`, kind one of `"short_steps"`,
-        `"low_efficiency"` and `"underused"`.
+    `input_samples_per_sec` is a callable (it times the pipeline), called
+    only when the advice needs it; `run` holds `steps_per_execution`,
+    `host_cpu_replicas`, `per_replica_batch_size`, `compute_dtype` and
+    `faster_dtypes`.
     """
     advice = []
     if "short_steps" not in given:
-        advice.append(("short_steps", short_steps(steady.step_time_p50_s, steps_per_execution)))
+        advice.append(
+            ("short_steps", short_steps(steady.step_time_p50_s, run["steps_per_execution"]))
+        )
     if figures is None:
         return [(kind, text) for kind, text in advice if text is not None]
     if "low_efficiency" not in given and figures.efficiency < LOW_EFFICIENCY:
         samples_per_sec, reason = input_samples_per_sec()
-        advice.append(
-            (
-                "low_efficiency",
-                low_efficiency(
-                    figures,
-                    steady.samples_per_sec,
-                    samples_per_sec,
-                    reason,
-                    host_cpu_replicas=host_cpu_replicas,
-                ),
-            )
+        text = low_efficiency(
+            figures,
+            steady.samples_per_sec,
+            samples_per_sec,
+            reason,
+            host_cpu_replicas=run["host_cpu_replicas"],
         )
+        advice.append(("low_efficiency", text))
     if "underused" not in given and utilization is not None and utilization.mfu is not None:
         arguments = dict(
             efficiency=figures.efficiency,
             mfu=utilization.mfu,
-            per_replica_batch_size=per_replica_batch_size,
-            compute_dtype=compute_dtype,
-            faster_dtypes=faster_dtypes,
+            per_replica_batch_size=run["per_replica_batch_size"],
+            compute_dtype=run["compute_dtype"],
+            faster_dtypes=run["faster_dtypes"],
         )
         if underuse_advice(**arguments) is not None:
-            advice.append(
-                (
-                    "underused",
-                    underuse_advice(
-                        **arguments,
-                        input_samples_per_sec=input_samples_per_sec()[0],
-                        samples_per_sec=steady.samples_per_sec,
-                    ),
-                )
+            text = underuse_advice(
+                **arguments,
+                input_samples_per_sec=input_samples_per_sec()[0],
+                samples_per_sec=steady.samples_per_sec,
             )
+            advice.append(("underused", text))
     return [(kind, text) for kind, text in advice if text is not None]

@@ -1,18 +1,10 @@
-"""Timing the input pipeline alone: does it feed the replicas fast enough?
+"""Timing the input pipeline alone, changing nothing training reads.
 
-The timing must change nothing training reads. Each iterator over a dataset
-that shuffles with `reshuffle_each_iteration=True` draws the next order from
-state the dataset's iterators share, so a pass over `fit`'s own dataset would
-change the order of the next epoch (and, under `MultiWorkerMirroredStrategy`,
-only on the chief, which times it). So the timing reads:
-
-- for a dataset of `keras_scaling.data.distribute`: the same pipeline built
-  again from the same source (same steps, same batch, this worker's share),
-  with shuffle state of its own;
-- for any other dataset: the dataset itself only when nothing in it keeps
-  state between iterators (no shuffle, no random dataset, no stateful random
-  generator, no variable written); otherwise it is not timed, and the advice
-  says why.
+Another pass over a dataset that shuffles with state its iterators share
+would change the order of training's next epoch, so the timing reads a
+`keras_scaling.data.distribute` pipeline built again (shuffle state of its
+own), and any other dataset only when nothing in it keeps state between
+iterators; otherwise the advice says why it was not timed.
 """
 
 import time
@@ -27,46 +19,16 @@ _PYTHON_OPS = frozenset({"PyFunc", "PyFuncStateless", "EagerPyFunc", "GeneratorD
 # Ops whose state outlives an iterator: another pass over the dataset would
 # advance what training's next iterator draws.
 _SHARED_STATE_OPS = frozenset(
-    {
-        "ShuffleDataset",
-        "ShuffleDatasetV2",
-        "ShuffleDatasetV3",
-        "ShuffleAndRepeatDataset",
-        "ShuffleAndRepeatDatasetV2",
-        "RandomDataset",
-        "RandomDatasetV2",
-        "ExperimentalRandomDataset",
-        "StatefulUniform",
-        "StatefulUniformInt",
-        "StatefulUniformFullInt",
-        "StatefulStandardNormalV2",
-        "StatefulTruncatedNormal",
-        "StatefulRandomBinomial",
-        "RngReadAndSkip",
-        "RngSkip",
-        "AssignVariableOp",
-        "AssignAddVariableOp",
-        "AssignSubVariableOp",
-    }
+    """ShuffleDataset ShuffleDatasetV2 ShuffleDatasetV3 ShuffleAndRepeatDataset
+    ShuffleAndRepeatDatasetV2 RandomDataset RandomDatasetV2 ExperimentalRandomDataset
+    StatefulUniform StatefulUniformInt StatefulUniformFullInt StatefulStandardNormalV2
+    StatefulTruncatedNormal StatefulRandomBinomial RngReadAndSkip RngSkip AssignVariableOp
+    AssignAddVariableOp AssignSubVariableOp""".split()
 )
 
 
 def input_samples_per_sec(iterator, clock=time.perf_counter):
-    """This worker's input samples/sec, read alone, or `(None, why not)`.
-
-    A pipeline of its own (see the module docstring) yields one untimed
-    batch, then up to 20 timed ones; training's iterator and the order its
-    dataset draws next are not touched.
-
-    Args:
-        iterator: the iterator Keras' train function is called with.
-        clock: callable returning seconds.
-
-    Returns:
-        `(samples_per_sec, None)`, or `(None, reason)` when the pipeline is out
-        of reach, runs Python code, keeps state between passes, or yields too
-        little.
-    """
+    """`(samples_per_sec, None)` of this worker's input alone (20 batches after one untimed), or `(None, why not)`."""
     dataset, reason = _dataset_to_time(iterator)
     if dataset is None:
         return None, reason

@@ -1,30 +1,7 @@
-"""The run record, `log_dir/throughput.json`: built, validated, written and read here only.
+"""The run record `log_dir/throughput.json`: built, validated, written and read here only.
 
-`ThroughputLogger` builds and writes it; baselines, `keras-scaling report`
-and `keras-scaling bench` read it. The public names are re-exported by
-`keras_scaling.baseline`. With `"version": 1`, a record holds:
-
-| key | meaning |
-|---|---|
-| `samples_per_sec` | steady-state median throughput, all replicas (null when no step was measured) |
-| `steps_per_sec` | steady-state median optimizer steps per second |
-| `step_time_s` | `{"p10", "p50", "p90"}` step time percentiles in seconds |
-| `num_replicas`, `num_workers` | replicas in sync, workers |
-| `per_replica_batch_size`, `global_batch_size` | batch sizes |
-| `device_kind` | `"CPU"`, `"GPU"` or `"TPU"` |
-| `dtype_policy` | the model's dtype policy, such as `"float32"` |
-| `strategy` | the strategy's class name |
-| `baseline_samples_per_sec`, `baseline_source` | the baseline and where it came from, or null |
-| `baseline_num_replicas` | the replicas the baseline ran on (1 unless it is a multi-replica run's file) |
-| `speedup`, `ideal_speedup`, `efficiency` | steady-state speedup, `num_replicas / baseline_num_replicas`, and `speedup / ideal_speedup`, or null |
-| `steps_measured` | optimizer steps the steady-state figures are based on |
-| `startup_time_s` | seconds from the start of training to the end of the first execution |
-| `epochs` | one entry per epoch with a measured step: `{"epoch", "samples_per_sec", "steps_measured"}`, the epoch's own steady state, or its samples over its time when it is all warm-up (the `samples_per_sec` of that epoch's logs) |
-| `flops_per_sample`, `flops_source` | floating-point operations of one training sample (forward and backward) and where the figure comes from (`"counted"`, `"given"`, or why there is none) |
-| `peak_flops_per_replica`, `peak_source` | peak FLOPs/sec of one replica's device and where it comes from (a datasheet, `"given"`, a measured matmul), or null |
-| `mfu` | steady-state model FLOPs utilization: `flops_per_sample * samples_per_sec / (peak_flops_per_replica * num_replicas)`, or null |
-
-Files written before a key existed are read with it null (`baseline_num_replicas`: 1).
+Its keys are documented in docs/reference/throughput-json.md; the public
+names are re-exported by `keras_scaling.baseline`.
 """
 
 import json
@@ -40,44 +17,15 @@ THROUGHPUT_JSON = "throughput.json"
 # The format version, the record's "version" key.
 VERSION = 1
 # Every key of a record, in the order written.
-FIELDS = (
-    "version",
-    "samples_per_sec",
-    "steps_per_sec",
-    "step_time_s",
-    "num_replicas",
-    "num_workers",
-    "per_replica_batch_size",
-    "global_batch_size",
-    "device_kind",
-    "dtype_policy",
-    "strategy",
-    "baseline_samples_per_sec",
-    "baseline_source",
-    "baseline_num_replicas",
-    "speedup",
-    "ideal_speedup",
-    "efficiency",
-    "steps_measured",
-    "startup_time_s",
-    "epochs",
-    "flops_per_sample",
-    "flops_source",
-    "peak_flops_per_replica",
-    "peak_source",
-    "mfu",
+FIELDS = tuple(
+    """version samples_per_sec steps_per_sec step_time_s num_replicas num_workers
+    per_replica_batch_size global_batch_size device_kind dtype_policy strategy
+    baseline_samples_per_sec baseline_source baseline_num_replicas speedup ideal_speedup
+    efficiency steps_measured startup_time_s epochs flops_per_sample flops_source
+    peak_flops_per_replica peak_source mfu""".split()
 )
 # Keys added to version 1 later: older files lack them, and read as null.
-_LATER_FIELDS = (
-    "baseline_num_replicas",
-    "ideal_speedup",
-    "epochs",
-    "flops_per_sample",
-    "flops_source",
-    "peak_flops_per_replica",
-    "peak_source",
-    "mfu",
-)
+_LATER_FIELDS = ("baseline_num_replicas", "ideal_speedup", "epochs", *FIELDS[-5:])
 
 
 def build_record(
@@ -91,40 +39,9 @@ def build_record(
     epochs: "Sequence[tuple[int, throughput_lib.SteadyState]]" = (),
     flops: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """A complete record from a run's set-up and what was measured.
-
-    Args:
-        setup: dict with `num_replicas`, `num_workers`, `per_replica_batch_size`,
-            `global_batch_size`, `device_kind`, `dtype_policy` and `strategy`.
-        steady: the run's `keras_scaling.throughput.SteadyState`, or None when
-            no step was measured.
-        baseline_samples_per_sec, baseline_source, baseline_num_replicas:
-            the baseline, or None.
-        startup_time_s: float or None.
-        epochs: sequence of `(epoch, SteadyState)`, the epochs with a
-            measured step.
-        flops: dict of the FLOPs keys (`flops_per_sample`, `flops_source`,
-            `peak_flops_per_replica`, `peak_source`, `mfu`), or None.
-
-    Returns:
-        dict with the keys of `FIELDS`, speedup, ideal and efficiency filled
-        in by `speedup_of` when there is a baseline and a measured figure.
-    """
+    """A complete record (the keys of `FIELDS`) from a run's set-up dict and what was measured."""
     record = dict.fromkeys(FIELDS)
-    record.update(
-        {
-            key: setup[key]
-            for key in (
-                "num_replicas",
-                "num_workers",
-                "per_replica_batch_size",
-                "global_batch_size",
-                "device_kind",
-                "dtype_policy",
-                "strategy",
-            )
-        }
-    )
+    record.update({key: setup[key] for key in FIELDS if key in setup})
     record.update(
         version=VERSION,
         step_time_s={"p10": None, "p50": None, "p90": None},
@@ -169,9 +86,8 @@ def speedup_of(
 ) -> "throughput_lib.Speedup | None":
     """Speedup, ideal speedup and efficiency of a run record over its baseline.
 
-    The baseline is `baseline` when given (another run's record, such as the
-    one-replica run of a sweep), else the record's own
-    `baseline_samples_per_sec` on `baseline_num_replicas` replicas.
+    The baseline is `baseline` when given (another run's record), else the
+    record's own `baseline_samples_per_sec` on `baseline_num_replicas` replicas.
 
     Args:
         record: a `throughput.json` record.
@@ -213,20 +129,7 @@ def _is_positive(value: object) -> TypeGuard[float]:
 
 
 def validate_record(record: Mapping[str, Any], where: str = "record") -> dict[str, Any]:
-    """Checks that `record` is a version-1 throughput record; returns it completed.
-
-    Keys added to version 1 later may be missing and are set to null.
-
-    Args:
-        record: the parsed record.
-        where: what to name in error messages (a path, an argument).
-
-    Returns:
-        a new dict with exactly the keys of `FIELDS`.
-
-    Raises:
-        ValueError: not a dict, another version, a missing or unexpected key.
-    """
+    """`record` with exactly the keys of `FIELDS` (later keys null), or a ValueError naming `where`."""
     if not isinstance(record, dict) or record.get("version") != VERSION:
         raise ValueError(
             f"{where} is not a version-{VERSION} {THROUGHPUT_JSON} written by ThroughputLogger"
@@ -253,23 +156,18 @@ def measured_samples_per_sec(record: Mapping[str, Any], where: str, remedy: str)
 
 
 def write_throughput_json(log_dir: str | os.PathLike[str], record: Mapping[str, Any]) -> str:
-    """Writes `record` to `log_dir/throughput.json`, atomically.
-
-    Readers never see a half-written file: it is written beside and renamed.
+    """Writes `record` to `log_dir/throughput.json`, atomically (written beside, then renamed).
 
     Args:
         log_dir: the run's log directory.
-        record: dict with the keys of `FIELDS`; keys added to version 1
-            later may be left out and are written null.
+        record: dict with the keys of `FIELDS` (later keys may be left out).
 
     Returns:
         The path written.
 
     Raises:
         ValueError: `record` lacks a key of `FIELDS` or has another key.
-        OSError: the file could not be written (a full disk, a read-only
-            directory); the message names the directory, and the previous
-            file is left as it was.
+        OSError: the file could not be written; the previous one is left whole.
 
     Example:
 

@@ -507,23 +507,25 @@ class ThroughputLogger(keras.callbacks.Callback):
     def _write_setup(self, step):
         if self._writer is None:
             return
-        setup = self._setup
         run_rows = [
-            ("strategy", setup["strategy"]),
-            ("workers", setup["num_workers"]),
-            ("replicas", setup["num_replicas"]),
-            ("device kind", setup["device_kind"]),
-            ("per-replica batch", setup["per_replica_batch_size"]),
-            ("global batch", setup["global_batch_size"]),
-            ("dtype policy", setup["dtype_policy"]),
-            ("steps per execution", self._schedule.steps_per_execution),
-        ]
+            (label, self._setup[key])
+            for label, key in (
+                ("strategy", "strategy"),
+                ("workers", "num_workers"),
+                ("replicas", "num_replicas"),
+                ("device kind", "device_kind"),
+                ("per-replica batch", "per_replica_batch_size"),
+                ("global batch", "global_batch_size"),
+                ("dtype policy", "dtype_policy"),
+            )
+        ] + [("steps per execution", self._schedule.steps_per_execution)]
         measuring_rows = [
             ("measured every", dashboard.measured_every_text(self.update_freq)),
             ("left out", f"the first execution of each fit and {self.warmup_steps} steps after it"),
             *self._flops.setup_rows(),
         ]
-        measure_time_s = getattr(self._baseline, "measure_time_s", None)
+        took_s = getattr(self._baseline, "measure_time_s", None)
+        took = None if took_s is None else f"{took_s:.1f} s, timing a copy of the model alone"
         with self._lock:
             self._writer.changed()
         self._writer.layout(flops_tag=self._flops.flops_tag, mfu=self._flops.has_mfu)
@@ -534,9 +536,7 @@ class ThroughputLogger(keras.callbacks.Callback):
             dashboard.baseline_markdown(
                 dashboard.baseline_text(self._baseline, self.log_dir),
                 self._baseline_note,
-                None
-                if measure_time_s is None
-                else f"{measure_time_s:.1f} s, timing a copy of the model alone before the first step",
+                took and f"{took} before the first step",
             ),
         )
         self._writer.text(
