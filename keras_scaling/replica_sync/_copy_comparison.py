@@ -1,13 +1,4 @@
-"""How the copies of a variable differ between replicas, in plain NumPy.
-
-The pure core of the replica check: it takes NumPy arrays (one copy per
-replica, replica 0 first) and fingerprint tables, never a model or a
-strategy, so it runs and is tested without Keras or TensorFlow. It measures
-how copies differ (`compare_copies`), sorts each difference into a tier,
-names its likely cause, and holds the reports (`VariableReport`,
-`ReplicaSyncReport`). `keras_scaling.replica_state` re-exports its public
-names.
-"""
+"""How the copies of a variable differ between replicas: pure NumPy, no model or strategy."""
 
 import dataclasses
 from collections.abc import Sequence
@@ -15,15 +6,12 @@ from typing import Any
 
 import numpy as np
 
-# Tiers of a `VariableReport`.
 DIVERGENCE = "divergence"
 FLOAT_DRIFT = "float drift"
 PER_REPLICA_STATE = "per-replica state"
 
-# The values of `ReplicaStateChecker(per_replica_state=...)`.
 PER_REPLICA_STATE_MODES = ("warn", "ignore", "error", "average")
 
-# Roles of tracked variables.
 TRAINABLE = "trainable"
 NON_TRAINABLE = "non-trainable"
 SEED_GENERATOR = "seed generator state"
@@ -37,22 +25,20 @@ class CopyDifference:
     """How the copies of one variable differ from replica 0's copy.
 
     Args:
-        differing_replicas: indices of the replicas whose copy is not
-            bitwise equal to replica 0's.
+        differing_replicas: the replicas whose copy is not bitwise replica 0's.
         num_differing_elements: elements that differ on at least one replica.
         num_elements: elements in the variable.
-        max_abs_diff: the largest `|copy - copy_0|` over all replicas (inf
-            when a value is NaN on one replica only).
+        max_abs_diff: the largest `|copy - copy_0|` (inf for a NaN on one
+            replica only).
         max_rel_diff: the largest `|copy - copy_0| / |copy_0|`.
         nan_counts: NaN elements in each replica's copy.
         inf_counts: Inf elements in each replica's copy.
-        within_tolerance: whether every difference is within
-            `atol + rtol * |copy_0|` (never true when the tolerances are 0).
+        within_tolerance: every difference is within `atol + rtol * |copy_0|`
+            (never with both tolerances 0).
 
     Example:
 
     ```python
-    import numpy as np
     from keras_scaling.replica_state import compare_copies
 
     difference = compare_copies([np.float32([1, 2]), np.float32([1, 5])])
@@ -87,16 +73,12 @@ def _non_finite_counts(array: np.ndarray) -> tuple[int, int]:
 def compare_copies(
     copies: Sequence[np.ndarray], atol: float = 0.0, rtol: float = 0.0
 ) -> CopyDifference:
-    """Compares every replica's copy of a variable with replica 0's copy.
-
-    Equality is bitwise: `-0.0` and `0.0`, or two NaNs with different
-    payloads, are different copies.
+    """Compares every replica's copy of a variable with replica 0's, bitwise (`-0.0 != 0.0`).
 
     Args:
-        copies: a sequence of NumPy arrays of one shape and dtype, one per
-            replica, replica 0 first.
-        atol: float, absolute tolerance of the "float drift" tier, default 0.
-        rtol: float, relative tolerance of the "float drift" tier, default 0.
+        copies: NumPy arrays of one shape and dtype, replica 0 first.
+        atol: float, absolute tolerance of the "float drift" tier.
+        rtol: float, relative tolerance of the "float drift" tier.
 
     Returns:
         A `CopyDifference`.
@@ -104,7 +86,6 @@ def compare_copies(
     Example:
 
     ```python
-    import numpy as np
     from keras_scaling.replica_state import compare_copies
 
     a = np.float32([1.0, 2.0])
@@ -128,7 +109,6 @@ def compare_copies(
         values = copy.astype(ref_values.dtype)
         with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
             abs_diff = np.abs(values[differs] - ref_values[differs])
-            # A NaN against a number is as far apart as values can be.
             abs_diff = np.where(np.isnan(abs_diff), np.inf, abs_diff)
             both_nan = np.isnan(values[differs]) & np.isnan(ref_values[differs])
             abs_diff = np.where(both_nan, 0.0, abs_diff)
@@ -152,15 +132,7 @@ def compare_copies(
 
 
 def differing_columns(fingerprint_table: np.ndarray) -> list[int]:
-    """The variables whose fingerprints are not the same on every replica.
-
-    Args:
-        fingerprint_table: an integer array `[num_replicas, num_variables]`,
-            row `r` holding replica `r`'s fingerprint of each variable.
-
-    Returns:
-        A list of column indices (ints), in increasing order.
-    """
+    """The columns of a `[num_replicas, num_variables]` table that differ between rows."""
     table = np.asarray(fingerprint_table)
     return [int(i) for i in np.flatnonzero(np.any(table != table[:1], axis=0))]
 
@@ -168,21 +140,7 @@ def differing_columns(fingerprint_table: np.ndarray) -> list[int]:
 def tier_of(
     is_per_replica_state: bool, per_replica_state_mode: str, difference: CopyDifference
 ) -> str:
-    """The tier of a variable whose copies differ.
-
-    Per-replica state is its own tier unless `per_replica_state_mode` is
-    `"error"`; otherwise differences within tolerance are float drift and
-    the rest divergence.
-
-    Args:
-        is_per_replica_state: bool, whether the copies may legitimately
-            differ (see `TrackedVariable.per_replica_reason`).
-        per_replica_state_mode: one of `PER_REPLICA_STATE_MODES`.
-        difference: the variable's `CopyDifference`.
-
-    Returns:
-        `DIVERGENCE`, `FLOAT_DRIFT` or `PER_REPLICA_STATE`.
-    """
+    """`PER_REPLICA_STATE` (unless the mode is "error"), `FLOAT_DRIFT` or `DIVERGENCE`."""
     if is_per_replica_state and per_replica_state_mode != "error":
         return PER_REPLICA_STATE
     if difference.within_tolerance:
@@ -191,17 +149,7 @@ def tier_of(
 
 
 def mean_copy(copies: Sequence[np.ndarray]) -> np.ndarray:
-    """The element-wise mean of the copies, in replica 0's dtype.
-
-    Integer copies are rounded to the nearest integer; the mean is taken in
-    float64 so that float16 and bfloat16 copies do not overflow.
-
-    Args:
-        copies: a sequence of NumPy arrays of one shape and dtype.
-
-    Returns:
-        A NumPy array of replica 0's shape and dtype.
-    """
+    """The element-wise mean in replica 0's dtype, taken in float64 (no float16 overflow), rounded for integers."""
     reference = np.asarray(copies[0])
     mean = np.mean(np.stack(copies).astype(np.float64), axis=0)
     if np.issubdtype(reference.dtype, np.integer):
@@ -212,84 +160,55 @@ def mean_copy(copies: Sequence[np.ndarray]) -> np.ndarray:
 def likely_cause(variable: Any, difference: CopyDifference) -> str:
     """What usually makes a variable's copies differ like this, in one sentence.
 
-    NaN or Inf on some replicas only comes first; then per-replica state,
-    differences within tolerance, and the variable's role and aggregation.
-
     Args:
-        variable: the `TrackedVariable`, or any object with its `role`,
-            `aggregation` (an upper-case name such as `"NONE"`) and
-            `per_replica_reason`.
+        variable: a `TrackedVariable` (or anything with its `role`,
+            `aggregation` and `per_replica_reason`).
         difference: its `CopyDifference`.
 
     Returns:
-        str.
+        str; NaN or Inf on some replicas only is named first.
 
     Example:
 
     ```python
-    import keras
-    import keras_scaling
+    from types import SimpleNamespace
     from keras_scaling import replica_state
 
-    keras_scaling.use_logical_cpus(2)
-    strategy = keras_scaling.auto_strategy()
-    with strategy.scope():
-        model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
-    kernel = replica_state.tracked_variables(model)[0]
-    copies = [c.numpy() for c in strategy.experimental_local_results(kernel.variable)]
-    copies[-1] = copies[-1] + 1.0   # as if the last replica had its own update
-    difference = replica_state.compare_copies(copies)
-    print(replica_state.likely_cause(kernel, difference))
-    # gradients were not combined across replicas before the update ...
+    kernel = SimpleNamespace(role="trainable", aggregation="NONE", per_replica_reason=None)
+    difference = replica_state.compare_copies([np.float32([1, 2]), np.float32([1, 3])])
+    print(replica_state.likely_cause(kernel, difference))   # gradients were not combined ...
     ```
     """
     non_finite = [nan + inf for nan, inf in zip(difference.nan_counts, difference.inf_counts)]
     if any(non_finite) and not all(non_finite):
         replicas = ", ".join(str(i) for i, count in enumerate(non_finite) if count)
         return (
-            f"NaN/Inf on replica(s) {replicas} only: non-finite gradients or "
-            "activations from that replica's batch (check the inputs and the "
-            "loss on that shard, or lower the learning rate)"
+            f"NaN/Inf on replica(s) {replicas} only: non-finite gradients from that "
+            "replica's batch (check its inputs and loss, or lower the learning rate)"
         )
     if variable.per_replica_reason is not None:
         return variable.per_replica_reason
     if difference.within_tolerance:
-        return (
-            "float drift: tiny differences, as from a non-deterministic "
-            "reduction order on some replicas"
-        )
+        return "float drift: tiny differences, as from a non-deterministic reduction order"
     if variable.role == OPTIMIZER_ITERATIONS:
-        return (
-            "optimizer steps were applied on some replicas only (a custom "
-            "train_step or optimizer call that skips or repeats apply on "
-            "some replicas)"
-        )
+        return "optimizer steps were applied on some replicas only (a custom train_step?)"
     if variable.role == TRAINABLE:
         return (
             "gradients were not combined across replicas before the update "
-            "(keras-team/keras#19891), or a custom train_step applies "
-            "per-replica gradients or assigns the weight in replica context"
+            "(keras-team/keras#19891), or a custom train_step assigns the weight per replica"
         )
     if variable.role == OPTIMIZER_VARIABLE:
-        return (
-            "optimizer state was updated with per-replica gradients (gradients "
-            "not combined across replicas, or a custom train_step)"
-        )
+        return "optimizer state was updated with per-replica gradients (a custom train_step?)"
     if variable.role == SEED_GENERATOR:
-        return (
-            "the seed generator advanced a different number of times on some "
-            "replicas (random ops inside replica-dependent control flow)"
-        )
+        return "the seed generator advanced unevenly (random ops in replica-dependent control flow)"
     if variable.aggregation == "NONE":
         return (
-            "non-trainable weight with aggregation 'none' assigned in replica "
-            "context: each replica updates only its own copy "
-            "(tensorflow/tensorflow#37834); give it aggregation='mean' "
-            "(or 'only_first_replica'), or assign it outside the replica step"
+            "a weight with aggregation 'none' assigned in replica context updates each "
+            "replica's own copy (tensorflow/tensorflow#37834): give it aggregation='mean'"
         )
     return (
-        f"non-trainable weight with aggregation {variable.aggregation.lower()!r} "
-        "assigned from replica-local values or on some replicas only"
+        f"a weight with aggregation {variable.aggregation.lower()!r} assigned "
+        "from replica-local values or on some replicas only"
     )
 
 
@@ -299,35 +218,22 @@ class VariableReport:
 
     Args:
         path, shape, dtype, aggregation, synchronization, role: the
-            variable (see `TrackedVariable`).
-        tier: `"divergence"`, `"float drift"` (differences within
-            `atol`/`rtol`) or `"per-replica state"`.
+            variable's (see `TrackedVariable`).
+        tier: `"divergence"`, `"float drift"` or `"per-replica state"`.
         difference: the `CopyDifference`.
         devices: the device of each differing replica.
         likely_cause: one sentence on what usually causes this.
-        repair: what was done about it (`"averaged across replicas"`,
-            `"resynced from replica 0"`), or None.
-
-    Its `str` is a few readable lines.
+        repair: `"averaged across replicas"`, `"resynced from replica 0"` or None.
 
     Example:
 
     ```python
-    import keras
-    import keras_scaling
+    from keras_scaling.replica_state import VariableReport, compare_copies
 
-    keras_scaling.use_logical_cpus(2)
-    strategy = keras_scaling.auto_strategy()
-    with strategy.scope():
-        model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
-        model.compile(optimizer="sgd", loss="mse")
-    check = keras_scaling.ReplicaSyncCheck()
-    check.set_model(model)
-    bias_copies = strategy.experimental_local_results(model.layers[0].bias.value)
-    # As if the last replica had its own update:
-    bias_copies[-1].assign([0.5])
-    for variable in check.check().divergences:
-        print(variable.path, variable.difference.max_abs_diff, variable.likely_cause)
+    difference = compare_copies([np.float32([0.0]), np.float32([0.5])])
+    report = VariableReport("dense/bias", (1,), "float32", "MEAN", "ON_WRITE",
+                            "trainable", "divergence", difference, ("CPU:1",), "a cause")
+    print(report)   # DIVERGENCE: dense/bias shape=(1,) ... max abs diff 0.5, ...
     ```
     """
 
@@ -379,31 +285,15 @@ class ReplicaSyncReport:
         num_replicas: replicas compared (across all workers).
         num_workers: workers the replicas span.
         num_variables: variables compared.
-        variables: a `VariableReport` for every variable whose copies
-            differ, in every tier.
-
-    Its `str` is a readable multi-line summary. `ok` is true when no
-    variable diverged.
+        variables: a `VariableReport` per variable whose copies differ.
 
     Example:
 
     ```python
-    import keras
-    import numpy as np
-    import keras_scaling
+    from keras_scaling.replica_state import ReplicaSyncReport
 
-    keras_scaling.use_logical_cpus(2)
-    strategy = keras_scaling.auto_strategy()
-    with strategy.scope():
-        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
-        model.compile(optimizer="adam", loss="mse")
-    x = np.random.default_rng(0).normal(size=(64, 4)).astype("float32")
-    check = keras_scaling.ReplicaSyncCheck(every_n_steps=4)
-    model.fit(x, x[:, :1], batch_size=16, epochs=2, callbacks=[check], verbose=0)
-    report = check.check()   # compare now
-    print(report.ok, report.step)   # True 8
-    if not report.ok:
-        print(report)
+    report = ReplicaSyncReport(step=8, num_replicas=2, num_workers=1, num_variables=4)
+    print(report.ok, report)   # True Replica sync check at step 8: 4 variables on 2 replicas ...
     ```
     """
 

@@ -1,13 +1,4 @@
-"""`ReplicaStateChecker`: reads every replica's copies on the devices and compares them.
-
-The TensorFlow side of the replica check: one compiled function in which
-every replica fingerprints its own copies (`keras_scaling.replica_sync._fingerprint`),
-gathered across workers when there are several; the copies of only the
-variables whose fingerprints differ are then fetched and handed to the pure
-comparison (`keras_scaling.replica_sync._copy_comparison`). It can also write one value
-to every replica's copy (resync, averaging). `keras_scaling.replica_state`
-re-exports it.
-"""
+"""`ReplicaStateChecker`: fingerprints every replica's copies on the devices and compares them."""
 
 import dataclasses
 from collections.abc import Callable, Iterable, Sequence
@@ -27,34 +18,24 @@ if TYPE_CHECKING:
 class ReplicaStateChecker:
     """Compares every replica's copy of a list of distributed variables.
 
-    `check()` runs one compiled function in which every replica fingerprints
-    its own copy of every variable (see `keras_scaling.replica_sync._fingerprint`). On one
-    worker the replicas' rows are read locally; across workers they are
-    gathered with the replica context's `all_gather`, so every worker gets
-    the same table and reaches the same verdict. Only the variables whose
-    fingerprints differ are gathered in full to measure the differences.
-    Under several workers, `check()`, `resync()` and per-replica-state
-    averaging are collective: every worker must call them at the same
-    point, as a callback triggered by the optimizer step does.
-
-    The compiled function is traced once per checker, at its first
-    `check()`, and reused; a `fit` that follows pays nothing for it.
+    Only the fingerprint table crosses to the host (and across workers);
+    only variables whose fingerprints differ are gathered in full. Under
+    several workers `check()` and `resync()` are collective: every worker
+    must call them at the same point. The compiled function is traced at
+    the first `check()` and reused.
 
     Args:
         strategy: the `tf.distribute.Strategy` the variables belong to.
         variables: a list of `TrackedVariable`.
-        atol: float, absolute tolerance of the "float drift" tier, default 0.
-        rtol: float, relative tolerance of the "float drift" tier, default 0.
-        per_replica_state: `"warn"`, `"ignore"`, `"error"` or `"average"`:
-            how per-replica state is reported ("error": as divergence;
-            "ignore": not compared at all; "average": the copies are replaced
-            by their mean across replicas after the comparison).
+        atol: float, absolute tolerance of the "float drift" tier.
+        rtol: float, relative tolerance of the "float drift" tier.
+        per_replica_state: `"warn"`, `"ignore"` (not compared), `"error"`
+            (reported as divergence) or `"average"` (copies replaced by
+            their mean after the comparison).
 
     Example:
 
     ```python
-    import keras
-    import keras_scaling
     from keras_scaling import replica_state
 
     keras_scaling.use_logical_cpus(2)
@@ -93,26 +74,22 @@ class ReplicaStateChecker:
         self._fingerprint_function: Callable[[], Any] | None = None
         self._gather_functions: dict[tuple[int, ...], Callable[[], Any]] = {}
 
+    def _on_every_replica(self, replica_fn: Callable[[], Any]) -> Callable[[], Any]:
+        strategy = self.strategy
+        return tf.function(lambda: strategy.run(replica_fn), autograph=False)
+
     def _build_fingerprint_function(self) -> Callable[[], Any]:
         tf_variables = [v.variable for v in self.variables]
-        strategy, across_workers = self.strategy, self.num_workers > 1
+        across_workers = self.num_workers > 1
 
         def replica_fn() -> tf.Tensor:
-            # In replica context, reading a distributed variable reads this
-            # replica's own copy.
-            table = _fingerprint.fingerprint_table(
-                [tf.identity(variable) for variable in tf_variables]
-            )
+            table = _fingerprint.fingerprint_table([tf.identity(v) for v in tf_variables])
             if not across_workers:
                 return table
             context = tf.distribute.get_replica_context()
             return context.all_gather(table[tf.newaxis], axis=0)
 
-        @tf.function(autograph=False)
-        def fingerprint_all() -> Any:
-            return strategy.run(replica_fn)
-
-        return fingerprint_all
+        return self._on_every_replica(replica_fn)
 
     def fingerprints(self) -> np.ndarray:
         """The int64 table `[num_replicas, num_variables]` of fingerprints.
@@ -127,9 +104,8 @@ class ReplicaStateChecker:
         local = self.strategy.experimental_local_results(self._fingerprint_function())
         if self.num_workers > 1:
             return local[0].numpy()
-        # On one worker every replica's row is local: no collective needed.
-        # (Collectives of two MirroredStrategy objects in one process share
-        # instance keys and can clash.)
+        # Every row is local: no collective, whose keys would clash with another
+        # MirroredStrategy's in this process.
         return np.stack([row.numpy() for row in local])
 
     def gather(self, indices: Sequence[int]) -> list[list[np.ndarray]]:
@@ -139,8 +115,7 @@ class ReplicaStateChecker:
             indices: a sequence of indices into `self.variables`.
 
         Returns:
-            A list (one entry per index) of lists of NumPy arrays (one per
-            replica, across all workers, replica 0 first).
+            Per index, a list of NumPy arrays, replica 0 first (all workers).
         """
         indices = tuple(indices)
         if not indices:
@@ -161,26 +136,15 @@ class ReplicaStateChecker:
 
     def _build_gather_function(self, indices: tuple[int, ...]) -> Callable[[], Any]:
         tf_variables = [self.variables[i].variable for i in indices]
-        strategy = self.strategy
 
         def replica_fn() -> list[tf.Tensor]:
             context = tf.distribute.get_replica_context()
-            return [
-                context.all_gather(tf.identity(variable)[tf.newaxis], axis=0)
-                for variable in tf_variables
-            ]
+            return [context.all_gather(tf.identity(v)[tf.newaxis], axis=0) for v in tf_variables]
 
-        @tf.function(autograph=False)
-        def gather_all() -> Any:
-            return strategy.run(replica_fn)
-
-        return gather_all
+        return self._on_every_replica(replica_fn)
 
     def check(self, step: int) -> "_copy_comparison.ReplicaSyncReport":
-        """Compares the copies now and returns a `ReplicaSyncReport`.
-
-        With `per_replica_state="average"`, per-replica state that differs is
-        replaced by its mean across replicas, and its report says so.
+        """Compares the copies now (averaging per-replica state with `"average"`).
 
         Args:
             step: int, the optimizer step to put in the report.

@@ -1,12 +1,4 @@
-"""Which distributed variables a Keras model and optimizer hold, and what they are.
-
-The Keras side of the replica check: it finds the `tf.Variable` under each
-Keras variable, keeps those with one copy per replica, gives each its role
-(trainable, optimizer slot, seed generator state ...) and recognises
-per-replica state, whose copies may legitimately differ. It compares
-nothing and runs nothing on the devices. `keras_scaling.replica_state`
-re-exports its public names.
-"""
+"""The distributed variables of a Keras model and optimizer, each with its role."""
 
 import dataclasses
 from typing import TYPE_CHECKING, Any
@@ -33,27 +25,18 @@ class TrackedVariable:
 
     Args:
         path: the Keras variable path, such as `"sequential/dense/kernel"`.
-        variable: the distributed `tf.Variable` (for example a
-            `MirroredVariable`) that holds one copy per replica.
-        role: what the variable is: trainable, non-trainable, seed generator
-            state, optimizer iteration counter, optimizer variable or
-            gradient accumulator.
-        per_replica_reason: why its copies may legitimately differ between
-            replicas, or None when they must be equal.
+        variable: the distributed `tf.Variable`, one copy per replica.
+        role: `TRAINABLE`, `NON_TRAINABLE`, `SEED_GENERATOR`,
+            `OPTIMIZER_ITERATIONS`, `OPTIMIZER_VARIABLE` or `GRADIENT_ACCUMULATOR`.
+        per_replica_reason: why its copies may legitimately differ, or None.
 
     Example:
 
     ```python
-    import keras
-    import keras_scaling
-    from keras_scaling import replica_state
+    from keras_scaling.replica_state import TRAINABLE, TrackedVariable
 
-    keras_scaling.use_logical_cpus(2)
-    with keras_scaling.auto_strategy().scope():
-        model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
-    kernel = replica_state.tracked_variables(model)[0]
-    print(kernel.path, kernel.aggregation, kernel.is_per_replica_state)
-    # sequential/dense/kernel NONE False
+    kernel = TrackedVariable("dense/kernel", tf.Variable([1.0, 2.0]), TRAINABLE)
+    print(kernel.shape, kernel.aggregation, kernel.is_per_replica_state)   # (2,) NONE False
     ```
     """
 
@@ -90,9 +73,6 @@ def _enum_name(value: object) -> str:
 def distributed_variable(variable: Any) -> tf.Variable:
     """The `tf.Variable` under a Keras variable (or the variable itself).
 
-    Keras 3 variables wrap a `tf.Variable`; under a strategy's scope that is
-    a distributed variable with one component per replica.
-
     Args:
         variable: a `keras.Variable` or a `tf.Variable`.
 
@@ -105,16 +85,10 @@ def distributed_variable(variable: Any) -> tf.Variable:
     Example:
 
     ```python
-    import keras
-    import keras_scaling
     from keras_scaling import replica_state
 
-    keras_scaling.use_logical_cpus(2)
-    strategy = keras_scaling.auto_strategy()
-    with strategy.scope():
-        model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
-    tf_kernel = replica_state.distributed_variable(model.layers[0].kernel)
-    print(len(strategy.experimental_local_results(tf_kernel)))   # 2: one per replica
+    weight = replica_state.distributed_variable(keras.Variable(1.0))
+    isinstance(weight, tf.Variable)   # True
     ```
     """
     if isinstance(variable, tf.Variable):
@@ -127,15 +101,10 @@ def distributed_variable(variable: Any) -> tf.Variable:
 
 
 def is_distributed(tf_variable: tf.Variable) -> bool:
-    """Whether a `tf.Variable` holds one copy per replica.
-
-    A variable created under a strategy's scope is a
-    `tf.distribute.DistributedValues` (for example a `MirroredVariable`); one
-    created outside it has a single copy and is not.
+    """Whether a `tf.Variable` holds one copy per replica (was created in a strategy's scope).
 
     Args:
-        tf_variable: a `tf.Variable`, such as `distributed_variable(v)` for a
-            Keras variable `v`.
+        tf_variable: a `tf.Variable`, such as `distributed_variable(v)`.
 
     Returns:
         bool.
@@ -143,15 +112,9 @@ def is_distributed(tf_variable: tf.Variable) -> bool:
     Example:
 
     ```python
-    import keras
-    import keras_scaling
     from keras_scaling import replica_state
 
-    keras_scaling.use_logical_cpus(2)
-    with keras_scaling.auto_strategy().scope():
-        model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
-    kernel = replica_state.distributed_variable(model.layers[0].kernel)
-    print(replica_state.is_distributed(kernel))   # True: created in the scope
+    replica_state.is_distributed(tf.Variable(1.0))   # False: created outside any scope
     ```
     """
     return isinstance(tf_variable, tf.distribute.DistributedValues)
@@ -162,20 +125,13 @@ def _unsynchronized_batch_norm_statistics(model: "keras.Model") -> dict[int, str
 
     found: dict[int, str] = {}
     for layer in _keras.all_layers(model):
-        if isinstance(layer, keras.layers.BatchNormalization) and not getattr(
-            layer, "synchronized", False
-        ):
-            for variable in (layer.moving_mean, layer.moving_variance):
-                if variable is not None:
-                    found[id(variable)] = layer.name
+        if isinstance(layer, keras.layers.BatchNormalization) and not layer.synchronized:
+            found[id(layer.moving_mean)] = found[id(layer.moving_variance)] = layer.name
     return found
 
 
 def inner_optimizers(optimizer: "keras.optimizers.Optimizer") -> list[Any]:
-    """The optimizer and those it wraps, outermost first.
-
-    A `LossScaleOptimizer` wraps the optimizer that counts the steps.
-    """
+    """The optimizer and those it wraps (a `LossScaleOptimizer`'s), outermost first."""
     optimizers = [optimizer]
     while getattr(optimizers[-1], "inner_optimizer", None) is not None:
         optimizers.append(optimizers[-1].inner_optimizer)
@@ -185,20 +141,15 @@ def inner_optimizers(optimizer: "keras.optimizers.Optimizer") -> list[Any]:
 def tracked_variables(
     model: "keras.Model", optimizer: "keras.optimizers.Optimizer | None" = None
 ) -> list[TrackedVariable]:
-    """Lists the distributed variables of a model and, optionally, its optimizer.
+    """Lists the distributed variables of a model and, optionally, its optimizer, once each.
 
-    Variables with a single copy (created outside the strategy's scope) are
-    left out: there is nothing to compare. Each variable is listed once.
-
-    Per-replica state is recognised explicitly: variables with
-    `synchronization=ON_READ`, the `moving_mean` and `moving_variance` of
-    `keras.layers.BatchNormalization(synchronized=False)` (updated from each
-    replica's own batch), and the optimizer's gradient accumulators.
+    Single-copy variables (created outside the scope) are left out. Per-replica
+    state: `synchronization=ON_READ`, the moving statistics of
+    `BatchNormalization(synchronized=False)`, gradient accumulators.
 
     Args:
         model: a built `keras.Model`.
-        optimizer: a built Keras optimizer, or None to leave optimizer
-            variables out.
+        optimizer: a built Keras optimizer, or None to leave its variables out.
 
     Returns:
         A list of `TrackedVariable`, model variables first.
@@ -206,21 +157,13 @@ def tracked_variables(
     Example:
 
     ```python
-    import keras
-    import keras_scaling
     from keras_scaling import replica_state
 
     keras_scaling.use_logical_cpus(2)
     with keras_scaling.auto_strategy().scope():
-        model = keras.Sequential([
-            keras.Input((4,)),
-            keras.layers.Dense(3),
-            keras.layers.BatchNormalization(),
-        ])
-        model.compile(optimizer="adam", loss="mse")
-        model.optimizer.build(model.trainable_variables)
-    for variable in replica_state.tracked_variables(model, model.optimizer):
-        print(variable.path, variable.role, variable.per_replica_reason)
+        model = keras.Sequential([keras.Input((4,)), keras.layers.BatchNormalization()])
+    roles = [v.role for v in replica_state.tracked_variables(model)]
+    print(roles)   # ['trainable', 'trainable', 'non-trainable', 'non-trainable']
     ```
     """
     batch_norm = _unsynchronized_batch_norm_statistics(model)
@@ -233,18 +176,15 @@ def tracked_variables(
             return
         seen.add(id(tf_variable))
         if reason is None and tf_variable.synchronization == tf.VariableSynchronization.ON_READ:
-            reason = (
-                "synchronization ON_READ: each replica keeps its own value and reads combine them"
-            )
+            reason = "synchronization ON_READ: each replica keeps its own value"
         path = getattr(keras_variable, "path", None) or tf_variable.name
         found.append(TrackedVariable(path, tf_variable, role, reason))
 
     for variable in model.variables:
         if id(variable) in batch_norm:
             reason = (
-                f"BatchNormalization {batch_norm[id(variable)]!r} moving "
-                "statistics are updated from each replica's own batch "
-                "(synchronized=False)"
+                f"BatchNormalization {batch_norm[id(variable)]!r} moving statistics "
+                "are updated from each replica's own batch (synchronized=False)"
             )
             add(variable, NON_TRAINABLE, reason)
         elif id(variable) in seed_states:
@@ -273,11 +213,7 @@ def tracked_variables(
 def single_copy_paths(
     model: "keras.Model", optimizer: "keras.optimizers.Optimizer | None" = None
 ) -> list[str]:
-    """The paths of the model's (and optimizer's) variables with one copy only.
-
-    They were created outside the strategy's scope, so there is nothing to
-    compare; the check says so.
-    """
+    """The paths of the variables with one copy only (created outside the scope)."""
     candidates = list(model.variables)
     if optimizer is not None:
         candidates += list(optimizer.variables)

@@ -1,10 +1,4 @@
-"""`ReplicaSyncCheck`: checks that the mirrored copies of every weight stay equal.
-
-A thin adapter from Keras' training hooks onto `keras_scaling.replica_state`:
-it decides when to compare (from the optimizer's step counter), asks a
-`ReplicaStateChecker` for a report, and acts on it (raise, warn, resync,
-TensorBoard scalars).
-"""
+"""`ReplicaSyncCheck`: checks that the mirrored copies of every weight stay equal."""
 
 import logging
 import os
@@ -17,7 +11,7 @@ import tensorflow as tf
 from keras_scaling import _validation, compat, devices
 from keras_scaling.devices import _topology
 from keras_scaling.fit_hooks import _step_counter, _train_function_hook
-from keras_scaling.replica_sync import _schedule, _tracked_variables, replica_state
+from keras_scaling.replica_sync import _tracked_variables, replica_state
 from keras_scaling.summaries import _tensorboard
 
 __all__ = ["ReplicaDivergenceError", "ReplicaSyncCheck"]
@@ -26,33 +20,21 @@ logger = logging.getLogger("keras_scaling")
 
 ON_DIVERGENCE_MODES = ("raise", "warn", "resync")
 _SCALAR_TAGS = frozenset({"replica_sync/max_abs_diff", "replica_sync/diverged_variables"})
-# The checker of each model, shared by the callbacks that check it with the
-# same settings, so that its compiled function is traced once per model rather
-# than once per callback (a new callback in each `fit` would pay it at each
-# start). Keyed weakly: a checker holds the variables and the strategy, not
-# the model.
+# Shared by a model's callbacks with the same settings, so that its function is
+# traced once per model, not once per `fit` (tracing ResNet50's takes 6-9 s).
 _checkers_by_model: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 class ReplicaDivergenceError(RuntimeError):
     """Raised by `ReplicaSyncCheck(on_divergence="raise")` when copies diverge.
 
-    The message is the readable report; `.report` holds the
-    `keras_scaling.replica_state.ReplicaSyncReport` itself (step, and per
-    diverged variable its path, shape, dtype, aggregation, synchronization,
-    differing replicas and devices, differences and likely cause).
-
     Args:
-        report: the `keras_scaling.replica_state.ReplicaSyncReport` whose
-            divergences are raised; its `str` is the message.
+        report: the `keras_scaling.replica_state.ReplicaSyncReport`, kept
+            as `.report`; its `str` is the message.
 
     Example:
 
     ```python
-    import keras
-    import numpy as np
-    import keras_scaling
-
     keras_scaling.use_logical_cpus(2)
     strategy = keras_scaling.auto_strategy()
     with strategy.scope():
@@ -60,9 +42,8 @@ class ReplicaDivergenceError(RuntimeError):
             [keras.Input((4,)), keras.layers.Dense(1, name="dense")], name="sequential"
         )
         model.compile(optimizer="sgd", loss="mse")
-    bias_copies = strategy.experimental_local_results(model.layers[0].bias.value)
     # As if the last replica had its own update:
-    bias_copies[-1].assign([0.5])
+    strategy.experimental_local_results(model.layers[0].bias.value)[-1].assign([0.5])
     x = np.ones((32, 4), "float32")
     try:
         model.fit(x, x[:, :1], callbacks=[keras_scaling.ReplicaSyncCheck()], verbose=0)
@@ -79,86 +60,40 @@ class ReplicaDivergenceError(RuntimeError):
 class ReplicaSyncCheck(keras.callbacks.Callback):
     """Checks that every replica holds bitwise-equal copies of every weight.
 
-    In synchronous data parallelism every replica applies the same combined
-    update, so the copies of each variable must stay identical; when they do
-    not, training silently degrades and the saved model holds replica 0's
-    copy only. This callback compares the copies of every distributed
-    variable of the model (trainable, non-trainable, seed generator state)
-    and, with `include_optimizer`, of the optimizer (slots, learning rate,
-    iteration counter), across all replicas of all workers:
-
-    - at the start of training, every `every_n_steps` optimizer steps
-      (weight updates: the batches trained, read from the optimizer's step
-      counter, divided by its `gradient_accumulation_steps`; so it stays
-      right with `steps_per_execution > 1` and across several `fit` calls),
-      and at the end of training;
-    - cheaply: each replica fingerprints its own copies on its device in one
-      compiled function: 64 bits per copy, which always change when one
-      element changes (even by one ulp) and when two elements trade places
-      or change by +k and -k, bar the exceptions the replica sync guide
-      lists; other differences escape only if 64 bits collide. Only the
-      small table of fingerprints crosses
-      to the host, and only variables whose fingerprints differ are
-      gathered in full to measure how they differ. The compiled function is
-      traced at a model's first check and shared by every `ReplicaSyncCheck`
-      of that model with the same settings, so a new callback in each `fit`
-      does not trace it again.
-
-    Under `MultiWorkerMirroredStrategy` the fingerprint table is gathered
-    across workers, so every worker reaches the same verdict at the same
-    step: a divergence on one worker stops all of them.
-
-    Per-replica state is not divergence: variables with
-    `synchronization=ON_READ`, the moving statistics of
-    `keras.layers.BatchNormalization(synchronized=False)` (updated from each
-    replica's own batch) and gradient accumulators. `per_replica_state`
-    says what to do when their copies differ.
-
-    A report (`keras_scaling.replica_state.ReplicaSyncReport`) names, per
-    variable: path, shape, dtype, aggregation, synchronization, the replicas
-    (and devices) that differ from replica 0, the maximum absolute and
-    relative difference, the number of differing elements, the NaN/Inf count
-    per replica and a likely cause. `check()` returns one on demand, and the
-    latest is kept in `last_report`.
-
-    With one replica (or the default strategy) there is nothing to compare:
-    the callback says so once and does nothing.
-
-    With `log_dir`, it writes the scalars `replica_sync/max_abs_diff` and
-    `replica_sync/diverged_variables` beside the loss that
-    `keras.callbacks.TensorBoard(log_dir)` writes, from the chief worker only.
+    Compares the copies of every distributed variable of the model and (with
+    `include_optimizer`) its optimizer, across all replicas of all workers:
+    at the start of training, every `every_n_steps` optimizer steps (right
+    with `steps_per_execution` and gradient accumulation) and at the end.
+    Each replica fingerprints its copies on its device; only variables whose
+    fingerprints differ are gathered to measure the difference. Under
+    several workers every worker reaches the same verdict at the same step.
+    Per-replica state (`synchronization=ON_READ`, unsynchronized
+    BatchNormalization statistics, gradient accumulators) is not divergence.
+    `check()` compares on demand; the latest report is `last_report`. With
+    one replica the callback says so once and does nothing. The replica sync
+    guide tells what the fingerprints see and what a check costs.
 
     Args:
-        every_n_steps: int, default 100. Compare every this many optimizer
-            steps, at least 1.
-        include_optimizer: bool, default True. Also compare the optimizer's
-            variables.
-        on_divergence: `"raise"` (default): stop training with
-            `ReplicaDivergenceError`, which carries the report. `"warn"`: log
-            the report and continue. `"resync"`: copy replica 0's value to
-            every replica, log what was repaired, and continue.
-        per_replica_state: `"warn"` (default): one warning naming the
-            per-replica state that differs and its spread, the first time.
-            `"ignore"`: do not compare it. `"error"`: treat it as divergence.
-            `"average"`: replace every copy by the mean across replicas at
-            each check, so every replica and the saved model hold the same
-            averaged values.
-        atol: float, default 0. With `atol` or `rtol` above 0, differences
-            within `atol + rtol * |copy on replica 0|` are reported as
-            "float drift" (a warning) instead of divergence. Equality is
-            bitwise when both are 0.
+        every_n_steps: int, default 100. Compare every this many optimizer steps.
+        include_optimizer: bool, default True. Also compare the optimizer's variables.
+        on_divergence: `"raise"` (default): stop with `ReplicaDivergenceError`.
+            `"warn"`: log the report. `"resync"`: copy replica 0's value to
+            every replica and log it.
+        per_replica_state: `"warn"` (default, once), `"ignore"`, `"error"`
+            (as divergence) or `"average"` (every copy replaced by the mean
+            at each check).
+        atol: float, default 0. Differences within `atol + rtol * |copy_0|`
+            are "float drift" (a warning); both 0 means bitwise equality.
         rtol: float, default 0. See `atol`.
-        log_dir: path or None, default None. Where to write TensorBoard
-            scalars, as for `keras.callbacks.TensorBoard(log_dir)`.
+        log_dir: path or None. Writes `replica_sync/max_abs_diff` and
+            `replica_sync/diverged_variables` there (chief only), beside
+            `keras.callbacks.TensorBoard(log_dir)`'s loss.
 
     Example:
 
     ```python
     import tempfile
 
-    import keras
-    import numpy as np
-    import keras_scaling
 
     keras_scaling.use_logical_cpus(2)
     strategy = keras_scaling.auto_strategy()
@@ -197,9 +132,8 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
         self.rtol = _validation.non_negative_number(rtol, "rtol", fix=bitwise)
         self.log_dir = None if log_dir is None else _tensorboard.check_log_dir(log_dir)
         self.last_report: replica_state.ReplicaSyncReport | None = None
-        self._checker: Any = None  # set when the first fit starts
-        self._checker_key: tuple | None = None
-        self._checker_optimizer = None
+        self._checker: Any = None
+        self._optimizer_seen = None
         self._last_checked_step = None
         self._step_upper_bound = 0
         self._num_replicas: int | None = None
@@ -209,7 +143,6 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
         self._warned_per_replica_state = False
         self._hook: _train_function_hook.TrainFunctionHook | None = None
         self._execution_steps = 1
-        self._holds_log_dir = False
 
     # Hooks.
 
@@ -223,11 +156,8 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
         devices.warn_if_keras_distribution_set()
         _train_function_hook.abandon_other_fits(self.model, self.params)
         compat._enable_for_quietly(self._strategy())
-        self._hold_log_dir()
         self._check_and_act()
         if not self._single_replica():
-            # Read once: reading a model's attribute costs microseconds, and
-            # the hook runs at every call.
             self._execution_steps = self._steps_per_execution()
             self._hook = _train_function_hook.TrainFunctionHook(
                 self.model,
@@ -244,23 +174,17 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
             self._hook.attach()  # again, in case the train function was rebuilt
 
     def _after_execution(self):
-        """Runs after each call of the train function (there is no batch hook).
-
-        A batch hook would make Keras wait for every step to finish before
-        dispatching the next (see `keras_scaling.fit_hooks._train_function_hook`).
-        """
+        """After each call of the train function: a batch hook would make Keras wait for every step."""
         last = self._last_checked_step
         if last is not None:
-            # One call covers at most `steps_per_execution` batches, each at
-            # most one optimizer step (fewer with gradient accumulation): the
-            # counter is read (tens of microseconds) only once this upper
-            # bound reaches the next multiple.
+            # A call trains at most `steps_per_execution` steps: the counter is
+            # read (tens of microseconds) only once this bound reaches a multiple.
             self._step_upper_bound += self._execution_steps
-            if not _schedule.check_is_due(self._step_upper_bound, last, self.every_n_steps):
+            if not check_is_due(self._step_upper_bound, last, self.every_n_steps):
                 return
         step = self._current_step()
         self._step_upper_bound = step
-        if _schedule.check_is_due(step, last, self.every_n_steps):
+        if check_is_due(step, last, self.every_n_steps):
             self._check_and_act(find_variables=False)
 
     def _steps_per_execution(self):
@@ -275,7 +199,7 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
             self._release_log_dir()
 
     def _detach(self):
-        """Ends this callback's part in a fit: on abandonment, and before a divergence is raised."""
+        """On abandonment, and before a divergence is raised."""
         self._detach_hook()
         self._release_log_dir()
 
@@ -284,37 +208,20 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
             self._hook.detach()
             self._hook = None
 
-    def _hold_log_dir(self):
-        """Holds the event file open for this fit; `_release_log_dir` closes it at its end.
-
-        The scalars go into the one event file of `log_dir/scaling` that
-        `ThroughputLogger` writes too, through the same writer and lock.
-        """
-        if self.log_dir is None or self._holds_log_dir:
-            return
-        if self.model is not None and not _topology.is_chief(self._strategy()):
-            return
-        _tensorboard.hold(self.log_dir)
-        self._holds_log_dir = True
-
     def _release_log_dir(self):
-        if self._holds_log_dir:
-            self._holds_log_dir = False
-            _tensorboard.release(self.log_dir)
+        """Closes this process's event file of `log_dir/scaling` at the end of a fit."""
+        if self.log_dir is not None:
+            _tensorboard.close(self.log_dir)
 
     # Public API.
 
     def check(self) -> "replica_state.ReplicaSyncReport":
-        """Compares every replica's copies now and returns the report.
+        """Compares every replica's copies now; neither raises nor resyncs.
 
-        It neither raises nor resyncs (the training hooks do that according
-        to `on_divergence`); with `per_replica_state="average"` it does
-        average per-replica state that differs. Under several workers every
-        worker must call it at the same point: it is a collective operation.
+        Under several workers every worker must call it at the same point.
 
         Returns:
-            A `keras_scaling.replica_state.ReplicaSyncReport`; `report.ok` is
-            true when no variable diverged.
+            A `keras_scaling.replica_state.ReplicaSyncReport`.
 
         Raises:
             ValueError: the callback has no model yet.
@@ -325,10 +232,7 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
 
     def _compare(self, find_variables):
         if self.model is None:
-            raise ValueError(
-                "ReplicaSyncCheck.check() needs a model: pass the callback to "
-                "model.fit, or call set_model(model) first"
-            )
+            raise ValueError("ReplicaSyncCheck.check() needs a model: call set_model(model) first")
         step = self._current_step()
         strategy = self._strategy()
         if self._single_replica():
@@ -356,10 +260,7 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
         if self._num_replicas > 1:
             return False
         if not self._said_single_replica:
-            logger.warning(
-                "ReplicaSyncCheck: the model runs on one replica, so there are "
-                "no copies to compare; the check does nothing"
-            )
+            logger.warning("ReplicaSyncCheck: one replica, no copies to compare; it does nothing")
             self._said_single_replica = True
         return True
 
@@ -370,60 +271,41 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
         return optimizer
 
     def _current_step(self):
-        """The optimizer steps (weight updates) so far: `every_n_steps` counts them."""
+        """The optimizer steps (weight updates) so far."""
         optimizer = self._optimizer()
         if optimizer is None:
             return 0
         if self._step_counter is None:
             self._step_counter = _step_counter.BatchCounter(self.model)
         batches = self._step_counter.read()
-        if batches is None:
-            # The probe of the step counter has said what is lost: without a
-            # step, the check runs at the start of each fit only.
+        if batches is None:  # its probe warned: checks at each fit's start only
             return 0
         return _step_counter.weight_updates(batches, _step_counter.accumulation_steps(optimizer))
 
     def _get_checker(self, strategy, find_variables):
         optimizer = self._optimizer() if self.include_optimizer else None
-        same_optimizer = optimizer is self._checker_optimizer
-        if not find_variables and self._checker is not None and same_optimizer:
-            # Inside `fit` the variables are those found at its start:
-            # listing them again walks every layer at every check.
-            return self._checker
+        if not find_variables and self._checker is not None and optimizer is self._optimizer_seen:
+            return self._checker  # listing the variables walks every layer
+        self._optimizer_seen = optimizer
         variables = replica_state.tracked_variables(self.model, optimizer)
-        # The checker holds the variables and the strategy, so their ids stay
-        # theirs while it is kept.
-        key = (
-            tuple(id(v.variable) for v in variables),
-            id(strategy),
-            self.atol,
-            self.rtol,
-            self.per_replica_state,
-        )
-        self._checker_optimizer = optimizer
-        if key != self._checker_key:
-            shared_key, checker = _checkers_by_model.get(self.model, (None, None))
-            if shared_key != key:
-                checker = replica_state.ReplicaStateChecker(
-                    strategy,
-                    variables,
-                    atol=self.atol,
-                    rtol=self.rtol,
-                    per_replica_state=self.per_replica_state,
-                )
-                _checkers_by_model[self.model] = (key, checker)
+        # The checker holds the variables and the strategy: their ids stay theirs.
+        settings = (self.atol, self.rtol, self.per_replica_state)
+        key = (tuple(id(v.variable) for v in variables), id(strategy), settings)
+        shared_key, checker = _checkers_by_model.get(self.model, (None, None))
+        if shared_key != key:
+            checker = replica_state.ReplicaStateChecker(strategy, variables, *settings)
+            _checkers_by_model[self.model] = (key, checker)
+        if checker is not self._checker:
             self._checker = checker
-            self._checker_key = key
             single = _tracked_variables.single_copy_paths(self.model, optimizer)
             if single:
                 logger.warning(
-                    "ReplicaSyncCheck: %d variable(s) have a single copy, not one "
-                    "per replica, and are not compared (created outside "
-                    "strategy.scope()?): %s",
+                    "ReplicaSyncCheck: %d variable(s) with a single copy are not "
+                    "compared (created outside strategy.scope()?): %s",
                     len(single),
                     ", ".join(single[:10]) + (", ..." if len(single) > 10 else ""),
                 )
-        return self._checker
+        return checker
 
     def _check_and_act(self, find_variables=True):
         if self._single_replica():
@@ -442,14 +324,12 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
         if report.ok:
             return
         if self.on_divergence == "raise":
-            # The fit ends here, without on_train_end.
-            self._detach()
+            self._detach()  # no on_train_end follows
             raise ReplicaDivergenceError(report)
         if self.on_divergence == "resync":
             report = self.last_report = self._checker.resync(report)
             logger.warning(
-                "ReplicaSyncCheck: copies diverged; resynced %d variable(s) "
-                "from replica 0 and continuing.\n%s",
+                "ReplicaSyncCheck: copies diverged; resynced %d variable(s) from replica 0.\n%s",
                 len(report.divergences),
                 report,
             )
@@ -467,13 +347,12 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
             for v in report.per_replica_state
         )
         action = (
-            "averaged across replicas at every check"
+            "averaged at every check"
             if self.per_replica_state == "average"
             else "not divergence; per_replica_state='average' makes the copies equal"
         )
         logger.warning(
-            "ReplicaSyncCheck at step %d: per-replica state differs between "
-            "replicas (%s): %s. Cause: %s.",
+            "ReplicaSyncCheck at step %d: per-replica state differs between replicas (%s): %s. Cause: %s.",
             report.step,
             action,
             spreads,
@@ -483,9 +362,7 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
     def _write_scalars(self, report):
         if self.log_dir is None or not _topology.is_chief(self._strategy()):
             return
-        if self._last_written_step is None:
-            # A resumed run (BackupAndRestore) checks again at the step where
-            # the run it resumes may have written already.
+        if self._last_written_step is None:  # a resumed run may have written this step
             self._last_written_step = _tensorboard.last_step_written(self.log_dir, _SCALAR_TAGS)
         if report.step <= self._last_written_step:
             return
@@ -498,3 +375,10 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
                 "replica_sync/diverged_variables": len(report.divergences),
             },
         )
+
+
+def check_is_due(step: int, last_checked_step: int | None, every_n_steps: int) -> bool:
+    """Due at the first look, then once a multiple of `every_n_steps` is passed."""
+    if last_checked_step is None:
+        return True
+    return step // every_n_steps > last_checked_step // every_n_steps
