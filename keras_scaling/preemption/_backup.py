@@ -1,13 +1,10 @@
-"""The backup file of `BackupAndRestore`: format, atomic writes, validation.
+"""The backup file of `BackupAndRestore`: every variable's raw bytes and a JSON header.
 
-Pure core: plain values in, plain values out. A backup is one file,
-`backup_dir/backup.npz`, holding the raw bytes of every variable (so a restore
-is bitwise) and a JSON header with the variables' paths, shapes and dtypes,
-the data plan and the position in training. It is written to a temporary
-file in the same directory, flushed to disk and renamed over the previous
+Written to a temporary file beside it, flushed and renamed over the previous
 one, so a process killed during a save leaves the previous backup whole.
 """
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -17,10 +14,8 @@ import zipfile
 
 import numpy as np
 
-# EX_TEMPFAIL of sysexits.h: "a temporary failure; the user is invited to
-# retry". Distinct from success (0), errors (1, 2) and death by a signal
-# (128 + N), so a scheduler or `keras-scaling launch --max-restarts` knows that
-# the job saved a backup and can run again.
+# EX_TEMPFAIL of sysexits.h ("try again"): distinct from success, errors and
+# signals, so a scheduler or `launch --max-restarts` knows the job can resume.
 EXIT_PREEMPTED = 75
 
 FILE_NAME = "backup.npz"
@@ -29,38 +24,22 @@ FORMAT_VERSION = 1
 _TEMP_PREFIX = ".backup-"
 _HEADER_KEY = "header"
 
-# Fields of an `InputPlan` that decide which samples each step reads; the
-# worker index and the wording of the reasons do not.
-PLAN_FIELDS = (
-    "num_examples",
-    "num_replicas",
-    "num_workers",
-    "global_batch_size",
-    "steps_per_epoch",
-    "last_batch",
-    "shard_mode",
-    "shuffle",
-    "seed",
-    "num_files",
+# The fields of an `InputPlan` that decide which samples each step reads.
+PLAN_FIELDS = tuple(
+    "num_examples num_replicas num_workers global_batch_size steps_per_epoch "
+    "last_batch shard_mode shuffle seed num_files".split()
 )
 
 
 class BackupError(ValueError):
-    """A backup that cannot be restored into this model or data, or is unreadable."""
+    """A backup of another model or data plan, or an unreadable one."""
 
 
 @dataclasses.dataclass(frozen=True)
 class Position:
-    """Where training stands when a backup is written.
-
-    Args:
-        epoch: int, the epoch in progress (0-based).
-        step_in_epoch: int, optimizer steps already trained in that epoch.
-        iterations: int, the optimizer's `iterations`.
-        data_pass: int or None, the number of the pass over the training
-            data (of `keras_scaling.data.distribute`) that `epoch` reads, which
-            fixes its order, or None when the data is of another kind.
-    """
+    """Where training stands: `epoch` (0-based), the steps trained in it, the
+    optimizer's `iterations`, and the `distribute` data's pass number (its
+    order) or None."""
 
     epoch: int
     step_in_epoch: int
@@ -86,27 +65,13 @@ def backup_path(backup_dir):
 
 
 def write(backup_dir, *, values, specs, header):
-    """Writes a backup atomically; the previous one stays whole until the rename.
-
-    Args:
-        backup_dir: str, the directory (created when missing).
-        values: list of NumPy arrays, in the order of `specs`.
-        specs: list of `variable_spec` dicts.
-        header: dict, JSON-serializable: position, plan and anything else.
-
-    Returns:
-        str, the path written.
+    """Writes a backup atomically; returns its path.
 
     Raises:
-        OSError: the write failed (a full disk, a read-only directory): the
-            message names the directory; the previous backup is intact.
+        OSError: naming the directory (a full disk); the previous backup is intact.
     """
     backup_dir = os.fspath(backup_dir)
     os.makedirs(backup_dir, exist_ok=True)
-    if len(values) != len(specs):
-        raise ValueError(
-            f"values and specs must have the same length, got {len(values)} and {len(specs)}"
-        )
     full_header = dict(header)
     full_header.update(format=FORMAT, version=FORMAT_VERSION, variables=specs, saved_at=time.time())
     arrays = {
@@ -116,7 +81,6 @@ def write(backup_dir, *, values, specs, header):
     arrays[_HEADER_KEY] = np.frombuffer(json.dumps(full_header).encode("utf-8"), np.uint8)
     descriptor, temp_path = tempfile.mkstemp(prefix=_TEMP_PREFIX, suffix=".tmp", dir=backup_dir)
     try:
-        # mkstemp makes the file private; a backup gets the usual permissions.
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(temp_path, 0o666 & ~umask)
@@ -129,9 +93,8 @@ def write(backup_dir, *, values, specs, header):
         _remove_quietly(temp_path)
         raise OSError(
             error.errno,
-            f"Could not save a backup in {backup_dir} ({error.strerror}). The previous "
-            f"backup there, if any, is intact: free space (or point backup_dir to "
-            "another directory) and run the same script again to resume from it.",
+            f"Could not save a backup in {backup_dir} ({error.strerror}); the previous "
+            "one is intact: free space and run the same script again to resume from it.",
         ) from error
     except BaseException:
         _remove_quietly(temp_path)
@@ -141,15 +104,11 @@ def write(backup_dir, *, values, specs, header):
 
 
 def exists(backup_dir):
-    """Whether `backup_dir` holds a backup file."""
     return os.path.isfile(backup_path(backup_dir))
 
 
 def read(backup_dir):
-    """Reads a backup: `(header, raw_values)`, or None when there is none.
-
-    `raw_values` are uint8 arrays of each variable's bytes; `decode` turns
-    one into an array of the variable's dtype and shape.
+    """`(header, raw_values)` (uint8 arrays, see `decode`), or None without a backup.
 
     Raises:
         BackupError: the file is not a readable backup of this format.
@@ -164,36 +123,24 @@ def read(backup_dir):
             raw_values = [np.array(archive[f"v{index}"]) for index in range(count)]
     except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile) as error:
         raise BackupError(
-            f"The backup {path} is corrupt or not a keras_scaling backup "
-            f"({type(error).__name__}: {error}). Nothing was overwritten. Delete "
-            "the file to start training from the beginning, or point backup_dir "
-            "to another directory."
+            f"The backup {path} is corrupt ({type(error).__name__}: {error}); nothing "
+            "was overwritten. Delete it to start from the beginning."
         ) from None
     if header.get("format") != FORMAT or header.get("version") != FORMAT_VERSION:
         raise BackupError(
             f"The backup {path} has format {header.get('format')!r} version "
-            f"{header.get('version')!r}; this keras_scaling reads {FORMAT!r} "
-            f"version {FORMAT_VERSION}. Nothing was overwritten."
+            f"{header.get('version')!r}; this keras_scaling reads {FORMAT!r} version {FORMAT_VERSION}"
         )
     return header, raw_values
 
 
 def decode(raw, spec, numpy_dtype):
-    """One variable's value from its bytes in a backup."""
     return np.frombuffer(raw.tobytes(), dtype=numpy_dtype).reshape(spec["shape"])
 
 
 def variable_differences(saved_specs, current_specs, limit=5):
-    """How two lists of variables differ, in order: a list of short sentences.
-
-    Variables are matched by position, as they are created; a path that
-    differs alone is not a difference (Keras numbers layer names per
-    process), a shape or dtype is.
-
-    For example, a saved `[dense/kernel (8, 4) float32]` against a current
-    `[dense/kernel (8, 5) float32]` gives
-    `["variable 0 (dense/kernel): shape [8, 4] in the backup, [8, 5] here"]`.
-    """
+    """How two lists of variables differ by position: shapes and dtypes, not paths
+    (Keras numbers layer names per process). A list of short sentences."""
     differences = []
     if len(saved_specs) != len(current_specs):
         differences.append(f"{len(saved_specs)} variables in the backup, {len(current_specs)} here")
@@ -225,19 +172,12 @@ def mismatch_error(backup_dir, what, differences):
     return BackupError(
         f"The backup in {os.fspath(backup_dir)} was written for another {what}: "
         + "; ".join(differences)
-        + ". Nothing was overwritten. Resume with the same model and data, or "
-        "point backup_dir to a new directory (or delete the backup) to start over."
+        + ". Nothing was overwritten: resume with the same model and data, or delete it."
     )
 
 
 def save_is_due(iterations, last_saved_iterations, every_n_steps):
-    """Whether a multiple of `every_n_steps` was passed since the last save.
-
-    Counted on the optimizer's `iterations`, so it is right with
-    `steps_per_execution > 1` (one batch end per several steps) and across
-    resumes: with `every_n_steps=100`, a save is due at the first batch end
-    at or after 100, 200, ...
-    """
+    """Whether a multiple of `every_n_steps` was passed since the last save."""
     if not every_n_steps:
         return False
     return iterations // every_n_steps > last_saved_iterations // every_n_steps
@@ -251,31 +191,21 @@ def remove(backup_dir):
 
 
 def remove_temporary_files(backup_dir):
-    """Removes the temporary files of saves that were killed."""
-    try:
-        names = os.listdir(backup_dir)
-    except OSError:
-        return
-    for name in names:
-        if name.startswith(_TEMP_PREFIX) and name.endswith(".tmp"):
-            _remove_quietly(os.path.join(backup_dir, name))
+    with contextlib.suppress(OSError):
+        for name in os.listdir(backup_dir):
+            if name.startswith(_TEMP_PREFIX) and name.endswith(".tmp"):
+                _remove_quietly(os.path.join(backup_dir, name))
 
 
 def _remove_quietly(path):
-    try:
+    with contextlib.suppress(OSError):
         os.remove(path)
-    except OSError:
-        pass
 
 
 def _fsync_directory(path):
-    try:
+    with contextlib.suppress(OSError):
         descriptor = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(descriptor)
-    except OSError:
-        pass
-    finally:
-        os.close(descriptor)
+        try:
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)

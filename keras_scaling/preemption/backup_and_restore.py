@@ -1,5 +1,6 @@
 """`BackupAndRestore`: survive preemption, resume inside the epoch, bitwise."""
 
+import dataclasses
 import logging
 import os
 import shutil
@@ -29,73 +30,35 @@ _PREEMPTION_DIR = ".preemption"
 class BackupAndRestore(keras.callbacks.Callback):
     """Saves training where it stands, and resumes there, inside the epoch.
 
-    A drop-in for `keras.callbacks.BackupAndRestore` for jobs that can be
-    stopped at any time (preemptible machines). It saves the model's
-    variables (weights and layers' seed-generator states), the optimizer's
-    variables (its `iterations` included) and the position in training (the
-    epoch and the step within it) in `backup_dir/backup.npz`:
-
-    - at the end of every epoch;
-    - every `save_every_n_steps` steps, when given (the batches trained,
-      read from the optimizer's step counter, so right with
-      `steps_per_execution > 1` and `gradient_accumulation_steps`);
-    - when the process gets SIGTERM (`save_on_preemption`): at the end of
-      the step in progress it saves, stops training, and `fit` raises
-      `SystemExit(75)` (`EXIT_PREEMPTED`, "try again") from `on_train_end`,
-      so the process exits with status 75. Callbacks listed after this one
-      do not get `on_train_end` then. Under `MultiWorkerMirroredStrategy`
-      the signal may reach any one worker: TensorFlow's coordinated
-      preemption handling (`tf.distribute.experimental.PreemptionCheckpointHandler`)
-      agrees on one step, every worker stops after it and exits with 75.
-
-    Running the same script again restores the backup when training begins
-    and continues from the saved step. With a dataset from
-    `keras_scaling.data.distribute`, the saved epoch gets the same seeded
-    order and the steps it had already trained are skipped (read, not
-    trained), so no sample is trained twice or left out: with
-    deterministic ops (`tf.config.experimental.enable_op_determinism()`),
-    the weights at the end are bitwise those of a run that was never
-    stopped, with the same optimizer `iterations`. With other data the run
-    resumes at the start of the saved epoch and says so once, as Keras
-    does. The resumed epoch keeps its length: Keras still counts its first
-    steps (each batch callbacks see, progress bar included), whose batches
-    are read and not trained, and reports the metrics as they stand there.
-    The data is found, and its plan compared with the backup's, just before
-    the first step; a warning (shown without any logging set up) then says
-    once where training resumes: the backup file, the epoch and the step.
-
-    A save is atomic: the file is written beside the previous one and renamed
-    over it, so a process killed during a save leaves the previous backup
-    whole. `fit` checks when it starts that `backup_dir` takes a file (a
-    read-only directory raises an `OSError` naming it before the first
-    step); a save that fails (a full disk) raises an `OSError` naming the
-    directory, and the previous backup is whole. The SIGTERM handler and the
-    train-function wrapper are undone when `fit` ends, also when it raises. Under `MultiWorkerMirroredStrategy` only the chief writes the
-    backup (`backup_dir` must be a directory every worker reads) and every
-    worker restores the same step. A backup of another model (other
-    variables, shapes or dtypes), of another data plan (global batch,
-    samples, shuffling, workers) or a corrupt file raises
-    `keras_scaling.callbacks.backup_and_restore.BackupError` (a
-    `ValueError`) naming the directory and what differs; nothing is
-    overwritten. When training ends normally the backup is deleted (unless
-    `delete_checkpoint=False`), so the next run starts afresh.
-
-    Exactness needs the same script, data and `steps_per_execution`, and
-    one `fit` per `backup_dir`; batches read outside `fit` change nothing
-    (Keras' epochs number the passes over the data).
+    A drop-in for `keras.callbacks.BackupAndRestore`. It saves the model's
+    and optimizer's variables and the position in training in
+    `backup_dir/backup.npz`, atomically, at every epoch end, every
+    `save_every_n_steps` optimizer steps and on SIGTERM; after a SIGTERM
+    training stops and `fit` raises `SystemExit(75)` (`EXIT_PREEMPTED`) from
+    `on_train_end`, so later callbacks get no `on_train_end`. Running the
+    same script again resumes at the saved step: with data from
+    `keras_scaling.data.distribute`, exactly (bitwise with deterministic
+    ops); with other data, at the start of the saved epoch, as Keras does.
+    A backup of another model or data plan raises `BackupError` and
+    overwrites nothing. The backup is deleted when training ends normally.
+    The preemption guide covers several workers, storage faults and what is
+    undone when `fit` ends.
 
     Args:
         backup_dir: str or path, where the backup lives; created when missing.
-        save_every_n_steps: int or None, also save every this many optimizer
-            steps. Defaults to None (epoch ends and preemption only).
-        save_on_preemption: bool, save and stop on SIGTERM. Defaults to True.
-        delete_checkpoint: bool, delete the backup when training ends
-            normally, as Keras does. Defaults to True.
+        save_every_n_steps: int or None (default), also save every this many
+            optimizer steps.
+        save_on_preemption: bool, default True. Save and stop on SIGTERM.
+        delete_checkpoint: bool, default True. Delete the backup when
+            training ends normally, as Keras does.
+
+    Raises:
+        TypeError: `backup_dir` is not a path.
+        ValueError: an argument is out of range.
 
     Example:
 
     ```python
-    import keras, numpy as np, keras_scaling
     keras_scaling.use_logical_cpus(2)
     strategy = keras_scaling.auto_strategy()
     x = np.random.rand(1024, 8).astype("float32")
@@ -125,22 +88,15 @@ class BackupAndRestore(keras.callbacks.Callback):
         super().__init__()
         if not isinstance(backup_dir, (str, os.PathLike)) or not os.fspath(backup_dir):
             raise TypeError(
-                "backup_dir must be a non-empty directory path (str or "
-                f"os.PathLike), got {backup_dir!r}. Pass for example "
-                "backup_dir='backup'."
+                f"backup_dir must be a directory path such as 'backup', got {backup_dir!r}"
             )
         self.save_every_n_steps = _validation.optional_positive_int(
-            save_every_n_steps,
-            "save_every_n_steps",
-            fix="Pass for example save_every_n_steps=100, or None.",
+            save_every_n_steps, "save_every_n_steps"
         )
-        save_on_preemption = _validation.boolean(save_on_preemption, "save_on_preemption")
-        delete_checkpoint = _validation.boolean(delete_checkpoint, "delete_checkpoint")
+        self.save_on_preemption = _validation.boolean(save_on_preemption, "save_on_preemption")
+        self.delete_checkpoint = _validation.boolean(delete_checkpoint, "delete_checkpoint")
         self.backup_dir = os.fspath(backup_dir)
-        self.save_on_preemption = save_on_preemption
-        self.delete_checkpoint = delete_checkpoint
-        # Set while a fit runs (Any: mypy cannot see that the hooks that use
-        # them run only then).
+        # Set while a fit runs.
         self._training_data: Any = None
         self._data_found = False
         self._resume_pending: Any = None
@@ -164,13 +120,10 @@ class BackupAndRestore(keras.callbacks.Callback):
         # A read-only or full backup_dir fails here, not at the first save.
         _validation.writable_directory(self.backup_dir, "backup_dir", "BackupAndRestore")
         self._batch_counter = _step_counter.BatchCounter(self.model)
-        if self._batch_counter.read() is None:
-            # A backup whose position in training is unknown would resume
-            # at the wrong batch: the probe of the step counter said why.
+        if self._batch_counter.read() is None:  # its probe warned why
             raise ValueError(
-                "BackupAndRestore cannot count the batches trained with this optimizer's "
-                "gradient_accumulation_steps on this Keras; train without "
-                "gradient_accumulation_steps to back up"
+                "BackupAndRestore cannot count the batches trained with "
+                "gradient_accumulation_steps on this Keras: train without it to back up"
             )
         self._changes = _fit_end.FitChanges(self.params)
         strategy = self.model.distribute_strategy
@@ -205,9 +158,6 @@ class BackupAndRestore(keras.callbacks.Callback):
         self._epoch_start_iterations = self._read_iterations()
         self._steps_run_in_epoch = 0
         self._steps_skipped = 0
-        if self._changes is not None:
-            # The fit is alive; Keras drops the last epoch's iterator now.
-            self._changes.unwatch()
         if self._train_hook is not None:
             # Again each epoch: a callback's on_train_begin may rebuild it.
             self._train_hook.before = self._see_iterator
@@ -225,8 +175,7 @@ class BackupAndRestore(keras.callbacks.Callback):
             self.model.stop_training = True
 
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
-        if self._resume_pending is not None:
-            # The backup's epoch was the last: no step ran to position the data.
+        if self._resume_pending is not None:  # the backup's epoch was the last: no step ran
             position, _ = self._resume_pending
             self._resume_pending = None
             self._announce_resume(position, resumed_after_step=position.step_in_epoch)
@@ -240,16 +189,9 @@ class BackupAndRestore(keras.callbacks.Callback):
     # The train function.
 
     def _after_execution(self):
-        """Runs after each call of the train function (`steps_per_execution` steps).
-
-        Called from `fit`'s loop, not from a batch hook: a batch hook would
-        make Keras wait for every step to finish before dispatching the next.
-        Nothing here waits for the devices unless a save is due.
-        """
+        """After each call of the train function: a batch hook would make Keras wait for every step."""
         self._steps_run_in_epoch += self.model.steps_per_execution
-        if self._handler is not None:
-            # Every worker calls it once per execution; TensorFlow agrees on
-            # the step to save at and calls `_save_preempted` on all of them.
+        if self._handler is not None:  # calls `_save_preempted` on every worker at one step
             self._handler.run(_no_step)
         elif self._signal_received.is_set() and not self._preempted:
             self._save_preempted()
@@ -268,9 +210,6 @@ class BackupAndRestore(keras.callbacks.Callback):
                 self._save(self._mid_epoch_position(iterations), "every_n_steps")
 
     def _see_iterator(self, iterator):
-        # Held by the fit while it runs: when Python frees it, the fit is over.
-        if self._changes is not None:
-            self._changes.watch(iterator)
         self._train_hook.before = None  # until the next epoch
         if not self._data_found:
             self._data_found = True
@@ -279,8 +218,6 @@ class BackupAndRestore(keras.callbacks.Callback):
                 position, saved_plan = self._resume_pending
                 self._resume_pending = None
                 self._position_data(position, saved_plan)
-
-    # The end of the fit, however it ends.
 
     def _end_fit(self):
         """Undoes what this callback changed in the process for the fit (idempotent)."""
@@ -313,33 +250,22 @@ class BackupAndRestore(keras.callbacks.Callback):
         if not self._is_chief:
             return
         variables = self._variables()
+        data = self._training_data
         header = {
             "reason": reason,
-            "position": {
-                "epoch": position.epoch,
-                "step_in_epoch": position.step_in_epoch,
-                "iterations": position.iterations,
-                "data_pass": position.data_pass,
-            },
+            "position": dataclasses.asdict(position),
             "steps_per_epoch": self.params.get("steps"),
-            "data_plan": _backup.plan_summary(
-                None if self._training_data is None else self._training_data.plan
-            ),
+            "data_plan": _backup.plan_summary(None if data is None else data.plan),
         }
-        _backup.write(
-            self.backup_dir,
-            values=[_local_value(v, self.model.distribute_strategy) for v in variables],
-            specs=self._specs(variables),
-            header=header,
-        )
+        values = [_local_value(v, self.model.distribute_strategy) for v in variables]
+        _backup.write(self.backup_dir, values=values, specs=self._specs(variables), header=header)
 
     def _save_preempted(self):
         iterations = self._read_iterations()
         position = self._mid_epoch_position(iterations)
         steps_per_epoch = self.params.get("steps")
         if steps_per_epoch and position.step_in_epoch >= steps_per_epoch:
-            # The epoch is complete: its end saves, then training stops.
-            self._signal_received.set()
+            self._signal_received.set()  # the epoch's end saves, then training stops
             return
         self._save(position, "preemption")
         self._announce_preemption(iterations)
@@ -347,9 +273,8 @@ class BackupAndRestore(keras.callbacks.Callback):
     def _announce_preemption(self, iterations):
         self._preempted = True
         logger.warning(
-            "Preemption notice (SIGTERM): %s a backup at optimizer step %d "
-            "in %s; stopping training, the process exits with status %d. Run "
-            "the same script again to resume.",
+            "Preemption notice (SIGTERM): %s a backup at optimizer step %d in %s; "
+            "exiting with status %d. Run the same script again to resume.",
             "saved" if self._is_chief else "the chief saved",
             iterations,
             self.backup_dir,
@@ -366,9 +291,7 @@ class BackupAndRestore(keras.callbacks.Callback):
             return
         header, raw_values = backup
         optimizer = self.model.optimizer
-        if not optimizer.built:
-            # Keras builds the optimizer at the first step on one device; its
-            # variables must exist to take the saved values.
+        if not optimizer.built:  # Keras builds it at the first step; the values need it now
             with self.model.distribute_strategy.scope():
                 optimizer.build(self.model.trainable_variables)
         variables = self._variables()
@@ -378,27 +301,20 @@ class BackupAndRestore(keras.callbacks.Callback):
         for variable, raw, spec in zip(variables, raw_values, header["variables"]):
             numpy_dtype = tf.as_dtype(variable.dtype).as_numpy_dtype
             variable.assign(_backup.decode(raw, spec, numpy_dtype))
-        saved = header["position"]
-        position = _backup.Position(
-            saved["epoch"],
-            saved["step_in_epoch"],
-            saved["iterations"],
-            saved.get("data_pass"),
-        )
+        position = _backup.Position(**header["position"])
         if not hasattr(self.model, "_initial_epoch"):
             self._warn_once(
                 "initial_epoch",
-                f"Keras {keras.__version__} models have no _initial_epoch: the "
-                "weights are restored but training starts again at epoch 0",
+                f"Keras {keras.__version__} models have no _initial_epoch: training "
+                "restarts at epoch 0 with the restored weights",
             )
         else:
             self.model._initial_epoch = position.epoch
-        # The data is positioned before the first step, where it is found;
-        # the resume is announced then, at the step it really resumes at.
+        # The data is found, and the resume announced, before the first step.
         self._resume_pending = (position, header.get("data_plan"))
 
     def _position_data(self, position, saved_plan):
-        """Before a resumed fit's first step: the saved epoch's order, its trained steps skipped."""
+        """Before a resumed fit's first step: the saved epoch's order, its trained steps to skip."""
         data = self._training_data
         plan = None if data is None else _backup.plan_summary(data.plan)
         differences = _backup.plan_differences(saved_plan, plan)
@@ -414,23 +330,19 @@ class BackupAndRestore(keras.callbacks.Callback):
             if steps_to_skip:
                 self._warn_once(
                     "skip",
-                    f"{why}: resuming at the start of epoch {position.epoch + 1}, so "
-                    f"its first {steps_to_skip} steps are trained again (what "
-                    "keras.callbacks.BackupAndRestore does). Pass a dataset from "
-                    "keras_scaling.data.distribute for an exact resume.",
+                    f"{why}: resuming at the start of epoch {position.epoch + 1}, so its first "
+                    f"{steps_to_skip} steps are trained again, as Keras does; "
+                    "keras_scaling.data.distribute resumes exactly",
                 )
             return
         data.read_pass_next(position.data_pass)  # data in order has no pass to set
         steps_per_execution = self.model.steps_per_execution
         retrained = steps_to_skip % steps_per_execution
-        if retrained:
-            # A call of the train function reads steps_per_execution batches:
-            # skipping part of one would leave the epoch's last batches unread.
+        if retrained:  # skipping part of an execution would leave the epoch's last batches unread
             self._warn_once(
                 "steps_per_execution",
-                f"the backup was saved at step {steps_to_skip} of its epoch, not a "
-                f"multiple of steps_per_execution={steps_per_execution}: its last "
-                f"{retrained} steps are trained again",
+                f"the backup's step {steps_to_skip} is not a multiple of "
+                f"steps_per_execution={steps_per_execution}: its last {retrained} steps are trained again",
             )
         self._steps_skipped = steps_to_skip - retrained
         self._announce_resume(position, resumed_after_step=self._steps_skipped)
@@ -438,7 +350,7 @@ class BackupAndRestore(keras.callbacks.Callback):
             self._train_hook.skip = _resume.BatchSkipper(self.model, self._steps_skipped)
 
     def _announce_resume(self, position, resumed_after_step):
-        """Says once, at the default log level, where training resumed and from which file."""
+        """Says once, as a warning, where training resumed and from which file."""
         epochs = self.params.get("epochs")
         steps = self.params.get("steps")
         if epochs is not None and position.epoch >= epochs:
@@ -458,15 +370,10 @@ class BackupAndRestore(keras.callbacks.Callback):
     # Preemption.
 
     def _watch_for_preemption(self, strategy):
-        # Before the multi-worker handler too: it installs a signal handler,
-        # which raises outside the main thread (Ray Train runs the train loop
-        # in a thread of its own).
+        # The multi-worker handler installs a signal handler too, which raises
+        # outside the main thread (Ray Train's train loop runs in a thread).
         if threading.current_thread() is not threading.main_thread():
-            self._warn_once(
-                "thread",
-                "fit runs outside the main thread, where Python cannot receive "
-                "signals: no save on SIGTERM",
-            )
+            self._warn_once("thread", "fit runs outside the main thread: no save on SIGTERM")
             return
         if self._multi_worker:
             self._handler = self._handler or self._preemption_handler(strategy)
@@ -476,8 +383,7 @@ class BackupAndRestore(keras.callbacks.Callback):
 
     def _on_sigterm(self, signum, frame):
         if self._changes is None or self._changes.fit_is_over():
-            # The fit ended without on_train_end (it raised): its handler is
-            # gone now, and the signal goes where it would have gone.
+            # The fit raised: the signal goes where it would have gone without it.
             self._stop_watching()
             signal.raise_signal(signum)
             return
@@ -487,9 +393,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         config = tf.distribute.experimental.TerminationConfig(
             exit_fn=_no_step, save_fn=self._save_preempted, grace_period=0
         )
-        # The handler's own checkpoint holds only its step counter; with a
-        # save_fn it is never written, and other workers' scratch directories
-        # go under this one and are removed when they exit.
+        # With a save_fn its checkpoint is never written; workers' scratch goes under it.
         directory = os.path.join(self.backup_dir, _PREEMPTION_DIR, "handler")
         return tf.distribute.experimental.PreemptionCheckpointHandler(
             strategy.cluster_resolver, tf.train.Checkpoint(), directory, config
@@ -508,7 +412,7 @@ class BackupAndRestore(keras.callbacks.Callback):
     # Helpers.
 
     def _read_iterations(self):
-        """The batches trained so far (the step counter), or None when it cannot be read."""
+        """The batches trained so far, or None when they cannot be read."""
         if self._batch_counter is None:
             self._batch_counter = _step_counter.BatchCounter(self.model)
         return self._batch_counter.read()
@@ -520,9 +424,8 @@ class BackupAndRestore(keras.callbacks.Callback):
 
 
 def _local_value(variable, strategy):
-    """One local copy of a (possibly mirrored) variable, as NumPy."""
     return np.asarray(_topology.local_copy(variable, strategy).numpy())
 
 
 def _no_step():
-    """Nothing: the step already ran in `fit`; the handler only counts calls."""
+    """The step already ran in `fit`; the handler only counts calls."""

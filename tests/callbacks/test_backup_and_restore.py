@@ -370,8 +370,8 @@ def test_without_the_iterator_dataset_probe_a_backup_resumes_at_its_epoch_start(
 @pytest.mark.parametrize(
     "kwargs, error, fragment",
     [
-        ({"backup_dir": None}, TypeError, "backup_dir must be a non-empty directory path"),
-        ({"backup_dir": ""}, TypeError, "backup_dir must be a non-empty directory path"),
+        ({"backup_dir": None}, TypeError, "backup_dir must be a directory path"),
+        ({"backup_dir": ""}, TypeError, "backup_dir must be a directory path"),
         ({"backup_dir": "b", "save_every_n_steps": 0}, ValueError, "got 0"),
         ({"backup_dir": "b", "save_every_n_steps": 2.5}, TypeError, "save_every_n_steps"),
         ({"backup_dir": "b", "save_on_preemption": "yes"}, TypeError, "save_on_preemption"),
