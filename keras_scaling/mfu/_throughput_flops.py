@@ -13,9 +13,6 @@ from keras_scaling.throughput._dashboard import flops_text_of
 
 logger = logging.getLogger("keras_scaling")
 
-# GFLOP/s on CPUs, TFLOP/s elsewhere, so that a chart's figures stay between
-# about 0.01 and 1000 (TensorBoard writes other ticks in exponent notation).
-_FLOPS_UNITS = {"CPU": ("gflops", 1e9), "GPU": ("tflops", 1e12), "TPU": ("tflops", 1e12)}
 
 # A device without a peak figure is named once per process, not once per fit.
 _PEAK_REASONS_LOGGED: set[str] = set()
@@ -42,11 +39,15 @@ class ModelFlops:
         )
 
     @property
+    def _unit(self):
+        # GFLOP/s on CPUs, so that a chart's figures stay between about 0.01
+        # and 1000 (TensorBoard writes other ticks in exponent notation).
+        return ("gflops", 1e9) if self.device_kind == "CPU" else ("tflops", 1e12)
+
+    @property
     def flops_tag(self):
         """The tag of the model FLOP/s of all replicas, or None."""
-        if self.flops_per_sample is not None:
-            return f"throughput/{flops_unit(self.device_kind)[0]}_per_sec"
-        return None
+        return None if self.flops_per_sample is None else f"throughput/{self._unit[0]}_per_sec"
 
     @property
     def has_mfu(self):
@@ -57,7 +58,7 @@ class ModelFlops:
         figures = self.utilization(samples_per_sec)
         if figures is None:
             return {}
-        name, scale = flops_unit(self.device_kind)
+        name, scale = self._unit
         flops_per_sec = figures.tflops_per_sec * 1e12 / scale
         scalars = {
             f"throughput/{name}_per_sec": flops_per_sec,
@@ -84,11 +85,6 @@ class ModelFlops:
             peak = flops_text_of(self.peak_flops_per_replica, "/s")
             peak_text = f"{peak} per replica ({self.peak_source})"
         return [("model FLOPs per sample", flops_text), ("peak FLOP/s", peak_text)]
-
-
-def flops_unit(device_kind):
-    """`(name, scale)` of the model FLOP/s tags on a device kind: `("gflops", 1e9)` on CPUs."""
-    return _FLOPS_UNITS.get(device_kind, _FLOPS_UNITS["GPU"])
 
 
 def resolve(

@@ -41,27 +41,22 @@ _PASS_SAMPLE = "pass sample=(x, y) with one batch of the training data"
 def training_flops_per_sample(model: "keras.Model", *, sample: Any = None) -> float | None:
     """Floating-point operations of one training sample, forward and backward.
 
-    Traces the forward pass (`training=True`), the loss (`model.compute_loss`)
-    and the gradients with respect to the trainable weights into one graph,
-    adds up TensorFlow's per-op FLOP statistics over the ops the loss and
-    gradients depend on, and divides by the batch size. A multiply-add counts
-    2; the optimizer update is not counted. Nothing runs on a device: the
-    weights and the optimizer are untouched.
+    Traces the forward pass, the loss (`model.compute_loss`) and the weight
+    gradients into one graph and adds up TensorFlow's per-op statistics; a
+    multiply-add counts 2, the optimizer update is not counted, and nothing
+    runs (the weights and the optimizer are untouched).
 
     Args:
-        model: a built `keras.Model`; compiled, or its loss is not counted
-            (then the gradients of its output sum are).
-        sample: optional, one batch: `(x, y)`, `(x, y, sample_weight)` or `x`,
-            each a structure of arrays, tensors or `tf.TensorSpec`. Needed
-            when input shapes are not static, or the target cannot be guessed
-            from the output (a float target shaped like it, else integer
-            labels). A batch dimension of None is traced with 8 samples.
+        model: a built `keras.Model`; uncompiled, the gradients of its output
+            sum are counted instead of its loss.
+        sample: one batch, `(x, y)`, `(x, y, sample_weight)` or `x`, of arrays,
+            tensors or `tf.TensorSpec`: needed when input shapes are not
+            static or the target is neither a float shaped like the output
+            nor integer labels. A batch dimension of None is traced with 8.
 
     Returns:
-        float, operations per sample, or None when the graph cannot be
-        counted reliably (loops such as RNN layers, function calls, heavy ops
-        without statistics, unknown shapes); the reason is logged as a
-        warning on the `keras_scaling` logger.
+        float, or None when the count would be wrong (loops such as RNN
+        layers, function calls, unknown shapes), with the reason logged.
 
     Raises:
         TypeError: `model` is not a `keras.Model`.

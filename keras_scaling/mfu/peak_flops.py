@@ -1,9 +1,4 @@
-"""Peak FLOPs per second of one replica's device: a datasheet table, or measured.
-
-The figures are dense (datasheets' "with sparsity" Tensor Core figures
-halved), by compute dtype; which devices are recognised and how: the
-[FLOPs and MFU guide](../../guides/flops.md#peak-flops).
-"""
+"""Peak FLOPs per second of one replica's device: dense datasheet figures, or measured."""
 
 import dataclasses
 import os
@@ -101,10 +96,9 @@ def device_key(
 
     Args:
         device_kind: str, `"GPU"`, `"TPU"` or `"CPU"`.
-        device_details: dict, for a GPU what
-            `tf.config.experimental.get_device_details` gives.
-        environ: mapping, the environment (default `os.environ`), where
-            Cloud TPU VMs set `TPU_ACCELERATOR_TYPE` or `ACCELERATOR_TYPE`.
+        device_details: for a GPU, `tf.config.experimental.get_device_details`.
+        environ: the environment (default `os.environ`), for a TPU's
+            `TPU_ACCELERATOR_TYPE` or `ACCELERATOR_TYPE`.
 
     Returns:
         str or None.
@@ -145,8 +139,8 @@ def lookup(
 ) -> Peak | None:
     """The datasheet `Peak` of a table device for a compute dtype, or None.
 
-    float32 becomes TF32 on GPUs of compute capability 8.0 and newer while
-    TensorFlow's TensorFloat-32 execution is enabled (its default).
+    float32 is TF32 on GPUs of compute capability 8.0 and newer while
+    TensorFloat-32 execution is enabled (TensorFlow's default).
 
     Args:
         key: str, a `PEAK_FLOPS` key.
@@ -191,12 +185,8 @@ def faster_dtypes(peak: Peak) -> list[tuple[str, float]]:
     ```
     """
     figures = PEAK_FLOPS.get(peak.device or "", {})
-    faster = [
-        (dtype, figures[dtype] / peak.flops_per_sec)
-        for dtype in ("bfloat16", "float16")
-        if figures.get(dtype, 0) > peak.flops_per_sec
-    ]
-    return sorted(faster, key=lambda item: -item[1])
+    times = {dtype: figures.get(dtype, 0) / peak.flops_per_sec for dtype in ("bfloat16", "float16")}
+    return sorted(((d, t) for d, t in times.items() if t > 1), key=lambda item: -item[1])
 
 
 def measure_matmul_flops_per_sec(

@@ -1,10 +1,4 @@
-"""Model TFLOP/s and MFU from throughput: plain arithmetic, numbers in and out.
-
-MFU (model FLOPs utilization) is `flops_per_sample * samples_per_sec /
-(peak_flops_per_replica * num_replicas)`: 0.4 means the devices do the
-model's own arithmetic (forward and backward, not the optimizer update) at
-40% of their peak.
-"""
+"""Model TFLOP/s and MFU (model FLOPs utilization) from throughput: plain arithmetic."""
 
 import dataclasses
 from collections.abc import Sequence
@@ -55,19 +49,16 @@ def utilization(
     """Model TFLOP/s and MFU of a throughput figure.
 
     Args:
-        flops_per_sample: float, operations of one training sample, forward
-            and backward.
+        flops_per_sample: float, operations of one training sample, forward and backward.
         samples_per_sec: float, samples trained per second, all replicas.
         num_replicas: int, replicas in sync.
-        peak_flops_per_replica: float, peak FLOPs/sec of one replica's
-            device, or None (then `mfu` is None).
+        peak_flops_per_replica: float, peak FLOPs/sec of one replica, or None (no MFU).
 
     Returns:
         A `Utilization`.
 
     Raises:
-        TypeError, ValueError: a figure that is not a positive, finite number
-            (`num_replicas`: integer).
+        TypeError, ValueError: a figure that is not a positive, finite number.
 
     Example:
 
@@ -94,7 +85,7 @@ def check_flops_per_sample(
 
     Args:
         value: the argument.
-        parameter: the argument name for error messages.
+        parameter: its name in error messages.
 
     Returns:
         The value, a number as float.
@@ -119,7 +110,7 @@ def check_peak_flops(
 
     Args:
         value: the argument.
-        parameter: the argument name for error messages.
+        parameter: its name in error messages.
 
     Returns:
         The value, a number as float.
@@ -150,9 +141,8 @@ def underuse_advice(
 ) -> str | None:
     """What keeps devices underused when training scales well (efficiency >= 0.8, MFU < 0.2).
 
-    The figures point to, in this order: an input pipeline that yields
-    barely more than training takes; float32 on a device with faster dtypes;
-    a small per-replica batch.
+    In this order: an input pipeline that yields barely more than training
+    takes; float32 on a device with faster dtypes; a small per-replica batch.
 
     Args:
         efficiency: float, scaling efficiency, or None.
@@ -164,7 +154,7 @@ def underuse_advice(
         samples_per_sec: float, training's throughput, or None.
 
     Returns:
-        str, one piece of advice, or None when MFU is not low or scaling is poor.
+        str, one piece of advice, or None.
 
     Example:
 
