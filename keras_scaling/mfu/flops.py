@@ -139,30 +139,31 @@ def _sample_specs(model, sample):
     """Candidate `(x, y, sample_weight)` specs with static shapes to trace."""
     import tensorflow as tf
 
-    if sample is None:
-        inputs, outputs = getattr(model, "inputs", None), getattr(model, "outputs", None)
-        if not inputs or not outputs:
-            raise ValueError(
-                f"{type(model).__name__} has no symbolic inputs and outputs, so the "
-                f"shapes to trace are unknown; {_PASS_SAMPLE}"
-            )
-        x = [_spec_of(t) for t in inputs]
-        x = x[0] if len(x) == 1 else x
-        outputs_flat = [_spec_of(t) for t in outputs]
-        float_target = [tf.TensorSpec(spec.shape, "float32") for spec in outputs_flat]
-        label_target = [tf.TensorSpec(spec.shape[:-1], "int32") for spec in outputs_flat]
-        # Each guess costs a trace, so the likelier one goes first.
-        targets = [float_target, label_target]
-        if "sparse" in repr(getattr(model, "loss", None)).lower():  # a loss of labels
-            targets.reverse()
-        if len(outputs_flat) == 1:
-            targets = [target[0] for target in targets]
-        candidates: list[tuple] = [(x, y, None) for y in targets]
-    else:
+    if sample is not None:
         parts = tuple(sample) if isinstance(sample, tuple) and 1 < len(sample) <= 3 else (sample,)
         parts += (None,) * (3 - len(parts))
-        candidates = [tuple(p if p is None else tf.nest.map_structure(_spec_of, p) for p in parts)]
-    return [_with_static_batch(specs) for specs in candidates]
+        return [
+            _with_static_batch(
+                [p if p is None else tf.nest.map_structure(_spec_of, p) for p in parts]
+            )
+        ]
+    if not getattr(model, "inputs", None) or not getattr(model, "outputs", None):
+        raise ValueError(
+            f"{type(model).__name__} has no symbolic inputs and outputs, so the "
+            f"shapes to trace are unknown; {_PASS_SAMPLE}"
+        )
+    x = [_spec_of(t) for t in model.inputs]
+    outputs = [_spec_of(t) for t in model.outputs]
+    floats = [tf.TensorSpec(spec.shape, "float32") for spec in outputs]
+    labels = [tf.TensorSpec(spec.shape[:-1], "int32") for spec in outputs]
+    # Each guess of the target costs a trace, so the likelier one goes first.
+    sparse = "sparse" in repr(getattr(model, "loss", None)).lower()
+    targets = [labels, floats] if sparse else [floats, labels]
+
+    def one(specs):
+        return specs[0] if len(specs) == 1 else specs
+
+    return [_with_static_batch([one(x), one(y), None]) for y in targets]
 
 
 def _spec_of(value):
