@@ -6,24 +6,22 @@ import math
 from keras_scaling import _validation
 
 
-def _integer_at_least(text, minimum):
-    try:
-        value = int(text)
-    except ValueError:
-        value = minimum - 1
-    if value < minimum:
-        raise argparse.ArgumentTypeError(
-            f"must be {_validation.integer_wording(minimum)}, got {text!r}"
-        )
-    return value
+def _integer_at_least(minimum):
+    def parse(text):
+        try:
+            value = int(text)
+        except ValueError:
+            value = minimum - 1
+        if value < minimum:
+            wording = _validation.integer_wording(minimum)
+            raise argparse.ArgumentTypeError(f"must be {wording}, got {text!r}")
+        return value
+
+    return parse
 
 
-def positive_int(text):
-    return _integer_at_least(text, 1)
-
-
-def non_negative_int(text):
-    return _integer_at_least(text, 0)
+positive_int = _integer_at_least(1)
+non_negative_int = _integer_at_least(0)
 
 
 def number(unit, low=0.0, high=math.inf, high_text=None, low_included=False):
@@ -57,31 +55,15 @@ def add_model_options(parser, command, outputs):
     from keras_scaling.cli._models import PRESETS
 
     add = parser.add_argument
-    add(
-        "--model",
-        default="mlp",
-        metavar="PRESET|package.module:function",
-        help=f"{', '.join(PRESETS)} or a function without arguments returning a keras.Model "
-        "(default: mlp)",
+    model_help = f"{', '.join(PRESETS)} or a function returning a keras.Model (default: mlp)"
+    add("--model", default="mlp", metavar="PRESET|package.module:function", help=model_help)
+    data_help = (
+        "your data instead of synthetic data: a function returning a tf.data.Dataset of "
+        "samples, arrays (x, y) or a keras.utils.PyDataset"
     )
-    add(
-        "--data",
-        metavar="package.module:function",
-        help="your data instead of synthetic data: a function returning a tf.data.Dataset of "
-        "samples, arrays (x, y) or a keras.utils.PyDataset",
-    )
+    add("--data", metavar="package.module:function", help=data_help)
     add("--cpu-devices", type=positive_int, metavar="N", help="N logical CPUs instead of the GPUs")
-    add(
-        "--steps-per-execution",
-        type=positive_int,
-        default=1,
-        metavar="K",
-        help=f"steps per compiled call, for models keras-scaling {command} compiles (default 1)",
-    )
-    add(
-        "--logdir",
-        "--log-dir",
-        dest="logdir",
-        metavar="LOGDIR",
-        help=f"where to write {outputs} (default: logs/{command}-YYYYmmdd-HHMMSS)",
-    )
+    compile_help = f"steps per compiled call, for models {command} compiles (default 1)"
+    add("--steps-per-execution", type=positive_int, default=1, metavar="K", help=compile_help)
+    logdir_help = f"where to write {outputs} (default: logs/{command}-YYYYmmdd-HHMMSS)"
+    add("--logdir", "--log-dir", dest="logdir", metavar="LOGDIR", help=logdir_help)

@@ -1,8 +1,6 @@
 """The models of `bench` and `tune`: presets, `package.module:function` specs, synthetic data.
 
-A spec's function takes no arguments and returns a `keras.Model`; it is
-called inside the strategy's scope. See the bench guide for how models that
-are not compiled get compiled and how synthetic targets follow the loss.
+A spec's function takes no arguments, returns a `keras.Model` and is called in the strategy's scope.
 """
 
 import importlib
@@ -20,14 +18,13 @@ _DATA_FIX = (
 
 def check_spec(spec):
     """Raises `UsageError` unless `spec` is a preset or an importable callable."""
-    if spec in PRESETS:
-        return
-    if ":" not in spec:
+    if spec not in PRESETS and ":" not in spec:
         raise UsageError(
             f"--model {spec!r} is neither a preset ({', '.join(PRESETS)}) nor "
             "package.module:function"
         )
-    _import_function(spec)
+    if spec not in PRESETS:
+        _import_function(spec)
 
 
 def check_data_spec(spec):
@@ -48,21 +45,19 @@ def _import_function(spec, option="--model"):
     if "" not in sys.path and "." not in sys.path:
         sys.path.insert(0, "")
     try:
-        module = importlib.import_module(module_name)
+        function = getattr(importlib.import_module(module_name), function_name, None)
     except ImportError as error:
         raise UsageError(
             f"{option} {spec!r}: cannot import module {module_name!r} ({error}); "
             "run from the directory that holds it or add it to PYTHONPATH"
         ) from None
-    function = getattr(module, function_name, None)
     if function is None:
         raise UsageError(
             f"{option} {spec!r}: module {module_name!r} has no attribute {function_name!r}"
         )
     if not callable(function):
-        raise UsageError(
-            f"{option} {spec!r}: {function_name!r} is a {type(function).__name__}, not a function"
-        )
+        kind = type(function).__name__
+        raise UsageError(f"{option} {spec!r}: {function_name!r} is a {kind}, not a function")
     return function
 
 
@@ -175,14 +170,9 @@ def _random_array(rng, num_samples, shape, dtype):
 
 def _target_kind(model):
     """`labels`, `one_hot` or `values`, from the name of the model's loss."""
-    import keras
-
     loss = getattr(model, "loss", None)
-    name = loss if isinstance(loss, str) else type(loss).__name__
-    if isinstance(loss, keras.losses.Loss) and hasattr(loss, "fn"):
-        name = getattr(loss.fn, "__name__", name)
-    elif callable(loss) and not isinstance(loss, keras.losses.Loss):
-        name = getattr(loss, "__name__", name)
+    loss = getattr(loss, "fn", loss)  # a keras.losses.Loss wraps its function
+    name = loss if isinstance(loss, str) else getattr(loss, "__name__", type(loss).__name__)
     name = name.lower().replace("_", "")
     if "sparsecategorical" in name:
         return "labels"

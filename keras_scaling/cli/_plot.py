@@ -1,18 +1,13 @@
 """The bench's charts: speedup against replicas, efficiency against per-replica batch.
 
-A `Chart` says what a chart shows; `render` draws it with matplotlib's Agg
-canvas (no pyplot state, the default style whatever the user's matplotlibrc)
-into a 640 x 480 PNG, sized for TensorBoard's image cards, and reads back
-what the figure holds so tests check the picture, not only the file.
-matplotlib is imported only when a chart is drawn (the extra
-`keras-scaling[plot]`): Keras imports `matplotlib.pyplot` whenever it is
-installed, at a cost to every `import keras`.
+`render` draws a `Chart` into a PNG with matplotlib's Agg canvas, imported
+only then (the extra `keras-scaling[plot]`), and reads back what the figure
+holds, so that tests check the picture, not only the file.
 """
 
 import collections
 import io
 import math
-from typing import NamedTuple
 
 import numpy as np
 
@@ -34,40 +29,18 @@ class MatplotlibMissing(ImportError):
     """matplotlib cannot be imported; the message says how to install it."""
 
 
-class Line(NamedTuple):
-    """A line through `points`, `((x, y), ...)`; `label` names it in the legend."""
-
-    points: tuple
-    color: str
-    label: str = ""
-    dashed: bool = False
-    markers: bool = False
-
-
-class PointLabel(NamedTuple):
-    """`text` centred just above the point `(x, y)`."""
-
-    text: str
-    x: float
-    y: float
-    color: str
-
-
-class Chart(NamedTuple):
-    """What a chart shows; `x_ticks` are `((value, text), ...)`, matplotlib picks the y ticks."""
-
-    title: str
-    x_label: str
-    y_label: str
-    x_ticks: tuple
-    x_range: tuple
-    y_range: tuple
-    lines: tuple = ()
-    point_labels: tuple = ()
-    x_log2: bool = False
-    legend_at: str = "upper left"
-
-
+# What a chart shows: lines through points `((x, y), ...)`, labelled in the
+# legend when `label` is set; `PointLabel`s centred just above their point;
+# x ticks `((value, text), ...)`, while matplotlib picks round y ticks.
+Line = collections.namedtuple(
+    "Line", "points color label dashed markers", defaults=("", False, False)
+)
+PointLabel = collections.namedtuple("PointLabel", "text x y color")
+Chart = collections.namedtuple(
+    "Chart",
+    "title x_label y_label x_ticks x_range y_range lines point_labels x_log2 legend_at",
+    defaults=((), (), False, "upper left"),
+)
 # What `render` read back from the figure. Boxes are `(left, top, right,
 # bottom)` in pixels of the PNG from its top left corner; a line's label is
 # "" when it has no legend entry.
@@ -170,7 +143,18 @@ def render(chart):
             "draws the charts"
         ) from error
 
-    with matplotlib.style.context("default"):
+    # matplotlib's defaults, whatever the user's matplotlibrc says, with our sizes.
+    style = {
+        **{f"{key}size": _points(FONT_PX) for key in ("axes.title", "axes.label", "xtick.label")},
+        "ytick.labelsize": _points(FONT_PX),
+        "legend.fontsize": _points(SMALL_FONT_PX),
+        "lines.linewidth": _points(3),
+        "lines.markersize": _points(10),
+        "axes.grid": True,
+        "axes.axisbelow": True,
+        "grid.color": "#e2e2e2",
+    }
+    with matplotlib.style.context(["default", style]):
         figure = Figure(figsize=(WIDTH_PX / _DPI, HEIGHT_PX / _DPI), dpi=_DPI, layout="constrained")
         canvas = FigureCanvasAgg(figure)
         axes = figure.add_subplot()
@@ -206,17 +190,10 @@ def _draw(chart, axes):
 
     for line in chart.lines:
         xs, ys = zip(*line.points) if line.points else ((), ())
-        axes.plot(
-            xs,
-            ys,
-            color=line.color,
-            # matplotlib leaves labels starting with "_" out of the legend.
-            label=line.label or "_unlabelled",
-            linestyle="--" if line.dashed else "-",
-            linewidth=_points(3),
-            marker="o" if line.markers else None,
-            markersize=_points(10),
-        )
+        # matplotlib leaves labels starting with "_" out of the legend.
+        label = line.label or "_unlabelled"
+        style = ("--" if line.dashed else "-") + ("o" if line.markers else "")
+        axes.plot(xs, ys, style, color=line.color, label=label)
     for label in chart.point_labels:
         axes.annotate(
             label.text,
@@ -228,9 +205,7 @@ def _draw(chart, axes):
             color=label.color,
             fontsize=_points(SMALL_FONT_PX),
         )
-    axes.set_title(chart.title, fontsize=_points(FONT_PX))
-    axes.set_xlabel(chart.x_label, fontsize=_points(FONT_PX))
-    axes.set_ylabel(chart.y_label, fontsize=_points(FONT_PX))
+    axes.set(title=chart.title, xlabel=chart.x_label, ylabel=chart.y_label)
     if chart.x_log2:
         axes.set_xscale("log", base=2)
     axes.set_xlim(*chart.x_range)
@@ -240,11 +215,8 @@ def _draw(chart, axes):
     # At most 6 y ticks, on steps of 1, 2, 2.5 or 5 times a power of 10, written as short as exact.
     axes.yaxis.set_major_locator(ticker.MaxNLocator(nbins=5, steps=(1, 2, 2.5, 5, 10)))
     axes.yaxis.set_major_formatter(ticker.StrMethodFormatter("{x:g}"))
-    axes.tick_params(labelsize=_points(FONT_PX))
-    axes.grid(True, color="#e2e2e2")
-    axes.set_axisbelow(True)
     if any(line.label for line in chart.lines):
-        axes.legend(loc=chart.legend_at, fontsize=_points(SMALL_FONT_PX))
+        axes.legend(loc=chart.legend_at)
 
 
 def _visible_y_ticks(axes):

@@ -6,7 +6,7 @@ Speedup, ideal and efficiency come from `_run_record.speedup_of`, as
 `ThroughputLogger` computes them, so a row shows the figures its logger wrote.
 """
 
-import dataclasses
+import collections
 import math
 import os
 import re
@@ -17,39 +17,17 @@ from keras_scaling.throughput import _run_record
 THROUGHPUT_FILE = _run_record.THROUGHPUT_JSON
 
 
-@dataclasses.dataclass(frozen=True)
-class Run:
-    """One `throughput.json`: `name` is its directory relative to the one searched (`"."` for itself)."""
-
-    name: str
-    path: str
-    throughput: dict
-
-
-@dataclasses.dataclass(frozen=True)
-class Row:
-    """One line of the scaling table."""
-
-    run: str
-    replicas: int
-    per_replica_batch_size: int
-    global_batch_size: int
-    samples_per_sec: float
-    speedup: float
-    efficiency: float
-    ideal_speedup: float
-    tflops_per_sec: float | None = None
-    mfu: float | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class Summary:
-    """The rows, sorted by replicas then run; the common baseline (None: each run's own); notes."""
-
-    rows: tuple
-    baseline_samples_per_sec: float | None
-    baseline_source: str
-    notes: tuple
+# One `throughput.json`: `name` is its directory relative to the one searched ("." for itself).
+Run = collections.namedtuple("Run", "name path throughput")
+# The rows sorted by replicas then run; the common baseline (None: each run's own); notes.
+Summary = collections.namedtuple("Summary", "rows baseline_samples_per_sec baseline_source notes")
+# One line of the scaling table; figures that could not be measured are NaN or None.
+Row = collections.namedtuple(
+    "Row",
+    "run replicas per_replica_batch_size global_batch_size samples_per_sec speedup efficiency "
+    "ideal_speedup tflops_per_sec mfu",
+    defaults=(None, None),
+)
 
 
 def read_run(path, name):
@@ -80,8 +58,6 @@ def _natural_key(name):
 
 def summarize(runs):
     """The `Summary` of `runs` (see the module docstring for the baseline)."""
-    if not runs:
-        raise ValueError("summarize needs at least one run")
     single = [run for run in runs if run.throughput["num_replicas"] == 1]
     notes = []
     common = single[0].throughput if len(single) == 1 else None
@@ -100,33 +76,27 @@ def summarize(runs):
     rows = []
     for run in runs:
         record = run.throughput
-        replicas = int(record["num_replicas"])
-        samples_per_sec = float(record["samples_per_sec"])
+        replicas, samples_per_sec = int(record["num_replicas"]), float(record["samples_per_sec"])
+        global_batch_size = int(record["global_batch_size"])
         figures = _run_record.speedup_of(record, common)
         if figures is None:
             notes.append(f"{run.name} has no baseline, so no speedup")
-        global_batch_size = int(record["global_batch_size"])
         tflops_per_sec = None
         if record.get("flops_per_sample"):
+            flops = float(record["flops_per_sample"])
             tflops_per_sec = utilization.utilization(
-                float(record["flops_per_sample"]), samples_per_sec, replicas
+                flops, samples_per_sec, replicas
             ).tflops_per_sec
-        rows.append(
-            Row(
-                run=run.name,
-                replicas=replicas,
-                per_replica_batch_size=int(
-                    record.get("per_replica_batch_size") or global_batch_size // replicas
-                ),
-                global_batch_size=global_batch_size,
-                samples_per_sec=samples_per_sec,
-                speedup=figures.speedup if figures else math.nan,
-                efficiency=figures.efficiency if figures else math.nan,
-                ideal_speedup=figures.ideal_speedup if figures else math.nan,
-                tflops_per_sec=tflops_per_sec,
-                mfu=record.get("mfu"),
-            )
+        per_replica = int(record.get("per_replica_batch_size") or global_batch_size // replicas)
+        speedup, efficiency, ideal = (
+            (figures.speedup, figures.efficiency, figures.ideal_speedup)
+            if figures
+            else [math.nan] * 3
         )
+        rows.append(
+            Row(run.name, replicas, per_replica, global_batch_size, samples_per_sec, speedup,
+                efficiency, ideal, tflops_per_sec, record.get("mfu"))
+        )  # fmt: skip
     rows.sort(key=lambda row: (row.replicas, _natural_key(row.run)))
     baseline = None if common is None else float(common["samples_per_sec"])
     return Summary(tuple(rows), baseline, source, tuple(notes))
@@ -145,21 +115,24 @@ def smallest_efficient_batch(rows, threshold=0.9):
 
 def summary_to_json(summary, **setup):
     """The content of `scaling.json`: the set-up, the baseline and the rows, NaN as null."""
-
-    def clean(value):
-        return None if isinstance(value, float) and math.isnan(value) else value
-
+    nan_as_none = lambda value: None if isinstance(value, float) and math.isnan(value) else value  # noqa: E731
+    rows = [
+        {key: nan_as_none(value) for key, value in row._asdict().items()} for row in summary.rows
+    ]
     return {
         "version": 1,
         **setup,
         "baseline_samples_per_sec": summary.baseline_samples_per_sec,
         "baseline_source": summary.baseline_source,
-        "rows": [
-            {key: clean(value) for key, value in dataclasses.asdict(row).items()}
-            for row in summary.rows
-        ],
+        "rows": rows,
         "notes": list(summary.notes),
     }
+
+
+def summary_text(summary):
+    """The table, the baseline its speedup is over, and the notes, as the commands print them."""
+    notes = "".join(f"\nNote: {note}." for note in summary.notes)
+    return f"{format_table(summary.rows)}\n\nSpeedup over {summary.baseline_source}.{notes}"
 
 
 _COLUMNS = (
@@ -190,8 +163,12 @@ def format_table(rows):
     return "\n".join("| " + " | ".join(line) + " |" for line in lines)
 
 
+def _nan_as_none(value):
+    return None if isinstance(value, float) and math.isnan(value) else value
+
+
 def _cell(fmt, value):
-    if value is None or (isinstance(value, float) and math.isnan(value)):
+    if _nan_as_none(value) is None:
         return "-"
     if fmt == "flops":
         from keras_scaling.throughput._dashboard import flops_text_of

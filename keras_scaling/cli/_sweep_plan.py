@@ -1,5 +1,6 @@
 """The bench's sweep plan: replica counts, batch sizes and CPU thread pools; no TensorFlow."""
 
+import collections
 import dataclasses
 import math
 import os
@@ -50,13 +51,9 @@ def check_replica_counts(replica_counts, num_devices, device_hint):
         )
 
 
-@dataclasses.dataclass(frozen=True)
-class SweepPoint:
-    """One replica count of the sweep and its batch sizes."""
-
-    replicas: int
-    per_replica_batch_size: int
-    global_batch_size: int
+SweepPoint = collections.namedtuple(
+    "SweepPoint", "replicas per_replica_batch_size global_batch_size"
+)
 
 
 def plan_batches(replica_counts, per_replica_batch_size=None, global_batch_size=None):
@@ -86,9 +83,7 @@ def plan_batches(replica_counts, per_replica_batch_size=None, global_batch_size=
 
 def available_cores():
     """The CPU cores this process may run on."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,9 +98,7 @@ class CpuThreads:
     threads_per_replica: int
     largest_count: int
 
-    @property
-    def oversubscribed(self):
-        return self.largest_count > self.cores
+    oversubscribed = property(lambda self: self.largest_count > self.cores)
 
     def intra_op_threads(self):
         return self.threads_per_replica

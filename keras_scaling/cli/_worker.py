@@ -14,8 +14,7 @@ THREADPOOL_ENV = "TF_OVERRIDE_GLOBAL_THREADPOOL"
 def main(parser, run, usage_prefix, argv=None):
     """Parses `argv`, ties the process to its parent and returns `run(args)`'s exit status.
 
-    A `UsageError` becomes exit status 2 with a last stderr line
-    `usage_prefix + message`, which the parent reads back.
+    A `UsageError` becomes exit status 2 and a last stderr line `usage_prefix + message`.
     """
     args = parser.parse_args(argv)
     _die_with_parent()
@@ -39,10 +38,9 @@ def _die_with_parent():
 
 
 def use_cpus(count, intra_op_threads, inter_op_threads):
-    """Hides the GPUs and splits the CPU into `count` logical devices; returns their names.
+    """Hides the GPUs and splits the CPU into `count` logical devices, each with its own pool.
 
-    Each device gets its own pool of `intra_op_threads`. Call it before
-    anything else touches TensorFlow's devices: pools are fixed when they are made.
+    Returns the devices' names. Call it first: TensorFlow fixes its pools when it makes devices.
     """
     os.environ.setdefault(THREADPOOL_ENV, "1")
     import tensorflow as tf

@@ -1,7 +1,7 @@
 """`keras-scaling bench`: the speedup table of your model over replica counts."""
 
 import argparse
-import dataclasses
+import collections
 import json
 import os
 import re
@@ -15,12 +15,9 @@ from keras_scaling.cli import _bench_worker, _models, _plot, _speedup_table, _sw
 from keras_scaling.cli._arguments import add_model_options, positive_int
 from keras_scaling.cli._errors import UsageError
 
-_DEFAULT_PER_REPLICA_BATCH = 64
 _DEFAULT_STEPS = 100
 _EFFICIENT = 0.9
 _RUN_DIR_PATTERN = re.compile(r"(replicas|batch)_\d+")
-_WORKER_LOG = "bench_worker.log"
-_EXPLAIN_RUN = "explain"
 # The run, under LOGDIR, that holds the sweep's table and plots.
 SUMMARY_RUN = "summary"
 
@@ -55,82 +52,46 @@ def add_parser(subparsers):
     )
     add_model_options(parser, "bench", "the runs, scaling.json and the plots")
     add = parser.add_argument
-    add(
-        "--replicas",
-        metavar="LIST",
-        help="replica counts, such as 1,2,4 (default: 1, then powers of two up to all devices)",
+    replicas_help = (
+        "replica counts, such as 1,2,4 (default: 1, then powers of two up to all devices)"
     )
-    batch = parser.add_mutually_exclusive_group()
-    batch.add_argument(
-        "--per-replica-batch",
-        metavar="B[,B...]",
-        help=f"weak scaling: each replica's batch (default {_DEFAULT_PER_REPLICA_BATCH}); several, such as 16,32,64,128, sweep it",
+    add("--replicas", metavar="LIST", help=replicas_help)
+    batch = parser.add_mutually_exclusive_group().add_argument
+    weak_help = "weak scaling: each replica's batch (default 64); several, such as 16,32, sweep it"
+    batch("--per-replica-batch", metavar="B[,B...]", help=weak_help)
+    strong_help = "strong scaling: the global batch, split over the replicas"
+    batch("--global-batch", type=positive_int, metavar="G", help=strong_help)
+    steps_help = f"training steps per replica count (default {_DEFAULT_STEPS})"
+    add("--steps", type=positive_int, default=_DEFAULT_STEPS, metavar="S", help=steps_help)
+    add("--overwrite", action="store_true", help="replace an earlier bench's results in LOGDIR")
+    peak_help = (
+        "one replica's peak FLOPs/sec for MFU: auto (datasheets of GPUs and TPUs), measure "
+        "(a timed matrix multiply) or a number such as 312e12 (default auto)"
     )
-    batch.add_argument(
-        "--global-batch",
-        type=positive_int,
-        metavar="G",
-        help="strong scaling: the global batch, split over the replicas",
-    )
-    add(
-        "--steps",
-        type=positive_int,
-        default=_DEFAULT_STEPS,
-        metavar="S",
-        help=f"training steps per replica count (default {_DEFAULT_STEPS})",
-    )
-    add(
-        "--overwrite", action="store_true", help="replace the results of an earlier bench in LOGDIR"
-    )
-    add(
-        "--peak-flops",
-        default="auto",
-        metavar="auto|measure|FLOPS",
-        help="one replica's peak FLOPs/sec for MFU: auto (datasheets of GPUs and TPUs), measure (a timed matrix multiply) or a number such as 312e12 (default auto)",
-    )
+    add("--peak-flops", default="auto", metavar="auto|measure|FLOPS", help=peak_help)
     add("--seed", type=int, default=0, help="seed of the synthetic data (default 0)")
-    add(
-        "--explain",
-        action="store_true",
-        help="split each count's step into input, compute, synchronization and host overhead; writes LOGDIR/explain.json",
+    explain_help = (
+        "split each count's step into input, compute, synchronization and host overhead; "
+        "writes LOGDIR/explain.json"
     )
+    add("--explain", action="store_true", help=explain_help)
     parser.set_defaults(run=run)
     return parser
 
 
-@dataclasses.dataclass(frozen=True)
-class _Sweep:
-    points: list
-    device_kind: str
-    num_devices: int
-    scaling_mode: str
-    cpu_threads: _sweep_plan.CpuThreads | None = None
-
-    @property
-    def replica_counts(self):
-        return sorted({point.replicas for point in self.points})
-
-    @property
-    def batch_sweep(self):
-        """The per-replica batches swept, when there are several, else None."""
-        batches = sorted({point.per_replica_batch_size for point in self.points})
-        return batches if self.scaling_mode == "weak" and len(batches) > 1 else None
-
-    def groups(self):
-        """`(run directory prefix, points)` per per-replica batch swept."""
-        if self.batch_sweep is None:
-            return [("", self.points)]
-        return [
-            (f"batch_{batch}/", [p for p in self.points if p.per_replica_batch_size == batch])
-            for batch in self.batch_sweep
-        ]
+# groups: `(run directory prefix, sweep points)` per per-replica batch;
+# batch_sweep: the per-replica batches, when several are swept, else None.
+_Sweep = collections.namedtuple(
+    "_Sweep", "groups batch_sweep device_kind num_devices scaling_mode cpu_threads"
+)
 
 
 def run(args):
     """Runs the sweep of `args`; returns the exit status."""
     sweep = _plan_sweep(args)
     log_dir = _prepare_log_dir(args.logdir, args.overwrite)
-    counts = ", ".join(map(str, sweep.replica_counts))
+    points = [point for _, group in sweep.groups for point in group]
+    counts = ", ".join(str(count) for count in sorted({point.replicas for point in points}))
     print(
         f"Bench: model {args.model}, {sweep.scaling_mode} scaling, {args.steps} steps per "
         f"count, replicas {counts} on {sweep.device_kind}"
@@ -142,14 +103,16 @@ def run(args):
     print(f"Logs: {log_dir}", flush=True)
 
     summaries, index = [], 0
-    for prefix, points in sweep.groups():
+    for prefix, group in sweep.groups:
         # The 1-replica count runs first and is every later count's baseline,
         # so the table's speedup and the logged one are the same figure.
-        baseline = "auto" if any(point.replicas == 1 for point in points) else "measure"
+        baseline = "auto" if group[0].replicas == 1 else "measure"
         runs = []
-        for point in points:
+        for point in group:
             index += 1
-            run_or_status = _run_point(args, sweep, point, index, log_dir, baseline, prefix)
+            label = f"[{index}/{len(points)}] {point.replicas} replica(s), global batch "
+            label += str(point.global_batch_size)
+            run_or_status = _run_point(args, sweep, point, label, log_dir, baseline, prefix)
             if isinstance(run_or_status, int):
                 return run_or_status
             runs.append(run_or_status)
@@ -157,49 +120,35 @@ def run(args):
                 baseline = run_or_status.path
         summaries.append(_speedup_table.summarize(runs))
 
-    tables = []
+    texts = []
     for summary in summaries:
-        tables.append(_speedup_table.format_table(summary.rows))
-        print()
-        if sweep.batch_sweep is not None:
-            print(f"Per-replica batch {summary.rows[0].per_replica_batch_size}:")
-        print(tables[-1])
-        print(f"\nSpeedup over {summary.baseline_source}.")
-        for note in summary.notes:
-            print(f"Note: {note}.")
-    summary = summaries[0]
-    if len(summaries) > 1:
+        batch = summary.rows[0].per_replica_batch_size
+        heading = f"Per-replica batch {batch}:\n" if sweep.batch_sweep else ""
+        texts.append(heading + _speedup_table.summary_text(summary))
+    summary, efficient_batch = summaries[0], None
+    if sweep.batch_sweep:
         summary = _speedup_table.Summary(
             rows=tuple(row for s in summaries for row in s.rows),
             baseline_samples_per_sec=None,
             baseline_source="the 1-replica run of each per-replica batch",
             notes=tuple(note for s in summaries for note in s.notes),
         )
-    efficient_batch, largest = _speedup_table.smallest_efficient_batch(summary.rows, _EFFICIENT)
-    text = "\n\n".join(tables) + f"\n\nSpeedup over {summary.baseline_source}."
-    if sweep.batch_sweep is not None:
+        efficient_batch, largest = _speedup_table.smallest_efficient_batch(summary.rows, _EFFICIENT)
         if efficient_batch is None:
-            tried = max(row.per_replica_batch_size for row in summary.rows)
-            line = (
-                f"No per-replica batch up to {tried} reaches an efficiency of {_EFFICIENT:.2f} "
-                f"at {largest} replicas: try larger batches."
+            texts.append(
+                f"No per-replica batch up to {sweep.batch_sweep[-1]} reaches an efficiency of "
+                f"{_EFFICIENT:.2f} at {largest} replicas: try larger batches."
             )
         else:
-            line = (
+            texts.append(
                 f"Smallest per-replica batch reaching an efficiency of {_EFFICIENT:.2f} at "
                 f"{largest} replicas: {efficient_batch}."
             )
-        print(f"\n{line}")
-        text += f"\n\n{line}"
-    if sweep.cpu_threads is not None and sweep.cpu_threads.oversubscribed:
-        cores = sweep.cpu_threads.cores
-        print(
-            f"WARNING: counts above {cores} replicas exceed the {cores} cores; "
-            "their figures are not meaningful."
-        )
-    written = ["scaling.json", *_write_results(log_dir, summary, text, args, sweep)]
+    text = "\n\n".join(texts)
+    print(f"\n{text}")
+    written = _write_results(log_dir, summary, text, efficient_batch, args, sweep)
     if args.explain:
-        written.append(_explain(log_dir, summary, args, sweep))
+        written.append(_explain(log_dir, summary, efficient_batch, args, sweep))
     print(f"\nWrote {', '.join(os.path.join(log_dir, name) for name in written)}.")
     print(f"Open TensorBoard: tensorboard --logdir {shlex.quote(log_dir)}")
     return 0
@@ -224,58 +173,55 @@ def _plan_sweep(args):
         replica_counts = _sweep_plan.parse_replica_counts(args.replicas)
         _sweep_plan.check_replica_counts(replica_counts, num_devices, device_kind)
     _check_peak_flops(args.peak_flops)
-    if args.global_batch is None:
-        batches = (_DEFAULT_PER_REPLICA_BATCH,)
-        if args.per_replica_batch:
-            batches = _sweep_plan.parse_batch_sizes(args.per_replica_batch)
-        points = [
-            point
-            for batch in batches
-            for point in _sweep_plan.plan_batches(replica_counts, per_replica_batch_size=batch)
-        ]
+    plan = _sweep_plan.plan_batches
+    if args.global_batch is not None:
+        batches = None
+        groups = [("", plan(replica_counts, global_batch_size=args.global_batch))]
     else:
-        points = _sweep_plan.plan_batches(replica_counts, global_batch_size=args.global_batch)
+        batches = _sweep_plan.parse_batch_sizes(args.per_replica_batch or "64")
+        groups = [
+            (
+                f"batch_{batch}/" if len(batches) > 1 else "",
+                plan(replica_counts, per_replica_batch_size=batch),
+            )
+            for batch in batches
+        ]
     cpu_threads = None
     if args.cpu_devices:
         cpu_threads = _sweep_plan.plan_cpu_threads(replica_counts, _sweep_plan.available_cores())
+    batch_sweep = batches if batches and len(batches) > 1 else None
     scaling_mode = "strong" if args.global_batch else "weak"
-    return _Sweep(points, device_kind, num_devices, scaling_mode, cpu_threads)
+    return _Sweep(groups, batch_sweep, device_kind, num_devices, scaling_mode, cpu_threads)
 
 
 def _check_peak_flops(text):
     from keras_scaling.mfu import utilization
 
-    value = text
-    if text not in ("auto", "measure"):
-        try:
-            value = float(text)
-        except ValueError:
-            pass
     try:
-        utilization.check_peak_flops(value, parameter="--peak-flops")
+        utilization.check_peak_flops(_bench_worker.number_or_word(text), parameter="--peak-flops")
     except (TypeError, ValueError) as error:
         raise UsageError(str(error)) from None
 
 
 def _prepare_log_dir(log_dir, overwrite):
     """The absolute LOGDIR, emptied of an earlier bench's results with `overwrite`."""
-    if log_dir is None:
-        log_dir = os.path.join("logs", time.strftime("bench-%Y%m%d-%H%M%S"))
-    log_dir = os.path.abspath(log_dir)
+    log_dir = os.path.abspath(log_dir or time.strftime("logs/bench-%Y%m%d-%H%M%S"))
     if os.path.exists(log_dir) and not os.path.isdir(log_dir):
         raise UsageError(f"--logdir {log_dir!r} is a file; pass a directory")
-    earlier = _earlier_results(log_dir)
+    names = set(os.listdir(log_dir)) if os.path.isdir(log_dir) else set()
+    outputs = {"scaling.json", "scaling.png", "efficiency.png", "explain.json"}
+    earlier = {name for name in names if _RUN_DIR_PATTERN.fullmatch(name) or name in outputs}
+    # Without a scaling.json beside them, these may be a user's own TensorBoard
+    # runs (`train` held the summary in earlier versions).
+    if "scaling.json" in names:
+        earlier.update(names & {SUMMARY_RUN, "train", "explain"})
     if earlier and not overwrite:
         raise UsageError(
-            f"--logdir {log_dir!r} already holds bench results ({', '.join(earlier)}); "
+            f"--logdir {log_dir!r} already holds bench results ({', '.join(sorted(earlier))}); "
             "pass a new directory, or --overwrite to replace them"
         )
-    for name in earlier:
-        path = os.path.join(log_dir, name)
-        if os.path.isdir(path):
-            shutil.rmtree(path)
-        else:
-            os.remove(path)
+    for path in (os.path.join(log_dir, name) for name in earlier):
+        shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
     from keras_scaling.summaries import _tensorboard
 
     try:
@@ -284,50 +230,32 @@ def _prepare_log_dir(log_dir, overwrite):
         raise UsageError(str(error)) from None
 
 
-def _earlier_results(log_dir):
-    """What an earlier bench left in `log_dir`.
-
-    The summary runs (`train` in earlier versions) count only beside a
-    `scaling.json`: alone they may be a user's own TensorBoard logs.
-    """
-    if not os.path.isdir(log_dir):
-        return []
-    names = set(os.listdir(log_dir))
-    outputs = {"scaling.json", "scaling.png", "efficiency.png", "explain.json"}
-    earlier = {name for name in names if _RUN_DIR_PATTERN.fullmatch(name) or name in outputs}
-    if "scaling.json" in names:
-        earlier.update(names & {SUMMARY_RUN, "train", _EXPLAIN_RUN})
-    return sorted(earlier)
-
-
-def _run_point(args, sweep, point, index, log_dir, baseline, prefix):
+def _run_point(args, sweep, point, label, log_dir, baseline, prefix):
     """Trains one count in a child process; returns its `Run`, or an exit status."""
     run_name = f"{prefix}replicas_{point.replicas}"
     run_dir = os.path.join(log_dir, run_name)
     os.makedirs(run_dir, exist_ok=True)
-    command = [
-        *(sys.executable, "-m", "keras_scaling.cli._bench_worker"),
-        f"--replicas={point.replicas}",
-        f"--model={args.model}",
-        f"--per-replica-batch={point.per_replica_batch_size}",
-        f"--steps={args.steps}",
-        f"--steps-per-execution={args.steps_per_execution}",
-        f"--log-dir={run_dir}",
-        f"--baseline={baseline}",
-        f"--seed={args.seed}",
-        f"--peak-flops={args.peak_flops}",
-        *(["--explain"] if args.explain else []),
-        *([f"--data={args.data}"] if args.data is not None else []),
-    ]
-    if sweep.cpu_threads is not None:
-        command += [
-            "--cpu-devices",
-            f"--intra-op-threads={sweep.cpu_threads.intra_op_threads()}",
-            f"--inter-op-threads={sweep.cpu_threads.inter_op_threads(point.replicas)}",
-        ]
-    env = {"TF_CPP_MIN_LOG_LEVEL": "2", **os.environ}
-    log_path = os.path.join(run_dir, _WORKER_LOG)
-    progress = _Progress(index, len(sweep.points), point, args.steps)
+    options = {
+        "replicas": point.replicas,
+        "model": args.model,
+        "per-replica-batch": point.per_replica_batch_size,
+        "steps": args.steps,
+        "steps-per-execution": args.steps_per_execution,
+        "log-dir": run_dir,
+        "baseline": baseline,
+        "seed": args.seed,
+        "peak-flops": args.peak_flops,
+        "data": args.data,
+    }
+    threads = sweep.cpu_threads
+    if threads is not None:
+        options["intra-op-threads"] = threads.intra_op_threads()
+        options["inter-op-threads"] = threads.inter_op_threads(point.replicas)
+    command = [sys.executable, "-m", "keras_scaling.cli._bench_worker"]
+    command += [f"--{name}={value}" for name, value in options.items() if value is not None]
+    command += ["--explain"] * args.explain + ["--cpu-devices"] * (threads is not None)
+    log_path = os.path.join(run_dir, "bench_worker.log")
+    progress = _Progress(label, args.steps)
     start_s = time.perf_counter()
     # The child's stderr goes to the log; its stdout comes through here, which
     # keeps the progress lines and appends the rest to the same log.
@@ -337,15 +265,14 @@ def _run_point(args, sweep, point, index, log_dir, baseline, prefix):
             stdout=subprocess.PIPE,
             stderr=log,
             stdin=subprocess.DEVNULL,
-            env=env,
+            env={"TF_CPP_MIN_LOG_LEVEL": "2", **os.environ},
             text=True,
         )
         assert process.stdout is not None  # a pipe
         try:
             for line in process.stdout:
                 if line.startswith(_bench_worker.PROGRESS_PREFIX):
-                    done, steps = line[len(_bench_worker.PROGRESS_PREFIX) :].split()
-                    progress.update(int(done), int(steps))
+                    progress.update(*map(int, line.split()[1:]))
                 else:
                     log.write(line)
                     log.flush()
@@ -354,31 +281,29 @@ def _run_point(args, sweep, point, index, log_dir, baseline, prefix):
             _stop(process)
             progress.end()
             raise
+    progress.end()
     throughput_path = os.path.join(run_dir, _speedup_table.THROUGHPUT_FILE)
     if returncode == 0 and os.path.exists(throughput_path):
         try:
             run = _speedup_table.read_run(throughput_path, run_name)
         except ValueError as error:
-            progress.end()
             raise UsageError(
                 f"the run with {point.replicas} replica(s) gave no throughput figure "
                 f"({error}); pass more --steps than {args.steps}"
             ) from None
-        samples_per_sec = run.throughput["samples_per_sec"]
-        progress.end(f"{samples_per_sec:.1f} samples/sec ({time.perf_counter() - start_s:.0f} s)")
+        elapsed_s = time.perf_counter() - start_s
+        print(f"{label}: {run.throughput['samples_per_sec']:.1f} samples/sec ({elapsed_s:.0f} s)")
         return run
-    progress.end()
     with open(log_path, encoding="utf-8", errors="replace") as file:
         lines = [line.rstrip("\n") for line in file.readlines()[-25:]]
     usage = [line for line in lines if line.startswith(_bench_worker.USAGE_PREFIX)]
     if returncode == 2 and usage:
         raise UsageError(usage[-1][len(_bench_worker.USAGE_PREFIX) :])
-    if returncode < 0:
-        how = f"was killed by signal {-returncode}"
-    elif returncode == 0:
-        how = "wrote no throughput.json"
-    else:
-        how = f"failed with exit status {returncode}"
+    how = f"failed with exit status {returncode}"
+    if returncode <= 0:
+        how = (
+            "wrote no throughput.json" if returncode == 0 else f"was killed by signal {-returncode}"
+        )
     print(
         f"keras-scaling bench: the run with {point.replicas} replica(s) {how}. "
         f"Last lines of {log_path}:\n" + "\n".join(f"  {line}" for line in lines),
@@ -399,47 +324,39 @@ def _stop(process):
 
 
 class _Progress:
-    """One line per replica count: a bar on a terminal, start and end lines otherwise."""
+    """A count's progress bar on a terminal; elsewhere a line when it starts."""
 
-    def __init__(self, index, total, point, steps):
-        self._interactive = sys.stdout.isatty()
-        self._label = (
-            f"[{index}/{total}] {point.replicas} replica(s), global batch {point.global_batch_size}"
-        )
-        self._last = ""
-        if self._interactive:
-            self._show(f"{self._label}: starting")
+    def __init__(self, label, steps):
+        self._label, self._tty, self._width = label, sys.stdout.isatty(), 0
+        if self._tty:
+            self.update(0, steps)
         else:
-            print(f"{self._label}: training {steps} steps ...", flush=True)
+            print(f"{label}: training {steps} steps ...", flush=True)
 
     def update(self, done, steps):
-        if self._interactive:
-            filled = 30 * done // max(steps, 1)
-            self._show(f"{self._label}  [{'#' * filled}{'-' * (30 - filled)}] {done}/{steps} steps")
+        if self._tty:
+            text = (
+                f"{self._label}  [{'#' * (30 * done // max(steps, 1)):-<30}] {done}/{steps} steps"
+            )
+            sys.stdout.write("\r" + text.ljust(self._width))
+            sys.stdout.flush()
+            self._width = len(text)
 
-    def end(self, text=None):
-        """Ends the line, with `text` as the count's result when there is one."""
-        if text is not None and not self._interactive:
-            print(f"{self._label}: {text}")
-        elif text is not None:
-            self._show(f"{self._label}: {text}")
-        if self._interactive and self._last:
-            sys.stdout.write("\n")
-            self._last = ""
-        sys.stdout.flush()
-
-    def _show(self, text):
-        sys.stdout.write("\r" + text.ljust(len(self._last)))
-        sys.stdout.flush()
-        self._last = text
+    def end(self):
+        """Clears the bar, so that the count's result line replaces it."""
+        if self._width:
+            sys.stdout.write("\r" + " " * self._width + "\r")
+            sys.stdout.flush()
+            self._width = 0
 
 
-def _write_results(log_dir, summary, text, args, sweep):
-    """Writes scaling.json, the charts and TensorBoard's table; returns the chart files written."""
+def _write_results(log_dir, summary, text, efficient_batch, args, sweep):
+    """Writes scaling.json, the charts and TensorBoard's table; returns the files written."""
     from keras_scaling.summaries import _tensorboard
 
     title = f"{args.model}, {sweep.scaling_mode} scaling on {sweep.device_kind}"
     threads = sweep.cpu_threads
+    by_batch = sweep.batch_sweep is not None
     setup = {
         "title": title,
         "model": args.model,
@@ -451,23 +368,21 @@ def _write_results(log_dir, summary, text, args, sweep):
         "cpu_threads_per_replica": threads.threads_per_replica if threads else None,
         "peak_flops": args.peak_flops,
     }
-    by_batch = sweep.batch_sweep is not None
     if by_batch:
         setup["per_replica_batches"] = sweep.batch_sweep
-        setup["smallest_efficient_per_replica_batch"] = _speedup_table.smallest_efficient_batch(
-            summary.rows, _EFFICIENT
-        )[0]
+        setup["smallest_efficient_per_replica_batch"] = efficient_batch
     with open(os.path.join(log_dir, "scaling.json"), "w", encoding="utf-8") as file:
         json.dump(_speedup_table.summary_to_json(summary, **setup), file, indent=2)
         file.write("\n")
-    charts = [("scaling.png", "scaling/speedup_vs_replicas", _plot.scaling_plot_png, (by_batch,))]
+    speedup = ("scaling.png", "scaling/speedup_vs_replicas", _plot.scaling_plot_png, by_batch)
+    charts: list[tuple] = [speedup]
     if by_batch:
         tag = "scaling/efficiency_vs_per_replica_batch"
-        charts.append(("efficiency.png", tag, _plot.efficiency_plot_png, (_EFFICIENT,)))
-    written = []
-    for name, tag, draw, options in charts:
+        charts.append(("efficiency.png", tag, _plot.efficiency_plot_png, _EFFICIENT))
+    written = ["scaling.json"]
+    for name, tag, draw, option in charts:
         try:
-            png = draw(summary.rows, title, *options)
+            png = draw(summary.rows, title, option)
         except _plot.MatplotlibMissing as error:
             print(f"\nNo charts ({', '.join(chart[0] for chart in charts)}): {error}.", flush=True)
             break
@@ -479,13 +394,10 @@ def _write_results(log_dir, summary, text, args, sweep):
     return written
 
 
-def _explain(log_dir, summary, args, sweep):
+def _explain(log_dir, summary, efficient_batch, args, sweep):
     """Prints and writes the split of each count's step; returns explain.json's path."""
     from keras_scaling.explain import _report, _writer
 
-    efficient_batch = None
-    if sweep.batch_sweep is not None:
-        efficient_batch, _ = _speedup_table.smallest_efficient_batch(summary.rows, _EFFICIENT)
     explanations = []
     for row in summary.rows:
         path = os.path.join(log_dir, row.run, _bench_worker.EXPLAIN_FILE)

@@ -21,27 +21,11 @@ _MAX_TIMEOUT_S = 7 * 24 * 3600
 _DESCRIPTION = """\
 Check the cluster this process belongs to, the way training will use it: run
 it on every worker as training runs (under keras-scaling launch, srun, Ray, or
-alone). Each worker checks versions, devices, an all-reduce of known values,
-the time to the first collective, the all-reduce bandwidth of --size-mb and who
-can reach the job's servers. Exit status 0 when every check passed, 1 when one
-failed or the checks did not finish within --timeout. The doctor guide says
-what each check means.
+alone). Checks versions, devices, an all-reduce of known values, the time to
+the first collective, the all-reduce bandwidth and who can reach the job's
+servers (the doctor guide says what each means). Exit status 0 when every
+check passed, 1 when one failed or they did not finish within --timeout.
 """
-
-_EXAMPLE = """\
-examples:
-  keras-scaling doctor --cpu-devices 2 --size-mb 10
-  keras-scaling launch --workers 2 -- keras-scaling doctor
-  srun --ntasks 2 keras-scaling doctor
-"""
-
-
-def _memory_mb():
-    """This machine's memory in MB, or inf when the system does not say."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e6
-    except (AttributeError, OSError, ValueError):
-        return math.inf
 
 
 def add_parser(subparsers):
@@ -51,38 +35,34 @@ def add_parser(subparsers):
         help="check versions, collectives and bandwidth on every worker of a cluster",
         usage="%(prog)s [--cpu-devices K] [--size-mb MB] [--rounds N] [--timeout SECONDS]",
         description=_DESCRIPTION,
-        epilog=_EXAMPLE,
+        epilog="examples:\n  keras-scaling doctor --cpu-devices 2 --size-mb 10\n"
+        "  keras-scaling launch --workers 2 -- keras-scaling doctor\n"
+        "  srun --ntasks 2 keras-scaling doctor\n",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    memory_mb = _memory_mb()
+    try:
+        memory_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e6
+    except (AttributeError, OSError, ValueError):  # the system does not say
+        memory_mb = math.inf
     add = parser.add_argument
-    add(
-        "--cpu-devices",
-        type=positive_int,
-        metavar="K",
-        help=f"split this worker's CPU into K logical devices (sets {CPU_DEVICES_ENV}=K)",
+    cpus_help = f"split this worker's CPU into K logical devices ({CPU_DEVICES_ENV}=K)"
+    add("--cpu-devices", type=positive_int, metavar="K", help=cpus_help)
+    size_mb = number("MB", high=memory_mb, high_text=f"{memory_mb:,.0f} (this machine's memory)")
+    size_help = (
+        f"MB (10^6 bytes) of the float32 tensor whose all-reduce is timed; default "
+        f"{_DEFAULT_SIZE_MB}, ResNet50's gradients. No MB/s under 1 MB or 1 ms: too small to time"
     )
-    add(
-        "--size-mb",
-        type=number("MB", high=memory_mb, high_text=f"{memory_mb:,.0f} (this machine's memory)"),
-        default=_DEFAULT_SIZE_MB,
-        metavar="MB",
-        help=f"MB (10^6 bytes) of the float32 tensor whose all-reduce is timed; default "
-        f"{_DEFAULT_SIZE_MB}, ResNet50's gradients. No MB/s under 1 MB or 1 ms: too small to time",
-    )
-    add(
-        "--rounds",
-        type=positive_int,
-        default=3,
-        metavar="N",
-        help="timed all-reduces, the median is shown; default 3",
-    )
+    add("--size-mb", type=size_mb, default=_DEFAULT_SIZE_MB, metavar="MB", help=size_help)
+    rounds_help = "timed all-reduces, the median is shown; default 3"
+    add("--rounds", type=positive_int, default=3, metavar="N", help=rounds_help)
+    timeout_s = number("seconds", high=_MAX_TIMEOUT_S, high_text=f"{_MAX_TIMEOUT_S} (a week)")
+    timeout_help = f"give up with exit status 1 after SECONDS; default {_DEFAULT_TIMEOUT_S:g}"
     add(
         "--timeout",
-        type=number("seconds", high=_MAX_TIMEOUT_S, high_text=f"{_MAX_TIMEOUT_S} (a week)"),
+        type=timeout_s,
         default=_DEFAULT_TIMEOUT_S,
         metavar="SECONDS",
-        help=f"give up with exit status 1 after SECONDS; default {_DEFAULT_TIMEOUT_S:g}",
+        help=timeout_help,
     )
     parser.set_defaults(run=run)
     return parser

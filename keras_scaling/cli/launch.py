@@ -30,52 +30,21 @@ def add_parser(subparsers):
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add = parser.add_argument
-    add(
-        "--workers",
-        type=positive_int,
-        required=True,
-        metavar="N",
-        help="number of worker processes",
+    add("--workers", type=positive_int, required=True, metavar="N", help="worker processes")
+    cpus_help = f"split each worker's CPU into K logical devices ({launcher.CPU_DEVICES_ENV}=K)"
+    add("--cpu-devices", type=positive_int, metavar="K", help=cpus_help)
+    add("--port-base", type=positive_int, metavar="P", help="ports P, P+1, ... (default: free)")
+    seconds = number("seconds", low_included=True)
+    grace_help = "time a worker has after SIGINT, then SIGTERM, before the next; default 5"
+    add("--grace-period", type=seconds, default=5.0, metavar="SECONDS", help=grace_help)
+    restarts_help = "restart the job after a worker fails or is preempted, up to N times; default 0"
+    add("--max-restarts", type=non_negative_int, default=0, metavar="N", help=restarts_help)
+    isolation_help = (
+        "run the workers in a network namespace with only loopback: 'auto' (default) when the "
+        "kernel allows it, 'require' or refuse to start, 'off' (to attach a debugger)"
     )
-    add(
-        "--cpu-devices",
-        type=positive_int,
-        metavar="K",
-        help=f"split each worker's CPU into K logical devices (sets {launcher.CPU_DEVICES_ENV}=K)",
-    )
-    add(
-        "--port-base",
-        type=positive_int,
-        metavar="P",
-        help="use ports P, P+1, ... (default: free ports)",
-    )
-    add(
-        "--grace-period",
-        type=number("seconds", low_included=True),
-        default=5.0,
-        metavar="SECONDS",
-        help="time a worker has after each signal (SIGINT, SIGTERM) before the next; default 5",
-    )
-    add(
-        "--max-restarts",
-        type=non_negative_int,
-        default=0,
-        metavar="N",
-        help="restart the whole job after a worker fails or is preempted, up to N times; default 0",
-    )
-    add(
-        "--isolation",
-        choices=_isolation.MODES,
-        default="auto",
-        help="run the workers in a network namespace with only loopback: 'auto' (default) when "
-        "the kernel allows it, 'require' or refuse to start, 'off' (to attach a debugger)",
-    )
-    add(
-        "command",
-        nargs=argparse.REMAINDER,
-        metavar="-- COMMAND ...",
-        help="the program each worker runs",
-    )
+    add("--isolation", choices=_isolation.MODES, default="auto", help=isolation_help)
+    add("command", nargs=argparse.REMAINDER, metavar="-- COMMAND ...", help="what each worker runs")
     parser.set_defaults(run=run)
     return parser
 

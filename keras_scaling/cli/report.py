@@ -48,21 +48,16 @@ def run(args):
             "writes one into its log_dir at the end of training"
         )
     summary = _speedup_table.summarize(runs)
-    print(_speedup_table.format_table(summary.rows))
-    print(f"\nSpeedup over {summary.baseline_source}.")
-    for note in summary.notes:
-        print(f"Note: {note}.")
+    print(_speedup_table.summary_text(summary))
     output = args.output or os.path.join(log_dir, "scaling.png")
-    # A bench's title, from its scaling.json, else the directory's name.
-    try:
+    title = f"runs under {os.path.basename(log_dir)}"
+    try:  # a bench's own title
         with open(os.path.join(log_dir, "scaling.json"), encoding="utf-8") as file:
-            title = json.load(file).get("title")
+            title = json.load(file).get("title") or title
     except (OSError, ValueError, AttributeError):
-        title = None
+        pass
     try:
-        png = _plot.scaling_plot_png(
-            summary.rows, title or f"runs under {os.path.basename(log_dir)}"
-        )
+        png = _plot.scaling_plot_png(summary.rows, title)
     except _plot.MatplotlibMissing as error:
         print(f"\nNo chart ({output}): {error}.")
         return 0

@@ -4,7 +4,6 @@ The runs here are hand-written `throughput.json` files, which are what
 `report` reads: a user's own runs are exactly such files.
 """
 
-import dataclasses
 import json
 import math
 import os
@@ -132,7 +131,7 @@ def test_table_prints_every_column_and_a_dash_for_no_speedup(tmp_path):
     rows = list(_speedup_table.summarize(_speedup_table.find_runs(tmp_path)[0]).rows)
     rows.append(
         rows[1].__class__(
-            **{**dataclasses.asdict(rows[1]), "speedup": math.nan, "efficiency": math.nan, "run": "x"}
+            **{**rows[1]._asdict(), "speedup": math.nan, "efficiency": math.nan, "run": "x"}
         )
     )
 
