@@ -33,7 +33,9 @@ __all__ = list(devices.__all__)
 logger = logging.getLogger("keras_scaling")
 
 
-def use_logical_cpus(n: int) -> list[str]:
+def use_logical_cpus(
+    n: int, *, threads_per_device: int | None = None, inter_op_threads: int | None = None
+) -> list[str]:
     """Split the host CPU into `n` logical devices, for a real `MirroredStrategy` of `n` replicas.
 
     The devices share the host's cores: they show that training is correct on
@@ -43,6 +45,11 @@ def use_logical_cpus(n: int) -> list[str]:
 
     Args:
         n: int, the number of logical CPU devices, at least 1.
+        threads_per_device: int, gives each logical CPU an intra-op thread
+            pool of its own with this many threads; default None keeps
+            TensorFlow's one pool shared by all devices.
+        inter_op_threads: int, threads running independent ops side by
+            side; default None lets TensorFlow choose.
 
     Returns:
         The logical CPU device names, such as `["/device:CPU:0", ...]`.
@@ -61,6 +68,7 @@ def use_logical_cpus(n: int) -> list[str]:
     """
     n = _validation.positive_int(n, "n", fix="Pass the number of logical CPUs, such as 2.")
     cpu = tf.config.list_physical_devices("CPU")[0]
+    _set_cpu_thread_pools(threads_per_device, inter_op_threads)
     try:
         tf.config.set_logical_device_configuration(
             cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(n)]
@@ -73,6 +81,24 @@ def use_logical_cpus(n: int) -> list[str]:
             f"use_logical_cpus({n}) was called after TensorFlow initialised its devices ({len(current)} logical CPU(s) now). Call it once, at the start of the process, before building models, tensors or strategies."
         ) from error
     return [device.name for device in tf.config.list_logical_devices("CPU")]
+
+
+def _set_cpu_thread_pools(threads_per_device: int | None, inter_op_threads: int | None) -> None:
+    """Sets TensorFlow's CPU thread pools; raises RuntimeError once its devices exist."""
+    threads_per_device = _validation.optional_positive_int(threads_per_device, "threads_per_device")
+    inter_op_threads = _validation.optional_positive_int(inter_op_threads, "inter_op_threads")
+    try:
+        if threads_per_device is not None:
+            # Read when the devices are made (tensorflow/core/common_runtime/local_device.cc).
+            os.environ["TF_OVERRIDE_GLOBAL_THREADPOOL"] = "1"
+            tf.config.threading.set_intra_op_parallelism_threads(threads_per_device)
+        if inter_op_threads is not None:
+            tf.config.threading.set_inter_op_parallelism_threads(inter_op_threads)
+    except RuntimeError as error:
+        raise RuntimeError(
+            "use_logical_cpus(threads_per_device=..., inter_op_threads=...) was called "
+            "after TensorFlow initialised its devices: call it first in the process"
+        ) from error
 
 
 def _apply_cpu_devices_from_env(spec: "cluster.ClusterSpec | None" = None) -> None:
