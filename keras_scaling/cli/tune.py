@@ -22,7 +22,6 @@ from keras_scaling.cli._errors import UsageError
 
 _DEFAULT_PER_REPLICA_BATCH = 64
 _DEFAULT_BUDGET_S = 180.0
-_ALLOWABLE = ("batch", "precision")
 # The worker's last stderr line on bad input starts with this.
 USAGE_PREFIX = "keras-scaling tune: error: "
 # The worker's lines when it serves rounds (`keras_scaling.cli._tune_worker`).
@@ -174,13 +173,12 @@ def _check(args):
     _models.check_spec(args.model)
     if args.data is not None:
         _models.check_data_spec(args.data)
-    for name in filter(None, (part.strip() for part in args.allow.split(","))):
-        if name not in _ALLOWABLE:
-            raise UsageError(
-                f"--allow {args.allow!r}: unknown knob {name!r}; the knobs that change "
-                f"training are {', '.join(_ALLOWABLE)} (the others are tried without asking)"
-            )
-    from keras_scaling.tune import _search
+    from keras_scaling.tune import _candidates, _search
+
+    try:
+        _candidates.parse_allow(args.allow)
+    except ValueError as error:
+        raise UsageError(f"--{error}") from None
 
     if args.budget < _search.MIN_BUDGET_S:
         raise UsageError(

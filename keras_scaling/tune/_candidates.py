@@ -124,15 +124,12 @@ class Context:
         pipeline_built: whether tune builds the input pipeline
             (`keras_scaling.data.distribute`), so its settings can change.
         arrays: whether the data are arrays, which are in memory already.
-        data_fits_in_memory: whether one worker's share of the data fits in
-            memory, or None when not known.
     """
 
     device_kind: str
     local_replicas: int
     pipeline_built: bool
     arrays: bool = False
-    data_fits_in_memory: bool | None = None
 
 
 def reason_not_tried(knob, context):
@@ -145,11 +142,8 @@ def reason_not_tried(knob, context):
             "the data came as global batches; pass the samples with "
             "per_replica_batch_size so tune builds the pipeline"
         )
-    if knob == "cache":
-        if context.arrays:
-            return "arrays are read from memory already"
-        if context.data_fits_in_memory is False:
-            return "the data do not fit in memory"
+    if knob == "cache" and context.arrays:
+        return "arrays are read from memory already"
     if knob == "jit_compile" and context.device_kind == "CPU" and context.local_replicas > 1:
         return "XLA cannot reach the other logical CPUs' variables"
     if knob == "mixed_precision":

@@ -213,7 +213,6 @@ def search(runner, start, *, budget_s, allowed, explain_fn, verbose, confirm=Tru
         local_replicas=runner.local_replicas,
         pipeline_built=bool(start["data"]),
         arrays=_is_arrays(runner.data),
-        data_fits_in_memory=None,
     )
     incumbent = start
     incumbent_ratio = 1.0
