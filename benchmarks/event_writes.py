@@ -1,67 +1,71 @@
-"""What writing a point to keras_scaling's event file costs: the hand-made writer it replaced, against TensorBoard's own.
+"""What writing `ThroughputLogger`'s points costs: `fit`'s thread and the whole process.
 
-Run: `python benchmarks/event_writes.py [--rounds N] [--points N] [--before PATH]`
+Run: `python benchmarks/event_writes.py [--rounds N] [--points N]`. It measures
+the keras_scaling that Python imports: run it again with `PYTHONPATH=<another
+tree>` to compare two trees (alternate the runs: the machine's load moves).
 
-A point is what `ThroughputLogger` writes every `update_freq` steps: one event
-of six scalars. Each round writes `--points` points into a fresh directory
-with each variant, in alternating order, then flushes:
-
-- "before": the `_tensorboard.py` of keras_scaling 0.1 (`--before`, a path to
-  that file): events hand-encoded in protobuf's wire format, framed and
-  checksummed by TensorFlow's `TFRecordWriter` in C++, in the caller's thread;
-- "now": this tree's `_tensorboard.py`: events built with TensorBoard's
-  protobuf classes and written by TensorBoard's `EventFileWriter`, whose own
-  thread frames and checksums them (in Python).
-
-It prints, per point, the median time the caller spends (the writing thread:
-for `ThroughputLogger` its save thread, never `fit`'s loop) and the median
-CPU time of the whole process (every thread, the writer's included, which
-competes with training for the interpreter), with their spread over rounds.
+A point is what `ThroughputLogger` writes every `update_freq` steps: one
+event of six scalars, after figures that change `throughput.json`. Each
+round starts a `ThroughputWriter` in a fresh directory, writes `--points`
+points and stops it (the last writes, the flush and the close included).
+It prints, per point, the median time the caller spends (`fit`'s thread)
+and the median CPU time of the process (every thread, writer threads
+included, which compete with training for the interpreter), with their
+spread over rounds.
 """
 
 import argparse
-import importlib.util
 import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 
-import tensorflow as tf  # noqa: F401 - both variants write as in a training process
+import tensorflow as tf  # noqa: F401 - written as in a training process
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+import keras_scaling
+from keras_scaling.throughput import _run_record
+from keras_scaling.throughput._writer import ThroughputWriter
+
 TAGS = [
     "throughput/samples_per_sec",
     "throughput/steps_per_sec",
-    "throughput/samples_per_sec_per_replica",
+    "throughput/per_replica_samples_per_sec",
     "scaling/speedup",
     "scaling/ideal_speedup",
     "scaling/efficiency",
 ]
+SETUP = {
+    "strategy": "MirroredStrategy",
+    "num_workers": 1,
+    "num_replicas": 2,
+    "device_kind": "CPU",
+    "per_replica_batch_size": 32,
+    "global_batch_size": 64,
+    "dtype_policy": "float32",
+}
 
 
-def load(name, path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def write_points(points):
+    """(caller seconds per point, process CPU seconds per point) of one writer's fit."""
+    lock = threading.RLock()
+    figures = {"startup_time_s": None}
 
+    def record():
+        return _run_record.build_record(SETUP, startup_time_s=figures["startup_time_s"])
 
-def write_points(module, points):
-    """(caller seconds per point, process CPU seconds per point), the flush and close included."""
-    log_dir = tempfile.mkdtemp()
-    hold = getattr(module, "hold", None)
-    if hold is not None:
-        hold(log_dir)
+    writer = ThroughputWriter(tempfile.mkdtemp(), record, lock)
     cpu_start_s = time.process_time()
     start_s = time.perf_counter()
-    for step in range(points):
-        module.write_scalars(log_dir, step, {tag: step * 1.5 + i for i, tag in enumerate(TAGS)})
-    caller_s = time.perf_counter() - start_s
-    module.flush(log_dir)
-    if hold is not None:
-        module.release(log_dir)
-    return caller_s / points, (time.process_time() - cpu_start_s) / points
+    writer.start()
+    for step in range(1, points + 1):
+        with lock:
+            figures["startup_time_s"] = step * 0.001
+            writer.changed()
+        writer.scalars(step, {tag: step * 1.5 + i for i, tag in enumerate(TAGS)})
+    writer.stop()
+    return (time.perf_counter() - start_s) / points, (time.process_time() - cpu_start_s) / points
 
 
 def spread(values):
@@ -72,35 +76,19 @@ def spread(values):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=9)
-    parser.add_argument("--points", type=int, default=500)
-    parser.add_argument("--before", required=True, help="keras_scaling 0.1's _tensorboard.py")
+    parser.add_argument("--points", type=int, default=200)
     args = parser.parse_args(argv)
-    variants = {
-        "before": load("tensorboard_before", args.before),
-        "now": load("tensorboard_now", os.path.join(ROOT, "keras_scaling", "_tensorboard.py")),
-    }
-    for module in variants.values():
-        write_points(module, 50)  # warm-up: imports, first file
-    caller = {name: [] for name in variants}
-    cpu = {name: [] for name in variants}
-    names = list(variants)
-    for round_index in range(args.rounds):
-        for name in names if round_index % 2 == 0 else names[::-1]:
-            caller_s, cpu_s = write_points(variants[name], args.points)
-            caller[name].append(caller_s)
-            cpu[name].append(cpu_s)
+    write_points(20)  # warm-up: imports, first file
+    caller, cpu = [], []
+    for _ in range(args.rounds):
+        caller_s, cpu_s = write_points(args.points)
+        caller.append(caller_s)
+        cpu.append(cpu_s)
+    print(f"{os.path.dirname(keras_scaling.__file__)}: {args.points} points, {args.rounds} rounds")
     print(
-        f"{args.points} points of {len(TAGS)} scalars per round, {args.rounds} alternating rounds"
+        f"  caller: median {statistics.median(caller) * 1e6:6.1f} us/point ({spread(caller)})   "
+        f"process CPU: median {statistics.median(cpu) * 1e6:6.1f} us/point ({spread(cpu)})"
     )
-    for name in names:
-        print(
-            f"  {name:<7} caller: median {statistics.median(caller[name]) * 1e6:6.1f} us/point "
-            f"({spread(caller[name])})   process CPU: median "
-            f"{statistics.median(cpu[name]) * 1e6:6.1f} us/point ({spread(cpu[name])})"
-        )
-    for label, figures in (("caller", caller), ("process CPU", cpu)):
-        ratio = statistics.median(figures["now"]) / statistics.median(figures["before"])
-        print(f"  now / before, {label}: {ratio:.2f}")
 
 
 if __name__ == "__main__":

@@ -4,11 +4,9 @@ import threading
 
 
 def run_outside_strategy(function, name):
-    """Calls `function()` in a thread of its own and returns its result.
+    """Returns `function()` run in a thread of its own, under the default strategy, re-raising its error.
 
-    TensorFlow's strategy scope and its collective all-reduce groups are
-    thread-local, so the function runs under the default strategy, however
-    deep in a strategy's scope the caller is. Its exception is re-raised here.
+    A strategy's scope and its all-reduce groups are thread-local.
     """
     result = {}
 

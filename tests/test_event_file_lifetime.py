@@ -1,10 +1,10 @@
-"""The event file of `log_dir/scaling`: one writer, one lock, closed when the fit ends.
+"""The event file of `log_dir/scaling`: one per process, closed when the fit ends.
 
 Records are read back with TensorBoard's own reader (`event_file_loader`,
 which checks every record's checksums) and with TensorFlow's TFRecord
 reader; open handles are read from `/proc/self/fd`. The fits run on a real
 MirroredStrategy over 2 logical CPUs, so that `ReplicaSyncCheck` writes
-into the file `ThroughputLogger`'s save thread writes.
+into the file `ThroughputLogger` writes.
 """
 
 import os
@@ -55,7 +55,6 @@ def test_threads_writing_with_a_concurrent_flush_lose_no_record(tmp_path):
 
     flusher = threading.Thread(target=keep_flushing)
     writers = [threading.Thread(target=write, args=(i,)) for i in range(num_threads)]
-    _tensorboard.hold(tmp_path)
     flusher.start()
     for thread in writers:
         thread.start()
@@ -63,7 +62,7 @@ def test_threads_writing_with_a_concurrent_flush_lose_no_record(tmp_path):
         thread.join(timeout=120)
     stop_flushing.set()
     flusher.join(timeout=120)
-    _tensorboard.release(tmp_path)
+    _tensorboard.close(tmp_path)
 
     scalars = _tensorboard.read_scalars(_tensorboard.run_dir(tmp_path))
     for i in range(num_threads):
@@ -74,19 +73,20 @@ def test_threads_writing_with_a_concurrent_flush_lose_no_record(tmp_path):
     assert _records_checked_by_tensorflow(run_dir) == 1 + num_threads * writes_per_thread
 
 
-def test_the_last_release_closes_the_file_and_a_hold_keeps_it_open(tmp_path):
-    _tensorboard.hold(tmp_path)
-    _tensorboard.hold(tmp_path)
+def test_close_closes_the_file_and_a_later_write_opens_another(tmp_path):
     _tensorboard.write_scalars(tmp_path, 1, {"throughput/samples_per_sec": 1.0})
-    assert len(_open_handles_under(tmp_path)) == 1
+    _tensorboard.write_scalars(tmp_path, 2, {"replica_sync/max_abs_diff": 0.0})
+    assert len(_open_handles_under(tmp_path)) == 1  # one file for both tags
 
-    _tensorboard.release(tmp_path)
-    assert len(_open_handles_under(tmp_path)) == 1
-    _tensorboard.release(tmp_path)
-
+    _tensorboard.close(tmp_path)
     assert _open_handles_under(tmp_path) == []
+    _tensorboard.write_scalars(tmp_path, 3, {"throughput/samples_per_sec": 3.0})
+    _tensorboard.close(tmp_path)
+
+    assert len(os.listdir(_tensorboard.run_dir(tmp_path))) == 2
     assert _tensorboard.read_scalars(_tensorboard.run_dir(tmp_path)) == {
-        "throughput/samples_per_sec": [(1, 1.0)]
+        "throughput/samples_per_sec": [(1, 1.0), (3, 3.0)],
+        "replica_sync/max_abs_diff": [(2, 0.0)],
     }
 
 

@@ -1,6 +1,5 @@
 """The hook around a model's train function that replaces batch hooks."""
 
-import time
 import types
 
 import keras
@@ -31,12 +30,6 @@ def _bench_progress_class():
     return type(_bench_worker._progress_callback(100))
 
 
-def _baseline_timer_class():
-    from keras_scaling.throughput import baseline
-
-    return type(baseline._baseline_timer(1.0, 10, time.perf_counter))
-
-
 @pytest.mark.parametrize(
     "callback_class",
     [
@@ -44,9 +37,8 @@ def _baseline_timer_class():
         lambda: keras_scaling.ReplicaSyncCheck,
         lambda: keras_scaling.BackupAndRestore,
         _bench_progress_class,
-        _baseline_timer_class,
     ],
-    ids=["ThroughputLogger", "ReplicaSyncCheck", "BackupAndRestore", "bench progress", "baseline"],
+    ids=["ThroughputLogger", "ReplicaSyncCheck", "BackupAndRestore", "bench progress"],
 )
 def test_callbacks_leave_keras_batch_hooks_alone(callback_class):
     # A batch hook of any callback makes Keras convert every step's logs in

@@ -1,39 +1,33 @@
-"""Undoing what a callback changed in the process when its `fit` ends, however it ends.
+"""Undoing what a callback changed for one `fit`, however that `fit` ends.
 
-A callback may change the process for one `fit`: a SIGTERM handler, a
-wrapper around `model.train_function`, a counting `model.train_step`, Keras
-patches it enabled on its own. Keras calls `on_train_end` only when `fit`
-returns; when `fit` raises (another callback raised, the data failed, Ctrl-C)
-it skips it. So each such change is registered in a `FitChanges` and undone
-at the first of:
-
-- `on_train_end` (`fit` returned);
-- a call of the train function that raised anything but the end of the data,
-  Ctrl-C included (the `TrainFunctionHook`'s `on_error`);
-- Python freeing the iterator `fit` trains from (`watch`): a `fit` that
-  raised between steps and whose exception was handled (or a `fit` left
-  unfinished) drops it;
-- a SIGTERM while the fit's iterator is no longer alive (`fit_is_over`
-  collects garbage first), so that `kill PID` still stops the process;
-- the start of another `fit` with a keras_scaling callback (`end_other_fits`):
-  in one thread a new `fit` means the earlier one is over;
-- the end of the process (`atexit`).
+A callback registers the undo of each change it makes for a `fit` (a SIGTERM
+handler, a wrapped train function, a counting `train_step`, its last writes)
+in a `FitChanges`. Keras calls `on_train_end` only when `fit` returns, so the
+undos run once, at the first of: `on_train_end`; a call of the train function
+that raised (Ctrl-C included); Python freeing the data iterator that `fit`
+trains from (`watch`), which it does with `fit`'s frame once the exception
+of a `fit` that raised between steps is handled (this ends the changes of
+every callback of that `fit`); the start of another `fit` in the thread
+(`end_other_fits`); the process's exit.
 """
 
 import atexit
-import gc
 import logging
 import threading
 import weakref
 
+# Imported first so that its exit handler, which closes the event files,
+# runs after `_end_all`, whose undos write their last figures.
+from keras_scaling.summaries import _tensorboard  # noqa: F401
+
 logger = logging.getLogger("keras_scaling")
 
-_lock = threading.RLock()
+_lock = threading.RLock()  # reentrant: a SIGTERM handler may end changes
 _open: dict[int, "FitChanges"] = {}
 
 
 class FitChanges:
-    """The undo actions of one callback for one `fit`.
+    """The undos of one callback for one `fit`.
 
     Args:
         owner: the `params` dict the callbacks of that `fit` share.
@@ -49,46 +43,35 @@ class FitChanges:
 
     @property
     def ended(self):
-        """Whether the changes were undone."""
-        with _lock:
-            return id(self) not in _open
+        """Whether the undos ran."""
+        return id(self) not in _open
 
     def add(self, undo):
         """Registers a callable without arguments that undoes one change."""
         self._undo.append(undo)
 
-    def watch(self, token):
-        """Ends the changes when `token` (fit's iterator) is freed; replaces any earlier token."""
-        if self._finalizer is not None and self._finalizer.peek() is not None:
-            if self._finalizer.peek()[0] is token:
-                return
-        self.unwatch()
-        try:
-            self._finalizer = weakref.finalize(token, self.end)
-        except TypeError:  # no weak references to it: the other ways remain
-            self._finalizer = None
+    def watch(self, iterator):
+        """Ends the changes of every callback of this `fit` when `iterator` is freed."""
+        watched = self._finalizer.peek() if self._finalizer is not None else None
+        if watched is None or watched[0] is not iterator:
+            self.unwatch()
+            try:
+                self._finalizer = weakref.finalize(iterator, _end_fit, self.owner)
+            except TypeError:  # no weak references to it: the other ways remain
+                pass
 
     def unwatch(self):
-        """Stops watching the current token (it is about to be dropped by a live fit)."""
+        """Stops watching: the live `fit` drops its last epoch's iterator (at each epoch's start)."""
         if self._finalizer is not None:
             self._finalizer.detach()
             self._finalizer = None
 
     def fit_is_over(self):
-        """Whether the fit ended: its iterator, once garbage is collected, is gone.
-
-        A `fit` that is running holds its iterator; one that raised and whose
-        exception was handled does not.
-        """
-        if self.ended:
-            return True
-        if self._finalizer is None:
-            return False
-        gc.collect()
+        """Whether the `fit` ended (see the module's docstring)."""
         return self.ended
 
     def end(self):
-        """Undoes every change, last first; later calls do nothing."""
+        """Runs the undos, last first; later calls do nothing."""
         with _lock:
             if _open.pop(id(self), None) is None:
                 return
@@ -101,24 +84,21 @@ class FitChanges:
                 logger.exception("keras_scaling: could not undo a change made for fit")
 
 
+def _ending(select):
+    with _lock:
+        changes = [each for each in _open.values() if select(each)]
+    for each in changes:
+        each.end()
+
+
+def _end_fit(owner):
+    _ending(lambda changes: changes.owner is owner)
+
+
 def end_other_fits(owner):
-    """Ends the changes of this thread's fits other than `owner`'s: a fit is starting."""
+    """Ends the changes of this thread's `fit`s other than `owner`'s: a `fit` is starting."""
     thread = threading.get_ident()
-    with _lock:
-        others = [
-            changes
-            for changes in _open.values()
-            if changes.owner is not owner and changes.thread == thread
-        ]
-    for changes in others:
-        changes.end()
+    _ending(lambda changes: changes.owner is not owner and changes.thread == thread)
 
 
-def _end_all():
-    with _lock:
-        remaining = list(_open.values())
-    for changes in remaining:
-        changes.end()
-
-
-atexit.register(_end_all)
+atexit.register(_ending, lambda changes: True)

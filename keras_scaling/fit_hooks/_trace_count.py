@@ -1,33 +1,23 @@
-"""How often a model's train step was traced, without reading Keras' internals.
+"""How often a model's train step was traced, from its public `train_step`.
 
-Keras gives a callback no handle on tracing, but a model's public
-`train_step` runs in Python only while Keras traces its train function, and
-callbacks get the model (`set_model`) before `fit` makes that function.
-The counting `train_step` is an attribute of the model object, set for one
-`fit` and removed when it ends (`count_traces` returns how).
+`train_step` runs in Python only while Keras traces the train function, and
+callbacks get the model before `fit` makes that function.
 """
 
 import weakref
 
-_trace_counts: weakref.WeakKeyDictionary[type, int] = weakref.WeakKeyDictionary()
+_trace_counts: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def count_traces(model):
-    """Makes `model.train_step` count its calls; returns the undo, or None.
-
-    None when it already counts or the model has a `train_step` of its own
-    object (left alone). The undo puts the class's `train_step` back.
-    """
-    own = vars(model).get("train_step")
-    if own is not None:
+    """Makes `model.train_step` count its calls; returns the undo, or None when the object has its own `train_step`."""
+    if vars(model).get("train_step") is not None:
         return None
     _trace_counts.setdefault(model, 0)
-    train_step = model.train_step
-    model_ref = weakref.ref(model)
+    train_step, model_ref = model.train_step, weakref.ref(model)
 
     def counting_train_step(data):
-        owner = model_ref()
-        if owner is not None:
+        if (owner := model_ref()) is not None:
             _trace_counts[owner] = _trace_counts.get(owner, 0) + 1
         return train_step(data)
 
@@ -42,7 +32,5 @@ def count_traces(model):
 
 
 def traces(model):
-    """How often `model`'s train step was traced, 0 when eager or not counted."""
-    if model.run_eagerly:
-        return 0  # nothing is traced: train_step runs at every step
-    return _trace_counts.get(model, 0)
+    """How often `model`'s train step was traced; 0 when eager (nothing is traced) or not counted."""
+    return 0 if model.run_eagerly else _trace_counts.get(model, 0)

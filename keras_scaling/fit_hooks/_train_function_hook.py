@@ -1,19 +1,11 @@
-"""Work done after each call of a model's train function, on `fit`'s own thread.
+"""Per-step work in a wrapper of `model.train_function`, not in a batch hook.
 
-A callback that defines a train batch hook (`on_train_batch_end` or
-`on_batch_end`) makes Keras run every callback's batch hooks in `fit`'s loop
-instead of a thread of their own, and turn each step's logs into Python
-numbers there, which waits for the step to finish before the next is
-dispatched. keras_scaling's callbacks define no batch hook: they wrap
-`model.train_function`, which `fit` calls once per execution
-(`steps_per_execution` steps), and do their per-step work in the wrapper.
-
-Wrappers stack: several callbacks (and a callback of an earlier `fit` that
-ended by an exception) may each have wrapped the function. A hook that is
-detached while another wrapper sits on top of it stays in place as a
-pass-through, and is removed by the next hook attached to that model.
-A call that a hook skips trains nothing, so no hook wrapped around it runs
-its `after` either, whatever order the hooks were attached in.
+A callback with a train batch hook makes Keras turn every step's logs into
+Python numbers in `fit`'s loop, waiting for each step before dispatching the
+next. `fit` calls `model.train_function` once per `steps_per_execution`
+steps; keras_scaling's callbacks wrap it instead. Wrappers stack: a hook
+detached under another wrapper passes calls through until the next `attach`
+on that model removes it.
 """
 
 import threading
@@ -23,43 +15,29 @@ import tensorflow as tf
 _HOOK = "_keras_scaling_hook"
 _ORIGINAL = "_keras_scaling_original"
 
-# Whether the innermost call returned on this thread was skipped.
-_call = threading.local()
+_call = threading.local()  # whether the innermost call on this thread was skipped
 
 
 class TrainFunctionHook:
-    """Wraps `model.train_function` so that `after()` runs after each call.
+    """Wraps `model.train_function` so that `after()` runs after each call that trained.
 
     Args:
         model: the Keras model.
-        after: callable without arguments, run after each call that returned.
-        before: callable taking the call's iterator, run before each call, or
-            None. It is the attribute `before`, which may be set (to None
-            too) while the hook is attached.
-        skip: callable taking the call's iterator, run after `before`: when
-            it returns logs, the call trains nothing (the train function is
-            not called, nor the `after` of this or any hook around it) and
-            returns them; when it returns None, the call trains. None for no
-            skipping. It is the attribute `skip`, which may be set while the
-            hook is attached.
+        after: callable without arguments.
+        before: callable taking the call's iterator, run first, or None.
+        skip: callable taking the call's iterator, run after `before`: logs it
+            returns are the call's, which trains nothing (and no hook around
+            it runs `after`); None trains. `before` and `skip` are attributes
+            that may change while attached.
         on_error: callable without arguments, run when a call raises anything
             but the end of the data (Ctrl-C included), or None.
-        owner: the fit that attached the hook (the `params` dict its callbacks
-            share): an attached hook of another fit of the same model is left
-            over from a fit that raised, and `on_abandoned` is called for it.
-        on_abandoned: callable without arguments, or None.
+        owner: the `params` dict of the `fit` that attaches it.
+        on_abandoned: callable without arguments, run when a `fit` of another
+            owner starts while this hook is attached (its `fit` raised), or None.
     """
 
     def __init__(
-        self,
-        model,
-        *,
-        after,
-        before=None,
-        skip=None,
-        on_error=None,
-        owner=None,
-        on_abandoned=None,
+        self, model, *, after, before=None, skip=None, on_error=None, owner=None, on_abandoned=None
     ):
         self.model = model
         self._after = after
@@ -71,36 +49,29 @@ class TrainFunctionHook:
         self._wrapper = None
 
     def attach(self):
-        """Wraps the model's train function, unless this hook already wraps it.
-
-        Call it again whenever the function may have been rebuilt (each
-        epoch): Keras makes a new one after `compile`.
-        """
+        """Wraps the train function unless this hook wraps it already; again each epoch (`compile` rebuilds it)."""
         abandon_other_fits(self.model, self.owner)
         _remove_detached(self.model)
         original = self.model.train_function
         if original is None or self._wrapper in _chain(original):
             return
-        self._deactivate()
         hook = self
 
         def train_function(iterator):
             if hook._wrapper is not train_function:
                 return original(iterator)
-            before = hook.before
-            if before is not None:
-                before(iterator)
-            skip = hook.skip
-            if skip is not None:
-                skipped_logs = skip(iterator)
-                if skipped_logs is not None:
+            if hook.before is not None:
+                hook.before(iterator)
+            if hook.skip is not None:
+                logs = hook.skip(iterator)
+                if logs is not None:
                     _call.skipped = True
-                    return skipped_logs
+                    return logs
+            _call.skipped = False
             try:
-                _call.skipped = False
                 logs = original(iterator)
             except (StopIteration, tf.errors.OutOfRangeError):
-                raise  # the end of the data, not a failure
+                raise  # the end of the data
             except BaseException:
                 if hook._on_error is not None:
                     hook._on_error()
@@ -111,64 +82,41 @@ class TrainFunctionHook:
 
         setattr(train_function, _HOOK, self)
         setattr(train_function, _ORIGINAL, original)
-        self._wrapper = train_function
-        self.model.train_function = train_function
+        self._wrapper = self.model.train_function = train_function
 
     def detach(self):
         """Stops the hook and unwraps what can be unwrapped."""
-        self._deactivate()
-        _remove_detached(self.model)
-
-    def _deactivate(self):
         self._wrapper = None
-
-
-def mark_wrapper(wrapper, original):
-    """Lets hooks see through a wrapper of the train function made elsewhere."""
-    setattr(wrapper, _ORIGINAL, original)
+        _remove_detached(self.model)
 
 
 def _chain(function):
-    """`function` and the functions it wraps, as far as marked wrappers go."""
     while function is not None:
         yield function
         function = getattr(function, _ORIGINAL, None)
 
 
 def _remove_detached(model):
-    """Unwraps detached hooks from the top of the model's train function."""
-    while True:
-        top = model.train_function
-        hook = getattr(top, _HOOK, None)
-        if hook is None or hook._wrapper is top:
+    while (hook := getattr(model.train_function, _HOOK, None)) is not None:
+        if hook._wrapper is model.train_function:
             return
-        model.train_function = getattr(top, _ORIGINAL)
+        model.train_function = getattr(model.train_function, _ORIGINAL)
 
 
 def abandon_other_fits(model, owner):
-    """Stops the hooks on `model` attached by a fit other than `owner`.
-
-    A fit of the model is starting, so such a hook belongs to a fit that
-    ended by an exception (Keras then skips `on_train_end`); its
-    `on_abandoned` is called.
-    """
+    """Stops the hooks on `model` of a `fit` other than `owner`'s, calling their `on_abandoned`."""
     if owner is None:
         return
     for function in list(_chain(model.train_function)):
         hook = getattr(function, _HOOK, None)
-        if hook is None or hook._wrapper is not function or hook.owner is owner:
-            continue
-        hook._deactivate()
-        if hook._on_abandoned is not None:
-            hook._on_abandoned()
+        if hook is not None and hook._wrapper is function and hook.owner is not owner:
+            hook._wrapper = None
+            if hook._on_abandoned is not None:
+                hook._on_abandoned()
 
 
 def execution_callback(after_execution):
-    """A Keras callback that calls `after_execution(model)` after each call of the train function.
-
-    For callbacks whose only work of each step is that call: no batch hook,
-    attached at the start of each `fit` and detached at its end.
-    """
+    """A Keras callback that calls `after_execution(model)` after each call of the train function."""
     import keras
 
     class ExecutionCallback(keras.callbacks.Callback):

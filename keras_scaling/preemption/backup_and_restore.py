@@ -158,6 +158,9 @@ class BackupAndRestore(keras.callbacks.Callback):
         self._epoch_start_iterations = self._read_iterations()
         self._steps_run_in_epoch = 0
         self._steps_skipped = 0
+        if self._changes is not None:
+            # The fit is alive; Keras drops the last epoch's iterator now.
+            self._changes.unwatch()
         if self._train_hook is not None:
             # Again each epoch: a callback's on_train_begin may rebuild it.
             self._train_hook.before = self._see_iterator
@@ -210,6 +213,9 @@ class BackupAndRestore(keras.callbacks.Callback):
                 self._save(self._mid_epoch_position(iterations), "every_n_steps")
 
     def _see_iterator(self, iterator):
+        # Held by the fit while it runs: when Python frees it, the fit is over.
+        if self._changes is not None:
+            self._changes.watch(iterator)
         self._train_hook.before = None  # until the next epoch
         if not self._data_found:
             self._data_found = True

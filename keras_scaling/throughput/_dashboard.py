@@ -4,26 +4,19 @@ import functools
 import os
 
 SCALAR_TAGS = frozenset(
-    {
-        "throughput/samples_per_sec",
-        "throughput/steps_per_sec",
-        "throughput/per_replica_samples_per_sec",
-        "throughput/startup_time_s",
-        "scaling/speedup",
-        "scaling/efficiency",
-        "scaling/ideal_speedup",
-        # Model FLOP/s: GFLOP/s on CPUs, TFLOP/s on GPUs and TPUs.
-        "throughput/gflops_per_sec",
-        "throughput/per_replica_gflops_per_sec",
-        "throughput/tflops_per_sec",
-        "throughput/per_replica_tflops_per_sec",
-        "throughput/mfu",
+    {"scaling/speedup", "scaling/efficiency", "scaling/ideal_speedup", "throughput/mfu"}
+    | {
+        f"throughput/{name}"
+        for name in ("samples_per_sec", "steps_per_sec", "per_replica_samples_per_sec")
+        + ("startup_time_s",)
     }
+    # Model FLOP/s: GFLOP/s on CPUs, TFLOP/s on GPUs and TPUs.
+    | {f"throughput/{per}{unit}flops_per_sec" for per in ("", "per_replica_") for unit in "gt"}
 )
-# The Text dashboard: the set-up in three short tables (a long one gets a
-# scroll box of its own in TensorBoard), and the advice.
 _SI_PREFIXES = ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"))
 
+# The Text dashboard: the set-up in three short tables (TensorBoard gives a
+# long one a scroll box of its own), and the advice.
 SETUP_TAG = "throughput/setup"
 BASELINE_TAG = "throughput/setup_baseline"
 MEASURING_TAG = "throughput/setup_measuring"
@@ -32,15 +25,9 @@ ADVICE_TAG = "throughput/advice"
 
 @functools.cache
 def custom_scalars_layout(flops_tag=None, mfu=False):
-    """The Custom Scalars dashboard: speedup against ideal first, then efficiency and throughput.
+    """The Custom Scalars layout: speedup against ideal, efficiency, throughput (cached: do not modify).
 
-    Only charts that can have points: model FLOP/s when the FLOPs are known
-    (`flops_tag`, in the device's unit), MFU when a peak is known too.
-    Built once per process and arguments: do not modify it.
-
-    Args:
-        flops_tag: str or None, the tag of the model FLOP/s of all replicas.
-        mfu: bool, whether `throughput/mfu` is written.
+    Model FLOP/s only with a `flops_tag` (the tag in the device's unit), MFU only with `mfu`.
     """
     from tensorboard.plugins.custom_scalar import layout_pb2
 
@@ -64,13 +51,7 @@ def custom_scalars_layout(flops_tag=None, mfu=False):
 
 
 def path_for_display(path, log_dir):
-    """`path` relative to `log_dir` when it lies inside it, else as given.
-
-    A log tree that is copied or moved keeps naming the right file.
-
-    Example: `path_for_display("/runs/a/one/throughput.json", "/runs/a")` is
-    `"one/throughput.json"`.
-    """
+    """`path` relative to `log_dir` when inside it (a moved log tree still names it), else as given."""
     path, log_dir = os.path.abspath(path), os.path.abspath(log_dir)
     if os.path.commonpath([path, log_dir]) == log_dir:
         return os.path.relpath(path, log_dir)
@@ -114,12 +95,7 @@ def measured_every_text(update_freq):
 
 
 def flops_text_of(flops, unit=""):
-    """FLOPs (or FLOP/s with `unit="/s"`) as a person reads them.
-
-    Example: `flops_text_of(4616.97)` is `"4,617 FLOPs"`,
-    `flops_text_of(3.1e9)` is `"3.10 GFLOPs"`, `flops_text_of(312e12, "/s")`
-    is `"312 TFLOP/s"`.
-    """
+    """FLOPs (FLOP/s with `unit="/s"`) as read: "4,617 FLOPs", "3.10 GFLOPs", "312 TFLOP/s"."""
     noun = "FLOP" + (unit if unit else "s")
     for scale, prefix in _SI_PREFIXES:
         if flops >= scale:

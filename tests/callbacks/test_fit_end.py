@@ -6,10 +6,9 @@ traces. Keras calls `on_train_end` only when `fit` returns. Each way a `fit`
 can end is tried here with both callbacks, on one device: a return, a step
 that raises, Ctrl-C inside a step, another callback raising between steps,
 and a `fit` left with its exception kept alive (as a notebook keeps the last
-one), which the next `fit` ends.
+one), which the next `fit` ends. No garbage collection is needed.
 """
 
-import gc
 import signal
 
 import keras
@@ -111,7 +110,6 @@ def test_after_another_callback_raised_sigterm_reaches_the_previous_handler(
     signal.raise_signal(signal.SIGTERM)
 
     assert previous_sigterm_handler.received == [signal.SIGTERM]
-    gc.collect()
     assert_process_as_before(model, previous_sigterm_handler)
 
 
@@ -142,3 +140,26 @@ def test_a_fit_left_with_its_exception_alive_is_ended_by_the_next_fit(
     assert seen_at_next_start == [False]
     assert_process_as_before(abandoned, previous_sigterm_handler)
     assert_process_as_before(other, previous_sigterm_handler)
+
+
+def test_a_sigterm_handler_installed_after_a_failed_fit_is_kept(tmp_path, previous_sigterm_handler):
+    failed = _model()
+    try:
+        failed.fit(
+            _data(), epochs=2, verbose=0, callbacks=[*_callbacks(tmp_path), _RaiseAtEpochEnd()]
+        )
+    except RuntimeError:
+        pass
+    received = []
+    signal.signal(signal.SIGTERM, lambda signum, frame: received.append(signum))
+    installed = signal.getsignal(signal.SIGTERM)
+
+    # The next fit ends the failed one, installs its own handler and puts back the user's.
+    other = _model()
+    other.fit(_data(), epochs=1, verbose=0, callbacks=_callbacks(tmp_path / "next"))
+    assert signal.getsignal(signal.SIGTERM) is installed
+    signal.raise_signal(signal.SIGTERM)
+
+    assert received == [signal.SIGTERM]
+    assert previous_sigterm_handler.received == []
+    assert "train_step" not in vars(failed)
