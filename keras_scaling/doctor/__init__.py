@@ -20,8 +20,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Check", "DoctorReport", "run_checks"]
 
-# Elements of the known-value all-reduce: enough to see a partial corruption.
-_KNOWN_VALUES = 1024
+_KNOWN_VALUES = 1024  # elements of the known-value all-reduce: enough to see a partial corruption
 # The strategy is built once every worker joined, so reports come within seconds.
 _REPORT_WAIT_S = 300.0
 _SHOWN_ADDRESSES = 4

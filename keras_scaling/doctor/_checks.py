@@ -125,20 +125,14 @@ def compare_devices(reports, num_workers):
             f"{_worker_name(report.get('worker', index), report)} has {_device_text(report)}"
             for index, report in enumerate(reports)
         )
-        return Check(
-            "devices",
-            False,
-            f"the workers' devices differ: {each}. MultiWorkerMirroredStrategy needs the same "
-            "number and kind of devices on every worker: give every worker the same "
-            "--cpu-devices or the same number of GPUs (CUDA_VISIBLE_DEVICES, srun --gpus-per-task).",
-        )
+        fix = "MultiWorkerMirroredStrategy needs the same number and kind of devices on every worker: give every worker the same --cpu-devices or the same number of GPUs (CUDA_VISIBLE_DEVICES, srun --gpus-per-task)."
+        return Check("devices", False, f"the workers' devices differ: {each}. {fix}")
     ((count, kind),) = shapes
     each = "" if len(reports) == 1 else " each"
     in_all = _plural(count * len(reports), "replica")
     per_worker = _plural(count, f"{kind} replica")
-    return Check(
-        "devices", True, f"{_plural(len(reports), 'worker')}, {per_worker}{each}: {in_all} in all"
-    )
+    message = f"{_plural(len(reports), 'worker')}, {per_worker}{each}: {in_all} in all"
+    return Check("devices", True, message)
 
 
 def _plural(count, noun):
@@ -163,20 +157,12 @@ def check_all_reduce(reduced_values, num_replicas):
     wrong = [(index, value) for index, value in enumerate(values) if value != expected]
     if wrong:
         index, value = wrong[0]
-        return Check(
-            "all-reduce",
-            False,
-            f"summing r + 1 over {num_replicas} replicas gave {value:g} at element {index} "
-            f"({len(wrong)} of {len(values)} elements wrong), expected {expected}: a worker is "
-            "missing from the collective, or its data is corrupted. Check that every worker got "
-            "the same cluster (TF_CONFIG) and devices.",
-        )
-    replicas = _plural(num_replicas, "replica")
-    return Check(
-        "all-reduce",
-        True,
-        f"summing r + 1 over {replicas} gave {expected} in all {len(values)} elements",
-    )
+        found = f"gave {value:g} at element {index} ({len(wrong)} of {len(values)} elements wrong), expected {expected}"
+        fix = "a worker is missing from the collective, or its data is corrupted. Check that every worker got the same cluster (TF_CONFIG) and devices."
+        message = f"summing r + 1 over {num_replicas} replicas {found}: {fix}"
+        return Check("all-reduce", False, message)
+    message = f"summing r + 1 over {_plural(num_replicas, 'replica')} gave {expected} in all {len(values)} elements"
+    return Check("all-reduce", True, message)
 
 
 def all_reduce_bandwidth_mb_per_s(size_bytes, seconds):
@@ -197,17 +183,12 @@ def bandwidth_check(size_bytes, round_seconds, *, num_replicas=2):
         return Check("bandwidth", True, text)
     if not round_seconds:
         raise ValueError("round_seconds must hold at least one timing, got none")
-    fastest_s, median_s, slowest_s = (
-        min(round_seconds),
-        statistics.median(round_seconds),
-        max(round_seconds),
-    )
+    median_s = statistics.median(round_seconds)
+    fastest_s, slowest_s = min(round_seconds), max(round_seconds)
     scale, unit = (1, "s") if slowest_s >= 0.01 else (1000, "ms")
-    size = (
-        f"{size_bytes:,} bytes"
-        if size_bytes < BYTES_PER_MB / 10
-        else f"{size_bytes / BYTES_PER_MB:.1f} MB"
-    )
+    size = f"{size_bytes / BYTES_PER_MB:.1f} MB"
+    if size_bytes < BYTES_PER_MB / 10:
+        size = f"{size_bytes:,} bytes"
     text = (
         f"all-reduce of {size} of float32 over {num_replicas} replicas (ResNet50's gradients are "
         f"{RESNET50_GRADIENT_MB:.1f} MB): median {median_s * scale:.3f} {unit} over "
@@ -252,10 +233,7 @@ def server_exposure_check(port, addresses, interfaces):
         where = "on every network interface"
     else:
         where = f"on {', '.join(addresses)}" if addresses else "(not found listening)"
-    text = (
-        f"this worker's TensorFlow gRPC server listens on port {port} {where}. It authenticates "
-        "nobody: whoever reaches that port can run operations in this process."
-    )
+    text = f"this worker's TensorFlow gRPC server listens on port {port} {where}. It authenticates nobody: whoever reaches that port can run operations in this process."
     others = sorted(name for name in interfaces if name != "lo")
     if not others:
         text += " This process's network namespace has only loopback: nothing outside reaches it."
@@ -263,6 +241,5 @@ def server_exposure_check(port, addresses, interfaces):
         text += (
             f" Interfaces besides loopback: {', '.join(others)}; keep the job on a private network."
         )
-    return Check(
-        "server", True, f"{text} (see the Security section of docs/guides/multi-worker.md)"
-    )
+    text += " (See the Security section of docs/guides/multi-worker.md.)"
+    return Check("server", True, text)

@@ -190,11 +190,8 @@ def _confidence(first, second):
         return "clear", None
     if margin_s > noise_s:
         return "likely", None
-    return "uncertain", (
-        f"freeing {first.name} would save {first.saved_s * 1e3:.2f} ms and {second.name} "
-        f"{second.saved_s * 1e3:.2f} ms: within noise of each other; more steps or rounds "
-        "narrow it"
-    )
+    note = f"freeing {first.name} would save {first.saved_s * 1e3:.2f} ms and {second.name} {second.saved_s * 1e3:.2f} ms: within noise of each other; more steps or rounds narrow it"
+    return "uncertain", note
 
 
 def _counterfactual_doubt(split, first, second):
@@ -209,21 +206,15 @@ def _counterfactual_doubt(split, first, second):
         found = f"{freed_s * 1e3:.2f} ms"
     else:
         return None
-    return (
-        f"the run waits {split.part('input').time_s * 1e3:.2f} ms per step for its next "
-        f"batch, and the step on a resident batch is {found} shorter: the two measurements "
-        "disagree; more steps or rounds narrow it"
-    )
+    waited_ms = split.part("input").time_s * 1e3
+    return f"the run waits {waited_ms:.2f} ms per step for its next batch, and the step on a resident batch is {found} shorter: the two measurements disagree; more steps or rounds narrow it"
 
 
 def _rates_note(bound, pipeline_samples_per_sec, training_samples_per_sec):
     """A note when the pipeline's rate alone points elsewhere than the wait, else None."""
     if not pipeline_samples_per_sec or not training_samples_per_sec:
         return None
-    rates = (
-        f"alone, the pipeline gives {pipeline_samples_per_sec:,.0f} samples/s and "
-        f"training takes {training_samples_per_sec:,.0f} with the input free"
-    )
+    rates = f"alone, the pipeline gives {pipeline_samples_per_sec:,.0f} samples/s and training takes {training_samples_per_sec:,.0f} with the input free"
     if bound == "input" and pipeline_samples_per_sec > 1.2 * training_samples_per_sec:
         return f"{rates}, yet the run waits for them: beside training the pipeline slows down"
     if bound != "input" and 1.2 * pipeline_samples_per_sec < training_samples_per_sec:
@@ -263,41 +254,26 @@ def verdict(
         confidence = "uncertain"
     share = _percent(first.share)
     if first.name == "input":
+        rates = "the replicas wait for data"
         if pipeline_samples_per_sec is not None and training_samples_per_sec is not None:
-            rates = (
-                f"the pipeline gives {pipeline_samples_per_sec:,.0f} samples/s across "
-                f"workers and training takes {training_samples_per_sec:,.0f}"
-            )
-        else:
-            rates = "the replicas wait for data"
+            rates = f"the pipeline gives {pipeline_samples_per_sec:,.0f} samples/s across workers and training takes {training_samples_per_sec:,.0f}"
         text = (
             f"input-bound: input is {share} of the step ({first.saved_s * 1e3:.2f} ms shorter "
             f"without it); {rates}: parallel `map` (num_parallel_calls=tf.data.AUTOTUNE), "
             "`cache`, more reader files or the tf.data service."
         )
     elif first.name == "synchronization":
+        now = f" (now {per_replica_batch_size})" if per_replica_batch_size else ""
+        batch = f"a larger per-replica batch{now}; `keras-scaling bench --per-replica-batch 32,64,128,256` finds the one that reaches 90% efficiency"
         if efficient_per_replica_batch is not None:
-            efficient = efficient_per_replica_batch
-            batch = (
-                f"the per-replica batch that reaches 90% efficiency is {efficient}, from the sweep"
-            )
-        else:
-            now = f" (now {per_replica_batch_size})" if per_replica_batch_size else ""
-            batch = (
-                f"a larger per-replica batch{now}; `keras-scaling bench --per-replica-batch "
-                "32,64,128,256` finds the one that reaches 90% efficiency"
-            )
-        text = f"synchronization-bound: combining the replicas' updates is {share} of the step: "
-        text += f"{batch}."
+            batch = f"the per-replica batch that reaches 90% efficiency is {efficient_per_replica_batch}, from the sweep"
+        text = f"synchronization-bound: combining the replicas' updates is {share} of the step: {batch}."
     elif first.name == "host":
         advised = advised_steps_per_execution(split)
         measured = split.amortized_steps_per_execution
         text = (
-            f"host-bound: the training loop's per-call cost is {share} of the step: "
-            f"steps_per_execution={measured} took the host share from {share} to "
-            f"{_percent(split.host_share_at(measured))} (measured); "
-            f"model.compile(..., steps_per_execution={advised}) brings it to "
-            f"{_percent(split.host_share_at(advised))}."
+            f"host-bound: the training loop's per-call cost is {share} of the step: steps_per_execution={measured} took the host share from {share} to {_percent(split.host_share_at(measured))} (measured); "
+            f"model.compile(..., steps_per_execution={advised}) brings it to {_percent(split.host_share_at(advised))}."
         )
     else:
         if mfu is not None:
@@ -306,20 +282,17 @@ def verdict(
         else:
             utilization = f"MFU unknown ({mfu_reason or 'no FLOPs or peak figure'})"
             hint = "; mixed precision would help on GPUs and TPUs"
-        text = f"compute-bound: the model's own arithmetic is {share} of the step (good): "
-        text += f"{utilization}{hint}."
+        text = f"compute-bound: the model's own arithmetic is {share} of the step (good): {utilization}{hint}."
     rates_note = _rates_note(first.name, pipeline_samples_per_sec, training_samples_per_sec)
     notes = [note for note in (doubt, contradiction, rates_note) if note]
     notes += [
-        f"{part.name} is also {_percent(part.share)} of the step; without it the step would "
-        f"be {part.saved_s * 1e3:.2f} ms shorter"
+        f"{part.name} is also {_percent(part.share)} of the step; without it the step would be {part.saved_s * 1e3:.2f} ms shorter"
         for part in ranked[1:]
         if part.share >= _MINOR_SHARE
     ]
     if abs(split.rest_share) >= 0.1:
         notes.append(
-            f"the parts and the measured step differ by {_percent(abs(split.rest_share))} of "
-            "the step (noise between rounds); more steps or rounds narrow it"
+            f"the parts and the measured step differ by {_percent(abs(split.rest_share))} of the step (noise between rounds); more steps or rounds narrow it"
         )
     if host_cpu_replicas and num_replicas > 1:
         notes.append(shared_cores_note(num_replicas, cpu_cores))

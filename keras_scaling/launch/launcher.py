@@ -25,8 +25,7 @@ _POLL_INTERVAL_S = 0.05
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     """Returns `count` distinct TCP ports that are free on `host` right now.
 
-    They are released before returning: another process could take one
-    before the workers bind it.
+    Released before returning: another process could take one before the workers do.
 
     Args:
         count: int, the number of ports.
@@ -438,9 +437,9 @@ def _supervise(workers, grace_period_s, signals):
 
 
 def _wait(condition, workers, timeout_s, signals=None, since=0):
-    """Polls `condition(workers)` up to `timeout_s`: True once it holds, else False.
+    """Polls `condition(workers)` for `timeout_s`: True once it holds, else False.
 
-    A signal counts when `signals` received more than `since` (a second Ctrl-C).
+    A new signal (`signals` grew past `since`: a second Ctrl-C) ends the wait.
     """
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
