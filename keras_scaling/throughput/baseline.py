@@ -61,7 +61,7 @@ class Baseline:
         source: str, where the figure comes from, as shown to the user.
         num_replicas: int, the replicas the baseline ran on.
         record: the `throughput.json` record for `mode="file"`, else None.
-        measure_time_s: float, the seconds this process spent timing it, else None.
+        measure_time_s: float, the seconds this process spent timing it.
 
     Example:
 
@@ -187,9 +187,7 @@ def for_run(
         baseline: a `Baseline` from `resolve_baseline`, or None.
         setup: dict with `num_replicas`, `per_replica_batch_size`,
             `dtype_policy` and `device_kind`.
-        model: the compiled Keras model being trained.
-        one_replica_spec: one replica's batch spec, static shapes.
-        device: str, the device to time the copy on.
+        model, one_replica_spec, device: what `measure_samples_per_sec` times.
         measures: bool, whether this process times the copy.
         shared_cores: bool, whether the replicas are logical CPUs sharing
             the cores the copy had to itself.
