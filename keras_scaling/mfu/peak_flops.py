@@ -115,11 +115,11 @@ def device_key(
         found = re.search(r"\b(V100|T4|A10G?|L40S|L4|A100|H100|H200|B200)\b", name)
         if found is None or "NVL" in name:  # H100 NVL: two GPUs, figures of their own
             return None
-        if found[1] in ("V100", "H100"):
-            return found[1] + (
-                " PCIe" if "PCI" in name else " SXM2" if found[1] == "V100" else " SXM"
-            )
-        return "A10G" if found[1] == "A10" else found[1]
+        model = "A10G" if found[1] == "A10" else found[1]
+        if model in ("V100", "H100"):
+            form = "PCIe" if "PCI" in name else "SXM2" if model == "V100" else "SXM"
+            model = f"{model} {form}"
+        return model
     environ = os.environ if environ is None else environ
     accelerator = environ.get("TPU_ACCELERATOR_TYPE") or environ.get("ACCELERATOR_TYPE") or ""
     # Cloud TPU accelerator types: v4-8, v5litepod-8 (a v5e), v5p-8, v6e-4.
