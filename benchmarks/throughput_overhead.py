@@ -127,6 +127,7 @@ def main(argv=None):
     for hook in (
         "on_train_begin",
         "on_epoch_begin",
+        "_before_execution",  # the set-up of the first fit: baseline, FLOPs
         "_after_execution",
         "on_epoch_end",
         "on_train_end",
