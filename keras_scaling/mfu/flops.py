@@ -36,6 +36,14 @@ _HEAVY_OPS = set(
 # What every refusal ends with: the way around it.
 _PASS_COUNT = "pass flops_per_sample=<your count> to ThroughputLogger"
 _PASS_SAMPLE = "pass sample=(x, y) with one batch of the training data"
+# Why a count is refused, in the order the reasons are given.
+_REFUSALS = {
+    "loop": "the model runs a loop (While ops, as RNN layers do), and the operations "
+    f"inside a loop are not counted; {_PASS_COUNT}",
+    "call": f"the model calls functions ({{}} ops) whose operations are not counted; {_PASS_COUNT}",
+    "uncounted": f"TensorFlow has no operation count for {{}}; {_PASS_COUNT}",
+    "unknown": f"shapes at {{}} ops are unknown; {_PASS_SAMPLE}",
+}
 
 
 def training_flops_per_sample(model: "keras.Model", *, sample: Any = None) -> float | None:
@@ -265,48 +273,33 @@ def _count_graph(graph):
     if statistics is None:
         return None, f"TensorFlow gives no per-op FLOP statistics; {_PASS_COUNT}"
     statistics_of, counted_types = statistics
-    refused: dict[str, set] = {"loop": set(), "call": set(), "uncounted": set(), "unknown": set()}
+    refused: dict[str, set] = {kind: set() for kind in _REFUSALS}
     total = 0
     tf_logger = logging.getLogger("tensorflow")
     tf_logger.addFilter(_drops_deprecation_warning)
     try:
         for op in _live_ops(graph):
-            if op.type in _LOOP_OPS | _CALL_OPS:
+            if op.type in _LOOP_OPS or op.type in _CALL_OPS:
                 refused["loop" if op.type in _LOOP_OPS else "call"].add(op.type)
                 continue
             try:
-                if op.type in _STATISTICS:
-                    flops = _STATISTICS[op.type](op)
-                elif op.type in counted_types:
+                count = _STATISTICS.get(op.type)
+                flops = count(op) if count else None
+                if count is None and op.type in counted_types:
                     flops = statistics_of(graph, op.node_def, "flops").value
-                else:
-                    flops = None
             except ValueError:  # a shape TensorFlow could not infer
-                flops, kind = None, "unknown"
+                flops, refused_as = None, "unknown"
             else:
-                kind = "uncounted"
-            if flops is None:
-                if op.type in _HEAVY_OPS:
-                    refused[kind].add(op.type)
-                continue
-            total += int(flops)
+                refused_as = "uncounted"
+            if flops is not None:
+                total += int(flops)
+            elif op.type in _HEAVY_OPS:
+                refused[refused_as].add(op.type)
     finally:
         tf_logger.removeFilter(_drops_deprecation_warning)
-    loops, calls, uncounted, unknown = (", ".join(sorted(ops)) for ops in refused.values())
-    if loops:
-        return None, (
-            "the model runs a loop (While ops, as RNN layers do), and the operations "
-            f"inside a loop are not counted; {_PASS_COUNT}"
-        )
-    if calls:
-        return (
-            None,
-            f"the model calls functions ({calls} ops) whose operations are not counted; {_PASS_COUNT}",
-        )
-    if uncounted:
-        return None, f"TensorFlow has no operation count for {uncounted}; {_PASS_COUNT}"
-    if unknown:
-        return None, f"shapes at {unknown} ops are unknown; {_PASS_SAMPLE}"
+    for kind, reason in _REFUSALS.items():
+        if refused[kind]:
+            return None, reason.format(", ".join(sorted(refused[kind])))
     return float(total), None
 
 
