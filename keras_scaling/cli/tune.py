@@ -17,7 +17,7 @@ import sys
 import time
 
 from keras_scaling.cli import _models, _sweep_plan
-from keras_scaling.cli._arguments import positive_int, positive_number
+from keras_scaling.cli._arguments import add_model_options, positive_int, positive_number
 from keras_scaling.cli._errors import UsageError
 
 _DEFAULT_PER_REPLICA_BATCH = 64
@@ -50,15 +50,10 @@ _DESCRIPTION = """\
 Find the fastest settings for training a model on this machine's devices,
 by measurement, and write them where one line applies them.
 
-Starts from the model's settings (--steps-per-execution, the bench's thread
-pools on logical CPUs), splits the step with keras_scaling.explain (when it
-fits in 30% of the budget) and tries the remedy of what bounds it
-first. Each knob's value trains in alternating rounds with the incumbent
-(real model.fit calls, timed over their epochs after the first); a change
-is kept only when its median gain exceeds the rounds' noise and 5%. At the
-end the best and the start run side by side, in budget kept back for it:
-unless that gain exceeds the noise too, the start is handed back. It stops
-when --budget seconds are spent.
+Starts from the model's settings, tries the remedy of what explain finds
+bounds the step first, keeps a change only when its median gain over
+alternating rounds of real model.fit calls exceeds the noise and 5%, and
+confirms the best side by side with the start at the end (docs/guides/tune.md).
 
 Knobs that keep the model's arithmetic, tried by default:
   steps_per_execution   the same weights, bitwise
@@ -112,58 +107,26 @@ def add_parser(subparsers):
         epilog=_EXAMPLE,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument(
-        "--model",
-        default="mlp",
-        metavar="PRESET|package.module:function",
-        help=f"the model: {', '.join(_models.PRESETS)} or package.module:function (default: mlp)",
-    )
-    parser.add_argument(
-        "--data",
-        metavar="package.module:function",
-        help="your data instead of synthetic data: a function returning a dataset of "
-        "samples, arrays (x, y) or a PyDataset",
-    )
-    parser.add_argument(
-        "--cpu-devices",
-        type=positive_int,
-        metavar="N",
-        help="train on N logical CPUs instead of the GPUs",
-    )
-    parser.add_argument(
+    add_model_options(parser, "tune", "tune.json and the TensorBoard run")
+    add = parser.add_argument
+    batch_help = f"each replica's batch at the start (default {_DEFAULT_PER_REPLICA_BATCH})"
+    add(
         "--per-replica-batch",
         type=positive_int,
         default=_DEFAULT_PER_REPLICA_BATCH,
         metavar="B",
-        help=f"each replica's batch at the start (default {_DEFAULT_PER_REPLICA_BATCH})",
+        help=batch_help,
     )
-    parser.add_argument(
-        "--steps-per-execution",
-        type=positive_int,
-        default=1,
-        metavar="K",
-        help="the start's steps per compiled call, for models tune compiles (default 1)",
-    )
-    parser.add_argument(
+    budget_help = f"seconds for the whole search (default {_DEFAULT_BUDGET_S:g})"
+    add(
         "--budget",
         type=positive_number("seconds"),
         default=_DEFAULT_BUDGET_S,
         metavar="SECONDS",
-        help=f"seconds for the whole search (default {_DEFAULT_BUDGET_S:g})",
+        help=budget_help,
     )
-    parser.add_argument(
-        "--allow",
-        default="",
-        metavar="KNOB[,KNOB]",
-        help="knobs that change training, tried only when named: batch, precision",
-    )
-    parser.add_argument(
-        "--logdir",
-        "--log-dir",
-        dest="logdir",
-        metavar="LOGDIR",
-        help="where to write tune.json and the TensorBoard run (default: logs/tune-YYYYmmdd-HHMMSS)",
-    )
+    allow_help = "knobs that change training, tried only when named: batch, precision"
+    add("--allow", default="", metavar="KNOB[,KNOB]", help=allow_help)
     parser.set_defaults(run=run)
     return parser
 
