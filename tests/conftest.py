@@ -74,17 +74,27 @@ def pytest_configure(config):
         keras_scaling.use_logical_cpus(count)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _collective_keys_of_its_own(request):
-    """Has the MirroredStrategy objects this module builds number their collective keys apart.
+def _number_collective_keys_apart(config):
+    """Has the MirroredStrategy objects built from now on number their collective keys apart.
 
     `_collective_key_base` is the class attribute TensorFlow's own tests set
     for this; each MirroredStrategy reads it when it is built.
     """
-    if request.config.getoption("--logical-cpus") > 1:
+    if config.getoption("--logical-cpus") > 1:
         import tensorflow as tf
 
         tf.distribute.MirroredStrategy._collective_key_base = next(_collective_key_bases)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _collective_keys_of_its_own(request):
+    _number_collective_keys_apart(request.config)
+
+
+@pytest.fixture
+def collective_keys_of_its_own(request):
+    """For a test whose strategies have nothing to do with those of the tests before it."""
+    _number_collective_keys_apart(request.config)
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -4,11 +4,15 @@ Public docstrings are those of the names in the `__all__` of keras_scaling's
 public modules, and of the public methods and properties of those classes.
 Each example runs in a namespace of its own: as in `doctest`, the names of
 the module it is documented in, plus the imports a reader is assumed to have
-made (`import keras, numpy as np, tensorflow as tf, keras_scaling`); in a process started for the purpose
-(`tests/workers/run_examples.py`) with its working directory in a temporary
-directory: examples that split the CPU (`use_logical_cpus(N)`) or build a
-`MirroredStrategy` in a process with N (default 2) logical CPUs, one process
-per N; the others in one process with one device.
+made (`import keras, numpy as np, tensorflow as tf, keras_scaling`), with its
+working directory in a temporary directory
+(`tests/workers/run_examples.py`). An example that splits the CPU
+(`use_logical_cpus(N)`) or builds a `MirroredStrategy` needs N (default 2)
+logical CPUs, the others one device. Each runs in the process of the pytest
+session of its count, as a test marked `logical_cpus(N)`, which saves a start
+of TensorFlow per count; a count that no session of `make test` runs
+(`--device-counts`), and every count above 1 in a plain `pytest` run on one
+device, runs its examples in a process started for them, one per count.
 
 An example's output comments are checked as it runs: a comment after an
 expression statement states its output (`interval.samples_per_sec   # 640.0`);
@@ -27,7 +31,10 @@ import textwrap
 
 import pytest
 
-WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "workers", "run_examples.py")
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(TESTS_DIR)
+WORKER = os.path.join(TESTS_DIR, "workers", "run_examples.py")
+RUN_SESSIONS = os.path.join(TESTS_DIR, "run_sessions.py")
 TIMEOUT_S = 600
 
 MODULES = (
@@ -120,8 +127,64 @@ def logical_cpus_for(code):
 
 EXAMPLES = collect_examples()
 
-# A docstring whose output comment is wrong, and the same with the right one: run
-# with the examples above (in the process with one device), the first must fail.
+
+def _runner():
+    """tests/workers/run_examples.py as a module, to run examples in this process."""
+    spec = importlib.util.spec_from_file_location("run_examples", WORKER)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+RUNNER = _runner()
+
+# The counts of make test's sessions (TEST_DEVICE_COUNTS) whose examples run
+# in that session's process; written out for tests/run_sessions.py, which
+# finds the files of a count by their marks.
+SESSION_MARKS = {2: pytest.mark.logical_cpus(2), 4: pytest.mark.logical_cpus(4)}
+
+
+def in_processes_of_their_own(logical_cpus, device_counts):
+    """[(name, count)] of the examples that a session with these options runs in processes of their own.
+
+    `logical_cpus` and `device_counts` are the session's `--logical-cpus` and
+    `--device-counts` (None in a plain run, where no other session runs).
+    """
+    if logical_cpus != 1:
+        return []
+    other_sessions = (
+        {int(n) for n in device_counts.replace(",", " ").split()} if device_counts else set()
+    )
+    return [
+        (name, count)
+        for name, _, code in EXAMPLES
+        for count in [logical_cpus_for(code)]
+        if count != 1 and not (count in SESSION_MARKS and count in other_sessions)
+    ]
+
+
+def _options(config):
+    return config.getoption("--logical-cpus"), config.getoption("--device-counts")
+
+
+def pytest_generate_tests(metafunc):
+    if metafunc.definition.name != "test_docstring_example_runs":
+        return
+    in_sessions = [
+        pytest.param(name, False, marks=SESSION_MARKS.get(count, ()), id=name)
+        for name, _, code in EXAMPLES
+        for count in [logical_cpus_for(code)]
+        if count == 1 or count in SESSION_MARKS
+    ]
+    in_processes = [
+        pytest.param(name, True, id=f"{name} in a process of its own")
+        for name, _ in in_processes_of_their_own(*_options(metafunc.config))
+    ]
+    metafunc.parametrize("name, in_a_process_of_its_own", in_sessions + in_processes)
+
+
+# A docstring whose output comment is wrong, and the same with the right one: the first
+# must fail in the runner.
 _WRONG_COMMENT_DOCSTRING = """Spacing of the reads.
 
 Example:
@@ -142,13 +205,13 @@ RUNNER_CHECKS = [
 
 
 @pytest.fixture(scope="module")
-def outcomes(tmp_path_factory):
-    """{example name: None, or the error it raised}, one process per CPU count."""
-    groups = {1: list(RUNNER_CHECKS)}
-    for name, module, code in EXAMPLES:
-        groups.setdefault(logical_cpus_for(code), []).append(
-            {"name": name, "module": module, "code": code}
-        )
+def outcomes_in_processes(request, tmp_path_factory):
+    """{example name: None, or the error it raised}, run in one process per CPU count."""
+    groups = {}
+    by_name = {name: (module, code) for name, module, code in EXAMPLES}
+    for name, count in in_processes_of_their_own(*_options(request.config)):
+        module, code = by_name[name]
+        groups.setdefault(count, []).append({"name": name, "module": module, "code": code})
     found = {}
     for count, group in sorted(groups.items()):
         directory = tmp_path_factory.mktemp(f"examples_{count}_cpus")
@@ -181,33 +244,53 @@ def test_pending_names_an_example_that_exists():
 
 
 @pytest.mark.timeout(2 * TIMEOUT_S)
-@pytest.mark.parametrize("name", [name for name, _, _ in EXAMPLES])
-def test_docstring_example_runs(name, outcomes):
+def test_docstring_example_runs(name, in_a_process_of_its_own, tmp_path, request):
+    if in_a_process_of_its_own:
+        outcome = request.getfixturevalue("outcomes_in_processes")[name]
+    else:
+        request.getfixturevalue("collective_keys_of_its_own")
+        (example,) = [
+            {"name": name, "module": module, "code": code}
+            for example_name, module, code in EXAMPLES
+            if example_name == name
+        ]
+        outcome = RUNNER.run_example(example, tmp_path)
     if name in PENDING:
-        assert outcomes[name] is not None, f"{name} runs now: take it off PENDING"
+        assert outcome is not None, f"{name} runs now: take it off PENDING"
         pytest.xfail("pending: fixed in its own module")
-    assert outcomes[name] is None, outcomes[name]
+    assert outcome is None, outcome
+
+
+def test_make_test_runs_each_example_in_the_session_of_its_count_and_a_plain_run_runs_all():
+    counts = {name: logical_cpus_for(code) for name, _, code in EXAMPLES}
+
+    def needing(wanted):
+        return [(name, count) for name, count in counts.items() if wanted(count)]
+
+    # make test's sessions of 2 and 4 logical CPUs run this file, found by its marks.
+    spec = importlib.util.spec_from_file_location("run_sessions", RUN_SESSIONS)
+    run_sessions = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(run_sessions)
+    sessions = run_sessions.logical_cpu_sessions(
+        run_sessions.marked_counts(os.path.dirname(RUN_SESSIONS)), [2, 4]
+    )
+    this_file = os.path.relpath(__file__, ROOT)
+    assert [count for count, files in sessions if this_file in files] == sorted(SESSION_MARKS)
+    assert in_processes_of_their_own(1, "2 4") == needing(lambda count: count not in (1, 2, 4))
+    assert in_processes_of_their_own(1, "2") == needing(lambda count: count not in (1, 2))
+    assert in_processes_of_their_own(1, None) == needing(lambda count: count != 1)
+    assert in_processes_of_their_own(2, None) == []
 
 
 # --- the output comments of the examples are checked ---------------------------------
 
 
-def _runner():
-    """tests/workers/run_examples.py as a module, for its output check in this process."""
-    spec = importlib.util.spec_from_file_location("run_examples", WORKER)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.mark.timeout(2 * TIMEOUT_S)
-def test_the_runner_fails_an_example_whose_output_comment_is_wrong(outcomes):
-    assert outcomes["right comment"] is None, outcomes["right comment"]
-    assert "OutputMismatch" in outcomes["wrong comment"]
-    assert (
-        "line 1: auto_update_freq(0.010, 0.0002)    # 11: long steps" in outcomes["wrong comment"]
-    )
-    assert "the output is: 10" in outcomes["wrong comment"]
+def test_the_runner_fails_an_example_whose_output_comment_is_wrong(tmp_path):
+    wrong, right = (RUNNER.run_example(example, tmp_path) for example in RUNNER_CHECKS)
+    assert right is None, right
+    assert "OutputMismatch" in wrong
+    assert "line 1: auto_update_freq(0.010, 0.0002)    # 11: long steps" in wrong
+    assert "the output is: 10" in wrong
 
 
 @pytest.mark.parametrize(
@@ -237,11 +320,11 @@ def test_the_runner_fails_an_example_whose_output_comment_is_wrong(outcomes):
     ],
 )
 def test_an_output_comment_holds_for_the_output_it_states(comment, output, holds):
-    assert _runner().output_matches(comment, output) is holds
+    assert RUNNER.output_matches(comment, output) is holds
 
 
 def test_a_printed_output_is_the_text_printed_and_a_value_its_repr():
-    runner = _runner()
+    runner = RUNNER
     runner.check_outputs("x = [1, 'a']\nprint(*x)  # 1 a\nx  # [1, 'a']\n", {})
     with pytest.raises(runner.OutputMismatch, match=r"line 2: print\(\*x\)  # 1 'a'"):
         runner.check_outputs("x = [1, 'a']\nprint(*x)  # 1 'a'\n", {})
@@ -251,12 +334,12 @@ def test_a_printed_output_is_the_text_printed_and_a_value_its_repr():
 
 def test_comments_on_assignments_and_lines_of_their_own_are_remarks():
     namespace = {}
-    _runner().check_outputs("x = 2  # 3\n# 4\nif x:\n    y = x  # 5\n", namespace)
+    RUNNER.check_outputs("x = 2  # 3\n# 4\nif x:\n    y = x  # 5\n", namespace)
     assert namespace["y"] == 2
 
 
 def test_a_line_run_several_times_holds_each_time_and_a_line_never_run_fails():
-    runner = _runner()
+    runner = RUNNER
     with pytest.raises(runner.OutputMismatch, match="line 2: i % 2  # 0\n  the output is: 1"):
         runner.check_outputs("for i in (0, 2, 3):\n    i % 2  # 0\n", {})
     with pytest.raises(runner.OutputMismatch, match="line 2: 1  # 1\n  never ran"):

@@ -1,10 +1,15 @@
-"""Runs docstring examples, each in a namespace of its own; prints the outcome as JSON.
+"""Runs docstring examples, each in a namespace of its own.
 
-Usage: `python run_examples.py EXAMPLES.json LOGICAL_CPUS`. The file holds a
-list of `{"name": ..., "module": ..., "code": ...}`. As in `doctest`, every
-example sees the names of the module it is documented in (a copy of them),
-plus the imports a reader of keras_scaling's docs is assumed to have made
-(`PREAMBLE`). The last line of stdout is `{name: null or the error}`.
+`run_example` runs one in the calling process (tests/test_docstring_examples.py
+runs most of them so, in the pytest session of their device count) and puts
+back what an example may change for the code after it: the working
+directory, the environment, Keras' dtype policy, the SIGINT and SIGTERM
+handlers. As a script, `python run_examples.py EXAMPLES.json LOGICAL_CPUS`
+runs a list of `{"name": ..., "module": ..., "code": ...}` in a process split
+into LOGICAL_CPUS logical CPUs; the last line of stdout is
+`{name: null or the error}`. As in `doctest`, every example sees the names of
+the module it is documented in (a copy of them), plus the imports a reader of
+keras_scaling's docs is assumed to have made (`PREAMBLE`).
 
 An example's output comments are checked (`check_outputs`): a line that ends
 an expression statement and carries a comment, such as
@@ -23,9 +28,10 @@ as a number, up to float rounding (a relative 1e-9: `# 0.05` holds for
 `0.05000000000000001`, `# 312e12` for `312000000000000.0`). Comments
 on other lines (assignments, `with`, lines of their own) are remarks.
 
-The MirroredStrategy objects of each example number their collective keys
-from a start of their own, so that they do not clash with those of the
-examples before it.
+In the script, the MirroredStrategy objects of each example number their
+collective keys from a start of their own, so that they do not clash with
+those of the examples before it (in a pytest session, tests/conftest.py's
+`collective_keys_of_its_own` fixture does it).
 """
 
 import ast
@@ -36,6 +42,7 @@ import json
 import math
 import os
 import re
+import signal
 import sys
 import tokenize
 import traceback
@@ -166,6 +173,40 @@ def check_outputs(code, namespace, filename="<example>"):
         raise OutputMismatch("output comments that do not hold:\n" + "\n".join(wrong))
 
 
+@contextlib.contextmanager
+def _put_back(work_dir):
+    """Runs the block in `work_dir`, then puts back the process state an example may change."""
+    import keras
+
+    cwd, environ, policy = os.getcwd(), dict(os.environ), keras.config.dtype_policy()
+    handlers = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
+    os.chdir(work_dir)
+    try:
+        yield
+    finally:
+        os.chdir(cwd)
+        if dict(os.environ) != environ:
+            os.environ.clear()
+            os.environ.update(environ)
+        keras.config.set_dtype_policy(policy)
+        for number, handler in handlers.items():
+            if signal.getsignal(number) is not handler and handler is not None:
+                signal.signal(number, handler)
+
+
+def run_example(example, work_dir):
+    """Runs `{"name", "module", "code"}` in `work_dir`; returns None, or the error's traceback."""
+    namespace = dict(vars(importlib.import_module(example["module"])))
+    namespace["__name__"] = "__example__"
+    try:
+        with _put_back(work_dir), contextlib.redirect_stdout(io.StringIO()):
+            exec(PREAMBLE, namespace)
+            check_outputs(example["code"], namespace, example["name"])
+    except BaseException:  # noqa: BLE001 - SystemExit too: report, go on
+        return traceback.format_exc(limit=-3)
+    return None
+
+
 def main():
     path, logical_cpus = sys.argv[1], int(sys.argv[2])
     import keras_scaling
@@ -182,15 +223,7 @@ def main():
             tf.distribute.MirroredStrategy._collective_key_base = (
                 COLLECTIVE_KEYS_PER_EXAMPLE * index
             )
-        namespace = dict(vars(importlib.import_module(example["module"])))
-        namespace["__name__"] = "__example__"
-        try:
-            with contextlib.redirect_stdout(io.StringIO()):
-                exec(PREAMBLE, namespace)
-                check_outputs(example["code"], namespace, example["name"])
-            outcomes[example["name"]] = None
-        except BaseException:  # noqa: BLE001 - SystemExit too: report, go on
-            outcomes[example["name"]] = traceback.format_exc(limit=-3)
+        outcomes[example["name"]] = run_example(example, os.getcwd())
     sys.stdout.flush()
     print(json.dumps(outcomes))
     sys.stdout.flush()
