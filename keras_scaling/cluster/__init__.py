@@ -1,7 +1,4 @@
-"""Where a multi-worker cluster comes from: `TF_CONFIG`, Kubernetes, Slurm, `launch`.
-
-Plain functions of a mapping of environment variables; see docs/guides/clusters.md.
-"""
+"""Where a multi-worker cluster comes from: `TF_CONFIG`, Kubernetes, Slurm, `launch` (docs/guides/clusters.md)."""
 
 import dataclasses
 import json
@@ -45,20 +42,10 @@ def _count(number: int, noun: str) -> str:
     return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
 
 
-def _parameter_server_message(task: object, count: int) -> str:
-    servers = "a parameter server" if count == 1 else f"{count} parameter servers"
-    return (
-        f"TF_CONFIG names {servers} ('ps' tasks; this task is {task!r}): keras_scaling "
-        "trains with all-reduce, and 'ps' tasks need tf.distribute.ParameterServerStrategy. "
-        "Build that strategy yourself, or remove the 'ps' tasks (on Vertex AI, worker pool 2)."
-    )
-
-
 def tf_config_cluster(env: Mapping[str, str]) -> ClusterSpec | None:
     """The cluster `TF_CONFIG` describes, or None when it is unset or names one process.
 
-    The chief is worker 0 of the training; the evaluator trains with nobody,
-    listed in the cluster or not. `ps` tasks are refused (but on the evaluator).
+    The chief is worker 0; the evaluator trains with nobody; `ps` tasks are refused.
 
     Args:
         env: mapping, the environment (`os.environ`, or a dict in tests).
@@ -67,19 +54,16 @@ def tf_config_cluster(env: Mapping[str, str]) -> ClusterSpec | None:
         A `ClusterSpec`, or None.
 
     Raises:
-        ValueError: `TF_CONFIG` is not a JSON object, its task is missing or
-            not in its cluster, or its cluster has `ps` tasks.
+        ValueError: `TF_CONFIG` is not a JSON object, its task is not in its cluster, or it has `ps` tasks.
 
     Example:
 
     ```python
     import json
     from keras_scaling import cluster
-    config = {"cluster": {"chief": ["chief-0:2222"], "worker": ["worker-0:2222"],
-                          "evaluator": ["eval-0:2222"]},
+    config = {"cluster": {"chief": ["c:2222"], "worker": ["w:2222"], "evaluator": ["e:2222"]},
               "task": {"type": "worker", "index": 0}}
-    spec = cluster.tf_config_cluster({"TF_CONFIG": json.dumps(config)})
-    spec.num_workers   # 2: the chief and one worker
+    cluster.tf_config_cluster({"TF_CONFIG": json.dumps(config)}).num_workers   # 2
     ```
     """
     raw = env.get("TF_CONFIG")
@@ -99,7 +83,11 @@ def tf_config_cluster(env: Mapping[str, str]) -> ClusterSpec | None:
     task_type, task_index = task.get("type"), task.get("index", 0)
     parameter_servers = tuple(jobs.get("ps") or ())
     if parameter_servers and task_type != "evaluator":
-        raise ValueError(_parameter_server_message(task, len(parameter_servers)))
+        count = len(parameter_servers)
+        servers = "a parameter server" if count == 1 else f"{count} parameter servers"
+        raise ValueError(
+            f"TF_CONFIG names {servers} ('ps' tasks; this task is {task!r}): keras_scaling trains with all-reduce, and 'ps' tasks need tf.distribute.ParameterServerStrategy. Build that strategy yourself, or remove the 'ps' tasks (on Vertex AI, worker pool 2)."
+        )
     # Kubeflow's TFJob and AI Platform leave the evaluator out of the cluster.
     outside = task_type == "evaluator" and not evaluator
     if len(chief) + len(workers) < 2 and not evaluator and not outside:
@@ -107,13 +95,11 @@ def tf_config_cluster(env: Mapping[str, str]) -> ClusterSpec | None:
     known = {"chief": chief, "worker": workers, "evaluator": evaluator}
     if task_type not in known or not isinstance(task_index, int):
         raise ValueError(
-            f"TF_CONFIG's task must be {{'type': 'chief'|'worker'|'evaluator', 'index': N}}, "
-            f"got {task!r}"
+            f"TF_CONFIG's task must be {{'type': 'chief'|'worker'|'evaluator', 'index': N}}, got {task!r}"
         )
     if not outside and not 0 <= task_index < len(known[task_type]):
         raise ValueError(
-            f"TF_CONFIG's task is {task_type} {task_index}, but its cluster has "
-            f"{len(known[task_type])} {task_type} task(s)"
+            f"TF_CONFIG's task is {task_type} {task_index}, but its cluster has {len(known[task_type])} {task_type} task(s)"
         )
     parts = [_count(len(chief), "chief")] if chief else []
     parts.append(_count(len(workers), "worker"))
@@ -143,8 +129,7 @@ def resolve_cluster(
 ) -> ClusterSpec | None:
     """The multi-worker cluster this process is part of, or None for a single process.
 
-    `TF_CONFIG` wins over `KERAS_SCALING_WORKER_HOSTS`, which wins over a
-    Slurm step; the winner's `origin` names the others that were there.
+    `TF_CONFIG` wins over `KERAS_SCALING_WORKER_HOSTS`, which wins over Slurm; `origin` names the losers.
 
     Args:
         env: mapping, the environment; defaults to `os.environ`.
@@ -201,8 +186,7 @@ def describe_cluster(env: Mapping[str, str] | None = None) -> str:
         env: mapping, the environment; defaults to `os.environ`.
 
     Returns:
-        str, such as `"Slurm job 1234 step 0: 4 tasks on 2 nodes"`, or
-        `"one process: ..."`.
+        str, such as `"Slurm job 1234 step 0: 4 tasks on 2 nodes"`, or `"one process: ..."`.
 
     Raises:
         NotInStepError, ValueError: as `resolve_cluster`.

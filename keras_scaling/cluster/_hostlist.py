@@ -1,8 +1,4 @@
-"""Slurm's compressed host lists (`gpu[01-04,07],login3`), expanded.
-
-By `scontrol show hostnames` where Slurm is, else in Python; the syntax is
-checked in Python first, since `scontrol` 22.05 turns `node[1` into a wrong host.
-"""
+"""Slurm's compressed host lists (`gpu[01-04,07]`) expanded, checked in Python first: `scontrol` 22.05 turns `node[1` into a wrong host."""
 
 import ipaddress
 import itertools
@@ -65,24 +61,8 @@ def _expand_ranges(ranges: str, text: str, parameter: str) -> list[str]:
     return values
 
 
-def _ipv6_literal(inside: str, text: str, parameter: str) -> str:
-    """`"fd00::1"` -> `"[fd00::1]"`: a bracketed IPv6 address is a host, not a range."""
-    try:
-        ipaddress.IPv6Address(inside)
-    except ValueError:
-        raise ValueError(
-            f"{parameter}: [{inside}] in {text!r} is neither numbers such as [01-04] "
-            "nor an IPv6 address such as [fd00::1]"
-        ) from None
-    return f"[{inside}]"
-
-
 def _expand_one(name: str, text: str, parameter: str) -> list[str]:
-    """One entry with any number of bracket groups: their product, in `scontrol`'s order.
-
-    `scontrol` (Slurm 22.05) varies the last group fastest, then the others
-    from the first on: `a[1-2]b[1-2]c[1-2]` is a1b1c1, a1b1c2, a2b1c1, ...
-    """
+    """One entry's bracket groups multiplied in `scontrol`'s order: a[1-2]b[1-2]c[1-2] is a1b1c1, a1b1c2, a2b1c1, ..."""
     pieces: list[str | list[str]] = []
     rest = name
     while "[" in rest:
@@ -90,10 +70,16 @@ def _expand_one(name: str, text: str, parameter: str) -> list[str]:
         close_at = rest.index("]", open_at)
         inside = rest[open_at + 1 : close_at]
         pieces.append(rest[:open_at])
-        if ":" in inside:
-            pieces.append(_ipv6_literal(inside, text, parameter))
-        else:
+        if ":" not in inside:
             pieces.append(_expand_ranges(inside, text, parameter))
+        else:  # a bracketed IPv6 address is a host, not a range
+            try:
+                ipaddress.IPv6Address(inside)
+            except ValueError:
+                raise ValueError(
+                    f"{parameter}: [{inside}] in {text!r} is neither numbers such as [01-04] nor an IPv6 address such as [fd00::1]"
+                ) from None
+            pieces.append(f"[{inside}]")
         rest = rest[close_at + 1 :]
     pieces.append(rest)
     groups = [index for index, piece in enumerate(pieces) if isinstance(piece, list)]
@@ -111,10 +97,8 @@ def expand_hostlist_python(text: str, parameter: str = "host list") -> list[str]
     """`expand_hostlist` without `scontrol`."""
     if not isinstance(text, str) or not text.strip():
         raise ValueError(f"{parameter} is empty: expected host names such as 'gpu[01-04,07]'")
-    hosts = []
-    for entry in _split_top_level(text, parameter):
-        hosts.extend(_expand_one(entry, text, parameter))
-    return hosts
+    entries = _split_top_level(text, parameter)
+    return [host for entry in entries for host in _expand_one(entry, text, parameter)]
 
 
 # The default configuration, and slurmd's cache on a configless cluster's nodes.
@@ -123,10 +107,9 @@ _SLURM_CONF_PATHS = ("/etc/slurm/slurm.conf", "/run/slurm/conf/slurm.conf")
 
 def _scontrol_hostnames(text: str) -> list[str] | None:
     scontrol = shutil.which("scontrol")
-    if scontrol is None:
-        return None
-    if not os.environ.get("SLURM_CONF") and not any(map(os.path.exists, _SLURM_CONF_PATHS)):
-        # Without a configuration scontrol looks for a controller in DNS.
+    # Without a configuration scontrol looks for a controller in DNS.
+    configured = os.environ.get("SLURM_CONF") or any(map(os.path.exists, _SLURM_CONF_PATHS))
+    if scontrol is None or not configured:
         return None
     try:
         result = subprocess.run(
@@ -139,9 +122,7 @@ def _scontrol_hostnames(text: str) -> list[str] | None:
     except (OSError, subprocess.SubprocessError):
         return None
     hosts = result.stdout.split()
-    if result.returncode != 0 or not hosts or result.stderr.strip():
-        return None
-    return hosts
+    return hosts if result.returncode == 0 and hosts and not result.stderr.strip() else None
 
 
 def expand_hostlist(
@@ -149,14 +130,12 @@ def expand_hostlist(
 ) -> list[str]:
     """Expands a Slurm compressed host list into host names.
 
-    By `scontrol show hostnames` when it is on the `PATH` with a
-    configuration, else by the same rules in Python: entries separated by
-    commas or white space, ranges keeping their zero padding, several groups
-    multiplying in `scontrol`'s order, `[fd00::1]` an IPv6 address.
+    By `scontrol show hostnames` when it is on the `PATH` with a configuration,
+    else by the same rules in Python (`[fd00::1]` is an IPv6 address).
 
     Args:
         text: str, the host list, such as `SLURM_STEP_NODELIST`.
-        parameter: str, the name the error messages give the list.
+        parameter: str, its name in error messages.
         use_scontrol: bool, whether to ask `scontrol` when it is there.
 
     Returns:
@@ -174,8 +153,5 @@ def expand_hostlist(
     ```
     """
     hosts = expand_hostlist_python(text, parameter)
-    if use_scontrol:
-        from_scontrol = _scontrol_hostnames(text.strip())
-        if from_scontrol is not None:
-            return from_scontrol
-    return hosts
+    from_scontrol = _scontrol_hostnames(text.strip()) if use_scontrol else None
+    return hosts if from_scontrol is None else from_scontrol

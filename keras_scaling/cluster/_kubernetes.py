@@ -13,21 +13,18 @@ def _check_address(address: str) -> None:
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(
-            f"{WORKER_HOSTS_ENV}: {address!r} is not host:port; write each worker as "
-            "host:port, such as 'train-[0-3].train-svc:2222'"
+            f"{WORKER_HOSTS_ENV}: {address!r} is not host:port; write each worker as host:port, such as 'train-[0-3].train-svc:2222'"
         )
     if ":" in host and not host.startswith("["):
         raise ValueError(
-            f"{WORKER_HOSTS_ENV}: {address!r} has an IPv6 address without brackets; "
-            "write it as [address]:port, such as '[fd00::1]:2222'"
+            f"{WORKER_HOSTS_ENV}: {address!r} has an IPv6 address without brackets; write it as [address]:port, such as '[fd00::1]:2222'"
         )
 
 
 def worker_hosts_cluster(env: Mapping[str, str]) -> ClusterSpec | None:
     """The cluster named by `KERAS_SCALING_WORKER_HOSTS` and `JOB_COMPLETION_INDEX`, or None.
 
-    None when `KERAS_SCALING_WORKER_HOSTS` is unset. The pod of index `i` is
-    worker `i`; worker 0 is the chief.
+    None when `KERAS_SCALING_WORKER_HOSTS` is unset; the pod of index `i` is worker `i`.
 
     Args:
         env: mapping, the environment (`os.environ`, or a dict in tests).
@@ -36,8 +33,7 @@ def worker_hosts_cluster(env: Mapping[str, str]) -> ClusterSpec | None:
         A `ClusterSpec`, or None.
 
     Raises:
-        ValueError: the host list is malformed, an entry has no port, the
-            index is missing or outside the list.
+        ValueError: the host list is malformed, or the index missing or outside it.
 
     Example:
 
@@ -60,16 +56,12 @@ def worker_hosts_cluster(env: Mapping[str, str]) -> ClusterSpec | None:
     index_text = env.get(INDEX_ENV)
     if index_text is None or not index_text.strip().isdigit():
         raise ValueError(
-            f"{WORKER_HOSTS_ENV} is set but {INDEX_ENV} is {index_text!r}: each pod "
-            "needs its index, which an Indexed Job (completionMode: Indexed) or a "
-            f"JobSet sets; outside Kubernetes, set {INDEX_ENV} to this worker's index"
+            f"{WORKER_HOSTS_ENV} is set but {INDEX_ENV} is {index_text!r}: each pod needs its index, which an Indexed Job (completionMode: Indexed) or a JobSet sets; outside Kubernetes, set {INDEX_ENV} to this worker's index"
         )
     index = int(index_text)
     if index >= len(workers):
         raise ValueError(
-            f"{INDEX_ENV}={index}, but {WORKER_HOSTS_ENV}={text!r} names "
-            f"{len(workers)} workers (indices 0 to {len(workers) - 1}): make the "
-            "Job's completions and parallelism equal to the number of workers"
+            f"{INDEX_ENV}={index}, but {WORKER_HOSTS_ENV}={text!r} names {len(workers)} workers (indices 0 to {len(workers) - 1}): make the Job's completions and parallelism equal to the number of workers"
         )
     # A JobSet names itself; a plain Indexed Job's name is not in its pods' env.
     job = env.get("JOBSET_NAME")

@@ -1,9 +1,4 @@
-"""A Slurm job step's tasks as a cluster: plain functions of the environment.
-
-Every task computes the same worker list (per node in order, one worker per
-task at `host:port_base + local rank`); its index comes from its node and
-local rank, not `SLURM_PROCID`, so it holds whatever `--distribution` did.
-"""
+"""A Slurm job step's tasks as a cluster: plain functions of the environment."""
 
 import re
 from collections.abc import Callable, Mapping
@@ -23,7 +18,7 @@ def parse_tasks_per_node(text: str, parameter: str = "SLURM_STEP_TASKS_PER_NODE"
 
     Args:
         text: str, such as `SLURM_STEP_TASKS_PER_NODE`.
-        parameter: str, the name the error messages give it.
+        parameter: str, its name in error messages.
 
     Returns:
         list of int, the tasks on each node in node-list order.
@@ -43,8 +38,7 @@ def parse_tasks_per_node(text: str, parameter: str = "SLURM_STEP_TASKS_PER_NODE"
         match = _TASKS_PER_NODE.match(part.strip())
         if match is None:
             raise ValueError(
-                f"{parameter} must look like '2(x3),1' (2 tasks on each of 3 nodes, "
-                f"then 1), got {text!r}"
+                f"{parameter} must look like '2(x3),1' (2 tasks on each of 3 nodes, then 1), got {text!r}"
             )
         counts.extend([int(match.group(1))] * int(match.group(2) or 1))
     return counts
@@ -52,7 +46,7 @@ def parse_tasks_per_node(text: str, parameter: str = "SLURM_STEP_TASKS_PER_NODE"
 
 def _int(env: Mapping[str, str], name: str) -> int | None:
     value = env.get(name)
-    if value is None or value == "":
+    if not value:
         return None
     try:
         return int(value)
@@ -84,11 +78,7 @@ def in_slurm_step(env: Mapping[str, str]) -> bool:
 
 
 def step_port_base(job_id: int, step_id: int, tasks_on_busiest_node: int = 1) -> int:
-    """The first port of a step's tasks on each node, the same on every task.
-
-    Steps 0 to 7 of two jobs get different ports when the jobs' ids are less
-    than 12768 // (8 * `tasks_on_busiest_node`) apart (the scheme:
-    docs/guides/clusters.md).
+    """The first port of a step's tasks on each node, the same on every task (scheme: docs/guides/clusters.md).
 
     Args:
         job_id: int, `SLURM_JOB_ID`.
@@ -110,32 +100,16 @@ def step_port_base(job_id: int, step_id: int, tasks_on_busiest_node: int = 1) ->
     jobs_in_range = (PORT_RANGE[1] - PORT_RANGE[0]) // (STEPS_PER_JOB * block)
     if jobs_in_range < 1:
         raise ValueError(
-            f"tasks_on_busiest_node={tasks_on_busiest_node} leaves no room for "
-            f"{STEPS_PER_JOB} steps in ports {PORT_RANGE[0]}-{PORT_RANGE[1] - 1}: set "
-            f"{PORT_ENV} to the first of a free range of that many ports"
+            f"tasks_on_busiest_node={tasks_on_busiest_node} leaves no room for {STEPS_PER_JOB} steps in ports {PORT_RANGE[0]}-{PORT_RANGE[1] - 1}: set {PORT_ENV} to the first of a free range of that many ports"
         )
     slot = (job_id % jobs_in_range) * STEPS_PER_JOB + step_id % STEPS_PER_JOB
     return PORT_RANGE[0] + slot * block
 
 
-def _port_override(env: Mapping[str, str], tasks_on_busiest_node: int) -> int | None:
-    port = _int(env, PORT_ENV)
-    if port is None:
-        return None
-    if not 1024 <= port <= 65535 - tasks_on_busiest_node:
-        raise ValueError(
-            f"{PORT_ENV} must be a port from 1024 to {65535 - tasks_on_busiest_node} "
-            f"(the task of local rank r on a node uses {PORT_ENV} + r), got {port}"
-        )
-    return port
-
-
 class NotInStepError(RuntimeError):
     """A Slurm job of several tasks runs this Python as one process, outside `srun`.
 
-    Raised by `auto_strategy()` (through `slurm_cluster`): that one process
-    would train alone while the other tasks never start. The fix:
-    `srun python train.py`.
+    That process would train alone while the other tasks never start; run `srun python train.py`.
 
     Args:
         *args: the message, as for any exception.
@@ -144,9 +118,8 @@ class NotInStepError(RuntimeError):
 
     ```python
     from keras_scaling import cluster
-    env = {"SLURM_JOB_ID": "7", "SLURM_NTASKS": "2", "SLURM_JOB_NODELIST": "gpu01"}
     try:
-        cluster.slurm_cluster(env)
+        cluster.slurm_cluster({"SLURM_JOB_ID": "7", "SLURM_NTASKS": "2"})
     except cluster.NotInStepError as error:
         print(error)   # ... Start one process per task with srun: ...
     ```
@@ -158,8 +131,7 @@ def slurm_cluster(
 ) -> ClusterSpec | None:
     """The cluster of the Slurm job step this process is a task of, or None.
 
-    None outside Slurm and in a step of one task; worker 0 (the chief) is
-    local rank 0 on the first node.
+    None outside Slurm and in a step of one task; worker 0 is local rank 0 on the first node.
 
     Args:
         env: mapping, the environment (`os.environ`, or a dict in tests).
@@ -170,8 +142,7 @@ def slurm_cluster(
 
     Raises:
         NotInStepError: a job of several tasks runs this process outside `srun`.
-        ValueError: the step's variables are malformed or disagree, or
-            `KERAS_SCALING_PORT` is not a usable port.
+        ValueError: the step's variables are malformed or disagree, or `KERAS_SCALING_PORT`'s.
 
     Example:
 
@@ -180,9 +151,7 @@ def slurm_cluster(
     env = {"SLURM_JOB_ID": "1234", "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "4",
            "SLURM_STEP_NODELIST": "gpu[01-02]", "SLURM_STEP_TASKS_PER_NODE": "2(x2)",
            "SLURMD_NODENAME": "gpu02", "SLURM_LOCALID": "1", "SLURM_PROCID": "3"}
-    spec = cluster.slurm_cluster(env)
-    spec.origin         # 'Slurm job 1234 step 0: 4 tasks on 2 nodes'
-    spec.task_index     # 3
+    cluster.slurm_cluster(env).task_index   # 3: local rank 1 on the second node
     ```
     """
     if not in_slurm_job(env):
@@ -192,15 +161,10 @@ def slurm_cluster(
         ntasks = _job_tasks(env)
         if ntasks > 1:
             raise NotInStepError(
-                f"Slurm job {job_id} has {ntasks} tasks, but this Python runs outside a job "
-                f"step, so it would train alone while the other {ntasks - 1} never start. "
-                "Start one process per task with srun: `srun python train.py` (or `srun "
-                "--ntasks=1 python train.py` for one process)."
+                f"Slurm job {job_id} has {ntasks} tasks, but this Python runs outside a job step, so it would train alone while the other {ntasks - 1} never start. Start one process per task with srun: `srun python train.py` (or `srun --ntasks=1 python train.py` for one process)."
             )
         return None
-    step_id = _int(env, "SLURM_STEP_ID")
-    if step_id is None:
-        step_id = _int(env, "SLURM_STEPID")
+    step_id = _int(env, "SLURM_STEP_ID" if "SLURM_STEP_ID" in env else "SLURM_STEPID")
     num_tasks = _int(env, "SLURM_STEP_NUM_TASKS") or _int(env, "SLURM_NTASKS") or 1
     if num_tasks < 2:
         return None
@@ -210,26 +174,22 @@ def slurm_cluster(
     tasks_per_node = parse_tasks_per_node(tasks_text)
     if len(tasks_per_node) != len(hosts) or sum(tasks_per_node) != num_tasks:
         raise ValueError(
-            f"Slurm step {job_id}.{step_id}: SLURM_STEP_TASKS_PER_NODE={tasks_text!r} "
-            f"({sum(tasks_per_node)} tasks on {len(tasks_per_node)} nodes) does not match "
-            f"SLURM_STEP_NODELIST={nodelist!r} ({len(hosts)} nodes) and "
-            f"SLURM_STEP_NUM_TASKS={num_tasks}"
+            f"Slurm step {job_id}.{step_id}: SLURM_STEP_TASKS_PER_NODE={tasks_text!r} ({sum(tasks_per_node)} tasks on {len(tasks_per_node)} nodes) does not match SLURM_STEP_NODELIST={nodelist!r} ({len(hosts)} nodes) and SLURM_STEP_NUM_TASKS={num_tasks}"
         )
     node_name = env.get("SLURMD_NODENAME")
-    if node_name in hosts:
-        node_index = hosts.index(node_name)
-    else:
-        node_index = _int(env, "SLURM_NODEID") or 0
+    node_index = hosts.index(node_name) if node_name in hosts else _int(env, "SLURM_NODEID") or 0
     local_rank = _int(env, "SLURM_LOCALID") or 0
     if not 0 <= node_index < len(hosts) or not 0 <= local_rank < tasks_per_node[node_index]:
         raise ValueError(
-            f"Slurm step {job_id}.{step_id}: node {node_index} (SLURMD_NODENAME="
-            f"{node_name!r}) local rank {local_rank} is not a task of "
-            f"SLURM_STEP_NODELIST={nodelist!r} with SLURM_STEP_TASKS_PER_NODE={tasks_text!r}"
+            f"Slurm step {job_id}.{step_id}: node {node_index} (SLURMD_NODENAME={node_name!r}) local rank {local_rank} is not a task of SLURM_STEP_NODELIST={nodelist!r} with SLURM_STEP_TASKS_PER_NODE={tasks_text!r}"
         )
     busiest = max(tasks_per_node)
     assert job_id is not None and step_id is not None  # in_slurm_step read both
-    override = _port_override(env, busiest)
+    override = _int(env, PORT_ENV)
+    if override is not None and not 1024 <= override <= 65535 - busiest:
+        raise ValueError(
+            f"{PORT_ENV} must be a port from 1024 to {65535 - busiest} (the task of local rank r on a node uses {PORT_ENV} + r), got {override}"
+        )
     port_base = override if override is not None else step_port_base(job_id, step_id, busiest)
     workers = tuple(
         f"{host}:{port_base + rank}"
@@ -276,11 +236,9 @@ def _step_gpu_count(env: Mapping[str, str]) -> int | None:
 
 
 def task_gpus(env: Mapping[str, str], local_rank: int, tasks_on_node: int) -> list[str] | None:
-    """The GPU ids this task should see, or None to leave them be.
+    """The GPU ids this task should see, or None to leave them be (GPUs bound per task, no GPUs).
 
-    GPUs Slurm bound to each task are kept (None). When every task of a node
-    sees all the step's GPUs of the node, each takes an equal share by local
-    rank. A node without GPUs gives None.
+    When every task of a node sees all the step's GPUs of the node, each takes an equal share.
 
     Args:
         env: mapping, the environment.
@@ -291,8 +249,7 @@ def task_gpus(env: Mapping[str, str], local_rank: int, tasks_on_node: int) -> li
         list of str (the ids for `CUDA_VISIBLE_DEVICES`), or None.
 
     Raises:
-        ValueError: the tasks of a node share a number of GPUs that does not
-            divide among them.
+        ValueError: the GPUs the tasks of a node share do not divide among them.
 
     Example:
 
@@ -300,8 +257,6 @@ def task_gpus(env: Mapping[str, str], local_rank: int, tasks_on_node: int) -> li
     from keras_scaling import cluster
     env = {"CUDA_VISIBLE_DEVICES": "0,1,2,3", "SLURM_STEP_GPUS": "0,1,2,3"}
     cluster.task_gpus(env, local_rank=1, tasks_on_node=2)   # ['2', '3']
-    env = {"CUDA_VISIBLE_DEVICES": "2,3", "SLURM_STEP_GPUS": "0,1,2,3"}
-    cluster.task_gpus(env, local_rank=1, tasks_on_node=2)   # None: bound to 2 and 3
     ```
     """
     if tasks_on_node < 2 or _bound_per_task(env):
@@ -321,10 +276,7 @@ def task_gpus(env: Mapping[str, str], local_rank: int, tasks_on_node: int) -> li
         return None
     if len(gpus) % tasks_on_node:
         raise ValueError(
-            f"the {tasks_on_node} tasks on this node all see the same {len(gpus)} GPUs "
-            f"({','.join(gpus)}), which do not divide among them. Ask Slurm for GPUs per "
-            "task (`srun --gpus-per-task=1`), or as many tasks per node as GPUs "
-            f"(`--ntasks-per-node={len(gpus)}`)."
+            f"the {tasks_on_node} tasks on this node all see the same {len(gpus)} GPUs ({','.join(gpus)}), which do not divide among them. Ask Slurm for GPUs per task (`srun --gpus-per-task=1`), or as many tasks per node as GPUs (`--ntasks-per-node={len(gpus)}`)."
         )
     share = len(gpus) // tasks_on_node
     return gpus[local_rank * share : (local_rank + 1) * share]

@@ -10,14 +10,11 @@ class ClusterSpec:
 
     Args:
         source: str, `"slurm"`, `"kubernetes"`, `"tf_config"` or `"launch"`.
-        origin: str, one sentence saying where the cluster came from, such as
-            `"Slurm job 1234 step 0: 4 tasks on 2 nodes"`.
+        origin: str, where the cluster came from, such as `"Slurm job 1234 step 0: 4 tasks on 2 nodes"`.
         workers: tuple of `"host:port"`, the `worker` tasks in index order.
-        task_type: str, this process's task: `"worker"`, `"chief"` or
-            `"evaluator"`.
+        task_type: str, this process's task: `"worker"`, `"chief"` or `"evaluator"`.
         task_index: int, this process's index among the tasks of its type.
-        chief: tuple of `"host:port"`, the `chief` task, if any (worker 0 of
-            the training).
+        chief: tuple of `"host:port"`, the `chief` task (worker 0 of the training), if any.
         evaluator: tuple of `"host:port"`, the `evaluator` task, if any.
         local_rank: int, this task's rank among the tasks on its node.
         tasks_on_node: int, the tasks of the cluster on this node.

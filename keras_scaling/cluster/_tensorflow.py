@@ -25,9 +25,7 @@ def check_addresses(spec: "ClusterSpec") -> None:
                 socket.getaddrinfo(host, None)
             except OSError as error:
                 raise ValueError(
-                    f"{spec.origin}: the node name {host!r} of SLURM_STEP_NODELIST does "
-                    f"not resolve to an address here ({error}); make Slurm's node names "
-                    "resolvable, or set TF_CONFIG in the job script (it wins over Slurm's)."
+                    f"{spec.origin}: the node name {host!r} of SLURM_STEP_NODELIST does not resolve to an address here ({error}); make Slurm's node names resolvable, or set TF_CONFIG in the job script (it wins over Slurm's)."
                 ) from None
     port = int(spec.address.rpartition(":")[2])
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -40,8 +38,7 @@ def check_addresses(spec: "ClusterSpec") -> None:
             if spec.source == "slurm":
                 fix = f"Set {PORT_ENV} to a free port in the job script, the same for every task"
             raise ValueError(
-                f"{spec.origin}: this task's port {port} ({spec.task_type} {spec.task_index}, "
-                f"ports from {spec.port_source}) is in use on this node ({error.strerror}). {fix}."
+                f"{spec.origin}: this task's port {port} ({spec.task_type} {spec.task_index}, ports from {spec.port_source}) is in use on this node ({error.strerror}). {fix}."
             ) from None
 
 
@@ -50,11 +47,9 @@ def bind_task_gpus(spec: "ClusterSpec") -> None:
     gpus = task_gpus(os.environ, spec.local_rank, spec.tasks_on_node)
     if gpus is None:
         return
-    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
-    logger.info(
-        "auto_strategy: local rank %d of %d on this node takes GPUs %s",
-        *(spec.local_rank, spec.tasks_on_node, ",".join(gpus)),
-    )
+    os.environ["CUDA_VISIBLE_DEVICES"] = visible = ",".join(gpus)
+    message = "auto_strategy: local rank %d of %d on this node takes GPUs %s"
+    logger.info(message, spec.local_rank, spec.tasks_on_node, visible)
 
 
 def cluster_resolver(spec: "ClusterSpec") -> tf.distribute.cluster_resolver.ClusterResolver:
