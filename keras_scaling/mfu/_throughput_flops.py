@@ -12,8 +12,6 @@ from keras_scaling.mfu import utilization as utilization_lib
 from keras_scaling.throughput._dashboard import flops_text_of
 
 logger = logging.getLogger("keras_scaling")
-
-
 # A device without a peak figure is named once per process, not once per fit.
 _PEAK_REASONS_LOGGED: set[str] = set()
 
@@ -40,8 +38,7 @@ class ModelFlops:
 
     @property
     def _unit(self):
-        # GFLOP/s on CPUs, so that a chart's figures stay between about 0.01
-        # and 1000 (TensorBoard writes other ticks in exponent notation).
+        # GFLOP/s on CPUs keeps figures within 0.01-1000, where TensorBoard's ticks are plain.
         return ("gflops", 1e9) if self.device_kind == "CPU" else ("tflops", 1e12)
 
     @property
@@ -90,12 +87,7 @@ class ModelFlops:
 def resolve(
     model, *, flops_per_sample, peak_flops, one_replica_spec, setup, device, command_line=False
 ):
-    """Counts or takes the FLOPs per sample and looks up the peak: a `ModelFlops`.
-
-    Never raises: a figure that cannot be had is left out with the reason, which
-    names `keras-scaling bench`'s options with `command_line=True`.
-    `setup` holds `num_replicas` and `device_kind`.
-    """
+    """A `ModelFlops`; never raises: a missing figure's reason names the fix (bench's with `command_line`)."""
     resolved = ModelFlops(num_replicas=setup["num_replicas"], device_kind=setup["device_kind"])
     if flops_per_sample != "auto":
         resolved.flops_per_sample = flops_per_sample
@@ -103,8 +95,7 @@ def resolve(
         resolved.flops_source = "given" if given else "off (flops_per_sample=None)"
     else:
         sample = one_replica_spec
-        if isinstance(sample, (tuple, list)):  # (x, y, sample_weight)
-            sample = tuple(sample)
+        sample = tuple(sample) if isinstance(sample, list) else sample  # (x, y, sample_weight)
         try:
             resolved.flops_per_sample, reason = flops_lib.count_training_flops(model, sample=sample)
         except Exception as error:  # counting must never stop training
@@ -136,9 +127,9 @@ def resolve(
 
 
 def _as_command_line(reason):
-    """A reason that names `peak_flops=` as `keras-scaling bench`'s `--peak-flops` option."""
-    reason = reason.replace("peak_flops='measure'", "--peak-flops measure")
-    return reason.replace("peak_flops=<", "--peak-flops <")
+    return reason.replace("peak_flops='measure'", "--peak-flops measure").replace(
+        "peak_flops=<", "--peak-flops <"
+    )
 
 
 def compute_dtype(model):

@@ -1,8 +1,4 @@
-"""The floating-point operations of one training sample, counted from the traced graph.
-
-How the count is made, what it corrects in TensorFlow's statistics and when
-it refuses: the [FLOPs and MFU guide](../../guides/flops.md).
-"""
+"""The floating-point operations of one training sample, counted from the traced graph (see docs/guides/flops.md)."""
 
 import logging
 import math
@@ -38,8 +34,7 @@ _PASS_COUNT = "pass flops_per_sample=<your count> to ThroughputLogger"
 _PASS_SAMPLE = "pass sample=(x, y) with one batch of the training data"
 # Why a count is refused, in the order the reasons are given.
 _REFUSALS = {
-    "loop": "the model runs a loop (While ops, as RNN layers do), and the operations "
-    f"inside a loop are not counted; {_PASS_COUNT}",
+    "loop": f"the model runs a loop (While ops, as RNN layers do), and the operations inside a loop are not counted; {_PASS_COUNT}",
     "call": f"the model calls functions ({{}} ops) whose operations are not counted; {_PASS_COUNT}",
     "uncounted": f"TensorFlow has no operation count for {{}}; {_PASS_COUNT}",
     "unknown": f"shapes at {{}} ops are unknown; {_PASS_SAMPLE}",
@@ -47,24 +42,19 @@ _REFUSALS = {
 
 
 def training_flops_per_sample(model: "keras.Model", *, sample: Any = None) -> float | None:
-    """Floating-point operations of one training sample, forward and backward.
+    """Floating-point operations of one training sample: forward, loss and weight gradients.
 
-    Traces the forward pass, the loss (`model.compute_loss`) and the weight
-    gradients into one graph and adds up TensorFlow's per-op statistics; a
-    multiply-add counts 2, the optimizer update is not counted, and nothing
-    runs (the weights and the optimizer are untouched).
+    A multiply-add counts 2; the optimizer update is not counted; nothing runs.
 
     Args:
-        model: a built `keras.Model`; uncompiled, the gradients of its output
-            sum are counted instead of its loss.
-        sample: one batch, `(x, y)`, `(x, y, sample_weight)` or `x`, of arrays,
-            tensors or `tf.TensorSpec`: needed when input shapes are not
-            static or the target is neither a float shaped like the output
-            nor integer labels. A batch dimension of None is traced with 8.
+        model: a built `keras.Model`; uncompiled, the gradients of its output sum are counted.
+        sample: one batch, `(x, y)`, `(x, y, sample_weight)` or `x` (arrays, tensors or
+            `tf.TensorSpec`), for shapes that are not static or a target that is neither
+            floats shaped like the output nor integer labels. A batch of None is traced as 8.
 
     Returns:
-        float, or None when the count would be wrong (loops such as RNN
-        layers, function calls, unknown shapes), with the reason logged.
+        float, or None (the reason logged) when the count would be wrong: loops such
+        as RNN layers, function calls, unknown shapes.
 
     Raises:
         TypeError: `model` is not a `keras.Model`.
@@ -74,11 +64,9 @@ def training_flops_per_sample(model: "keras.Model", *, sample: Any = None) -> fl
     ```python
     import keras
     from keras_scaling import flops
-    model = keras.Sequential([keras.Input((784,)), keras.layers.Dense(512),
-                              keras.layers.Dense(10)])
+    model = keras.Sequential([keras.Input((784,)), keras.layers.Dense(10)])
     model.compile(optimizer="sgd", loss="mse")
-    flops.training_flops_per_sample(model)   # 1637401.625: forward, weight gradients,
-    # and the input gradient of the second layer
+    flops.training_flops_per_sample(model)   # 31449.625
     ```
     """
     flops_per_sample, reason = count_training_flops(model, sample=sample)
@@ -90,14 +78,14 @@ def training_flops_per_sample(model: "keras.Model", *, sample: Any = None) -> fl
 def count_training_flops(
     model: "keras.Model", *, sample: Any = None
 ) -> tuple[float, None] | tuple[None, str]:
-    """The count of `training_flops_per_sample` and, instead of logging, the reason it failed.
+    """The count of `training_flops_per_sample`, with the reason it failed instead of a log.
 
     Args:
         model: a built `keras.Model`.
-        sample: optional, one batch, as for `training_flops_per_sample`.
+        sample: one batch, as for `training_flops_per_sample`.
 
     Returns:
-        `(flops_per_sample, None)`, or `(None, reason)`.
+        `(flops_per_sample, None)` or `(None, reason)`.
 
     Raises:
         TypeError: `model` is not a `keras.Model`.
@@ -150,15 +138,11 @@ def _sample_specs(model, sample):
     if sample is not None:
         parts = tuple(sample) if isinstance(sample, tuple) and 1 < len(sample) <= 3 else (sample,)
         parts += (None,) * (3 - len(parts))
-        return [
-            _with_static_batch(
-                [p if p is None else tf.nest.map_structure(_spec_of, p) for p in parts]
-            )
-        ]
+        specs = [p if p is None else tf.nest.map_structure(_spec_of, p) for p in parts]
+        return [_with_static_batch(specs)]
     if not getattr(model, "inputs", None) or not getattr(model, "outputs", None):
         raise ValueError(
-            f"{type(model).__name__} has no symbolic inputs and outputs, so the "
-            f"shapes to trace are unknown; {_PASS_SAMPLE}"
+            f"{type(model).__name__} has no symbolic inputs and outputs, so the shapes to trace are unknown; {_PASS_SAMPLE}"
         )
     x = [_spec_of(t) for t in model.inputs]
     outputs = [_spec_of(t) for t in model.outputs]
@@ -166,12 +150,11 @@ def _sample_specs(model, sample):
     labels = [tf.TensorSpec(spec.shape[:-1], "int32") for spec in outputs]
     # Each guess of the target costs a trace, so the likelier one goes first.
     sparse = "sparse" in repr(getattr(model, "loss", None)).lower()
-    targets = [labels, floats] if sparse else [floats, labels]
-
-    def one(specs):
-        return specs[0] if len(specs) == 1 else specs
-
-    return [_with_static_batch([one(x), one(y), None]) for y in targets]
+    x = x[0] if len(x) == 1 else x
+    return [
+        _with_static_batch([x, y[0] if len(y) == 1 else y, None])
+        for y in ([labels, floats] if sparse else [floats, labels])
+    ]
 
 
 def _spec_of(value):
@@ -184,10 +167,7 @@ def _spec_of(value):
         return value
     shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
     if shape is None or dtype is None:
-        raise ValueError(
-            f"sample holds a {type(value).__name__}, not an array, tensor or tf.TensorSpec; "
-            f"{_PASS_SAMPLE}"
-        )
+        raise ValueError(f"sample holds a {type(value).__name__}, not an array; {_PASS_SAMPLE}")
     return tf.TensorSpec(tuple(shape), tf.as_dtype(str(getattr(dtype, "name", dtype))))
 
 
@@ -206,21 +186,14 @@ def _with_static_batch(specs):
             return spec
         shape = [batch_size] + spec.shape.as_list()[1:]
         if None in shape:
-            raise ValueError(
-                f"an input has unknown dimensions {spec.shape}, so its operations cannot "
-                f"be counted; {_PASS_SAMPLE} (or tf.TensorSpec with static shapes)"
-            )
+            raise ValueError(f"an input has unknown dimensions {spec.shape}; {_PASS_SAMPLE}")
         return tf.TensorSpec(shape, spec.dtype)
 
     return tf.nest.map_structure(fix, specs)
 
 
 def _training_graph(model, specs):
-    """The graph of the forward pass, loss and gradients, traced on `specs`.
-
-    Traced in a thread of its own: the strategy's scope is thread-local, so
-    the graph is that of one replica's computation.
-    """
+    """The graph of the loss and gradients, traced outside the (thread-local) strategy scope."""
     import tensorflow as tf
 
     given = [index for index, spec in enumerate(specs) if spec is not None]
@@ -304,13 +277,7 @@ def _count_graph(graph):
 
 
 def _live_ops(graph):
-    """The ops the loss and gradients are computed from, following data edges only.
-
-    TensorFlow's optimizer prunes what nothing uses (the input gradient of a
-    first convolution) before running; side effects ordered by control edges
-    (the loss tracker, BatchNormalization's moving statistics) are not the
-    model's arithmetic.
-    """
+    """The ops the outputs depend on by data edges: Grappler prunes the rest, and side effects are not the model's."""
     pending = [tensor.op for tensor in graph.outputs if tensor is not None]
     live = {}
     while pending:
@@ -319,9 +286,6 @@ def _live_ops(graph):
             live[op.name] = op
             pending.extend(tensor.op for tensor in op.inputs)
     return list(live.values())
-
-
-# Counts TensorFlow's statistics lack or get wrong: a multiply-add is 2.
 
 
 def _shape(tensor):
@@ -347,11 +311,7 @@ def _einsum_flops(op):
 
 
 def _gradient_flops(window_of, filter_is_output):
-    """A convolution's input or filter gradient: 2 x output gradient x window, as its forward.
-
-    TensorFlow's own statistics multiply by the input's spatial size, which
-    over-counts `padding="valid"`.
-    """
+    """2 x output gradient x window, as the forward (TensorFlow over-counts `padding="valid"`)."""
 
     def count(op):
         filter_shape = _shape(op.outputs[0] if filter_is_output else op.inputs[1])

@@ -33,15 +33,12 @@ def _tpu(bfloat16: float) -> dict[str, float]:
 
 # FLOPs per second of one device (one TensorFlow replica), dense, by compute dtype.
 PEAK_FLOPS = {
-    # NVIDIA datasheets, TFLOPS: V100 SXM2 15.7 FP32, 125 Tensor (PCIe 14, 112);
-    # T4 8.1 FP32, 65 FP16. No TF32, no bfloat16.
+    # NVIDIA datasheets, TFLOPS. V100 and T4: FP32 and Tensor (FP16); no TF32 or bfloat16.
     "V100 SXM2": {"float32": 15.7 * _T, "float16": 125 * _T},
     "V100 PCIe": {"float32": 14 * _T, "float16": 112 * _T},
     "T4": {"float32": 8.1 * _T, "float16": 65 * _T},
-    # FP32, then TF32 and BF16/FP16 with sparsity halved: A10 (AWS' A10G) 31.2,
-    # 125, 250; L4 30.3, 120, 242; L40S 91.6, 366, 733; A100 (SXM and PCIe)
-    # 19.5, 312, 624; H100 SXM 67, 989, 1979; H100 PCIe 51, 756, 1513; H200
-    # SXM as H100 SXM; HGX B200 per GPU 75 FP32, 18 and 36 PFLOPS for 8 GPUs.
+    # FP32, then TF32 and BF16/FP16 "with sparsity" halved; A10G is AWS' A10; B200 is
+    # HGX B200's 18 and 36 PFLOPS over its 8 GPUs.
     "A10G": _gpu(31.2, 62.5, 125),
     "L4": _gpu(30.3, 60, 121),
     "L40S": _gpu(91.6, 183, 366),
@@ -50,9 +47,7 @@ PEAK_FLOPS = {
     "H100 PCIe": _gpu(51, 378, 756.5),
     "H200": _gpu(67, 494.5, 989.5),
     "B200": _gpu(75, 1125, 2250),
-    # Google Cloud TPU system architecture pages, bfloat16 per chip: v2 45,
-    # v3 123 (2 TensorCores, each a replica), v4 275, v5e 197, v5p 459, v6e
-    # 918 (one device per chip).
+    # Cloud TPU architecture pages, bfloat16 per chip; v2 and v3 chips hold 2 replicas.
     "TPU v2": _tpu(22.5),
     "TPU v3": _tpu(61.5),
     "TPU v4": _tpu(275),
@@ -61,9 +56,6 @@ PEAK_FLOPS = {
     "TPU v6e": _tpu(918),
 }
 
-# Compute capability from which float32 runs as TF32 (Ampere).
-_TF32_COMPUTE_CAPABILITY = (8, 0)
-
 
 @dataclasses.dataclass(frozen=True)
 class Peak:
@@ -71,14 +63,13 @@ class Peak:
 
     Args:
         flops_per_sec: float, dense peak of one replica's device.
-        source: str, shown to users, such as `"datasheet: A100, tf32"`.
+        source: str, such as `"datasheet: A100, tf32"`.
         device: str, the `PEAK_FLOPS` key of a datasheet figure, else None.
 
     Example:
 
     ```python
-    peak = lookup("A100", "bfloat16")
-    peak.flops_per_sec, peak.source   # (312e12, 'datasheet: A100, bfloat16')
+    lookup("A100", "bfloat16").source   # 'datasheet: A100, bfloat16'
     ```
     """
 
@@ -97,8 +88,7 @@ def device_key(
     Args:
         device_kind: str, `"GPU"`, `"TPU"` or `"CPU"`.
         device_details: for a GPU, `tf.config.experimental.get_device_details`.
-        environ: the environment (default `os.environ`), for a TPU's
-            `TPU_ACCELERATOR_TYPE` or `ACCELERATOR_TYPE`.
+        environ: the environment (default `os.environ`), for `TPU_ACCELERATOR_TYPE`.
 
     Returns:
         str or None.
@@ -107,7 +97,6 @@ def device_key(
 
     ```python
     device_key("GPU", {"device_name": "NVIDIA A100-SXM4-80GB"})   # 'A100'
-    device_key("TPU", environ={"TPU_ACCELERATOR_TYPE": "v5litepod-8"})  # 'TPU v5e'
     ```
     """
     if device_kind == "GPU":
@@ -139,8 +128,7 @@ def lookup(
 ) -> Peak | None:
     """The datasheet `Peak` of a table device for a compute dtype, or None.
 
-    float32 is TF32 on GPUs of compute capability 8.0 and newer while
-    TensorFloat-32 execution is enabled (TensorFlow's default).
+    float32 is TF32 from compute capability 8.0 while TensorFloat-32 is enabled (the default).
 
     Args:
         key: str, a `PEAK_FLOPS` key.
@@ -161,7 +149,7 @@ def lookup(
     figures = PEAK_FLOPS.get(key, {})
     dtype = str(compute_dtype)
     capability = tuple(compute_capability or (0, 0))
-    if dtype == "float32" and tf32_enabled and capability >= _TF32_COMPUTE_CAPABILITY:
+    if dtype == "float32" and tf32_enabled and capability >= (8, 0):  # Ampere
         dtype = "tf32" if "tf32" in figures else dtype
     if dtype not in figures:
         return None
@@ -192,10 +180,7 @@ def faster_dtypes(peak: Peak) -> list[tuple[str, float]]:
 def measure_matmul_flops_per_sec(
     device: str, compute_dtype: str = "float32", *, size: int = 2048, repeats: int = 5
 ) -> Peak:
-    """Times a `size` x `size` matrix multiply on one device; its best FLOPs/sec.
-
-    The achievable peak of a device without a datasheet figure (CPUs): the
-    best of `repeats` timed runs after an untimed one, outside any strategy.
+    """The best FLOPs/sec of `repeats` timed `size` x `size` matrix multiplies on one device.
 
     Args:
         device: str, such as `"/device:CPU:0"`.
@@ -243,8 +228,7 @@ def resolve(
     """The `Peak` of one replica for a `peak_flops` argument, or `(None, reason)`.
 
     Args:
-        peak_flops: a positive number (FLOPs/sec of one replica), `"auto"`
-            (the table) or `"measure"` (time a matrix multiply on `device`).
+        peak_flops: FLOPs/sec of one replica, `"auto"` (the table) or `"measure"`.
         device_kind: str, `"GPU"`, `"TPU"` or `"CPU"`.
         device: str, one replica's device, such as `"/device:GPU:0"`.
         compute_dtype: str, the dtype policy's compute dtype.
@@ -283,18 +267,13 @@ def resolve(
             details = {}
         tf32_enabled = tf.config.experimental.tensor_float_32_execution_enabled()
     key = device_key(device_kind, details)
+    fix = "MFU needs peak_flops=<FLOP/s of one replica>"
     if key is None:
         name = details.get("device_name") or device_kind
-        hint = " or peak_flops='measure'" if device_kind == "CPU" else ""
-        return None, (
-            f"the peak FLOP/s of {name} is not in keras_scaling's table of datasheet "
-            f"figures; MFU needs peak_flops=<FLOP/s of one replica>{hint}"
-        )
+        fix += " or peak_flops='measure'" if device_kind == "CPU" else ""
+        return None, f"the peak FLOP/s of {name} is not in keras_scaling's table; {fix}"
     capability = details.get("compute_capability")
     peak = lookup(key, compute_dtype, compute_capability=capability, tf32_enabled=tf32_enabled)
     if peak is None:
-        return None, (
-            f"keras_scaling's table of datasheet figures has no {compute_dtype} peak FLOP/s "
-            f"of {key}; MFU needs peak_flops=<FLOP/s of one replica>"
-        )
+        return None, f"the table has no {compute_dtype} peak FLOP/s of {key}; {fix}"
     return peak, None

@@ -63,7 +63,6 @@ def utilization(
     Example:
 
     ```python
-    # 3.2 MFLOPs per sample at 10,000 samples/s on 2 devices of 100 GFLOP/s each
     utilization(3.2e6, 10_000.0, 2, 1e11).mfu   # 0.16
     ```
     """
@@ -99,8 +98,9 @@ def check_flops_per_sample(
     check_flops_per_sample(3.2e6)   # 3200000.0
     ```
     """
-    unit = "floating-point operations of one sample"
-    return _validation.positive_number_or_one_of(value, parameter, ("auto", None), unit=unit)
+    return _validation.positive_number_or_one_of(
+        value, parameter, ("auto", None), unit="floating-point operations of one sample"
+    )
 
 
 def check_peak_flops(
@@ -124,9 +124,9 @@ def check_peak_flops(
     check_peak_flops("measure")   # 'measure'
     ```
     """
-    choices = ("auto", "measure", None)
-    unit = "FLOPs/sec of one replica"
-    return _validation.positive_number_or_one_of(value, parameter, choices, unit=unit)
+    return _validation.positive_number_or_one_of(
+        value, parameter, ("auto", "measure", None), unit="FLOPs/sec of one replica"
+    )
 
 
 def underuse_advice(
@@ -141,8 +141,8 @@ def underuse_advice(
 ) -> str | None:
     """What keeps devices underused when training scales well (efficiency >= 0.8, MFU < 0.2).
 
-    In this order: an input pipeline that yields barely more than training
-    takes; float32 on a device with faster dtypes; a small per-replica batch.
+    In this order: an input pipeline barely faster than training; float32 on a
+    device with faster dtypes; a small per-replica batch.
 
     Args:
         efficiency: float, scaling efficiency, or None.
@@ -166,27 +166,13 @@ def underuse_advice(
     """
     if efficiency is None or mfu is None or efficiency < HIGH_EFFICIENCY or mfu >= LOW_MFU:
         return None
-    opening = (
-        f"MFU is {mfu:.2f} although scaling efficiency is {efficiency:.2f}: every "
-        "replica is underused alike."
-    )
+    opening = f"MFU is {mfu:.2f} although scaling efficiency is {efficiency:.2f}: every replica is underused alike."
     if input_samples_per_sec is not None and samples_per_sec is not None:
         if input_samples_per_sec < 1.2 * samples_per_sec:
-            return (
-                f"{opening} The input pipeline alone yields {input_samples_per_sec:.0f} "
-                f"samples/sec, barely more than training takes ({samples_per_sec:.0f}): "
-                "the devices wait for input (more parallel reads and maps, prefetch, cache)."
-            )
+            return f"{opening} The input pipeline alone yields {input_samples_per_sec:.0f} samples/sec, barely more than training takes ({samples_per_sec:.0f}): the devices wait for input (more parallel reads and maps, prefetch, cache)."
     if compute_dtype == "float32" and faster_dtypes:
         dtype, times = faster_dtypes[0]
         policy = "mixed_bfloat16" if dtype == "bfloat16" else "mixed_float16"
-        return (
-            f"{opening} The device peaks {times:.0f}x higher in {dtype} than in "
-            f"float32: keras.mixed_precision.set_global_policy({policy!r})."
-        )
+        return f"{opening} The device peaks {times:.0f}x higher in {dtype} than in float32: keras.mixed_precision.set_global_policy({policy!r})."
     batch = per_replica_batch_size
-    return (
-        f"{opening} A per-replica batch of {batch} gives each device little work per step: "
-        f"try a larger per-replica batch (keras-scaling bench --per-replica-batch "
-        f"{batch},{batch * 2},{batch * 4} finds the smallest that keeps devices busy)."
-    )
+    return f"{opening} A per-replica batch of {batch} gives each device little work per step: try a larger per-replica batch (keras-scaling bench --per-replica-batch {batch},{batch * 2},{batch * 4} finds the smallest that keeps devices busy)."
