@@ -1,10 +1,8 @@
 """Distributed input: shard per worker, batch globally, prefetch, static shapes.
 
-`distribute` turns arrays, a `tf.data.Dataset`, a `keras.utils.PyDataset`, a
-generator function or TFRecord files into the input of `fit`, `evaluate` and
-`predict` under any `tf.distribute` strategy, with a plan (`describe`,
-`plan_of`) of what each replica and worker reads. The guide
-`docs/guides/input.md` explains the rules.
+`distribute` feeds arrays, a `tf.data.Dataset`, a `keras.utils.PyDataset`, a generator function
+or TFRecord files to `fit` under any `tf.distribute` strategy; `describe` and `plan_of` show its
+plan. The guide `docs/guides/input.md` explains the rules.
 """
 
 import functools
@@ -30,12 +28,7 @@ _PLAN_ATTRIBUTE = "_keras_scaling_input_plan"
 # Builds the same pipeline again, with a pass counter of its own.
 _REBUILD_ATTRIBUTE = "_keras_scaling_rebuild"
 
-UNNUMBERED_PASSES_WARNING = (
-    "keras_scaling.data: Keras' epochs cannot number the passes here (see the "
-    "warning above, or KERAS_SCALING_NO_COMPAT=1), so a batch read outside fit "
-    "on one worker alone makes the workers read different samples: read the "
-    "dataset only through fit, evaluate and predict, the same on every worker."
-)
+UNNUMBERED_PASSES_WARNING = "keras_scaling.data: Keras' epochs cannot number the passes here (see the warning above, or KERAS_SCALING_NO_COMPAT=1), so a batch read outside fit on one worker alone makes the workers read different samples: read the dataset only through fit, evaluate and predict, the same on every worker."
 
 
 def global_batch_size(
@@ -154,14 +147,13 @@ def distribute(
     from keras_scaling import compat
 
     compat.enable_for(strategy)
-    pipeline_options = {
-        name: _validation.optional_positive_int(value, name)
-        for name, value in (
-            ("prefetch_batches", prefetch_batches),
-            ("private_threadpool_size", private_threadpool_size),
-            ("max_intra_op_parallelism", max_intra_op_parallelism),
-        )
-    }
+    pipeline_options = dict(
+        prefetch_batches=prefetch_batches,
+        private_threadpool_size=private_threadpool_size,
+        max_intra_op_parallelism=max_intra_op_parallelism,
+    )
+    for name, value in pipeline_options.items():
+        pipeline_options[name] = _validation.optional_positive_int(value, name)
     return _distribute_for(
         data,
         info,
@@ -192,14 +184,9 @@ def _distribute_for(data, info, *, static_shapes_required=False, pipeline_option
         logger.warning("%s", UNNUMBERED_PASSES_WARNING)
     cache = kwargs.get("cache", False)
     build = functools.partial(
-        _pipeline.build,
-        source,
-        plan,
-        schedule,
-        file_assignment,
-        kwargs.get("parse_fn"),
+        _pipeline.build, source, plan, schedule, file_assignment, kwargs.get("parse_fn"),
         **(pipeline_options or {}),
-    )
+    )  # fmt: skip
     dataset = build(cache=cache)
     setattr(dataset, _PLAN_ATTRIBUTE, plan)
     # A cache file belongs to the training pipeline; a copy caches in memory.
@@ -208,8 +195,7 @@ def _distribute_for(data, info, *, static_shapes_required=False, pipeline_option
 
 
 def _independent_copy(dataset):
-    """The pipeline of a `distribute` dataset built again (own pass counter, empty
-    cache), or None for other datasets."""
+    """A `distribute` dataset built again (own pass counter, empty cache), else None."""
     rebuild = getattr(dataset, _REBUILD_ATTRIBUTE, None)
     return None if rebuild is None else rebuild()
 
@@ -248,8 +234,7 @@ def describe(data: Any, **kwargs: Any) -> InputPlan:
     if existing is not None:
         if kwargs:
             raise ValueError(
-                f"describe() got a dataset of distribute(), which has its plan, and arguments "
-                f"{sorted(kwargs)}: pass the original data with the arguments, or the dataset alone."
+                f"describe() got a dataset of distribute(), which has its plan, and arguments {sorted(kwargs)}: pass the original data with the arguments, or the dataset alone."
             )
         return existing
     info, strategy = _describe_strategy(kwargs.pop("strategy", None))
@@ -286,8 +271,7 @@ def _describe_strategy(strategy):
     strategy = tf.distribute.get_strategy() if strategy is None else strategy
     if not isinstance(strategy, tf.distribute.Strategy):
         raise TypeError(
-            "strategy must be a tf.distribute.Strategy (or None for the current one), got "
-            f"{type(strategy).__name__}. Create one with keras_scaling.auto_strategy()."
+            f"strategy must be a tf.distribute.Strategy (or None for the current one), got {type(strategy).__name__}. Create one with keras_scaling.auto_strategy()."
         )
     return devices.describe_strategy(strategy), strategy
 
@@ -315,12 +299,14 @@ def _make_plan(
     _input_plan.check_last_batch(
         last_batch, num_workers=info.num_workers, static_shapes_required=static_shapes_required
     )
-    _input_plan.check_shard(shard)
-    shuffle = _input_plan.check_shuffle(shuffle)
-    seed = _input_plan.check_seed(seed)
+    _validation.one_of(shard, "shard", _input_plan.SHARD_MODES)
+    shuffle = _validation.optional_boolean(shuffle, "shuffle")
+    seed = _validation.optional_integer(seed, "seed")
     if not (cache is False or cache is True or isinstance(cache, str)):
         raise TypeError(f"cache must be False, True (in memory) or a file path, got {cache!r}.")
-    _sources.check_num_samples(num_samples)
+    num_samples = _validation.optional_positive_int(
+        num_samples, "num_samples", fix="Pass the samples in one pass, or None to count them."
+    )
     sizes = dict(per_replica_batch_size=per_replica_batch_size, global_batch_size=global_batch_size)
     if per_replica_batch_size is not None or global_batch_size is not None:
         # Wrong sizes are reported before any data is read or counted.
@@ -340,13 +326,12 @@ def _make_plan(
         file_assignment = _input_plan.assign_items(source.num_files, info.num_workers)
     elif shard_mode == "file":
         file_assignment = _input_plan.assign_files(source.file_sizes, info.num_workers)
-    if file_assignment is not None:
-        worker_sizes = [sum(source.file_sizes[i] for i in files) for files in file_assignment]
-    else:
-        worker_sizes = [
-            len(_input_plan.element_share(source.num_examples, info.num_workers, worker))
-            for worker in range(info.num_workers)
-        ]
+    worker_sizes = [
+        len(_input_plan.element_share(source.num_examples, info.num_workers, worker))
+        if file_assignment is None
+        else sum(source.file_sizes[i] for i in file_assignment[worker])
+        for worker in range(info.num_workers)
+    ]
     schedule = _input_plan.schedule_epoch(worker_sizes, global_size, last_batch)
     shuffle = source.default_shuffle if shuffle is None else shuffle
     small_batch = _input_plan.small_batch_warning(per_replica, info.device_kind)
@@ -383,23 +368,19 @@ def _make_plan(
 
 
 def _source_notes(source, shuffle, sizes_given, per_replica):
-    """What the plan says about the data: batch, count and shuffle decisions."""
     notes = list(source.notes)
     if source.batch_size is not None:
         if all(size is None for size in sizes_given.values()):
             notes.append(
-                f"per_replica_batch_size={per_replica} taken from the data's own batch (the "
-                "size it was tuned for on one device); pass per_replica_batch_size= to change it"
+                f"per_replica_batch_size={per_replica} taken from the data's own batch (the size it was tuned for on one device); pass per_replica_batch_size= to change it"
             )
         notes.append(
-            f"the data's batches of {source.batch_size} are unbatched and re-batched to the "
-            "global batch"
+            f"the data's batches of {source.batch_size} are unbatched and re-batched to the global batch"
         )
     if isinstance(source, _sources.DirectorySource):
         if source.shuffled and shuffle:
             notes.append(
-                "the utility's own shuffle is replaced by the seeded shuffle of the files that "
-                "every worker agrees on"
+                "the utility's own shuffle is replaced by the seeded shuffle of the files that every worker agrees on"
             )
         elif source.shuffled:
             notes.append("the utility's own shuffle is turned off (shuffle=False)")

@@ -1,8 +1,4 @@
-"""Counts the samples of a dataset whose length is not known, in one pass.
-
-Only each element's number of samples reaches Python, summed in chunks; the
-time left is logged once the first second is read, then a progress bar runs.
-"""
+"""Counts the samples of a dataset of unknown length in one pass, with a progress bar after 1 s."""
 
 import logging
 import time
@@ -30,16 +26,13 @@ def samples_in(element, batched):
 
 
 def estimated_seconds(elapsed_s, elements_read, elements_total):
-    """The time left at the pace of the first elements, or None for an unknown total.
-
-    1024 of 10 240 elements read in 2 s leave 18 s.
-    """
+    """The time left at the pace so far (1024 of 10 240 in 2 s leave 18 s), or None."""
     if elements_total is None or elements_total < 0 or elements_read == 0:
         return None
     return elapsed_s / elements_read * max(elements_total - elements_read, 0)
 
 
-def count_samples(dataset, *, batched, what="data"):
+def count_samples(dataset, *, batched):
     """Reads a finite `dataset` once; returns its samples (elements, or their first dimensions)."""
     elements_total = int(dataset.cardinality())
     counts = dataset.map(
@@ -49,33 +42,29 @@ def count_samples(dataset, *, batched, what="data"):
     chunks = counts.batch(COUNT_CHUNK_ELEMENTS).map(
         lambda sizes: (tf.reduce_sum(sizes), tf.size(sizes, out_type=tf.int64))
     )
-    total_target = elements_total if elements_total >= 0 else None
     start = time.perf_counter()
     samples = elements = 0
     progress = None
     for chunk_samples, chunk_elements in chunks.as_numpy_iterator():
-        samples += int(chunk_samples)
-        elements += int(chunk_elements)
+        samples, elements = samples + int(chunk_samples), elements + int(chunk_elements)
         elapsed_s = time.perf_counter() - start
         if progress is None and elapsed_s >= ESTIMATE_AFTER_S:
             left_s = estimated_seconds(elapsed_s, elements, elements_total)
             left = "total unknown" if left_s is None else f"about {left_s:.0f} s more"
             logger.warning(
-                "Counting the samples of %s by reading it once (its length is not known): %s at "
-                "%.0f samples/s. Pass num_samples= to skip this.",
-                what,
+                "Counting the samples of data by reading it once (its length is not known): %s at %.0f samples/s. Pass num_samples= to skip this.",
                 left,
                 samples / elapsed_s,
             )
-            progress = keras.utils.Progbar(total_target, unit_name="element")
+            target = elements_total if elements_total >= 0 else None
+            progress = keras.utils.Progbar(target, unit_name="element")
         if progress is not None:
             progress.update(elements)
-    if progress is not None and total_target is None:
+    if progress is not None and progress.target is None:
         progress.update(elements, finalize=True)
     logger.info(
-        "Counted %d samples in %s in %.1f s (pass num_samples=%d to skip the count).",
+        "Counted %d samples in data in %.1f s (pass num_samples=%d to skip the count).",
         samples,
-        what,
         time.perf_counter() - start,
         samples,
     )

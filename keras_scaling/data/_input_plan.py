@@ -31,8 +31,7 @@ def resolve_batch_sizes(
         if data_batch_size is not None:
             return data_batch_size, data_batch_size * num_replicas
         raise ValueError(
-            "Pass per_replica_batch_size (samples per replica, e.g. 32) or global_batch_size "
-            f"(samples per step across all {num_replicas} replicas); got neither."
+            f"Pass per_replica_batch_size (samples per replica, e.g. 32) or global_batch_size (samples per step across all {num_replicas} replicas); got neither."
         )
     if per_replica_batch_size is not None:
         per_replica_batch_size = _validation.positive_int(
@@ -46,17 +45,14 @@ def resolve_batch_sizes(
             lower = global_batch_size // num_replicas * num_replicas
             options = f"{lower} or " if lower else ""
             raise ValueError(
-                f"global_batch_size={global_batch_size} is not divisible by the {num_replicas} "
-                f"replicas: use {options}{lower + num_replicas}, or pass per_replica_batch_size."
+                f"global_batch_size={global_batch_size} is not divisible by the {num_replicas} replicas: use {options}{lower + num_replicas}, or pass per_replica_batch_size."
             )
         if per_replica_batch_size is None:
             return global_batch_size // num_replicas, global_batch_size
     derived = per_replica_batch_size * num_replicas
     if global_batch_size is not None and global_batch_size != derived:
         raise ValueError(
-            f"per_replica_batch_size={per_replica_batch_size} and global_batch_size="
-            f"{global_batch_size} disagree: with {num_replicas} replicas the global batch is "
-            f"{per_replica_batch_size} * {num_replicas} = {derived}. Pass only one of them."
+            f"per_replica_batch_size={per_replica_batch_size} and global_batch_size={global_batch_size} disagree: with {num_replicas} replicas the global batch is {per_replica_batch_size} * {num_replicas} = {derived}. Pass only one of them."
         )
     return per_replica_batch_size, derived
 
@@ -76,27 +72,13 @@ def check_last_batch(last_batch, *, num_workers=1, static_shapes_required=False)
     return last_batch
 
 
-def check_shard(shard):
-    return _validation.one_of(shard, "shard", SHARD_MODES)
-
-
-def check_shuffle(shuffle):
-    return _validation.optional_boolean(shuffle, "shuffle")
-
-
-def check_seed(seed):
-    return _validation.optional_integer(seed, "seed")
-
-
 def choose_shard_mode(shard, num_workers, num_files=None, unit="files"):
     """`(shard_mode, shard_reason, warning or None)`: how workers split the data.
 
-    `"none"` on one worker; `"file"` (`"item"` for a `PyDataset`'s items,
-    `unit="items"`) with at least as many files as workers; else `"element"`.
-    8 files on 3 workers give `"file"`; 2 files give `"element"` and a warning.
-    `num_files` is None for arrays and datasets.
+    `"none"` on one worker; `"file"` (`"item"` for `unit="items"`) with at least as many files as
+    workers (8 files on 3 workers); else `"element"`, with a warning if there were files.
     """
-    check_shard(shard)
+    _validation.one_of(shard, "shard", SHARD_MODES)
     if shard == "file" and num_files is None:
         raise ValueError(
             "shard='file' needs a list of TFRecord files, a dataset of Keras' directory utilities or a PyDataset as data; arrays and other datasets are split by element. Use shard='auto'."
@@ -113,17 +95,11 @@ def choose_shard_mode(shard, num_workers, num_files=None, unit="files"):
             f"shard='file' needs at least one of the data's {unit} per worker, but there are {num_files} {unit} for {num_workers} workers. Split the data into at least {num_workers} {unit}, or use shard='auto' to split by element."
         )
     if num_files is None:
-        return (
-            "element",
-            f"in-memory data or dataset: each worker keeps one element in {num_workers}",
-            None,
-        )
+        reason = f"in-memory data or dataset: each worker keeps one element in {num_workers}"
+        return "element", reason, None
     if shard == "element":
-        return (
-            "element",
-            f"shard='element' requested: every worker reads all records and keeps one in {num_workers} before parsing",
-            None,
-        )
+        reason = f"shard='element' requested: every worker reads all records and keeps one in {num_workers} before parsing"
+        return "element", reason, None
     warning = f"Only {num_files} {unit[:-1]}(s) for {num_workers} workers: falling back to element sharding, so every worker reads all samples (and parses only its own). Split the data into at least {num_workers} {unit} to let each worker read only its own."
     reason = f"{num_files} {unit} < {num_workers} workers: every worker reads all samples and keeps one in {num_workers} before parsing"
     return "element", reason, warning
@@ -156,8 +132,6 @@ def assign_items(num_items, num_workers):
 
 @dataclasses.dataclass(frozen=True)
 class EpochSchedule:
-    """Steps per epoch (the same on every worker), and each worker's samples and padding."""
-
     steps_per_epoch: int
     examples_per_worker: tuple
     padding_per_worker: tuple
@@ -186,11 +160,9 @@ def schedule_epoch(worker_sizes, global_batch_size, last_batch):
     if last_batch == "drop":
         batches_per_worker = min(worker_sizes) // global_batch_size
         if batches_per_worker == 0:
-            where = (
-                f"the smallest of the {num_workers} workers' shares has {min(worker_sizes)}"
-                if num_workers > 1
-                else f"the data has {total} samples"
-            )
+            where = f"the data has {total} samples"
+            if num_workers > 1:
+                where = f"the smallest of the {num_workers} workers' shares has {min(worker_sizes)}"
             raise ValueError(
                 f"last_batch='drop' leaves no full step: {where}, fewer than one global batch of {global_batch_size}. Use a smaller batch size or last_batch='pad'."
             )

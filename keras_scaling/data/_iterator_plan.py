@@ -1,8 +1,5 @@
-"""The global batch of the data `fit` trains on: given, planned, or static.
-
-Keras hands callbacks no handle on `fit`'s data; the iterator its train function
-is called with is the one way in.
-"""
+"""The global batch of the data `fit` trains on, found from the iterator its train function gets
+(Keras hands callbacks no handle on `fit`'s data)."""
 
 import logging
 
@@ -19,17 +16,21 @@ class GlobalBatchSizeUnknown(ValueError):
 
 
 def global_batch_size(given, iterator, element_spec, num_replicas):
-    """Samples per optimizer step over all replicas, divisible by `num_replicas`.
-
-    `given` (the user's; a warning when the data's static batches disagree),
-    else the plan behind `iterator`, else one replica's static batch in
-    `element_spec` times `num_replicas`.
+    """Samples per step over all replicas: `given` (warns if the static batches disagree), else
+    the plan behind `iterator`, else the static batch in `element_spec` times `num_replicas`.
 
     Raises:
         GlobalBatchSizeUnknown: nothing tells the batch size.
         ValueError: the global batch does not divide over the replicas.
     """
-    per_replica = static_batch_size(element_spec)
+    from keras_scaling import data
+
+    sizes = {
+        spec.shape[0]
+        for spec in tf.nest.flatten(element_spec, expand_composites=True)
+        if getattr(spec, "shape", None) is not None and spec.shape.rank
+    }
+    per_replica = sizes.pop() if len(sizes) == 1 else None
     if given is not None:
         if per_replica is not None and per_replica * num_replicas != given:
             logger.warning(
@@ -41,13 +42,14 @@ def global_batch_size(given, iterator, element_spec, num_replicas):
             )
         size = given
     else:
-        size = planned_global_batch_size(iterator)
+        dataset = distributed_dataset(iterator)
+        plan = None if dataset is None else data.plan_of(dataset)
+        size = None if plan is None else plan.global_batch_size
     if size is None and per_replica is not None:
         size = per_replica * num_replicas
     if size is None:
         raise GlobalBatchSizeUnknown(
-            f"ThroughputLogger cannot tell the global batch size: the training data's batch dimension is not static (element_spec: {element_spec}). Pass "
-            "ThroughputLogger(global_batch_size=<samples per step over all replicas>), or batch with drop_remainder=True (as keras_scaling.data.distribute does)."
+            f"ThroughputLogger cannot tell the global batch size: the training data's batch dimension is not static (element_spec: {element_spec}). Pass ThroughputLogger(global_batch_size=<samples per step over all replicas>), or batch with drop_remainder=True (as keras_scaling.data.distribute does)."
         )
     size = _validation.positive_int(size, "global_batch_size")
     if size % num_replicas:
@@ -55,25 +57,6 @@ def global_batch_size(given, iterator, element_spec, num_replicas):
             f"global_batch_size={size} is not divisible by the {num_replicas} replicas: pass the samples of one optimizer step over all replicas."
         )
     return size
-
-
-def static_batch_size(element_spec):
-    """One replica's static batch size from an input spec, or None."""
-    sizes = {
-        spec.shape[0]
-        for spec in tf.nest.flatten(element_spec, expand_composites=True)
-        if getattr(spec, "shape", None) is not None and spec.shape.rank
-    }
-    return sizes.pop() if len(sizes) == 1 else None
-
-
-def planned_global_batch_size(iterator):
-    """The global batch of the `keras_scaling.data` plan behind `iterator`, or None."""
-    from keras_scaling import data
-
-    dataset = distributed_dataset(iterator)
-    plan = None if dataset is None else data.plan_of(dataset)
-    return None if plan is None else plan.global_batch_size
 
 
 def distributed_dataset(iterator):

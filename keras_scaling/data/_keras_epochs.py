@@ -1,11 +1,5 @@
-"""Keras' epochs number the passes of `distribute` datasets, not the reads.
-
-An order counted by reads would shift on the worker that looked at a batch
-before training. Keras' `EpochIterator` calls its data adapter's
-`on_epoch_begin` before each pass; for a dataset of `distribute`, that first
-numbers the pass, and Keras is asked for no shuffle of its own (it cannot
-shuffle a dataset, and would only warn that `fit(shuffle=True)` is ignored).
-"""
+"""Keras' epochs (its data adapter's `on_epoch_begin`) number the passes of `distribute`
+datasets: an order counted by reads would shift on a worker that looked at a batch first."""
 
 import functools
 import importlib
@@ -48,10 +42,7 @@ def _epoch_iterator_class():
 
 
 def install() -> bool:
-    """Makes Keras' epochs number the passes of `distribute` datasets; whether they do.
-
-    False when the probe of `EpochIterator` warned, or `KERAS_SCALING_NO_COMPAT=1`.
-    """
+    """Makes Keras' epochs number `distribute`'s passes; False if the probe or the env refuses."""
     global _installed
     from keras_scaling import compat
 
@@ -81,6 +72,7 @@ def _numbering_passes(original):
         from keras_scaling import data
 
         plan = data.plan_of(dataset)
+        # Keras cannot shuffle a dataset; it would only warn that shuffle=True is ignored.
         if plan is not None and plan.shuffle:
             bound.arguments["shuffle"] = False
         original(*bound.args, **bound.kwargs)

@@ -1,9 +1,5 @@
-"""The pass index of a `distribute` pipeline, of which each pass's shuffle order is a function.
-
-Keras' epochs number the passes (`_keras_epochs`), so a read outside Keras takes
-no number; until Keras starts one, a pass takes the next index when its first
-element is read. A resume sets the next index (`set_next_pass`).
-"""
+"""The pass index of a `distribute` pipeline, which each pass's shuffle order is a function of:
+Keras' epochs number the passes once they start, until then a pass's first read does."""
 
 import threading
 

@@ -28,9 +28,9 @@ def build(
         dataset = _batched_elements(
             source, plan, schedule, file_assignment, parse_fn, cache, counter
         )
-    dataset = dataset.apply(
-        tf.data.experimental.assert_cardinality(_batches_per_worker(plan, schedule))
-    )
+    # "partial" runs on one worker only.
+    batches_per_worker = schedule.steps_per_epoch // plan.num_workers
+    dataset = dataset.apply(tf.data.experimental.assert_cardinality(batches_per_worker))
     options = tf.data.Options()
     # The split between workers is done above; TensorFlow must not split again
     # (AUTO would read every file on every worker: tensorflow#49048).
@@ -45,21 +45,10 @@ def build(
     return dataset
 
 
-def _batches_per_worker(plan, schedule):
-    # "partial" runs on one worker only.
-    return schedule.steps_per_epoch // plan.num_workers
-
-
-def _drop_remainder(plan):
-    return plan.last_batch != "partial"
-
-
 def _shuffle(dataset, plan, buffer_size, pass_index):
-    """`dataset` in the order of pass `pass_index`, whatever TensorFlow's global seed.
-
-    The graph's seed is set aside: TensorFlow's check of a global seed of 0
-    against the op's seed would read this tensor as a bool.
-    """
+    """`dataset` in the order of pass `pass_index`, whatever TensorFlow's global seed."""
+    # The graph's seed is set aside: TensorFlow's check of a global seed of 0
+    # against the op's seed would read this tensor as a bool.
     seed = _passes.pass_seed(plan.seed, pass_index)
     graph = tf.compat.v1.get_default_graph()
     global_seed, graph.seed = graph.seed, None
@@ -84,7 +73,7 @@ def _batched_array_rows(source, plan, schedule, counter):
         positions = positions.shard(plan.num_workers, plan.worker_index)
     padding = tf.data.Dataset.from_tensors(tf.constant(-1, tf.int64))
     positions = _keep_or_pad(positions, schedule, plan, padding)
-    positions = positions.batch(plan.global_batch_size, drop_remainder=_drop_remainder(plan))
+    positions = positions.batch(plan.global_batch_size, drop_remainder=plan.last_batch != "partial")
 
     def gather(indices):
         rows = tf.nest.map_structure(lambda a: tf.gather(a, tf.maximum(indices, 0)), source.arrays)
@@ -96,11 +85,8 @@ def _batched_array_rows(source, plan, schedule, counter):
 
 
 def _keep_or_pad(stream, schedule, plan, padding, read_to_end=False):
-    """Cuts the stream to this worker's real samples, then appends padding.
-
-    `read_to_end` reads (and skips) the samples dropped: a `PyDataset` calls
-    `on_epoch_end` at its end.
-    """
+    """This worker's real samples, then padding; `read_to_end` reads past those dropped (for
+    a `PyDataset`'s `on_epoch_end`)."""
     if plan.last_batch == "drop":
         kept = schedule.examples_per_worker[plan.worker_index]
         if not read_to_end:
@@ -117,7 +103,8 @@ def _keep_or_pad(stream, schedule, plan, padding, read_to_end=False):
 def _batched_elements(source, plan, schedule, file_assignment, parse_fn, cache, counter):
     """Shards and shuffles raw elements, then parses this worker's share only."""
     load = _loader(source, parse_fn)
-    raw_of_pass, raw_size = _raw_elements(source, plan, file_assignment)
+    raw, raw_size = _raw_elements(source, plan, file_assignment)
+    raw_of_pass = raw if callable(raw) else lambda pass_index: raw
     buffer_size = min(raw_size, SHUFFLE_BUFFER_ELEMENTS)
     if plan.shuffle and not cache:
         # The same order of the whole data on every worker, each keeping its positions.
@@ -138,23 +125,18 @@ def _batched_elements(source, plan, schedule, file_assignment, parse_fn, cache, 
     padded, padding = plan.last_batch == "pad", None
     if padded:
         stream = stream.map(lambda *element: (_unpack(element), 1.0))
-        padding = _first_sample(source, raw_of_pass, load).map(
-            lambda *element: (_unpack(element), 0.0)
-        )
+        # A PyDataset's first sample: reading the stream would start a pass (on_epoch_begin).
+        if isinstance(source, _py_dataset.PyDatasetSource):
+            first = tf.data.Dataset.from_tensors(source.first_sample)
+        else:
+            first = raw_of_pass(None).take(1).map(load)
+        padding = first.map(lambda *element: (_unpack(element), 0.0))
     read_to_end = isinstance(source, _py_dataset.PyDatasetSource)
     stream = _keep_or_pad(stream, schedule, plan, padding, read_to_end=read_to_end)
-    stream = stream.batch(plan.global_batch_size, drop_remainder=_drop_remainder(plan))
+    stream = stream.batch(plan.global_batch_size, drop_remainder=plan.last_batch != "partial")
     if padded:
         stream = stream.map(_with_padding_weights)
     return stream
-
-
-def _first_sample(source, raw_of_pass, load):
-    """One sample to copy as padding, read without starting another pass."""
-    if isinstance(source, _py_dataset.PyDatasetSource):
-        # Reading the stream would start a pass, and with it on_epoch_begin.
-        return tf.data.Dataset.from_tensors(source.first_sample)
-    return raw_of_pass(None).take(1).map(load)
 
 
 def _unpack(element):
@@ -162,17 +144,12 @@ def _unpack(element):
 
 
 def _raw_elements(source, plan, file_assignment):
-    """`(elements_of_pass, count)`: the unparsed elements this worker reads in pass
-    `pass_index` (a tensor; None for pass 0's order outside any pass), and their count."""
+    """`(elements, count)`: this worker's unparsed elements, a dataset or a function of the pass
+    index (None: pass 0's order)."""
     if isinstance(source, _sources.ArraySource):
-        arrays = source.arrays
-        positions = tf.data.Dataset.range(source.num_examples)
-        rows = positions.map(
-            lambda index: tf.nest.map_structure(lambda array: tf.gather(array, index), arrays)
-        )
-        return _same_in_every_pass(rows), source.num_examples
+        return tf.data.Dataset.from_tensor_slices(source.arrays), source.num_examples
     if isinstance(source, _sources.DatasetSource):
-        return _same_in_every_pass(source.dataset), source.num_examples
+        return source.dataset, source.num_examples
     if isinstance(source, _py_dataset.PyDatasetSource):
         items = range(source.num_files)
         if plan.shard_mode == "item":
@@ -186,12 +163,11 @@ def _raw_elements(source, plan, file_assignment):
         return samples_of_pass, sum(source.item_sizes[index] for index in items)
     if isinstance(source, _sources.DirectorySource):
         if plan.shard_mode == "element":
-            return _same_in_every_pass(_in_path_order(source)), source.num_examples
+            return _in_path_order(source), source.num_examples
         if plan.shard_mode != "file":
-            return _same_in_every_pass(source.files), source.num_examples
+            return source.files, source.num_examples
         positions = source.positions_of(file_assignment[plan.worker_index])
-        selected, count = _select(source.files, positions, source.num_files)
-        return _same_in_every_pass(selected), count
+        return _select(source.files, positions, source.num_files)
     if plan.shard_mode == "file":
         indices = file_assignment[plan.worker_index]
         paths = [source.paths[index] for index in indices]
@@ -218,13 +194,8 @@ def _or_0(pass_index):
     return tf.constant(0, tf.int64) if pass_index is None else pass_index
 
 
-def _same_in_every_pass(dataset):
-    return lambda pass_index: dataset
-
-
 def _in_path_order(source):
-    """A directory utility's files sorted by path: element sharding needs one order on
-    every worker, and a utility without a `seed` lists them in a random order."""
+    """A directory utility's files by path: without a `seed` it lists them in a random order."""
     elements = sorted(source.files.as_numpy_iterator(), key=lambda e: tf.nest.flatten(e)[0])
     columns = tf.nest.map_structure(
         lambda spec, *column: tf.constant(list(column), spec.dtype),
@@ -235,7 +206,6 @@ def _in_path_order(source):
 
 
 def _select(elements, positions, num_elements):
-    """The elements at `positions` (in their order), before any decoding."""
     keep = tf.scatter_nd(
         tf.constant([[position] for position in positions], tf.int64),
         tf.ones([len(positions)], tf.bool),
@@ -260,7 +230,7 @@ def _loader(source, parse_fn):
 
 
 def _with_padding_weights(element, weights):
-    """The 0/1 padding weights as `sample_weight`, times any given; `x` alone has no loss to weight."""
+    """The 0/1 padding weights as `sample_weight`, times any given; `x` alone has no loss."""
     if not isinstance(element, tuple) or len(element) < 2:
         return element
     if len(element) == 2:

@@ -1,5 +1,4 @@
-"""Reads a `keras.utils.PyDataset` (each item a batch) as one worker's stream of samples,
-with the dataset's own `workers`, `use_multiprocessing` and `max_queue_size`, as `fit` does."""
+"""Reads a `keras.utils.PyDataset` (each item a batch) as one worker's stream of samples."""
 
 import collections
 import concurrent.futures
@@ -7,15 +6,13 @@ import dataclasses
 import itertools
 from typing import Any
 
-import keras
 import numpy as np
 import tensorflow as tf
 
 
 @dataclasses.dataclass
 class PyDatasetSource:
-    """A `PyDataset`: samples per item, one item's `tf.TensorSpec` structure (batch
-    dimension unknown), item 0's first sample (the padding) and its shapes in words."""
+    """A `PyDataset`; `first_sample` (item 0's) is the padding."""
 
     py_dataset: object
     item_sizes: tuple
@@ -34,13 +31,8 @@ class PyDatasetSource:
     @property
     def notes(self):
         return (
-            f"{self.num_examples} samples from len() = {len(self.item_sizes)} items of "
-            f"{self.batch_size}, the last with {self.item_sizes[-1]}",
+            f"{self.num_examples} samples from len() = {len(self.item_sizes)} items of {self.batch_size}, the last with {self.item_sizes[-1]}",
         )
-
-
-def is_py_dataset(data):
-    return isinstance(data, keras.utils.PyDataset)
 
 
 def as_fit_layout(item):
@@ -70,34 +62,27 @@ def _signature(item, index):
     return tf.nest.map_structure(spec, item)
 
 
-def _batch_size_of(item):
-    return int(np.shape(tf.nest.flatten(item)[0])[0])
-
-
 def check_item(item, index, signature, expected_size, first_item_text):
-    """`item` as `(x, y, ...)`; ValueError unless it has item 0's structure and sample
-    shapes, and `expected_size` samples."""
+    """`item` as `(x, y, ...)`; ValueError unless it matches item 0 with `expected_size` samples."""
     item = as_fit_layout(item)
-    mismatch = _mismatch(item, signature, expected_size)
+    mismatch = None
+    try:
+        tf.nest.assert_same_structure(signature, item)
+    except (ValueError, TypeError) as error:
+        mismatch = f"its structure differs ({error})"
+    for spec, leaf in zip(tf.nest.flatten(signature), tf.nest.flatten(item)):
+        if mismatch is not None:
+            break
+        shape = tuple(np.shape(leaf))
+        if not shape or not spec.shape[1:].is_compatible_with(shape[1:]):
+            mismatch = f"a sample shape differs ({shape[1:]} against {tuple(spec.shape[1:])})"
+        elif shape[0] != expected_size:
+            mismatch = f"it has {shape[0]} samples where {expected_size} are expected (every item but the last must be a full batch of item 0's size)"
     if mismatch is not None:
         raise ValueError(
             f"PyDataset item {index} does not match item 0: {mismatch}. Item 0 is {first_item_text} and item {index} is {_describe(item)}. Every item must have item 0's structure and sample shapes, and every item but the last its number of samples."
         )
     return item
-
-
-def _mismatch(item, signature, expected_size):
-    try:
-        tf.nest.assert_same_structure(signature, item)
-    except (ValueError, TypeError) as error:
-        return f"its structure differs ({error})"
-    for spec, leaf in zip(tf.nest.flatten(signature), tf.nest.flatten(item)):
-        shape = tuple(np.shape(leaf))
-        if not shape or not spec.shape[1:].is_compatible_with(shape[1:]):
-            return f"a sample shape differs ({shape[1:]} against {tuple(spec.shape[1:])})"
-        if shape[0] != expected_size:
-            return f"it has {shape[0]} samples where {expected_size} are expected (every item but the last must be a full batch of item 0's size)"
-    return None
 
 
 def inspect_py_dataset(py_dataset, num_samples=None):
@@ -115,13 +100,13 @@ def inspect_py_dataset(py_dataset, num_samples=None):
         raise ValueError("data is an empty PyDataset: there is nothing to train on.")
     first = as_fit_layout(py_dataset[0])
     signature = _signature(first, 0)
-    batch_size = _batch_size_of(first)
+    batch_size = int(np.shape(tf.nest.flatten(first)[0])[0])
     first_text = _describe(first)
     check_item(first, 0, signature, batch_size, first_text)
     last_size = batch_size
     if num_items > 1:
         last = as_fit_layout(py_dataset[num_items - 1])
-        last_size = _batch_size_of(last) if tf.nest.flatten(last) else 0
+        last_size = int(np.shape(tf.nest.flatten(last)[0])[0]) if tf.nest.flatten(last) else 0
         check_item(last, num_items - 1, signature, last_size, first_text)
     item_sizes = (batch_size,) * (num_items - 1) + (last_size,)
     total = sum(item_sizes)
@@ -140,11 +125,9 @@ def inspect_py_dataset(py_dataset, num_samples=None):
 
 
 def sample_stream(source, item_indices, *, shuffle, seed, pass_index):
-    """The samples of the given items in pass `pass_index` (a tensor), shuffled by `seed` and it.
-
-    `on_epoch_begin` and `on_epoch_end` come in pairs: a pass given up early (the
-    batch `fit` reads to build the model) ends no epoch, and the next begins none.
-    """
+    """The samples of the given items in pass `pass_index` (a tensor), shuffled by `seed` and it."""
+    # on_epoch_begin and on_epoch_end come in pairs: a pass given up early (the
+    # batch fit reads to build the model) ends no epoch, and the next begins none.
     item_indices = list(item_indices)
     in_epoch = [False]
 
@@ -166,8 +149,7 @@ def sample_stream(source, item_indices, *, shuffle, seed, pass_index):
     batches = tf.data.Dataset.from_generator(
         generate, args=(pass_index,), output_signature=source.signature
     )
-    samples = batches.unbatch()
-    return samples.map(lambda *element: element[0] if len(element) == 1 else element)
+    return batches.unbatch().map(lambda *element: element[0] if len(element) == 1 else element)
 
 
 _shared_py_dataset: Any = None
@@ -183,7 +165,7 @@ def _shared_item(index):
 
 
 def _read_items(py_dataset, order):
-    """`(index, item)` in `order`, read ahead by the dataset's workers."""
+    """`(index, item)` in `order`, read ahead by the dataset's `workers`, as `fit` does."""
     workers = max(int(getattr(py_dataset, "workers", 1) or 1), 1)
     use_multiprocessing = bool(getattr(py_dataset, "use_multiprocessing", False))
     queue_size = max(int(getattr(py_dataset, "max_queue_size", 10) or 10), 1)

@@ -8,7 +8,6 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_scaling import _validation
 from keras_scaling.data import _counting, _py_dataset
 from keras_scaling.internals import _tf_data_batching
 
@@ -41,8 +40,7 @@ class DatasetSource:
 
 @dataclasses.dataclass
 class DirectorySource:
-    """A batched dataset of files (Keras' directory utilities): `files` holds the undecoded
-    elements (path, or path and label) that `decoders` (the utility's maps) decode."""
+    """A directory utility's dataset: `files` (path, or path and label) before `decoders`."""
 
     files: tf.data.Dataset
     decoders: tuple
@@ -58,11 +56,7 @@ class DirectorySource:
     default_shuffle = property(lambda self: self.shuffled)
 
     def positions_of(self, file_indices):
-        """The dataset positions of files numbered in path order.
-
-        Without a `seed`, a directory utility lists the files in a random order of
-        each process; numbered by path, every worker agrees which files are whose.
-        """
+        """The dataset positions of files numbered in path order, the same on every worker."""
         by_path = sorted(range(len(self.paths)), key=lambda index: self.paths[index])
         return sorted(by_path[index] for index in file_indices)
 
@@ -91,19 +85,12 @@ def _is_path_list(value):
     return isinstance(value, (list, tuple)) and len(value) > 0 and all(map(_is_path, value))
 
 
-def check_num_samples(num_samples):
-    return _validation.optional_positive_int(
-        num_samples, "num_samples", fix="Pass the samples in one pass, or None to count them."
-    )
-
-
 def inspect_data(data, parse_fn=None, *, num_samples=None, output_signature=None):
-    """The source `data` is: `ArraySource`, `DatasetSource`, `DirectorySource`, `PyDatasetSource` or `FileSource`."""
+    """The `...Source` that describes `data`."""
     if parse_fn is not None and not callable(parse_fn):
         raise TypeError(
             f"parse_fn must be a function taking one element (a serialized record for files), got {type(parse_fn).__name__}."
         )
-    num_samples = check_num_samples(num_samples)
     if inspect.isgenerator(data):
         raise TypeError(
             "data is a generator object, which can be read only once, and every epoch needs a new pass. Pass the generator function itself, with output_signature= and num_samples=."
@@ -119,7 +106,7 @@ def inspect_data(data, parse_fn=None, *, num_samples=None, output_signature=None
         raise TypeError(
             "data is a generator function: pass output_signature= (the tf.TensorSpec of one sample, as for tf.data.Dataset.from_generator) and num_samples=."
         )
-    if _py_dataset.is_py_dataset(data):
+    if isinstance(data, keras.utils.PyDataset):
         return _py_dataset.inspect_py_dataset(data, num_samples)
     if isinstance(data, tf.data.Dataset):
         return _inspect_dataset(data, num_samples)
@@ -136,7 +123,7 @@ def _check_count(source, num_samples, found_from="the data"):
     return source
 
 
-def _check_finite(dataset):
+def _inspect_dataset(dataset, num_samples, kind="tf.data.Dataset"):
     if any(isinstance(spec, tf.data.DatasetSpec) for spec in tf.nest.flatten(dataset.element_spec)):
         raise ValueError(
             "data yields datasets (as from .window()), not tensors: flatten it first, e.g. dataset.flat_map(lambda w: w)."
@@ -148,11 +135,6 @@ def _check_finite(dataset):
         )
     if cardinality == 0:
         raise ValueError("data is an empty dataset: there is nothing to train on.")
-    return cardinality
-
-
-def _inspect_dataset(dataset, num_samples, kind="tf.data.Dataset"):
-    cardinality = _check_finite(dataset)
     batch = _tf_data_batching.batch_node(dataset)
     if batch is not None:
         return _inspect_batched(dataset, batch, cardinality, num_samples)
@@ -180,24 +162,21 @@ def _declared_or_counted(dataset, num_samples, *, batched):
 
 
 def _inspect_batched(dataset, batch, cardinality, num_samples):
-    if batch.reshapes_samples and not _sample_shapes_fixed(dataset.element_spec):
+    shapes_fixed = all(
+        isinstance(spec, tf.TensorSpec) and spec.shape[1:].is_fully_defined()
+        for spec in tf.nest.flatten(dataset.element_spec)
+    )
+    if batch.reshapes_samples and not shapes_fixed:
         raise ValueError(
-            f"data is batched with {batch.transformation}, which pads or groups samples by their own batch, so they cannot be re-batched to the global batch. Pass the dataset before "
-            f"{batch.transformation} (distribute() batches it), or pad to a fixed shape (padded_batch(n, padded_shapes=...) with every size given; for audio_dataset_from_directory, output_sequence_length=...)."
+            f"data is batched with {batch.transformation}, which pads or groups samples by their own batch, so they cannot be re-batched to the global batch. Pass the dataset before {batch.transformation} (distribute() batches it), or pad to a fixed shape (padded_batch(n, padded_shapes=...) with every size given; for audio_dataset_from_directory, output_sequence_length=...)."
         )
     file_paths = getattr(dataset, "file_paths", None)
     if not _is_path_list(file_paths):
         file_paths = None
     pipeline = _tf_data_batching.directory_pipeline(dataset, file_paths)
     if pipeline is not None:
-        directory = DirectorySource(
-            files=pipeline.files,
-            decoders=pipeline.decoders,
-            paths=pipeline.paths,
-            batch_size=pipeline.batch_size,
-            shuffled=pipeline.shuffled,
-            notes=(f"{len(pipeline.paths)} samples, one per file",),
-        )
+        notes = (f"{len(pipeline.paths)} samples, one per file",)
+        directory = DirectorySource(**vars(pipeline), notes=notes)
         return _check_count(directory, num_samples, found_from="the dataset's files")
     batch_size = batch.batch_size or _first_batch_size(dataset)
     samples, found_from = _batched_count(batch, cardinality, file_paths)
@@ -228,13 +207,6 @@ def _batched_count(batch, cardinality, file_paths):
     return None, None
 
 
-def _sample_shapes_fixed(element_spec):
-    return all(
-        isinstance(spec, tf.TensorSpec) and spec.shape[1:].is_fully_defined()
-        for spec in tf.nest.flatten(element_spec)
-    )
-
-
 def _first_batch_size(dataset):
     for element in dataset.take(1):
         return int(_counting.samples_in(element, batched=True))
@@ -254,20 +226,15 @@ def _inspect_files(data, parse_fn):
         raise ValueError(
             f"data names {len(missing)} file(s) that do not exist: {shown}. Check the paths (relative paths are resolved from {os.getcwd()})."
         )
-    file_sizes = tuple(count_records(path) for path in paths)
+    records = (tf.data.TFRecordDataset(path, buffer_size=1 << 20) for path in paths)
+    file_sizes = tuple(int(r.reduce(np.int64(0), lambda count, _: count + 1)) for r in records)
     total = sum(file_sizes)
     if total == 0:
         raise ValueError(f"data's {len(paths)} file(s) hold no records: nothing to train on.")
     return FileSource(paths, file_sizes, total)
 
 
-def count_records(path):
-    records = tf.data.TFRecordDataset(path, buffer_size=1 << 20)
-    return int(records.reduce(np.int64(0), lambda count, _: count + 1))
-
-
 def _split_fit_layout(data):
-    """`data` without trailing `None`s, as `fit` accepts `(x, None)` and `(x, y, None)`."""
     if not isinstance(data, tuple):
         return data
     if not 1 <= len(data) <= 3:
@@ -311,7 +278,7 @@ def _inspect_arrays(data):
 
 
 def _lists_to_tuples(structure):
-    """Lists (several inputs) as tuples: tf.data would stack a list into one tensor."""
+    # tf.data would stack a list of several inputs into one tensor.
     if isinstance(structure, (list, tuple)):
         return tuple(_lists_to_tuples(item) for item in structure)
     if isinstance(structure, dict):
@@ -320,7 +287,7 @@ def _lists_to_tuples(structure):
 
 
 def _leaf_names(structure):
-    """`x`, `y[0]`, `x['image']`...: the names of the leaves, in `tf.nest.flatten`'s order."""
+    """`x`, `y[0]`, `x['image']`...: the leaves' names in `tf.nest.flatten`'s order."""
     parts = structure if isinstance(structure, tuple) else (structure,)
     return [
         role + "".join(f"[{key!r}]" for key in path)
