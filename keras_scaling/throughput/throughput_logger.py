@@ -275,6 +275,7 @@ class ThroughputLogger(keras.callbacks.Callback):
         fit.executions_until_due = 1
         fit.epoch_stats = ThroughputStats()
         fit.epoch_points = []
+        fit.changes.unwatch()  # the fit is alive; Keras drops the last epoch's iterator now
         if fit.hook is not None:
             fit.hook.before = self._before_execution  # the epoch may bring a new iterator
             fit.hook.attach()  # again, in case the train function was rebuilt
@@ -306,6 +307,7 @@ class ThroughputLogger(keras.callbacks.Callback):
 
     def _before_execution(self, iterator):
         fit = self._fit
+        fit.changes.watch(iterator)  # freed with fit's frame: the fit is over (`_fit_end`)
         held = fit.iterator()
         if held is None and not fit.finished:
             if fit.element_spec is None:
