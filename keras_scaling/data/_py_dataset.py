@@ -115,13 +115,8 @@ def inspect_py_dataset(py_dataset, num_samples=None):
             f"num_samples={num_samples} contradicts the PyDataset: {num_items} items of {batch_size} samples, the last with {last_size}, hold {total}. Leave num_samples out; it is counted from len() and the last item."
         )
     first_sample = tf.nest.map_structure(lambda leaf: np.asarray(leaf)[0], first)
-    return PyDatasetSource(
-        py_dataset=py_dataset,
-        item_sizes=item_sizes,
-        signature=signature,
-        first_sample=first_sample[0] if len(first_sample) == 1 else first_sample,
-        first_item_text=first_text,
-    )
+    first_sample = first_sample[0] if len(first_sample) == 1 else first_sample
+    return PyDatasetSource(py_dataset, item_sizes, signature, first_sample, first_text)
 
 
 def sample_stream(source, item_indices, *, shuffle, seed, pass_index):
