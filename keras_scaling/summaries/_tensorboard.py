@@ -12,6 +12,7 @@ import atexit
 import collections
 import errno
 import glob
+import itertools
 import os
 import socket
 import struct
@@ -70,6 +71,7 @@ TAG_DESCRIPTIONS = {
 
 _lock = threading.RLock()  # reentrant: a SIGTERM handler may end a fit, and close its file
 _files: dict[str, "_EventFile"] = {}  # absolute run directory: this process's open file
+_numbers = itertools.count()  # names a process's files in the order written
 
 
 def run_dir(log_dir, run=RUN):
@@ -231,7 +233,7 @@ class _EventFile:
             self.writer = EventFileWriter(directory, 100, flush_secs=self._FLUSH_EVERY_S)
             return
         name = f"events.out.tfevents.{time.time():010.0f}.{socket.gethostname()}.{os.getpid()}"
-        records = RecordWriter(open(os.path.join(directory, f"{name}.{id(self)}"), "wb"))
+        records = RecordWriter(open(os.path.join(directory, f"{name}.{next(_numbers)}"), "wb"))
         self.writer = types.SimpleNamespace(
             add_event=lambda event: records.write(event.SerializeToString()),
             flush=records.flush,
@@ -258,11 +260,13 @@ def read_summaries(run_dir):
     """Every summary point in the event files of one run directory, none purged.
 
     Returns:
-        dict from tag to its `Point`s: each file's in the order written, the files in name order.
+        dict from tag to its `Point`s: each file's in the order written, the files too.
     """
     points: dict[str, list[Point]] = {}
     metadata_of = {}
-    for path in sorted(glob.glob(os.path.join(os.fspath(run_dir), "events.out.tfevents.*"))):
+    for path in sorted(
+        glob.glob(os.path.join(os.fspath(run_dir), "events.out.tfevents.*")), key=_order
+    ):
         for event in event_file_loader.EventFileLoader(path).Load():
             for value in event.summary.value if event.HasField("summary") else ():
                 if value.HasField("metadata"):
@@ -275,6 +279,12 @@ def read_summaries(run_dir):
                     point = Point(int(event.step), content, plugin or "scalars", description)
                     points.setdefault(value.tag, []).append(point)
     return points
+
+
+def _order(path):
+    """Files in the order written: by the time, then the number that end their names."""
+    fields = os.path.basename(path).split(".")
+    return [int(field) if field.isdigit() else -1 for field in (fields[3], fields[-1])], path
 
 
 def _value_content(value, plugin):

@@ -12,9 +12,10 @@ class ThroughputWriter:
 
     Points are queued for TensorBoard's event file writer, whose thread writes
     and flushes them; `throughput.json` is rewritten (atomically) after each
-    point whose figures changed, at `save_soon` and at `stop`, so a `fit` that
-    another callback breaks loses nothing measured. A write that fails during
-    the `fit` (a full disk) does not stop training: `stop` raises its error.
+    point whose figures changed, at `save_soon` and at `stop`: a `fit` that
+    another callback breaks loses nothing measured, even while Python keeps
+    its frames. A write that fails during the `fit` (a full disk) does not
+    stop training: `stop` raises its error.
 
     Args:
         log_dir: str, the run's log directory.
@@ -85,7 +86,7 @@ class ThroughputWriter:
         if step > self._last_written_step:
             _tensorboard.write_scalars(self.log_dir, step, scalars)
             self._last_written_step = step
-        self._save_record()
+        self._save_record()  # a fit that another callback breaks may stay alive: nothing lost
 
     def _save_record(self):
         with self._lock:
