@@ -207,7 +207,10 @@ def main(argv=None):
             f"(±{_half_range_share(best):.0%}), ratio {independent:.2f}x "
             f"over {len(start)} rounds of {_EPOCHS - 1} epochs of {rates['steps_per_epoch']} steps"
         )
-        timeline = {key: round(value) for key, value in record.get("timeline_s", {}).items()}
+        timeline = {
+            key: round(value) if isinstance(value, (int, float)) else value
+            for key, value in record.get("timeline_s", {}).items()
+        }
         print(f"  tune's timeline (s): {json.dumps(timeline)}; notes: {record['notes']}")
         if changed:
             agreement = reported / independent
