@@ -44,6 +44,7 @@ PROBES_TESTED_IN = {
     "tf.data.directory_pipeline": "test_data_wrapping",
     "tf.ops.flops_statistics": "test_flops",
     "keras.epoch_iterator_passes": "test_data_pass_order_multi_worker",
+    "keras.epoch_loop_errors": "callbacks/test_throughput_logger",
     "tf.coordination_key_value_store": "cli/test_doctor",
 }
 
@@ -54,6 +55,7 @@ def registered_probes():
     import keras_scaling.data  # noqa: F401
     import keras_scaling.devices.strategies  # noqa: F401
     import keras_scaling.doctor._collectives  # noqa: F401
+    import keras_scaling.fit_hooks._fit_end  # noqa: F401
     import keras_scaling.mfu.flops  # noqa: F401
     import keras_scaling.preemption.backup_and_restore  # noqa: F401
     import keras_scaling.replica_sync.replica_state  # noqa: F401

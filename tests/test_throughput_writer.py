@@ -8,7 +8,7 @@ import pytest
 import tensorflow  # noqa: F401 - loaded in a training process: the writer is TensorBoard's
 
 from keras_scaling.summaries import _tensorboard
-from keras_scaling.throughput import _run_record
+from keras_scaling.throughput import _run_record, _writer
 from keras_scaling.throughput._writer import ThroughputWriter
 
 SETUP = {
@@ -65,7 +65,7 @@ def test_points_reach_the_event_file_without_a_flush_while_the_fit_runs(tmp_path
         writer.stop()
 
 
-def test_the_record_is_rewritten_at_each_point_after_a_change_and_complete_on_stop(tmp_path):
+def test_the_record_is_rewritten_at_points_every_2_s_and_complete_on_stop(tmp_path):
     figures = _Figures()
     writer = ThroughputWriter(str(tmp_path), figures.record, figures.lock)
     writer.start()
@@ -78,13 +78,16 @@ def test_the_record_is_rewritten_at_each_point_after_a_change_and_complete_on_st
         figures.startup_time_s = 2.5
         writer.changed()
     writer.scalars(10, {"throughput/samples_per_sec": 100.0})
-    assert _startup_in_json(tmp_path) == 2.5  # at once: a broken fit has lost nothing
+    assert _startup_in_json(tmp_path) == 1.5  # rewritten less than 2 s ago
+    time.sleep(_writer._RECORD_EVERY_S)
+    writer.scalars(20, {"throughput/samples_per_sec": 110.0})
+    assert _startup_in_json(tmp_path) == 2.5
     with figures.lock:
         figures.startup_time_s = 3.5
         writer.changed()
     writer.stop()
     assert _startup_in_json(tmp_path) == 3.5
-    assert _points(tmp_path) == [(10, 100.0)]
+    assert _points(tmp_path) == [(10, 100.0), (20, 110.0)]
 
 
 def test_a_stopped_writer_leaves_no_thread_and_no_open_file(tmp_path):

@@ -1,20 +1,25 @@
 """Where `ThroughputLogger`'s figures go: the event file of `log_dir/scaling` and `throughput.json`."""
 
 import os
+import time
 
 from keras_scaling.summaries import _tensorboard
 from keras_scaling.throughput import _dashboard as dashboard
 from keras_scaling.throughput import _run_record
+
+# Seconds between rewrites of `throughput.json` at points: each costs about
+# 200 us of the training thread; an epoch's end and the end of `fit` (also
+# a `fit` another callback breaks: `fit_hooks._fit_end`) always rewrite it.
+_RECORD_EVERY_S = 2.0
 
 
 class ThroughputWriter:
     """Writes one logger's points, texts and `throughput.json`, each when it is ready.
 
     Points are queued for TensorBoard's event file writer, whose thread writes
-    and flushes them; `throughput.json` is rewritten (atomically) after each
-    point whose figures changed, at `save_soon` and at `stop`: a `fit` that
-    another callback breaks loses nothing measured, even while Python keeps
-    its frames. A write that fails during the `fit` (a full disk) does not
+    and flushes them; `throughput.json` is rewritten (atomically) at a point
+    whose figures changed when the last rewrite is 2 s old, at `save_soon`
+    and at `stop`. A write that fails during the `fit` (a full disk) does not
     stop training: `stop` raises its error.
 
     Args:
@@ -31,6 +36,7 @@ class ThroughputWriter:
         self._behind = False
         self._last_written_step = None  # read back from log_dir at the first point
         self._error = None
+        self._saved_at_s = -_RECORD_EVERY_S
         self.last_step = 0
 
     def start(self):
@@ -86,7 +92,8 @@ class ThroughputWriter:
         if step > self._last_written_step:
             _tensorboard.write_scalars(self.log_dir, step, scalars)
             self._last_written_step = step
-        self._save_record()  # a fit that another callback breaks may stay alive: nothing lost
+        if time.monotonic() - self._saved_at_s >= _RECORD_EVERY_S:
+            self._save_record()
 
     def _save_record(self):
         with self._lock:
@@ -95,6 +102,7 @@ class ThroughputWriter:
             if self._last_written_step is None:  # before the first point: log_dir may be missing
                 os.makedirs(_tensorboard.run_dir(self.log_dir), exist_ok=True)
             _run_record.write_throughput_json(self.log_dir, record)
+            self._saved_at_s = time.monotonic()
         self._behind = False  # left True when the write raised
 
     def _keeping_errors(self, write, *args, **kwargs):

@@ -237,6 +237,7 @@ class ThroughputLogger(keras.callbacks.Callback):
         # Finishes a logger (this one too) whose fit raised outside a step.
         _train_function_hook.abandon_other_fits(self.model, self.params)
         _fit_end.end_other_fits(self.params)
+        _fit_end.end_fits_when_an_epoch_raises()
         changes = _fit_end.FitChanges(self.params)
         changes.add(self._finish)
         self._compat_applied += _enable_compat(self.model)

@@ -772,6 +772,48 @@ def test_callback_error_loses_nothing_in_a_live_process(tmp_path):
     assert _json(tmp_path)["steps_measured"] == 40 - 6
 
 
+_WITHOUT_THE_EPOCH_LOOP_HOOK = textwrap.dedent(
+    """
+    import json, os, sys
+    import keras, numpy as np
+    import keras_scaling
+
+    class StopAt(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == 39:
+                raise RuntimeError("interrupted")
+
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    x, y = np.zeros((1024, 8), "float32"), np.zeros((1024, 1), "float32")
+    logger = keras_scaling.ThroughputLogger(sys.argv[1], baseline=None, update_freq=4)
+    try:
+        model.fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[logger, StopAt()])
+    except RuntimeError as error:
+        print("fit raised", error, flush=True)
+    """
+)
+
+
+def test_without_the_epoch_loop_probe_a_callback_error_is_saved_at_exit(tmp_path):
+    # The probe failing as if Keras had moved TFEpochIterator.catch_stop_iteration:
+    # one warning; the last figures wait for the process's exit, and are whole then.
+    env = dict(os.environ, KERAS_SCALING_FAIL_PROBES="keras.epoch_loop_errors")
+    env["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    result = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_THE_EPOCH_LOOP_HOOK, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=180,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "fit raised interrupted" in result.stdout
+    assert result.stderr.count("TFEpochIterator.catch_stop_iteration is not usable") == 1
+    assert _steps(tmp_path)[-1] == 40
+    assert _json(tmp_path)["steps_measured"] == 40 - 6
+
+
 def test_callback_error_is_saved_when_the_model_trains_again(tmp_path):
     model = _model()
     failed = keras_scaling.ThroughputLogger(tmp_path / "failed", baseline=None, update_freq=4)
