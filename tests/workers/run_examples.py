@@ -178,12 +178,22 @@ def _put_back(work_dir):
     """Runs the block in `work_dir`, then puts back the process state an example may change."""
     import keras
 
+    from keras_scaling import compat
+
     cwd, environ, policy = os.getcwd(), dict(os.environ), keras.config.dtype_policy()
     handlers = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
+    # compat's examples enable and disable the fixes: later tests expect them as they were.
+    fixes_active, fixes_refused = compat.status().active, set(compat._disabled_by_user)
     os.chdir(work_dir)
     try:
         yield
     finally:
+        if compat.status().active != fixes_active:
+            compat.disable()
+            if fixes_active:
+                compat.enable()
+        compat._disabled_by_user.clear()
+        compat._disabled_by_user.update(fixes_refused)
         os.chdir(cwd)
         if dict(os.environ) != environ:
             os.environ.clear()
