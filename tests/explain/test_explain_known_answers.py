@@ -86,7 +86,7 @@ def test_large_matmul_on_a_resident_batch_is_compute_bound(one_device):
     assert "compute-bound" in result.verdict.text
 
 
-def test_tiny_model_at_one_step_per_call_is_host_bound_and_the_advised_value_lowers_the_host_share(
+def test_tiny_model_at_one_step_per_call_is_host_bound_and_the_advised_value_lowers_the_host_time(
     one_device,
 ):
     # Steps of a few milliseconds: more of them, and more rounds, than the
@@ -103,8 +103,10 @@ def test_tiny_model_at_one_step_per_call_is_host_bound_and_the_advised_value_low
         assert first.verdict.bound == "host", str(first)
         assert f"steps_per_execution={advised}" in first.verdict.text
     model = _dense(one_device, 1, inputs=8, steps_per_execution=advised)
-    second = _explain(model, _resident(8, 8, outputs=1), one_device)
-    assert second.split.part("host").share < first.split.part("host").share, (
+    second = _explain(model, _resident(8, 8, outputs=1), one_device, steps=30, rounds=5)
+    # The host's milliseconds per step: its share of a step this short swings
+    # with the noise of the other parts on a loaded machine.
+    assert second.split.part("host").time_s < first.split.part("host").time_s, (
         f"{first}\n\nwith steps_per_execution={advised}:\n{second}"
     )
 
