@@ -2,6 +2,7 @@
 
 import dataclasses
 import logging
+import weakref
 
 import tensorflow as tf
 
@@ -84,6 +85,9 @@ class ModelFlops:
         return [("model FLOPs per sample", flops_text), ("peak FLOP/s", peak_text)]
 
 
+_COUNTED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def resolve(
     model, *, flops_per_sample, peak_flops, one_replica_spec, setup, device, command_line=False
 ):
@@ -96,10 +100,16 @@ def resolve(
     else:
         sample = one_replica_spec
         sample = tuple(sample) if isinstance(sample, list) else sample  # (x, y, sample_weight)
-        try:
-            resolved.flops_per_sample, reason = flops_lib.count_training_flops(model, sample=sample)
-        except Exception as error:  # counting must never stop training
-            reason = f"{type(error).__name__}: {error}"
+        # Counting traces the model's training graph, tens of milliseconds: once
+        # per model, sample and loss, not at every fit.
+        key = (repr(sample), repr(getattr(model, "loss", None)), type(model.optimizer).__name__)
+        counted = _COUNTED.setdefault(model, {})
+        if key not in counted:
+            try:
+                counted[key] = flops_lib.count_training_flops(model, sample=sample)
+            except Exception as error:  # counting must never stop training
+                counted[key] = (None, f"{type(error).__name__}: {error}")
+        resolved.flops_per_sample, reason = counted[key]
         resolved.flops_source = "counted" if reason is None else f"not counted: {reason}"
         if reason is not None:
             logger.warning("ThroughputLogger: no model FLOPs, so no FLOP/s or MFU tags: %s", reason)
