@@ -1,9 +1,4 @@
-"""Private Keras names outside the trainer: nested layers, seed states, accumulators.
-
-Keras has no public way to list nested layers or to tell seed-generator
-states and gradient accumulators from other variables; when a release moves
-these names, the fallbacks are built from public names.
-"""
+"""Private Keras names outside the trainer (nested layers, seed states, accumulators), with fallbacks from public names."""
 
 import keras
 import tensorflow as tf
@@ -12,7 +7,6 @@ from keras_scaling.internals import _probes
 
 
 def _public_layers(model):
-    """Every layer reachable through the public `layers` lists, model included."""
     found, pending = {}, [model]
     while pending:
         layer = pending.pop()
@@ -89,11 +83,7 @@ def is_keras_variable(value):
     workaround="Train without gradient_accumulation_steps for these figures.",
 )
 def accumulating_batch_counter(optimizer):
-    """The variable counting the batches of an optimizer that accumulates gradients.
-
-    With `gradient_accumulation_steps=N`, the public `iterations` counts
-    weight updates (batches / N) on recent releases.
-    """
+    """The batch counter of an optimizer with `gradient_accumulation_steps=N` (`iterations` counts updates)."""
     counter = optimizer._iterations
     if not is_keras_variable(counter) and not isinstance(counter, tf.Variable):
         raise _probes.ReachError(f"_iterations is a {type(counter).__name__}, not a variable")

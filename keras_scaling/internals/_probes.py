@@ -1,12 +1,7 @@
-"""Guarded reaches into private Keras and TensorFlow names.
+"""Guarded reaches into private names: a moved name gives the fallback and one warning per process.
 
-A function wrapped by `guarded` reads private names and checks their shape,
-nothing else. When a release moved or reshaped a name, it returns its
-fallback ("unknown": None, nothing found) and one warning per process names
-the Keras and TensorFlow versions, what is lost and the workaround. Only the
-errors a moved name raises are caught (`REACH_ERRORS`); any other error is a
-bug of keras_scaling's own and propagates, so it is never reported as "Keras
-changed" and never turns a feature off.
+Only the errors a moved name raises are caught (`REACH_ERRORS`); any other error is
+keras_scaling's own bug and propagates, never reported as "Keras changed".
 """
 
 import functools
@@ -16,8 +11,7 @@ import threading
 
 logger = logging.getLogger("keras_scaling")
 
-# Probes to fail as if their names were gone, comma-separated: most private
-# names are used by TensorFlow itself and cannot be hidden in a test.
+# Probes to fail as if their names were gone: most are used by TensorFlow itself, so a test cannot hide them.
 FAIL_PROBES_ENV = "KERAS_SCALING_FAIL_PROBES"
 
 
@@ -25,8 +19,7 @@ class ReachError(Exception):
     """A private name was found but is not of the shape a probe knows."""
 
 
-# A missing attribute, module or key, a changed signature, a failed shape
-# check. Not LookupError: an IndexError, like a ValueError, is a bug of ours.
+# Not LookupError: an IndexError, like a ValueError, is a bug of ours.
 REACH_ERRORS = (AttributeError, ImportError, KeyError, TypeError, ReachError)
 
 _lock = threading.Lock()
@@ -35,13 +28,12 @@ _warned: set[str] = set()
 
 
 class Probe:
-    """What one guarded reach needs and what is lost without it."""
+    """What one guarded reach reads, and what is lost without it."""
 
     def __init__(self, name, reaches, lost, workaround):
         self.name, self.reaches, self.lost, self.workaround = name, reaches, lost, workaround
 
     def warn(self, error):
-        """Logs, once per process, that this probe failed."""
         with _lock:
             if self.name in _warned:
                 return
@@ -56,16 +48,7 @@ class Probe:
 
 
 def guarded(name, *, reaches, lost, workaround, fallback=None):
-    """Wraps a function that reads private names: a moved name gives `fallback`.
-
-    Args:
-        name: the probe's name, such as `"keras.layer.flatten_layers"`.
-        reaches: the private name(s) it reads, for the warning.
-        lost: what keras_scaling cannot do when the probe fails.
-        workaround: what the user can do instead.
-        fallback: the value returned when the probe fails, or a callable
-            called with the same arguments to compute it.
-    """
+    """Wraps a reach named `name`: a moved name gives `fallback` (a value, or a callable of the same arguments)."""
     probe = Probe(name, reaches, lost, workaround)
     with _lock:
         _registry[name] = probe

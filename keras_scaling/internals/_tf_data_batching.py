@@ -1,9 +1,6 @@
 """How a `tf.data.Dataset` was batched, and what Keras' directory utilities decode files with.
 
-tf.data has no public API for either, so these probes walk a dataset's
-private inputs (`_inputs()`, `_input_dataset`, `_batch_size`, `_map_func`).
-Only the reads are guarded; the walks over what they read are plain code,
-whose errors propagate.
+tf.data has no public API for either; only the reads of private names are guarded, the walks are plain code.
 """
 
 import dataclasses
@@ -56,11 +53,9 @@ def _dataset_node(dataset):
 
 
 def batching_transformation(dataset):
-    """Names the batching transformation that produced `dataset`, or None.
+    """Names the batching transformation that produced `dataset`, or None (an unreadable walk: unbatched).
 
-    The element shape cannot tell a batch from a sample (an image is rank 3
-    either way), so this walks the dataset's inputs, stopping at a batch or
-    an `unbatch`; a dataset whose walk fails is taken as unbatched.
+    The element shape cannot tell a batch from a sample (an image is rank 3 either way).
     """
     node = _dataset_node(dataset)
     if node is None or node[0] == "_UnbatchDataset":
@@ -75,15 +70,8 @@ def batching_transformation(dataset):
 class BatchNode:
     """The batching step of a batched dataset; None where it cannot be read.
 
-    Args:
-        transformation: its name in user terms, e.g. `".batch()"`.
-        batch_size: int, or None.
-        drop_remainder: bool, or None.
-        samples: the batching step's input cardinality (negative when
-            unknown), or None.
-        one_batch_per_element: every transformation after the batch keeps one
-            element per batch, so counting elements counts batches.
-        reshapes_samples: samples are padded to their batch or bucketed.
+    `samples` is the step's input cardinality; `one_batch_per_element`: every step after
+    the batch keeps one element per batch; `reshapes_samples`: padded or bucketed.
     """
 
     transformation: str
@@ -142,18 +130,10 @@ def _batch_fields(node):
 
 @dataclasses.dataclass(frozen=True)
 class DirectoryPipeline:
-    """A batched dataset of files, taken apart before its decoding.
+    """A batched dataset of files taken apart before decoding: `files` (one element per path), the `.map()` `decoders`.
 
-    The form `image_dataset_from_directory` and its text and audio siblings
-    build: `from_tensor_slices(paths)` (or zipped with labels), optionally
-    `.shuffle()`, `.map()` steps that decode, `.batch()` and `.prefetch()`.
-
-    Args:
-        files: the dataset of undecoded elements, one per file.
-        paths: the file paths, in the order of `files`.
-        decoders: the Python functions of the `.map()` steps, in order.
-        shuffled: whether the pipeline shuffled the files itself.
-        batch_size: the pipeline's batch size.
+    The form `image_dataset_from_directory` and its siblings build: `from_tensor_slices(paths)`
+    (or zipped with labels), optionally `.shuffle()`, `.map()` steps, `.batch()`, `.prefetch()`.
     """
 
     files: tf.data.Dataset
@@ -170,11 +150,7 @@ class DirectoryPipeline:
     workaround="Build the dataset from its file paths yourself and pass it to distribute() before decoding and batching.",
 )
 def directory_pipeline(dataset, file_paths=None):
-    """The `DirectoryPipeline` of a batched dataset of files, or None for other datasets.
-
-    A dataset with Keras' `file_paths` that is not of that form gives None
-    and one warning: every worker then decodes every file.
-    """
+    """The `DirectoryPipeline` of a batched dataset of files, or None (and a warning when it has Keras' `file_paths`)."""
     found = _read_directory_pipeline(dataset)
     if file_paths is None:
         return found

@@ -46,11 +46,7 @@ def _package_dir(package):
 
 @functools.cache
 def keras_version():
-    """The version of the `keras` that `import keras` loads, or None.
-
-    Read from `keras/src/version.py`, right when both `keras` and
-    `keras-nightly` are installed.
-    """
+    """The version of the `keras` that `import keras` loads (right with `keras-nightly` beside it), or None."""
     directory = _package_dir("keras")
     if directory is None:
         return None
@@ -81,28 +77,18 @@ def _distribution_version(names):
 
 def unsupported_reason(keras, tensorflow):
     """Why a Keras/TensorFlow pair (version strings, None when missing) cannot run, or None."""
-    supported = (
-        f"keras_scaling supports Keras {'.'.join(map(str, MIN_KERAS))} or newer (Keras 3) "
-        f"with TensorFlow {'.'.join(map(str, MIN_TENSORFLOW))} or newer"
-    )
+    keras_min, tf_min = ".".join(map(str, MIN_KERAS)), ".".join(map(str, MIN_TENSORFLOW))
+    supported = f"keras_scaling supports Keras {keras_min} or newer (Keras 3) with TensorFlow {tf_min} or newer"
     if tensorflow is None:
-        # TensorFlow is an extra of the package, so that pip never adds
-        # `tensorflow` beside an installed tensorflow-cpu or tf-nightly.
-        return (
-            f"TensorFlow is not installed. {supported}: `pip install "
-            "'keras-scaling[tensorflow]'` (or `'keras-scaling[tensorflow-cpu]'`), or "
-            "install the TensorFlow build you want (tensorflow-cpu, tf-nightly, ...)."
-        )
+        # An extra, so that pip never adds `tensorflow` beside an installed tensorflow-cpu or tf-nightly.
+        return f"TensorFlow is not installed. {supported}: `pip install 'keras-scaling[tensorflow]'` (or `'keras-scaling[tensorflow-cpu]'`), or install the TensorFlow build you want (tensorflow-cpu, tf-nightly, ...)."
     if keras is None:
         return f"Keras is not installed. {supported}: `pip install 'keras>=3.8'`."
     keras_release, tf_release = parse(keras), parse(tensorflow)
     if keras_release[:1] != (3,) or keras_release[:2] < MIN_KERAS:
         return f"Keras {keras} is installed. {supported}: `pip install --upgrade 'keras>=3.8,<4'`."
     if tf_release and tf_release[:2] < MIN_TENSORFLOW:
-        return (
-            f"TensorFlow {tensorflow} is installed. {supported}: "
-            "`pip install --upgrade 'tensorflow>=2.18'`."
-        )
+        return f"TensorFlow {tensorflow} is installed. {supported}: `pip install --upgrade 'tensorflow>=2.18'`."
     return None
 
 
