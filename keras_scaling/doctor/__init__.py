@@ -1,7 +1,4 @@
-"""`keras-scaling doctor`: check a cluster the way training will use it.
-
-The checks and what they print: docs/guides/doctor.md.
-"""
+"""`keras-scaling doctor`: check a cluster the way training will use it (docs/guides/doctor.md)."""
 
 import dataclasses
 import os
@@ -40,7 +37,6 @@ class DoctorReport:
     from keras_scaling.doctor import run_checks
     report = run_checks(size_mb=1, out=None)
     report.ok                  # True: every check passed
-    [check.name for check in report.checks]
     ```
     """
 
@@ -70,10 +66,8 @@ def _tf_config_line(config: dict[str, Any]) -> str:
     if len(addresses) > _SHOWN_ADDRESSES:
         shown += f", ... ({len(addresses) - _SHOWN_ADDRESSES} more)"
     task = config.get("task", {})
-    return (
-        f"TF_CONFIG is set: {len(addresses)} worker address(es) ({shown}); this "
-        f"task is {task.get('type', '?')} {task.get('index', '?')}"
-    )
+    this = f"{task.get('type', '?')} {task.get('index', '?')}"
+    return f"TF_CONFIG is set: {len(addresses)} worker address(es) ({shown}); this task is {this}"
 
 
 def _own_port(
@@ -115,15 +109,13 @@ def run_checks(
 ) -> DoctorReport:
     """Checks the cluster this process belongs to, and prints what was found.
 
-    Call it on every worker, as training would be: a worker that does not
-    makes the others wait (5 minutes at most). Workers whose devices differ
-    fail `devices` within seconds and run no collective.
+    Call it on every worker, as training would be: a worker that does not makes the others
+    wait (5 minutes at most). Workers whose devices differ fail `devices` and run no collective.
 
     Args:
-        strategy: the `tf.distribute.Strategy` to check; default
-            `keras_scaling.auto_strategy()`, built here.
-        size_mb: float, MB (10^6 bytes) of the float32 tensor whose all-reduce
-            is timed; default 102.2, ResNet50's gradients; 1 at least for MB/s.
+        strategy: the `tf.distribute.Strategy`; default `keras_scaling.auto_strategy()`, built here.
+        size_mb: float, MB (10^6 bytes) of the float32 tensor whose all-reduce is timed;
+            default 102.2, ResNet50's gradients; 1 at least for MB/s.
         rounds: int, timed all-reduces of that tensor (the median is shown).
         out: a text stream to print to as the checks run, or None for silence.
 
@@ -131,8 +123,7 @@ def run_checks(
         A `DoctorReport`; `report.ok` is False when a check failed.
 
     Raises:
-        TypeError, ValueError: `size_mb` is not a positive number, or `rounds`
-            not a positive integer.
+        TypeError, ValueError: `size_mb` is not a positive number, or `rounds` not a positive integer.
 
     Example:
 
@@ -150,22 +141,17 @@ def run_checks(
     from keras_scaling.doctor import _collectives
     from keras_scaling.internals import _versions
 
-    fix = "Pass the tensor's size in MB, such as 102.2."
-    size_mb = _validation.positive_number(size_mb, "size_mb", unit="MB", fix=fix)
-    fix = "Pass the number of timed all-reduces, such as 3."
-    rounds = _validation.positive_int(rounds, "rounds", fix=fix)
+    size_mb = _validation.positive_number(size_mb, "size_mb", unit="MB", fix="Pass 102.2, say.")
+    rounds = _validation.positive_int(rounds, "rounds", fix="Pass 3, say.")
 
     def say(text: str) -> None:
         if out is not None:
             print(text, file=out, flush=True)
 
-    started = time.perf_counter()
-    config = devices.tf_config()
-    host = socket.gethostname()
+    started, host = time.perf_counter(), socket.gethostname()
     # Printed first: building a multi-worker strategy waits for every worker.
     say(f"keras-scaling doctor on {host} (pid {os.getpid()})")
-    say(f"cluster: {cluster.describe_cluster()}")
-    say(f"cluster: {_tf_config_line(config)}")
+    say(f"cluster: {cluster.describe_cluster()}\ncluster: {_tf_config_line(devices.tf_config())}")
     if strategy is None:
         say("strategy: building it with keras_scaling.auto_strategy() (joins the other workers)")
         strategy = devices.auto_strategy()
@@ -202,9 +188,8 @@ def run_checks(
         message = f"completed {first_s:.2f} s after the start ({built_s:.2f} s of it building the strategy)"
         record(Check("first collective", True, message))
         num_floats = max(1, round(size_mb * _checks.BYTES_PER_MB / _checks.BYTES_PER_FLOAT32))
-        seconds = []
-        if info.num_replicas > 1:
-            seconds = _collectives.time_all_reduce(strategy, num_floats, rounds)
+        timed = info.num_replicas > 1
+        seconds = _collectives.time_all_reduce(strategy, num_floats, rounds) if timed else []
         size_bytes = num_floats * _checks.BYTES_PER_FLOAT32
         record(_checks.bandwidth_check(size_bytes, seconds, num_replicas=info.num_replicas))
     else:
@@ -212,6 +197,6 @@ def run_checks(
     record(_checks.server_exposure_check(port, _listening(port) if port else [], _interfaces()))
     result = DoctorReport(strategy_info=info, checks=tuple(checks))
     failed = ", ".join(check.name for check in result.failures)
-    passed = f"all {len(checks)} checks passed"
-    say(f"keras-scaling doctor: {f'FAILED: {failed}' if failed else passed}")
+    verdict = f"FAILED: {failed}" if failed else f"all {len(checks)} checks passed"
+    say(f"keras-scaling doctor: {verdict}")
     return result

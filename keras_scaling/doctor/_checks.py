@@ -12,8 +12,7 @@ BYTES_PER_MB = 1_000_000
 RESNET50_GRADIENT_MB = RESNET50_GRADIENT_FLOATS * BYTES_PER_FLOAT32 / BYTES_PER_MB
 
 # Below either, the fixed cost of starting a collective decides the time, not the data.
-MIN_TIMED_MB = 1.0
-MIN_TIMED_S = 0.001
+MIN_TIMED_MB, MIN_TIMED_S = 1.0, 0.001
 
 # The packages every worker must share, by the name printed.
 VERSION_NAMES = {name.lower(): name for name in ("Python", "TensorFlow", "Keras", "keras_scaling")}
@@ -56,7 +55,6 @@ def _worker_name(index, report):
 
 
 def _missing(name, reports, num_workers, text):
-    """A failing `Check` naming the workers that sent no report, or None."""
     if not reports:
         raise ValueError("reports must hold one dict per worker, got none")
     answered = {report.get("worker", index) for index, report in enumerate(reports)}
@@ -65,11 +63,7 @@ def _missing(name, reports, num_workers, text):
 
 
 def compare_versions(reports, num_workers):
-    """A `Check` "versions": the packages that differ and who runs which, else the versions.
-
-    `reports` holds one dict per worker that answered (`"worker"`,
-    `"versions"`, optionally `"host"`, `"address"`); a missing one fails.
-    """
+    """A `Check` "versions" of the reports (`"worker"`, `"versions"`, `"host"`, `"address"`) of the workers that answered."""
     text = "no report from worker(s) {} of {}: they did not reach the doctor's checks, or cannot reach worker 0."
     if missing := _missing("versions", reports, num_workers, text):
         return missing
@@ -80,27 +74,24 @@ def compare_versions(reports, num_workers):
         # The most common version is the one the job meant; ties go to worker 0's.
         counts = {version: found.count(version) for version in found}
         expected = max(counts, key=lambda version: (counts[version], version == found[0]))
-        odd = [
-            f"{_worker_name(answered[index], reports[index])} runs {version}"
-            for index, version in enumerate(found)
-            if version != expected
-        ]
-        holders = [answered[index] for index, version in enumerate(found) if version == expected]
-        verb = "runs" if len(holders) == 1 else "run"
+        rows = list(zip(answered, reports, found))
+        odd = [f"{_worker_name(w, report)} runs {v}" for w, report, v in rows if v != expected]
+        holders = [worker for worker, _, version in rows if version == expected]
         if odd:
-            differences.append(
-                f"{label} differs: {', '.join(odd)}; {_plural(len(holders), 'worker')} "
-                f"({_indices(holders)}) {verb} {expected}"
-            )
+            who = f"{_plural(len(holders), 'worker')} ({_indices(holders)}) {_run(holders)}"
+            differences.append(f"{label} differs: {', '.join(odd)}; {who} {expected}")
     if differences:
         fix = ". Install the same Python, TensorFlow, Keras and keras_scaling on every node."
         return Check("versions", False, "; ".join(differences) + fix)
     versions = reports[0]["versions"]
     same = ", ".join(
-        f"{label} {versions.get(key, 'unknown')}" for key, label in VERSION_NAMES.items()
+        f"{name} {versions.get(key, 'unknown')}" for key, name in VERSION_NAMES.items()
     )
-    verb = "runs" if len(reports) == 1 else "run"
-    return Check("versions", True, f"{_plural(len(reports), 'worker')} {verb} {same}")
+    return Check("versions", True, f"{_plural(len(reports), 'worker')} {_run(reports)} {same}")
+
+
+def _run(workers):
+    return "runs" if len(workers) == 1 else "run"
 
 
 def _device_text(report):
@@ -110,12 +101,7 @@ def _device_text(report):
 
 
 def compare_devices(reports, num_workers):
-    """A `Check` "devices": whether every worker has as many replicas of the same kind.
-
-    Runs before any collective, since `MultiWorkerMirroredStrategy`'s
-    collectives wait forever for replicas that differing workers never bring.
-    `reports` as `compare_versions`, with `"devices"` and `"device_kind"`.
-    """
+    """A `Check` "devices": whether every worker has as many replicas of the same kind (before any collective, which would wait forever)."""
     text = "unknown for worker(s) {} of {}, which sent no report."
     if missing := _missing("devices", reports, num_workers, text):
         return missing
@@ -130,8 +116,7 @@ def compare_devices(reports, num_workers):
     ((count, kind),) = shapes
     each = "" if len(reports) == 1 else " each"
     in_all = _plural(count * len(reports), "replica")
-    per_worker = _plural(count, f"{kind} replica")
-    message = f"{_plural(len(reports), 'worker')}, {per_worker}{each}: {in_all} in all"
+    message = f"{_plural(len(reports), 'worker')}, {_plural(count, f'{kind} replica')}{each}: {in_all} in all"
     return Check("devices", True, message)
 
 
@@ -157,9 +142,7 @@ def check_all_reduce(reduced_values, num_replicas):
     wrong = [(index, value) for index, value in enumerate(values) if value != expected]
     if wrong:
         index, value = wrong[0]
-        found = f"gave {value:g} at element {index} ({len(wrong)} of {len(values)} elements wrong), expected {expected}"
-        fix = "a worker is missing from the collective, or its data is corrupted. Check that every worker got the same cluster (TF_CONFIG) and devices."
-        message = f"summing r + 1 over {num_replicas} replicas {found}: {fix}"
+        message = f"summing r + 1 over {num_replicas} replicas gave {value:g} at element {index} ({len(wrong)} of {len(values)} elements wrong), expected {expected}: a worker is missing from the collective, or its data is corrupted. Check that every worker got the same cluster (TF_CONFIG) and devices."
         return Check("all-reduce", False, message)
     message = f"summing r + 1 over {_plural(num_replicas, 'replica')} gave {expected} in all {len(values)} elements"
     return Check("all-reduce", True, message)
@@ -173,11 +156,7 @@ def all_reduce_bandwidth_mb_per_s(size_bytes, seconds):
 
 
 def bandwidth_check(size_bytes, round_seconds, *, num_replicas=2):
-    """A passing `Check` "bandwidth": the median time and MB/s of the timed rounds.
-
-    No MB/s with one replica (`round_seconds` may be empty), nor under
-    `MIN_TIMED_MB` or `MIN_TIMED_S`.
-    """
+    """A passing `Check` "bandwidth": the median time and MB/s of the rounds (none with one replica, or under `MIN_TIMED_*`)."""
     if num_replicas == 1:
         text = "one replica in all: an all-reduce has nothing to combine, so there is no bandwidth to measure"
         return Check("bandwidth", True, text)
@@ -187,26 +166,15 @@ def bandwidth_check(size_bytes, round_seconds, *, num_replicas=2):
     fastest_s, slowest_s = min(round_seconds), max(round_seconds)
     scale, unit = (1, "s") if slowest_s >= 0.01 else (1000, "ms")
     size = f"{size_bytes / BYTES_PER_MB:.1f} MB"
-    if size_bytes < BYTES_PER_MB / 10:
-        size = f"{size_bytes:,} bytes"
-    text = (
-        f"all-reduce of {size} of float32 over {num_replicas} replicas (ResNet50's gradients are "
-        f"{RESNET50_GRADIENT_MB:.1f} MB): median {median_s * scale:.3f} {unit} over "
-        f"{_plural(len(round_seconds), 'round')} ({fastest_s * scale:.3f} to {slowest_s * scale:.3f} {unit})"
-    )
+    size = f"{size_bytes:,} bytes" if size_bytes < BYTES_PER_MB / 10 else size
+    spread = f"{fastest_s * scale:.3f} to {slowest_s * scale:.3f} {unit}"
+    text = f"all-reduce of {size} of float32 over {num_replicas} replicas (ResNet50's gradients are {RESNET50_GRADIENT_MB:.1f} MB): median {median_s * scale:.3f} {unit} over {_plural(len(round_seconds), 'round')} ({spread})"
     if size_bytes < MIN_TIMED_MB * BYTES_PER_MB or median_s < MIN_TIMED_S:
-        text += (
-            f": too small to time a bandwidth (under {MIN_TIMED_MB:g} MB or {MIN_TIMED_S * 1000:g} ms, "
-            "starting the collective decides the time); pass a larger size (--size-mb), such as "
-            f"{RESNET50_GRADIENT_MB:.1f}"
-        )
+        text += f": too small to time a bandwidth (under {MIN_TIMED_MB:g} MB or {MIN_TIMED_S * 1000:g} ms, starting the collective decides the time); pass a larger size (--size-mb), such as {RESNET50_GRADIENT_MB:.1f}"
         return Check("bandwidth", True, text)
     rate = all_reduce_bandwidth_mb_per_s(size_bytes, median_s)
-    return Check(
-        "bandwidth",
-        True,
-        f"{text}, {rate:,.0f} MB/s" if rate >= 100 else f"{text}, {rate:.3g} MB/s",
-    )
+    rate_text = f"{rate:,.0f}" if rate >= 100 else f"{rate:.3g}"
+    return Check("bandwidth", True, f"{text}, {rate_text} MB/s")
 
 
 def listening_addresses(proc_net_text, port):
@@ -229,17 +197,12 @@ def server_exposure_check(port, addresses, interfaces):
     """A passing `Check` "server": who can reach the server on `port` (None: no server)."""
     if port is None:
         return Check("server", True, "one worker: no TensorFlow server is started")
+    where = f"on {', '.join(addresses)}" if addresses else "(not found listening)"
     if any(address in ("0.0.0.0", "::") for address in addresses):
         where = "on every network interface"
-    else:
-        where = f"on {', '.join(addresses)}" if addresses else "(not found listening)"
-    text = f"this worker's TensorFlow gRPC server listens on port {port} {where}. It authenticates nobody: whoever reaches that port can run operations in this process."
     others = sorted(name for name in interfaces if name != "lo")
+    reach = f"Interfaces besides loopback: {', '.join(others)}; keep the job on a private network."
     if not others:
-        text += " This process's network namespace has only loopback: nothing outside reaches it."
-    else:
-        text += (
-            f" Interfaces besides loopback: {', '.join(others)}; keep the job on a private network."
-        )
-    text += " (See the Security section of docs/guides/multi-worker.md.)"
+        reach = "This process's network namespace has only loopback: nothing outside reaches it."
+    text = f"this worker's TensorFlow gRPC server listens on port {port} {where}. It authenticates nobody: whoever reaches that port can run operations in this process. {reach} (See the Security section of docs/guides/multi-worker.md.)"
     return Check("server", True, text)

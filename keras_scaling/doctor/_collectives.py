@@ -17,20 +17,14 @@ def _first_local(strategy, result):
     return strategy.experimental_local_results(result)[0]
 
 
-# Each exchange gets keys of its own: every worker runs the same exchanges
-# in the same order (as the collectives), and a key cannot be written twice.
+# Keys of its own per exchange (every worker runs them in the same order): a key cannot be written twice.
 _exchange_numbers = itertools.count()
-_KEY_PREFIX = "keras_scaling/doctor"
 
 
 @_probes.guarded(
     "tf.coordination_key_value_store",
-    reaches="tensorflow.python.eager.context.context(): coordination_service, "
-    "set_config_key_value, get_config_key_value",
-    lost=(
-        "keras-scaling doctor sends the workers' reports through an all-gather: workers "
-        "whose devices differ wait there until --timeout instead of failing at once"
-    ),
+    reaches="tensorflow.python.eager.context.context(): coordination_service, set_config_key_value, get_config_key_value",
+    lost="keras-scaling doctor sends the workers' reports through an all-gather: workers whose devices differ wait there until --timeout instead of failing at once",
     workaround="Check that every worker has the same devices before running doctor.",
 )
 def _key_value_store():
@@ -45,19 +39,17 @@ def _key_value_store():
 
 
 def exchange_reports(strategy, report, num_workers, wait_s):
-    """The reports of the workers that sent one within `wait_s`, in worker order.
+    """The reports sent within `wait_s`, in worker order, by the coordination service's key-value store.
 
-    They go through the coordination service's key-value store, no
-    collective, so workers with differing devices learn it instead of waiting
-    forever; without the store, through `gather_reports`. Worker 0 serves
-    the keys, so it returns only once every other worker has read them.
+    No collective, which workers with differing devices would wait in forever (without the store,
+    `gather_reports`). Worker 0 serves the keys: it returns once every other worker read them.
     """
     if num_workers == 1:
         return [report]
     store = _key_value_store()
     if store is None:
         return gather_reports(strategy, report)
-    prefix = f"{_KEY_PREFIX}/{next(_exchange_numbers)}"
+    prefix = f"keras_scaling/doctor/{next(_exchange_numbers)}"
     store.set_config_key_value(f"{prefix}/report/{report['worker']}", json.dumps(report))
     reports = []
     for index in range(num_workers):
@@ -75,9 +67,7 @@ def exchange_reports(strategy, report, num_workers, wait_s):
 def _wait_for_key(store, key, wait_s):
     try:
         return store.get_config_key_value(key, max(1, round(wait_s * 1000)))
-    except tf.errors.OpError:
-        # DeadlineExceeded: nobody wrote it; Unavailable: worker 0, which
-        # serves the keys, has gone.
+    except tf.errors.OpError:  # DeadlineExceeded: nobody wrote it; Unavailable: worker 0 has gone
         return None
 
 
@@ -115,10 +105,7 @@ def all_reduce_known_values(strategy, num_values):
 
 
 def time_all_reduce(strategy, num_floats, rounds):
-    """The seconds of each of `rounds` all-reduces of `num_floats` float32, after an untimed one.
-
-    A mirrored variable, on the replicas' devices before the clock starts.
-    """
+    """The seconds of each of `rounds` all-reduces of a mirrored variable of `num_floats` float32, after an untimed one."""
     with strategy.scope():
         mirrored = tf.Variable(tf.ones([num_floats]), trainable=False)
 
@@ -129,9 +116,8 @@ def time_all_reduce(strategy, num_floats, rounds):
 
     def one_round():
         start = time.perf_counter()
-        result = strategy.run(replica_fn)
         # Reading one element waits for the collective without copying the tensor.
-        _first_local(strategy, result)[0].numpy()
+        _first_local(strategy, strategy.run(replica_fn))[0].numpy()
         return time.perf_counter() - start
 
     one_round()
