@@ -1,14 +1,12 @@
-"""A private network namespace with only loopback, for the workers of one local job.
+"""A private network namespace with only loopback, for the workers of one local job (docs/guides/multi-worker.md).
 
-TensorFlow's gRPC servers listen on every interface and authenticate nobody;
-inside a namespace whose only interface is `lo`, the workers still reach each
-other on 127.0.0.1 and nothing outside reaches them. How: docs/guides/multi-worker.md.
-
-`KERAS_SCALING_TEST_UNSHARE_ERRNO=EPERM` (any errno name) makes the holder's
-`unshare` fail with that errno, as a kernel that forbids it would.
+TensorFlow's gRPC servers listen on every interface and authenticate nobody; inside, the
+workers still reach each other on 127.0.0.1 and nothing outside reaches them.
 """
 
+import contextlib
 import ctypes
+import dataclasses
 import errno
 import os
 import socket
@@ -19,14 +17,12 @@ import weakref
 
 MODES = ("auto", "require", "off")
 
+# An errno name (EPERM) the holder's `unshare` fails with, as a kernel that forbids it would.
 FAKE_ERRNO_ENV = "KERAS_SCALING_TEST_UNSHARE_ERRNO"
 
 # <sched.h>, <linux/sockios.h>, <net/if.h>: the same on every Linux architecture.
-_CLONE_NEWUSER = 0x10000000
-_CLONE_NEWNET = 0x40000000
-_SIOCGIFFLAGS = 0x8913
-_SIOCSIFFLAGS = 0x8914
-_IFF_UP = 0x1
+_CLONE_NEWUSER, _CLONE_NEWNET = 0x10000000, 0x40000000
+_SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
 # struct ifreq: the interface name, then a union whose first member is the flags.
 _IFREQ_FLAGS = struct.Struct("16sh22x")
 
@@ -67,7 +63,7 @@ def _bring_loopback_up():
 
 
 def _hold(user_namespace):
-    """The holder: creates the namespaces, says so, and waits for stdin to close."""
+    """The holder process: creates the namespaces, says so, and waits for stdin to close."""
     fake = os.environ.get(FAKE_ERRNO_ENV)
     fake_errno = getattr(errno, fake, errno.EPERM) if fake else None
     flags = _CLONE_NEWNET | (_CLONE_NEWUSER if user_namespace else 0)
@@ -100,29 +96,22 @@ class Namespace:
         self._setns = _libc().setns
         self._finalizer = weakref.finalize(self, _close_all, list(fds))
 
-    def enter(self):
-        """Joins the namespaces: `Popen`'s `preexec_fn`, between fork and exec."""
+    def enter(self):  # `Popen`'s `preexec_fn`, between fork and exec
         for fd, nstype in self._fds:
             _call(self._setns, fd, nstype)
 
-    def close(self):
-        """Closes the descriptors; the namespace lives on while a process is in it."""
+    def close(self):  # the namespace lives on while a process is in it
         self._finalizer()
 
 
 def _close_all(fds):
     for fd, _ in fds:
-        try:
+        with contextlib.suppress(OSError):
             os.close(fd)
-        except OSError:
-            pass
 
 
 def create(user_namespace=None, env=None):
-    """A `Namespace` with only `lo`, up; `Unavailable` with the reason when refused.
-
-    `user_namespace` None tries without one as root and with one otherwise.
-    """
+    """A `Namespace` with only `lo`, up; `Unavailable` with the reason when refused (`user_namespace` None: either)."""
     if not sys.platform.startswith("linux"):
         raise Unavailable(f"network namespaces exist only on Linux, this is {sys.platform}")
     # As root, the network namespace alone first: the workers keep their capabilities.
@@ -139,16 +128,11 @@ def create(user_namespace=None, env=None):
 
 def _create_once(user_namespace, env):
     command = [sys.executable, "-I", "-S", os.path.abspath(__file__), "hold"]
-    if user_namespace:
-        command.append("--user-namespace")
+    command += ["--user-namespace"] if user_namespace else []
+    pipe = subprocess.PIPE
+    # A session of its own: the terminal's Ctrl-C is for the launcher.
     holder = subprocess.Popen(
-        command,
-        env=env,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,  # the terminal's Ctrl-C is for the launcher
+        command, env=env, stdin=pipe, stdout=pipe, stderr=pipe, text=True, start_new_session=True
     )
     assert holder.stdin and holder.stdout and holder.stderr  # all three are pipes
     try:
@@ -193,11 +177,8 @@ _FORBIDDING = {
 def _read_sysctls():
     values = {}
     for name in _FORBIDDING:
-        try:
-            with open("/proc/sys/" + name.replace(".", "/")) as file:
-                values[name] = file.read().strip()
-        except OSError:
-            pass
+        with contextlib.suppress(OSError), open("/proc/sys/" + name.replace(".", "/")) as file:
+            values[name] = file.read().strip()
     return values
 
 
@@ -209,12 +190,12 @@ def _sysctl_hint(values):
     return f"; forbidden by {', '.join(found)}" if found else ""
 
 
+@dataclasses.dataclass
 class Isolation:
     """What `open_for_job` decided: the `namespace` to join, or None and the `warning` to show."""
 
-    def __init__(self, namespace, warning=""):
-        self.namespace = namespace
-        self.warning = warning
+    namespace: Namespace | None
+    warning: str = ""
 
     @property
     def preexec_fn(self):
@@ -226,11 +207,7 @@ class Isolation:
 
 
 def open_for_job(isolation, ports, env=None):
-    """The `Isolation` of a job whose workers listen on `ports`, per `isolation` (see `launch`).
-
-    Raises ValueError when `isolation` is unknown, or `"require"` and no
-    namespace can be created.
-    """
+    """The `Isolation` of a job whose workers listen on `ports`; ValueError for an unknown or unmet `isolation`."""
     if isolation not in MODES:
         allowed = ", ".join(repr(mode) for mode in MODES)
         raise ValueError(f"isolation must be one of {allowed}, got {isolation!r}")
@@ -241,22 +218,15 @@ def open_for_job(isolation, ports, env=None):
     except Unavailable as failure:
         if isolation == "require":
             raise ValueError(
-                f"isolation is 'require', but the workers cannot get a private network "
-                f"namespace: {failure}. Allow unprivileged user namespaces, run as root, or "
-                "use --isolation=auto to run with the workers' ports open"
+                f"isolation is 'require', but the workers cannot get a private network namespace: {failure}. Allow unprivileged user namespaces, run as root, or use --isolation=auto to run with the workers' ports open"
             ) from None
-        return Isolation(
-            None, _open_ports_warning(f"no private network namespace ({failure})", ports)
-        )
+        reason = f"no private network namespace ({failure})"
+        return Isolation(None, _open_ports_warning(reason, ports))
 
 
 def _open_ports_warning(reason, ports):
     listed = ", ".join(str(port) for port in ports)
-    return (
-        f"{reason}: while the job runs, its workers listen on every network interface on "
-        f"port{'s' if len(ports) > 1 else ''} {listed}, and TensorFlow's servers "
-        "authenticate nobody. See Security in the multi-worker guide."
-    )
+    return f"{reason}: while the job runs, its workers listen on every network interface on port{'s' if len(ports) > 1 else ''} {listed}, and TensorFlow's servers authenticate nobody. See Security in the multi-worker guide."
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """Start N local workers of one command, as a group that lives and dies together; no TensorFlow."""
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -41,16 +42,11 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     ports = launcher.free_ports(2)   # such as [41235, 37807]
     ```
     """
-    sockets = []
-    try:
-        for _ in range(count):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sockets.append(sock)
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]  # TCP over IPv4
+        for sock in sockets:
             sock.bind((host, 0))
         return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 def _check_ports_free(ports, host="127.0.0.1"):
@@ -59,11 +55,8 @@ def _check_ports_free(ports, host="127.0.0.1"):
             try:
                 sock.bind((host, port))
             except OSError as error:
-                raise ValueError(
-                    f"port_base={ports[0]} needs ports {ports[0]}-{ports[-1]} "
-                    f"free on {host}, but port {port} is not ({error.strerror}); "
-                    "pass another port base, or none to pick free ports"
-                ) from None
+                message = f"port_base={ports[0]} needs ports {ports[0]}-{ports[-1]} free on {host}, but port {port} is not ({error.strerror}); pass another port base, or none to pick free ports"
+                raise ValueError(message) from None
 
 
 def worker_env(
@@ -71,16 +64,14 @@ def worker_env(
 ) -> dict[str, str]:
     """The environment of worker `index`: a copy of `base_env` plus its cluster settings.
 
-    Sets `TF_CONFIG` (every worker on 127.0.0.1, worker 0 the chief),
-    `KERAS_SCALING_LAUNCHED=1`, `KERAS_SCALING_CPU_DEVICES` when
-    `cpu_devices` is given, and `PYTHONUNBUFFERED=1` unless set.
+    Sets `TF_CONFIG` (every worker on 127.0.0.1, worker 0 the chief), `KERAS_SCALING_LAUNCHED=1`,
+    `KERAS_SCALING_CPU_DEVICES` when `cpu_devices` is given, and `PYTHONUNBUFFERED=1` unless set.
 
     Args:
         base_env: dict (or `os.environ`), the environment to start from.
         ports: list of int, one port per worker of the cluster.
         index: int, this worker's index in `ports`.
-        cpu_devices: int or None, the logical CPUs each worker splits its CPU
-            into; None leaves it unset.
+        cpu_devices: int or None, the logical CPUs each worker splits its CPU into.
 
     Returns:
         A new dict.
@@ -111,7 +102,6 @@ def worker_env(
 
 
 def _describe_status(returncode):
-    """`"status 3"`, or `"status -9 (killed by SIGKILL)"` for a signal."""
     if returncode < 0:
         try:
             name = signal.Signals(-returncode).name
@@ -129,8 +119,7 @@ class LaunchResult:
 
     Args:
         exit_code: as `launch` returns it.
-        returncodes: each worker's own return code, by index (negative: the
-            signal that ended it).
+        returncodes: each worker's return code, by index (negative: the signal that ended it).
         failed_worker: the index of the first worker that failed, or None.
         interrupted: whether the launcher was interrupted (SIGINT or SIGTERM).
         message: one line for the user, empty when all succeeded.
@@ -172,22 +161,20 @@ class _Worker:
         )
         self.pgid = self.process.pid
         copies = ((self.process.stdout, stdout), (self.process.stderr, stderr))
+        prefix = f"[worker {index}] "
         self.threads = [
-            threading.Thread(target=_copy_lines, args=(*copy, f"[worker {index}] ", write_lock))
+            threading.Thread(target=_copy_lines, args=(*copy, prefix, write_lock), daemon=True)
             for copy in copies
         ]
         for thread in self.threads:
-            thread.daemon = True
             thread.start()
 
     def poll(self):
         return self.process.poll()
 
     def signal_group(self, signum):
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.pgid, signum)
-        except (ProcessLookupError, PermissionError):
-            pass
 
     def group_alive(self):
         if self.process.poll() is None:
@@ -233,24 +220,18 @@ def _copy_lines(pipe, target, prefix, write_lock):
                     output_open = False
 
 
-class _Signals:
-    """Records SIGINT and SIGTERM received by the launcher while installed."""
-
-    def __init__(self):
-        self.received = []
-        self._previous = {}
-
-    def __enter__(self):
-        if threading.current_thread() is threading.main_thread():
-            for signum in (signal.SIGINT, signal.SIGTERM):
-                self._previous[signum] = signal.signal(signum, self._record)
-        return self
-
-    def _record(self, signum, frame):
-        self.received.append(signum)
-
-    def __exit__(self, *exc_info):
-        for signum, handler in self._previous.items():
+@contextlib.contextmanager
+def _signals_received():
+    """The list of SIGINT and SIGTERM the launcher receives meanwhile (from the main thread only)."""
+    received: list[int] = []
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            previous[signum] = signal.signal(signum, lambda signum, _: received.append(signum))
+    try:
+        yield received
+    finally:
+        for signum, handler in previous.items():
             signal.signal(signum, handler)
 
 
@@ -266,49 +247,35 @@ def launch(
     max_restarts: int = 0,
     isolation: str = "auto",
 ) -> LaunchResult:
-    """Runs `command` as `num_workers` local workers of one cluster, and waits.
+    """Runs `command` as `num_workers` local workers of one cluster (`TF_CONFIG` on 127.0.0.1), and waits.
 
-    Each worker gets a `TF_CONFIG` naming every worker on 127.0.0.1 (worker 0
-    is the chief), and its output lines prefixed with `[worker i] `. The
-    group lives and dies together: when a worker fails, the others get
-    SIGTERM, then SIGKILL after `grace_period_s` (a worker blocked in a
-    collective never ends otherwise); SIGINT and SIGTERM to the launcher are
-    passed on (a second Ctrl-C skips the wait), and a SIGTERM after which
-    every worker exits with 75 (`BackupAndRestore`'s preemption) gives 75.
-    Signals go to each worker's process group: none is left running on
-    return. Signals are handled only when called from the main thread. On
-    Linux, the workers run in a private network namespace with only loopback
-    (`isolation`). The details: docs/guides/multi-worker.md.
+    Output lines are prefixed with `[worker i] `. The group lives and dies together: when a
+    worker fails, the others get SIGTERM, then SIGKILL after `grace_period_s`; SIGINT and SIGTERM
+    to the launcher are passed on (from the main thread only). No worker process is left running
+    on return. The signals, exit codes and isolation: docs/guides/multi-worker.md.
 
     Args:
         command: list of str, the program and its arguments.
         num_workers: int, the number of workers, at least 1.
-        cpu_devices: int or None, the logical devices `auto_strategy()` splits
-            each worker's CPU into (`KERAS_SCALING_CPU_DEVICES`).
-        port_base: int or None, the first of consecutive ports; by default
-            free ports are picked.
-        grace_period_s: float, how long a worker has to stop after each
-            signal before the next, stronger one. Defaults to 5.0.
+        cpu_devices: int or None, the logical devices `auto_strategy()` splits each worker's CPU into.
+        port_base: int or None, the first of consecutive ports; by default free ports are picked.
+        grace_period_s: float, how long a worker has to stop after each signal before the next.
         stdout: file for the workers' prefixed stdout; `sys.stdout` by default.
         stderr: file for the workers' prefixed stderr; `sys.stderr` by default.
-        env: dict, the environment the workers' settings are added to;
-            `os.environ` by default.
-        max_restarts: int, how many times to restart the whole job after a
-            worker fails or is preempted (not after SIGINT or SIGTERM), saying
-            why on `stderr`. Defaults to 0.
-        isolation: str, `"auto"` (default: a private network namespace when
-            the kernel allows one, else a warning on `stderr` naming the open
-            ports), `"require"` (ValueError without one) or `"off"`.
+        env: dict, the environment the workers' settings are added to; `os.environ` by default.
+        max_restarts: int, restarts of the whole job after a worker fails or is preempted
+            (not after SIGINT or SIGTERM), each said on `stderr`.
+        isolation: str, `"auto"` (a private network namespace with only loopback when the kernel
+            allows one, else a warning naming the open ports), `"require"` or `"off"`.
 
     Returns:
-        A `LaunchResult`: `exit_code` 0 when every worker succeeded, else the
-        first failed worker's status (128 + N for signal N), 130 after
-        Ctrl-C, 143 after SIGTERM (or 75, above).
+        A `LaunchResult`: `exit_code` 0 when every worker succeeded, else the first failed
+        worker's status (128 + N for signal N), 130 after Ctrl-C, 143 after SIGTERM, or 75 when
+        every worker then exited with 75 (`BackupAndRestore`'s preemption).
 
     Raises:
-        TypeError, ValueError: an argument is invalid, the command cannot
-            be started (no worker is left running then), or `isolation` is
-            `"require"` and no private network namespace can be created.
+        TypeError, ValueError: an argument is invalid, the command cannot be started (no worker
+            is left running then), or `isolation` is `"require"` and no namespace can be created.
 
     Example:
 
@@ -319,23 +286,20 @@ def launch(
     ```
     """
     if isinstance(command, (str, bytes)) or not command:
-        raise ValueError(
-            f"command must be a non-empty list of strings (the program and its arguments), "
-            f"got {command!r}"
-        )
+        message = f"command must be a non-empty list of strings (the program and its arguments), got {command!r}"
+        raise ValueError(message)
     num_workers = _validation.positive_int(num_workers, "num_workers")
     cpu_devices = _validation.optional_positive_int(cpu_devices, "cpu_devices")
     port_base = _validation.optional_positive_int(port_base, "port_base")
     if port_base is not None and port_base + num_workers - 1 > 65535:
-        raise ValueError(
-            f"port_base={port_base} leaves no room for {num_workers} ports below 65536; "
-            "pass a smaller port base"
-        )
+        message = f"port_base={port_base} leaves no room for {num_workers} ports below 65536; pass a smaller port base"
+        raise ValueError(message)
     grace_period_s = _validation.non_negative_number(
         grace_period_s, "grace_period_s", unit="seconds"
     )
-    fix = "Pass 0 to never restart."
-    max_restarts = _validation.non_negative_int(max_restarts, "max_restarts", fix=fix)
+    max_restarts = _validation.non_negative_int(
+        max_restarts, "max_restarts", fix="Pass 0 to never restart."
+    )
     stdout = sys.stdout if stdout is None else stdout
     stderr = sys.stderr if stderr is None else stderr
     arguments = (command, num_workers, cpu_devices, port_base, grace_period_s, stdout, stderr)
@@ -346,12 +310,8 @@ def launch(
         if result.exit_code == 0 or result.interrupted or restarts >= max_restarts:
             return result
         restarts += 1
-        print(
-            f"keras-scaling launch: {result.message}; restarting the job "
-            f"(restart {restarts} of {max_restarts})",
-            file=stderr,
-            flush=True,
-        )
+        restart = f"restarting the job (restart {restarts} of {max_restarts})"
+        print(f"keras-scaling launch: {result.message}; {restart}", file=stderr, flush=True)
 
 
 def _launch_once(
@@ -364,12 +324,11 @@ def _launch_once(
         _check_ports_free(ports)
     network = _isolation.open_for_job(isolation, ports, env)
     if network.warning:
-        stderr.write(f"keras-scaling launch: warning: {network.warning}\n")
-        stderr.flush()
+        print(f"keras-scaling launch: warning: {network.warning}", file=stderr, flush=True)
 
     write_lock = threading.Lock()
     workers = []
-    with _Signals() as signals:
+    with _signals_received() as signals:
         try:
             streams = (stdout, stderr, write_lock, network.preexec_fn)
             for index in range(num_workers):
@@ -379,10 +338,8 @@ def _launch_once(
             # SubprocessError: joining the namespace failed in the child.
             _stop(workers, [signal.SIGKILL], grace_period_s, signals)
             network.close()
-            raise ValueError(
-                f"command {command[0]!r} cannot be started: "
-                f"{getattr(error, 'strerror', None) or error}"
-            ) from None
+            reason = getattr(error, "strerror", None) or error
+            raise ValueError(f"command {command[0]!r} cannot be started: {reason}") from None
         try:
             result = _supervise(workers, grace_period_s, signals)
         finally:
@@ -399,8 +356,8 @@ def _launch_once(
 def _supervise(workers, grace_period_s, signals):
     """Waits until all workers succeed, one fails, or a signal arrives."""
     while True:
-        if signals.received:
-            first = signals.received[0]
+        if signals:
+            first = signals[0]
             # SIGTERM is a preemption notice, passed on as such: the workers
             # save and exit; only SIGKILL is stronger.
             sequence = [first] + ([] if first == signal.SIGTERM else [signal.SIGTERM])
@@ -408,8 +365,7 @@ def _supervise(workers, grace_period_s, signals):
             name = signal.Signals(first).name
             returncodes = [worker.process.wait() for worker in workers]
             if all(code == EXIT_PREEMPTED for code in returncodes):
-                message = f"interrupted by {name}; every worker saved a backup and exited with "
-                message += f"status {EXIT_PREEMPTED} (preempted)"
+                message = f"interrupted by {name}; every worker saved a backup and exited with status {EXIT_PREEMPTED} (preempted)"
                 return LaunchResult(EXIT_PREEMPTED, returncodes, interrupted=True, message=message)
             message = f"interrupted by {name}; stopped the workers"
             return LaunchResult(128 + first, returncodes, interrupted=True, message=message)
@@ -418,32 +374,26 @@ def _supervise(workers, grace_period_s, signals):
         if failed is not None:
             if failed.process.returncode == EXIT_PREEMPTED:
                 # Its peers saved at the same step and are exiting too.
-                _wait(_all_exited, workers, grace_period_s, signals, len(signals.received))
+                _wait(_all_exited, workers, grace_period_s, signals, len(signals))
             running = [worker for worker in workers if worker.poll() is None]
             _stop(running, [signal.SIGTERM, signal.SIGKILL], grace_period_s, signals)
             code = failed.process.returncode
             message = f"worker {failed.index} exited with {_describe_status(code)}"
             if running:
                 message += "; stopped the others"
-            return LaunchResult(
-                exit_code=128 - code if code < 0 else code,  # as a shell: 128 + N for signal N
-                returncodes=[worker.process.wait() for worker in workers],
-                failed_worker=failed.index,
-                message=message,
-            )
+            exit_code = 128 - code if code < 0 else code  # as a shell: 128 + N for signal N
+            returncodes = [worker.process.wait() for worker in workers]
+            return LaunchResult(exit_code, returncodes, failed_worker=failed.index, message=message)
         if all(code == 0 for code in returncodes):
             return LaunchResult(exit_code=0, returncodes=returncodes)
         time.sleep(_POLL_INTERVAL_S)
 
 
 def _wait(condition, workers, timeout_s, signals=None, since=0):
-    """Polls `condition(workers)` for `timeout_s`: True once it holds, else False.
-
-    A new signal (`signals` grew past `since`: a second Ctrl-C) ends the wait.
-    """
+    """Polls `condition(workers)` for `timeout_s`: True once it holds; False then or on a new signal (a second Ctrl-C)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if signals is not None and len(signals.received) > since:
+        if signals is not None and len(signals) > since:
             return False
         if condition(workers):
             return True
@@ -463,7 +413,7 @@ def _all_gone(workers):
 
 def _stop(workers, signal_sequence, grace_period_s, signals):
     """Sends each signal in turn to the workers' groups, `grace_period_s` apart."""
-    received_before = len(signals.received)
+    received_before = len(signals)
     for position, signum in enumerate(signal_sequence):
         alive = [worker for worker in workers if worker.group_alive()]
         if not alive:
