@@ -26,7 +26,6 @@ class _Figures:
     """A caller's figures: a startup time that changes, as measured ones do."""
 
     def __init__(self):
-        self.lock = threading.RLock()
         self.startup_time_s = None
 
     def record(self):
@@ -54,8 +53,7 @@ def _startup_in_json(log_dir):
 
 def test_points_reach_the_event_file_without_a_flush_while_the_fit_runs(tmp_path):
     figures = _Figures()
-    writer = ThroughputWriter(str(tmp_path), figures.record, figures.lock)
-    writer.start()
+    writer = ThroughputWriter(str(tmp_path), figures.record)
     try:
         writer.scalars(10, {"throughput/samples_per_sec": 100.0})
         writer.scalars(20, {"throughput/samples_per_sec": 200.0})
@@ -67,24 +65,20 @@ def test_points_reach_the_event_file_without_a_flush_while_the_fit_runs(tmp_path
 
 def test_the_record_is_rewritten_at_points_every_2_s_and_complete_on_stop(tmp_path):
     figures = _Figures()
-    writer = ThroughputWriter(str(tmp_path), figures.record, figures.lock)
-    writer.start()
-    with figures.lock:
-        figures.startup_time_s = 1.5
-        writer.changed(epoch_ended=True)
-    writer.save_soon()  # at an epoch's end
+    writer = ThroughputWriter(str(tmp_path), figures.record)
+    figures.startup_time_s = 1.5
+    writer.changed()
+    writer.save()  # at an epoch's end
     assert _startup_in_json(tmp_path) == 1.5
-    with figures.lock:
-        figures.startup_time_s = 2.5
-        writer.changed()
+    figures.startup_time_s = 2.5
+    writer.changed()
     writer.scalars(10, {"throughput/samples_per_sec": 100.0})
     assert _startup_in_json(tmp_path) == 1.5  # rewritten less than 2 s ago
     time.sleep(_writer._RECORD_EVERY_S)
     writer.scalars(20, {"throughput/samples_per_sec": 110.0})
     assert _startup_in_json(tmp_path) == 2.5
-    with figures.lock:
-        figures.startup_time_s = 3.5
-        writer.changed()
+    figures.startup_time_s = 3.5
+    writer.changed()
     writer.stop()
     assert _startup_in_json(tmp_path) == 3.5
     assert _points(tmp_path) == [(10, 100.0), (20, 110.0)]
@@ -93,8 +87,7 @@ def test_the_record_is_rewritten_at_points_every_2_s_and_complete_on_stop(tmp_pa
 def test_a_stopped_writer_leaves_no_thread_and_no_open_file(tmp_path):
     threads_before = set(threading.enumerate())
     figures = _Figures()
-    writer = ThroughputWriter(str(tmp_path), figures.record, figures.lock)
-    writer.start()
+    writer = ThroughputWriter(str(tmp_path), figures.record)
     writer.scalars(10, {"throughput/samples_per_sec": 100.0})
     writer.text(10, "throughput/advice", "advice")
     writer.stop()
@@ -105,9 +98,9 @@ def test_a_stopped_writer_leaves_no_thread_and_no_open_file(tmp_path):
 
 def test_a_step_written_by_an_earlier_run_is_not_written_again(tmp_path):
     figures = _Figures()
-    earlier = ThroughputWriter(str(tmp_path), figures.record, figures.lock)
+    earlier = ThroughputWriter(str(tmp_path), figures.record)
     earlier.scalars(30, {"throughput/samples_per_sec": 1.0})  # its file still open
-    resumed = ThroughputWriter(str(tmp_path), figures.record, figures.lock)
+    resumed = ThroughputWriter(str(tmp_path), figures.record)
     resumed.scalars(20, {"throughput/samples_per_sec": 2.0})
     resumed.scalars(40, {"throughput/samples_per_sec": 4.0})
     resumed.stop()
@@ -118,7 +111,7 @@ def test_a_step_in_a_closed_event_file_is_not_written_again(tmp_path):
     _tensorboard.write_scalars(tmp_path, 30, {"throughput/samples_per_sec": 1.0})
     _tensorboard.close(tmp_path)  # as an earlier process leaves it
     figures = _Figures()
-    resumed = ThroughputWriter(str(tmp_path), figures.record, figures.lock)
+    resumed = ThroughputWriter(str(tmp_path), figures.record)
     resumed.scalars(20, {"throughput/samples_per_sec": 2.0})
     resumed.scalars(40, {"throughput/samples_per_sec": 4.0})
     resumed.stop()
@@ -128,11 +121,10 @@ def test_a_step_in_a_closed_event_file_is_not_written_again(tmp_path):
 def test_the_first_save_makes_the_log_directory_even_for_the_record_alone(tmp_path):
     log_dir = tmp_path / "logs"
     figures = _Figures()
-    writer = ThroughputWriter(str(log_dir), figures.record, figures.lock)
+    writer = ThroughputWriter(str(log_dir), figures.record)
     assert not log_dir.exists()
-    with figures.lock:
-        figures.startup_time_s = 1.5
-        writer.changed()
+    figures.startup_time_s = 1.5
+    writer.changed()
     writer.save()
     assert _startup_in_json(log_dir) == 1.5
     assert os.path.isdir(_tensorboard.run_dir(log_dir))
@@ -141,13 +133,11 @@ def test_the_first_save_makes_the_log_directory_even_for_the_record_alone(tmp_pa
 def test_a_failed_write_lets_the_fit_go_on_and_is_raised_when_it_stops(tmp_path):
     (tmp_path / "throughput.json").mkdir()  # a record cannot replace a directory
     figures = _Figures()
-    writer = ThroughputWriter(str(tmp_path), figures.record, figures.lock)
-    writer.start()
-    with figures.lock:
-        figures.startup_time_s = 1.5
-        writer.changed()
+    writer = ThroughputWriter(str(tmp_path), figures.record)
+    figures.startup_time_s = 1.5
+    writer.changed()
     writer.scalars(10, {"throughput/samples_per_sec": 100.0})  # does not raise
-    writer.save_soon()
+    writer.save()
     writer.scalars(20, {"throughput/samples_per_sec": 200.0})
 
     with pytest.raises(OSError, match=str(tmp_path)):

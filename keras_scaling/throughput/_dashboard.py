@@ -65,15 +65,51 @@ def setup_markdown(rows, heading="setting"):
     return "\n".join(lines)
 
 
-def baseline_markdown(baseline_text, note, took_text=None):
-    """The baseline's table rows and, below them, what the speedup means, as a paragraph."""
-    rows = [("measured against", baseline_text), ("baseline took", took_text)]
-    text = setup_markdown(rows, heading="speedup")
-    return f"{text}\n\n{note[0].upper()}{note[1:]}" if note else text
+_SETUP_LABELS = {
+    "strategy": "strategy",
+    "num_workers": "workers",
+    "num_replicas": "replicas",
+    "device_kind": "device kind",
+    "per_replica_batch_size": "per-replica batch",
+    "global_batch_size": "global batch",
+    "dtype_policy": "dtype policy",
+}
 
 
-def baseline_text(baseline, log_dir):
-    """The set-up table's description of a `keras_scaling.baseline.Baseline`, or None."""
+def setup_texts(
+    setup, *, steps_per_execution, update_freq, warmup_steps, flops_rows, baseline, note, log_dir
+):
+    """The set-up as the Text dashboard shows it: `{tag: Markdown}` of three short tables."""
+    run_rows = [(label, setup[key]) for key, label in _SETUP_LABELS.items()]
+    every = f"every {update_freq} steps"
+    if update_freq == "auto":
+        every = (
+            "at the end of every epoch and about 12 times a fit; in a long fit, "
+            "as far apart as keeps measuring under 0.1% of the step time"
+        )
+    measuring_rows = [
+        ("measured every", every),
+        ("left out", f"the first execution of each fit and {warmup_steps} steps after it"),
+        *flops_rows,
+    ]
+    took_s = getattr(baseline, "measure_time_s", None)
+    took = None
+    if took_s is not None:
+        took = f"{took_s:.1f} s, timing a copy of the model alone before the first step"
+    baseline_text = setup_markdown(
+        [("measured against", _baseline_text(baseline, log_dir)), ("baseline took", took)],
+        heading="speedup",
+    )
+    if note:
+        baseline_text += f"\n\n{note[0].upper()}{note[1:]}"
+    return {
+        SETUP_TAG: setup_markdown([*run_rows, ("steps per execution", steps_per_execution)]),
+        BASELINE_TAG: baseline_text,
+        MEASURING_TAG: setup_markdown(measuring_rows, heading="measuring"),
+    }
+
+
+def _baseline_text(baseline, log_dir):
     if baseline is None:
         return "none (no scaling/ tags)"
     if baseline.mode == "self":
@@ -82,16 +118,6 @@ def baseline_text(baseline, log_dir):
     if baseline.mode == "file":
         source = path_for_display(source, log_dir)
     return f"{baseline.samples_per_sec:.1f} samples/sec ({source})"
-
-
-def measured_every_text(update_freq):
-    """How often throughput is measured, as the set-up table says it."""
-    if update_freq != "auto":
-        return f"every {update_freq} steps"
-    return (
-        "at the end of every epoch and about 12 times a fit; in a long fit, "
-        "as far apart as keeps measuring under 0.1% of the step time"
-    )
 
 
 def flops_text_of(flops, unit=""):

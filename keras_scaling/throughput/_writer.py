@@ -7,54 +7,46 @@ from keras_scaling.summaries import _tensorboard
 from keras_scaling.throughput import _dashboard as dashboard
 from keras_scaling.throughput import _run_record
 
-# Seconds between rewrites of `throughput.json` at points: each costs about
-# 200 us of the training thread; an epoch's end and the end of `fit` (also
-# a `fit` another callback breaks: `fit_hooks._fit_end`) always rewrite it.
+# A rewrite of `throughput.json` costs the training thread about 200 us; an
+# epoch's end and the end of `fit`, however it ends, always rewrite it.
 _RECORD_EVERY_S = 2.0
 
 
 class ThroughputWriter:
-    """Writes one logger's points, texts and `throughput.json`, each when it is ready.
+    """Writes one logger's points, texts and `throughput.json`.
 
-    Points are queued for TensorBoard's event file writer, whose thread writes
+    Points are queued for TensorBoard's `EventFileWriter`, whose thread writes
     and flushes them; `throughput.json` is rewritten (atomically) at a point
-    whose figures changed when the last rewrite is 2 s old, at `save_soon`
-    and at `stop`. A write that fails during the `fit` (a full disk) does not
-    stop training: `stop` raises its error.
+    when the figures changed and the last rewrite is 2 s old, at `save` and
+    at `stop`. A write that fails during `fit` (a full disk) does not stop
+    training: `stop` raises its error.
 
     Args:
         log_dir: str, the run's log directory.
-        record: callable returning the current `throughput.json` record, or
-            None while there is none; called with `lock` held.
-        lock: the lock its caller holds while the figures change.
+        record: callable returning the current `throughput.json` record, or None.
     """
 
-    def __init__(self, log_dir, record, lock):
+    def __init__(self, log_dir, record):
         self.log_dir = log_dir
         self._record = record
-        self._lock = lock
         self._behind = False
         self._last_written_step = None  # read back from log_dir at the first point
         self._error = None
         self._saved_at_s = -_RECORD_EVERY_S
         self.last_step = 0
 
-    def start(self):
-        """Begins a `fit` (the event file opens at the first write)."""
-        self._error = None
-
     def stop(self):
         """Ends a `fit`: rewrites `throughput.json` if behind, closes the event file, raises a failed write's error."""
         try:
-            self.save()
+            self._save_record()
         finally:
             _tensorboard.close(self.log_dir)
         error, self._error = self._error, None
         if error is not None:
             raise error
 
-    def changed(self, epoch_ended=False):
-        """The figures changed (call with the lock held): `throughput.json` is behind."""
+    def changed(self):
+        """The figures changed: `throughput.json` is behind."""
         self._behind = True
 
     def scalars(self, step, scalars):
@@ -63,7 +55,6 @@ class ThroughputWriter:
         self._keeping_errors(self._write_scalars, step, scalars)
 
     def text(self, step, tag, markdown):
-        """Writes a text summary."""
         self._keeping_errors(
             _tensorboard.write_text, self.log_dir, step, tag, markdown, flush=False
         )
@@ -76,13 +67,12 @@ class ThroughputWriter:
         )
 
     def save(self):
-        """Rewrites `throughput.json` if behind and flushes the event file."""
-        self._save_record()
-        _tensorboard.flush(self.log_dir)
+        """Rewrites `throughput.json` if behind, keeping a failure for `stop` (training goes on).
 
-    def save_soon(self):
-        """`save`, keeping its error for `stop` (training goes on)."""
-        self._keeping_errors(self.save)
+        The event file is not flushed: waiting for TensorBoard's thread would
+        stall training, and that thread flushes every 2 s.
+        """
+        self._keeping_errors(self._save_record)
 
     def _write_scalars(self, step, scalars):
         if self._last_written_step is None:
@@ -96,8 +86,7 @@ class ThroughputWriter:
             self._save_record()
 
     def _save_record(self):
-        with self._lock:
-            record = self._record() if self._behind else None
+        record = self._record() if self._behind else None
         if record is not None:
             if self._last_written_step is None:  # before the first point: log_dir may be missing
                 os.makedirs(_tensorboard.run_dir(self.log_dir), exist_ok=True)

@@ -4,7 +4,6 @@ import dataclasses
 import logging
 import math
 import os
-import threading
 import time
 import weakref
 from collections.abc import Callable
@@ -37,10 +36,9 @@ __all__ = ["ThroughputLogger"]
 logger = logging.getLogger("keras_scaling")
 
 DEFAULT_WARMUP_STEPS = 5
-# update_freq="auto": reads at least 10 steps apart, and, once a step is
-# timed, far enough apart that a read (taken as 1 ms: the wait for the
-# devices plus their idling while the next step is dispatched) costs at
-# most 0.1% of training.
+# update_freq="auto": reads at least 10 steps apart and, once a step is
+# timed, costing at most 0.1% of training (a read taken as 1 ms: the wait
+# for the devices plus their idling while the next step is dispatched).
 _AUTO_FLOOR_STEPS = 10
 _AUTO_READ_COST_S = 0.001
 _AUTO_MAX_SHARE = 0.001
@@ -52,10 +50,6 @@ _THREADPOOL_ENV = "TF_OVERRIDE_GLOBAL_THREADPOOL"
 
 class _CounterUnknown(Exception):
     """The batches trained cannot be read in this fit (the probe has said why)."""
-
-
-def _no_iterator():
-    return None
 
 
 @dataclasses.dataclass
@@ -70,7 +64,7 @@ class _Fit:
     hook: Any = None
     counter: Any = None
     element_spec: Any = None
-    iterator: Callable[[], Any] = _no_iterator  # weak: each epoch's is freed when Keras drops it
+    iterator: Callable[[], Any] = lambda: None  # weak: each epoch's is freed when Keras drops it
     started: bool = False  # its first execution has ended
     finished: bool = False
     executions_until_due: int = 1  # calls of the train function until the next read
@@ -196,8 +190,7 @@ class ThroughputLogger(keras.callbacks.Callback):
         self._schedule = ReadSchedule(_AUTO_FLOOR_STEPS if auto else int(update_freq))
         # update_freq="auto": the spacing a timed step allows, once timed.
         self._cost_spacing: int | None = None if auto else int(update_freq)
-        # What the logger keeps over its fits, set up at the first (Any: used
-        # only once set, which mypy cannot see).
+        # Kept over its fits, set up at the first.
         self._setup: Any = None
         self._flops: Any = None
         self._baseline_note: str | None = None
@@ -207,17 +200,11 @@ class ThroughputLogger(keras.callbacks.Callback):
         self._advised: set[str] = set()
         self._window = ThroughputWindow()
         self._fit: Any = None  # a _Fit from on_train_begin
-        # Held while figures change and while the writer takes them.
-        self._lock = threading.RLock()
         self._writer: Any = None  # the chief's, from its first fit
         self._compat_applied: list = []
         self._trace_count_undo: Callable[[], None] | None = None
         # `keras-scaling bench` sets it: advice names its options, not Python's.
         self._command_line = False
-
-    @property
-    def _finished(self) -> bool:
-        return self._fit is None or self._fit.finished
 
     # Keras hooks. No batch hook: one would make Keras wait for every step;
     # the work of each step is done around each call of the train function.
@@ -263,10 +250,8 @@ class ThroughputLogger(keras.callbacks.Callback):
             on_abandoned=self._finish,
         )
         fit.hook.attach()
-        if info.is_chief:
-            if self._writer is None:
-                self._writer = ThroughputWriter(self.log_dir, self._record, self._lock)
-            self._writer.start()
+        if info.is_chief and self._writer is None:
+            self._writer = ThroughputWriter(self.log_dir, self._record)
 
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         fit = self._fit
@@ -293,13 +278,11 @@ class ThroughputLogger(keras.callbacks.Callback):
             # and CSVLogger, which fixes its columns at the first, has it.
             logs["samples_per_sec"] = math.nan if steady is None else steady.samples_per_sec
         if steady is not None:
-            with self._lock:
-                self._epochs.append((epoch, steady))
+            self._epochs.append((epoch, steady))
         self._advise()
         if self._writer is not None:
-            with self._lock:
-                self._writer.changed(epoch_ended=True)
-            self._writer.save_soon()
+            self._writer.changed()
+            self._writer.save()
 
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
         self._finish()
@@ -368,7 +351,10 @@ class ThroughputLogger(keras.callbacks.Callback):
             if self._startup_time_s is None:
                 self._startup_time_s = startup_time_s
                 self._write_setup(point["iterations"])
-            self._write({"throughput/startup_time_s": startup_time_s}, point["iterations"])
+            if self._writer is not None:
+                self._writer.scalars(
+                    point["iterations"], {"throughput/startup_time_s": startup_time_s}
+                )
             warmup_steps = self.warmup_steps
             point["time_s"] = self._clock()
         if self.update_freq == "auto" and fit.steps_per_epoch is not None:
@@ -422,12 +408,11 @@ class ThroughputLogger(keras.callbacks.Callback):
             scalars["scaling/efficiency"] = figures.efficiency
             scalars["scaling/ideal_speedup"] = figures.ideal_speedup
         scalars.update(self._flops.scalars(samples_per_sec))
-        with self._lock:
-            self._stats.add(interval)
-            self._fit.epoch_stats.add(interval)
-            if self._writer is not None:
-                self._writer.changed()
-        self._write(scalars, interval.end_iterations)
+        self._stats.add(interval)
+        self._fit.epoch_stats.add(interval)
+        if self._writer is not None:
+            self._writer.changed()
+            self._writer.scalars(interval.end_iterations, scalars)
 
     def _epoch_steady_state(self):
         """The epoch's steady state; without an interval of its own, its first read to its last."""
@@ -510,49 +495,22 @@ class ThroughputLogger(keras.callbacks.Callback):
     def _write_setup(self, step):
         if self._writer is None:
             return
-        run_rows = [
-            (label, self._setup[key])
-            for label, key in (
-                ("strategy", "strategy"),
-                ("workers", "num_workers"),
-                ("replicas", "num_replicas"),
-                ("device kind", "device_kind"),
-                ("per-replica batch", "per_replica_batch_size"),
-                ("global batch", "global_batch_size"),
-                ("dtype policy", "dtype_policy"),
-            )
-        ] + [("steps per execution", self._schedule.steps_per_execution)]
-        measuring_rows = [
-            ("measured every", dashboard.measured_every_text(self.update_freq)),
-            ("left out", f"the first execution of each fit and {self.warmup_steps} steps after it"),
-            *self._flops.setup_rows(),
-        ]
-        took_s = getattr(self._baseline, "measure_time_s", None)
-        took = None if took_s is None else f"{took_s:.1f} s, timing a copy of the model alone"
-        with self._lock:
-            self._writer.changed()
+        self._writer.changed()
         self._writer.layout(flops_tag=self._flops.flops_tag, mfu=self._flops.has_mfu)
-        self._writer.text(step, dashboard.SETUP_TAG, dashboard.setup_markdown(run_rows))
-        self._writer.text(
-            step,
-            dashboard.BASELINE_TAG,
-            dashboard.baseline_markdown(
-                dashboard.baseline_text(self._baseline, self.log_dir),
-                self._baseline_note,
-                took and f"{took} before the first step",
-            ),
+        texts = dashboard.setup_texts(
+            self._setup,
+            steps_per_execution=self._schedule.steps_per_execution,
+            update_freq=self.update_freq,
+            warmup_steps=self.warmup_steps,
+            flops_rows=self._flops.setup_rows(),
+            baseline=self._baseline,
+            note=self._baseline_note,
+            log_dir=self.log_dir,
         )
-        self._writer.text(
-            step,
-            dashboard.MEASURING_TAG,
-            dashboard.setup_markdown(measuring_rows, heading="measuring"),
-        )
+        for tag, markdown in texts.items():
+            self._writer.text(step, tag, markdown)
 
     # Writing, and the end of a fit.
-
-    def _write(self, scalars, step):
-        if self._writer is not None:
-            self._writer.scalars(step, scalars)
 
     def _record(self):
         """The `throughput.json` record so far, or None before the set-up."""
@@ -596,7 +554,7 @@ class ThroughputLogger(keras.callbacks.Callback):
                 self._schedule.every_steps,
                 _run_record.THROUGHPUT_JSON,
             )
-        fit.iterator = _no_iterator
+        fit.iterator = lambda: None
 
     def _undo_fit_changes(self):
         """Puts back `train_step` and the Keras fixes this logger enabled on its own."""
