@@ -48,7 +48,7 @@ def tf_config_cluster(env: Mapping[str, str]) -> ClusterSpec | None:
     The chief is worker 0; the evaluator trains with nobody; `ps` tasks are refused.
 
     Args:
-        env: mapping, the environment (`os.environ`, or a dict in tests).
+        env: mapping, the environment.
 
     Returns:
         A `ClusterSpec`, or None.
@@ -76,31 +76,26 @@ def tf_config_cluster(env: Mapping[str, str]) -> ClusterSpec | None:
     if not isinstance(config, dict):
         raise ValueError(f"TF_CONFIG must be a JSON object, got {raw!r}")
     jobs = config.get("cluster") or {}
-    chief = tuple(jobs.get("chief") or ())
-    workers = tuple(jobs.get("worker") or ())
-    evaluator = tuple(jobs.get("evaluator") or ())
+    chief, workers, evaluator, servers = (
+        tuple(jobs.get(job) or ()) for job in ("chief", "worker", "evaluator", "ps")
+    )
     task = config.get("task") or {}
     task_type, task_index = task.get("type"), task.get("index", 0)
-    parameter_servers = tuple(jobs.get("ps") or ())
-    if parameter_servers and task_type != "evaluator":
-        count = len(parameter_servers)
-        servers = "a parameter server" if count == 1 else f"{count} parameter servers"
-        raise ValueError(
-            f"TF_CONFIG names {servers} ('ps' tasks; this task is {task!r}): keras_scaling trains with all-reduce, and 'ps' tasks need tf.distribute.ParameterServerStrategy. Build that strategy yourself, or remove the 'ps' tasks (on Vertex AI, worker pool 2)."
-        )
+    if servers and task_type != "evaluator":
+        named = "a parameter server" if len(servers) == 1 else f"{len(servers)} parameter servers"
+        message = f"TF_CONFIG names {named} ('ps' tasks; this task is {task!r}): keras_scaling trains with all-reduce, and 'ps' tasks need tf.distribute.ParameterServerStrategy. Build that strategy yourself, or remove the 'ps' tasks (on Vertex AI, worker pool 2)."
+        raise ValueError(message)
     # Kubeflow's TFJob and AI Platform leave the evaluator out of the cluster.
     outside = task_type == "evaluator" and not evaluator
     if len(chief) + len(workers) < 2 and not evaluator and not outside:
         return None
     known = {"chief": chief, "worker": workers, "evaluator": evaluator}
     if task_type not in known or not isinstance(task_index, int):
-        raise ValueError(
-            f"TF_CONFIG's task must be {{'type': 'chief'|'worker'|'evaluator', 'index': N}}, got {task!r}"
-        )
+        message = f"TF_CONFIG's task must be {{'type': 'chief'|'worker'|'evaluator', 'index': N}}, got {task!r}"
+        raise ValueError(message)
     if not outside and not 0 <= task_index < len(known[task_type]):
-        raise ValueError(
-            f"TF_CONFIG's task is {task_type} {task_index}, but its cluster has {len(known[task_type])} {task_type} task(s)"
-        )
+        message = f"TF_CONFIG's task is {task_type} {task_index}, but its cluster has {len(known[task_type])} {task_type} task(s)"
+        raise ValueError(message)
     parts = [_count(len(chief), "chief")] if chief else []
     parts.append(_count(len(workers), "worker"))
     if evaluator:
@@ -108,19 +103,11 @@ def tf_config_cluster(env: Mapping[str, str]) -> ClusterSpec | None:
     origin = f"TF_CONFIG: {', '.join(parts)}; this is {task_type} {task_index}"
     if outside:
         origin += ", outside the training cluster"
-    source = "tf_config"
+    source = "launch" if env.get(LAUNCHED_ENV) else "tf_config"
     if env.get(LAUNCHED_ENV):
         origin += ", set by keras-scaling launch"
-        source = "launch"
     return ClusterSpec(
-        source=source,
-        origin=origin,
-        workers=workers,
-        task_type=task_type,
-        task_index=task_index,
-        chief=chief,
-        evaluator=evaluator,
-        port_source="TF_CONFIG",
+        source, origin, workers, task_type, task_index, chief, evaluator, port_source="TF_CONFIG"
     )
 
 
@@ -132,7 +119,7 @@ def resolve_cluster(
     `TF_CONFIG` wins over `KERAS_SCALING_WORKER_HOSTS`, which wins over Slurm; `origin` names the losers.
 
     Args:
-        env: mapping, the environment; defaults to `os.environ`.
+        env: mapping, the environment; default `os.environ`.
         expand: function expanding a Slurm host list.
 
     Returns:
@@ -154,27 +141,22 @@ def resolve_cluster(
     ```
     """
     env = os.environ if env is None else env
-    candidates = [
-        lambda: tf_config_cluster(env),
-        lambda: worker_hosts_cluster(env),
-        lambda: slurm_cluster(env, expand=expand),
-    ]
+    candidates = [tf_config_cluster, worker_hosts_cluster, lambda env: slurm_cluster(env, expand)]
     for position, candidate in enumerate(candidates):
-        spec = candidate()
+        spec = candidate(env)
         if spec is None:
             continue
         beaten = []
         for other in candidates[position + 1 :]:
             try:
-                other_spec = other()
+                other_spec = other(env)
             except (ValueError, NotInStepError):
                 continue
             if other_spec is not None:
                 beaten.append(other_spec.origin)
         if beaten:
-            spec = dataclasses.replace(
-                spec, origin=f"{spec.origin} (it wins over {'; '.join(beaten)})"
-            )
+            origin = f"{spec.origin} (it wins over {'; '.join(beaten)})"
+            spec = dataclasses.replace(spec, origin=origin)
         return spec
     return None
 
@@ -183,7 +165,7 @@ def describe_cluster(env: Mapping[str, str] | None = None) -> str:
     """One sentence saying where this process's cluster comes from.
 
     Args:
-        env: mapping, the environment; defaults to `os.environ`.
+        env: mapping, the environment; default `os.environ`.
 
     Returns:
         str, such as `"Slurm job 1234 step 0: 4 tasks on 2 nodes"`, or `"one process: ..."`.

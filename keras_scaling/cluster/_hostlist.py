@@ -50,9 +50,8 @@ def _expand_ranges(ranges: str, text: str, parameter: str) -> list[str]:
     for part in ranges.split(","):
         match = _RANGE.match(part.strip())
         if match is None:
-            raise ValueError(
-                f"{parameter}: {part!r} in {text!r} is not a number or a range such as 01-04"
-            )
+            message = f"{parameter}: {part!r} in {text!r} is not a number or a range such as 01-04"
+            raise ValueError(message)
         first, last = match.group(1), match.group(2) or match.group(1)
         if int(last) < int(first):
             raise ValueError(f"{parameter}: range {part!r} in {text!r} runs backwards")
@@ -76,9 +75,8 @@ def _expand_one(name: str, text: str, parameter: str) -> list[str]:
             try:
                 ipaddress.IPv6Address(inside)
             except ValueError:
-                raise ValueError(
-                    f"{parameter}: [{inside}] in {text!r} is neither numbers such as [01-04] nor an IPv6 address such as [fd00::1]"
-                ) from None
+                message = f"{parameter}: [{inside}] in {text!r} is neither numbers such as [01-04] nor an IPv6 address such as [fd00::1]"
+                raise ValueError(message) from None
             pieces.append(f"[{inside}]")
         rest = rest[close_at + 1 :]
     pieces.append(rest)
@@ -111,13 +109,11 @@ def _scontrol_hostnames(text: str) -> list[str] | None:
     configured = os.environ.get("SLURM_CONF") or any(map(os.path.exists, _SLURM_CONF_PATHS))
     if scontrol is None or not configured:
         return None
+    command = [scontrol, "show", "hostnames", text]
+    env = {**os.environ, "SLURM_TIME_FORMAT": "standard"}
     try:
         result = subprocess.run(
-            [scontrol, "show", "hostnames", text],
-            capture_output=True,
-            text=True,
-            timeout=_SCONTROL_TIMEOUT_S,
-            env={**os.environ, "SLURM_TIME_FORMAT": "standard"},
+            command, capture_output=True, text=True, timeout=_SCONTROL_TIMEOUT_S, env=env
         )
     except (OSError, subprocess.SubprocessError):
         return None
@@ -130,8 +126,8 @@ def expand_hostlist(
 ) -> list[str]:
     """Expands a Slurm compressed host list into host names.
 
-    By `scontrol show hostnames` when it is on the `PATH` with a configuration,
-    else by the same rules in Python (`[fd00::1]` is an IPv6 address).
+    By `scontrol show hostnames` when it is on the `PATH` with a configuration, else by the
+    same rules in Python (`[fd00::1]` is an IPv6 address).
 
     Args:
         text: str, the host list, such as `SLURM_STEP_NODELIST`.

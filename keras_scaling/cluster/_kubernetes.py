@@ -12,13 +12,11 @@ INDEX_ENV = "JOB_COMPLETION_INDEX"
 def _check_address(address: str) -> None:
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(
-            f"{WORKER_HOSTS_ENV}: {address!r} is not host:port; write each worker as host:port, such as 'train-[0-3].train-svc:2222'"
-        )
+        message = f"{WORKER_HOSTS_ENV}: {address!r} is not host:port; write each worker as host:port, such as 'train-[0-3].train-svc:2222'"
+        raise ValueError(message)
     if ":" in host and not host.startswith("["):
-        raise ValueError(
-            f"{WORKER_HOSTS_ENV}: {address!r} has an IPv6 address without brackets; write it as [address]:port, such as '[fd00::1]:2222'"
-        )
+        message = f"{WORKER_HOSTS_ENV}: {address!r} has an IPv6 address without brackets; write it as [address]:port, such as '[fd00::1]:2222'"
+        raise ValueError(message)
 
 
 def worker_hosts_cluster(env: Mapping[str, str]) -> ClusterSpec | None:
@@ -27,7 +25,7 @@ def worker_hosts_cluster(env: Mapping[str, str]) -> ClusterSpec | None:
     None when `KERAS_SCALING_WORKER_HOSTS` is unset; the pod of index `i` is worker `i`.
 
     Args:
-        env: mapping, the environment (`os.environ`, or a dict in tests).
+        env: mapping, the environment.
 
     Returns:
         A `ClusterSpec`, or None.
@@ -55,22 +53,14 @@ def worker_hosts_cluster(env: Mapping[str, str]) -> ClusterSpec | None:
         raise ValueError(f"{WORKER_HOSTS_ENV}={text!r} names a worker twice")
     index_text = env.get(INDEX_ENV)
     if index_text is None or not index_text.strip().isdigit():
-        raise ValueError(
-            f"{WORKER_HOSTS_ENV} is set but {INDEX_ENV} is {index_text!r}: each pod needs its index, which an Indexed Job (completionMode: Indexed) or a JobSet sets; outside Kubernetes, set {INDEX_ENV} to this worker's index"
-        )
+        message = f"{WORKER_HOSTS_ENV} is set but {INDEX_ENV} is {index_text!r}: each pod needs its index, which an Indexed Job (completionMode: Indexed) or a JobSet sets; outside Kubernetes, set {INDEX_ENV} to this worker's index"
+        raise ValueError(message)
     index = int(index_text)
     if index >= len(workers):
-        raise ValueError(
-            f"{INDEX_ENV}={index}, but {WORKER_HOSTS_ENV}={text!r} names {len(workers)} workers (indices 0 to {len(workers) - 1}): make the Job's completions and parallelism equal to the number of workers"
-        )
+        message = f"{INDEX_ENV}={index}, but {WORKER_HOSTS_ENV}={text!r} names {len(workers)} workers (indices 0 to {len(workers) - 1}): make the Job's completions and parallelism equal to the number of workers"
+        raise ValueError(message)
     # A JobSet names itself; a plain Indexed Job's name is not in its pods' env.
     job = env.get("JOBSET_NAME")
     name = f"Kubernetes JobSet {job!r}" if job else "Kubernetes indexed job"
-    return ClusterSpec(
-        source="kubernetes",
-        origin=f"{name}, pod {index} of {len(workers)} ({WORKER_HOSTS_ENV})",
-        workers=workers,
-        task_type="worker",
-        task_index=index,
-        port_source=WORKER_HOSTS_ENV,
-    )
+    origin = f"{name}, pod {index} of {len(workers)} ({WORKER_HOSTS_ENV})"
+    return ClusterSpec("kubernetes", origin, workers, "worker", index, port_source=WORKER_HOSTS_ENV)

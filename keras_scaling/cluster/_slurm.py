@@ -37,19 +37,16 @@ def parse_tasks_per_node(text: str, parameter: str = "SLURM_STEP_TASKS_PER_NODE"
     for part in str(text).strip().split(","):
         match = _TASKS_PER_NODE.match(part.strip())
         if match is None:
-            raise ValueError(
-                f"{parameter} must look like '2(x3),1' (2 tasks on each of 3 nodes, then 1), got {text!r}"
-            )
+            message = f"{parameter} must look like '2(x3),1' (2 tasks on each of 3 nodes, then 1), got {text!r}"
+            raise ValueError(message)
         counts.extend([int(match.group(1))] * int(match.group(2) or 1))
     return counts
 
 
 def _int(env: Mapping[str, str], name: str) -> int | None:
     value = env.get(name)
-    if not value:
-        return None
     try:
-        return int(value)
+        return int(value) if value else None
     except ValueError:
         raise ValueError(f"{name} must be an integer, got {value!r}") from None
 
@@ -99,17 +96,14 @@ def step_port_base(job_id: int, step_id: int, tasks_on_busiest_node: int = 1) ->
     block = max(1, tasks_on_busiest_node)
     jobs_in_range = (PORT_RANGE[1] - PORT_RANGE[0]) // (STEPS_PER_JOB * block)
     if jobs_in_range < 1:
-        raise ValueError(
-            f"tasks_on_busiest_node={tasks_on_busiest_node} leaves no room for {STEPS_PER_JOB} steps in ports {PORT_RANGE[0]}-{PORT_RANGE[1] - 1}: set {PORT_ENV} to the first of a free range of that many ports"
-        )
+        message = f"tasks_on_busiest_node={tasks_on_busiest_node} leaves no room for {STEPS_PER_JOB} steps in ports {PORT_RANGE[0]}-{PORT_RANGE[1] - 1}: set {PORT_ENV} to the first of a free range of that many ports"
+        raise ValueError(message)
     slot = (job_id % jobs_in_range) * STEPS_PER_JOB + step_id % STEPS_PER_JOB
     return PORT_RANGE[0] + slot * block
 
 
 class NotInStepError(RuntimeError):
-    """A Slurm job of several tasks runs this Python as one process, outside `srun`.
-
-    That process would train alone while the other tasks never start; run `srun python train.py`.
+    """A Slurm job of several tasks runs this Python as one process, outside `srun`: it would train alone.
 
     Args:
         *args: the message, as for any exception.
@@ -134,7 +128,7 @@ def slurm_cluster(
     None outside Slurm and in a step of one task; worker 0 is local rank 0 on the first node.
 
     Args:
-        env: mapping, the environment (`os.environ`, or a dict in tests).
+        env: mapping, the environment.
         expand: function expanding a compressed host list.
 
     Returns:
@@ -160,9 +154,8 @@ def slurm_cluster(
     if not in_slurm_step(env):
         ntasks = _job_tasks(env)
         if ntasks > 1:
-            raise NotInStepError(
-                f"Slurm job {job_id} has {ntasks} tasks, but this Python runs outside a job step, so it would train alone while the other {ntasks - 1} never start. Start one process per task with srun: `srun python train.py` (or `srun --ntasks=1 python train.py` for one process)."
-            )
+            message = f"Slurm job {job_id} has {ntasks} tasks, but this Python runs outside a job step, so it would train alone while the other {ntasks - 1} never start. Start one process per task with srun: `srun python train.py` (or `srun --ntasks=1 python train.py` for one process)."
+            raise NotInStepError(message)
         return None
     step_id = _int(env, "SLURM_STEP_ID" if "SLURM_STEP_ID" in env else "SLURM_STEPID")
     num_tasks = _int(env, "SLURM_STEP_NUM_TASKS") or _int(env, "SLURM_NTASKS") or 1
@@ -173,29 +166,23 @@ def slurm_cluster(
     tasks_text = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE", "")
     tasks_per_node = parse_tasks_per_node(tasks_text)
     if len(tasks_per_node) != len(hosts) or sum(tasks_per_node) != num_tasks:
-        raise ValueError(
-            f"Slurm step {job_id}.{step_id}: SLURM_STEP_TASKS_PER_NODE={tasks_text!r} ({sum(tasks_per_node)} tasks on {len(tasks_per_node)} nodes) does not match SLURM_STEP_NODELIST={nodelist!r} ({len(hosts)} nodes) and SLURM_STEP_NUM_TASKS={num_tasks}"
-        )
+        message = f"Slurm step {job_id}.{step_id}: SLURM_STEP_TASKS_PER_NODE={tasks_text!r} ({sum(tasks_per_node)} tasks on {len(tasks_per_node)} nodes) does not match SLURM_STEP_NODELIST={nodelist!r} ({len(hosts)} nodes) and SLURM_STEP_NUM_TASKS={num_tasks}"
+        raise ValueError(message)
     node_name = env.get("SLURMD_NODENAME")
     node_index = hosts.index(node_name) if node_name in hosts else _int(env, "SLURM_NODEID") or 0
     local_rank = _int(env, "SLURM_LOCALID") or 0
     if not 0 <= node_index < len(hosts) or not 0 <= local_rank < tasks_per_node[node_index]:
-        raise ValueError(
-            f"Slurm step {job_id}.{step_id}: node {node_index} (SLURMD_NODENAME={node_name!r}) local rank {local_rank} is not a task of SLURM_STEP_NODELIST={nodelist!r} with SLURM_STEP_TASKS_PER_NODE={tasks_text!r}"
-        )
+        message = f"Slurm step {job_id}.{step_id}: node {node_index} (SLURMD_NODENAME={node_name!r}) local rank {local_rank} is not a task of SLURM_STEP_NODELIST={nodelist!r} with SLURM_STEP_TASKS_PER_NODE={tasks_text!r}"
+        raise ValueError(message)
     busiest = max(tasks_per_node)
     assert job_id is not None and step_id is not None  # in_slurm_step read both
     override = _int(env, PORT_ENV)
     if override is not None and not 1024 <= override <= 65535 - busiest:
-        raise ValueError(
-            f"{PORT_ENV} must be a port from 1024 to {65535 - busiest} (the task of local rank r on a node uses {PORT_ENV} + r), got {override}"
-        )
+        message = f"{PORT_ENV} must be a port from 1024 to {65535 - busiest} (the task of local rank r on a node uses {PORT_ENV} + r), got {override}"
+        raise ValueError(message)
     port_base = override if override is not None else step_port_base(job_id, step_id, busiest)
-    workers = tuple(
-        f"{host}:{port_base + rank}"
-        for host, count in zip(hosts, tasks_per_node)
-        for rank in range(count)
-    )
+    ranks = [(host, rank) for host, count in zip(hosts, tasks_per_node) for rank in range(count)]
+    workers = tuple(f"{host}:{port_base + rank}" for host, rank in ranks)
     nodes = "node" if len(hosts) == 1 else "nodes"
     return ClusterSpec(
         source="slurm",
@@ -228,11 +215,9 @@ def _step_gpu_count(env: Mapping[str, str]) -> int | None:
     if env.get("SLURM_STEP_GPUS"):
         return len(_device_ids(env["SLURM_STEP_GPUS"]))
     count = _int(env, "SLURM_GPUS_ON_NODE")
-    if count is not None:
-        return count
-    if env.get("SLURM_JOB_GPUS"):
+    if count is None and env.get("SLURM_JOB_GPUS"):
         return len(_device_ids(env["SLURM_JOB_GPUS"]))
-    return None
+    return count
 
 
 def task_gpus(env: Mapping[str, str], local_rank: int, tasks_on_node: int) -> list[str] | None:
@@ -275,8 +260,7 @@ def task_gpus(env: Mapping[str, str], local_rank: int, tasks_on_node: int) -> li
     if not gpus:
         return None
     if len(gpus) % tasks_on_node:
-        raise ValueError(
-            f"the {tasks_on_node} tasks on this node all see the same {len(gpus)} GPUs ({','.join(gpus)}), which do not divide among them. Ask Slurm for GPUs per task (`srun --gpus-per-task=1`), or as many tasks per node as GPUs (`--ntasks-per-node={len(gpus)}`)."
-        )
+        message = f"the {tasks_on_node} tasks on this node all see the same {len(gpus)} GPUs ({','.join(gpus)}), which do not divide among them. Ask Slurm for GPUs per task (`srun --gpus-per-task=1`), or as many tasks per node as GPUs (`--ntasks-per-node={len(gpus)}`)."
+        raise ValueError(message)
     share = len(gpus) // tasks_on_node
     return gpus[local_rank * share : (local_rank + 1) * share]

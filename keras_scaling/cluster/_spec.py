@@ -61,7 +61,5 @@ class ClusterSpec:
 
     def tf_config(self) -> dict[str, Any]:
         """The `TF_CONFIG` dict that describes this cluster and task."""
-        return {
-            "cluster": self.cluster_dict(),
-            "task": {"type": self.task_type, "index": self.task_index},
-        }
+        task = {"type": self.task_type, "index": self.task_index}
+        return {"cluster": self.cluster_dict(), "task": task}

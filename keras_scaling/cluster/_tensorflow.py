@@ -24,9 +24,8 @@ def check_addresses(spec: "ClusterSpec") -> None:
             try:
                 socket.getaddrinfo(host, None)
             except OSError as error:
-                raise ValueError(
-                    f"{spec.origin}: the node name {host!r} of SLURM_STEP_NODELIST does not resolve to an address here ({error}); make Slurm's node names resolvable, or set TF_CONFIG in the job script (it wins over Slurm's)."
-                ) from None
+                message = f"{spec.origin}: the node name {host!r} of SLURM_STEP_NODELIST does not resolve to an address here ({error}); make Slurm's node names resolvable, or set TF_CONFIG in the job script (it wins over Slurm's)."
+                raise ValueError(message) from None
     port = int(spec.address.rpartition(":")[2])
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         # As gRPC binds: a requeued job's connections in TIME_WAIT do not hold the port.
@@ -37,9 +36,8 @@ def check_addresses(spec: "ClusterSpec") -> None:
             fix = f"Change the port in {WORKER_HOSTS_ENV}"
             if spec.source == "slurm":
                 fix = f"Set {PORT_ENV} to a free port in the job script, the same for every task"
-            raise ValueError(
-                f"{spec.origin}: this task's port {port} ({spec.task_type} {spec.task_index}, ports from {spec.port_source}) is in use on this node ({error.strerror}). {fix}."
-            ) from None
+            message = f"{spec.origin}: this task's port {port} ({spec.task_type} {spec.task_index}, ports from {spec.port_source}) is in use on this node ({error.strerror}). {fix}."
+            raise ValueError(message) from None
 
 
 def bind_task_gpus(spec: "ClusterSpec") -> None:
