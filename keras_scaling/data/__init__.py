@@ -1,9 +1,4 @@
-"""Distributed input: shard per worker, batch globally, prefetch, static shapes.
-
-`distribute` feeds arrays, a `tf.data.Dataset`, a `keras.utils.PyDataset`, a generator function
-or TFRecord files to `fit` under any `tf.distribute` strategy; `describe` and `plan_of` show its
-plan. The guide `docs/guides/input.md` explains the rules.
-"""
+"""Distributed input: shard per worker, batch globally, prefetch, static shapes (the input guide)."""
 
 import functools
 import logging
@@ -50,10 +45,8 @@ def global_batch_size(
     keras_scaling.data.global_batch_size(32, strategy)   # 64
     ```
     """
-    info, _ = _describe_strategy(strategy)
-    return _input_plan.resolve_batch_sizes(
-        info.num_replicas, per_replica_batch_size=per_replica_batch_size
-    )[1]
+    num_replicas = devices.describe_strategy(strategy).num_replicas
+    return _input_plan.resolve_batch_sizes(num_replicas, per_replica_batch_size)[1]
 
 
 def distribute(
@@ -80,37 +73,33 @@ def distribute(
     read once per epoch over all workers, every worker runs the same steps
     (with several workers, `num_workers` times `dataset.cardinality()`), and
     shapes are static. Every worker must call it with the same data and
-    arguments. The plan is logged at INFO level on the `keras_scaling` logger
-    and `keras_scaling.compat.enable_for(strategy)` is applied. The input
-    guide gives the rules of sharding, shuffling and the last batch.
+    arguments. It logs the plan and applies `keras_scaling.compat.enable_for`.
 
     Args:
         data: NumPy arrays as `fit` takes them; a `tf.data.Dataset`, batched
-            (re-batched to the global batch) or not; a `keras.utils.PyDataset`;
-            a generator function, with `output_signature`; or a list of
-            TFRecord paths, with `parse_fn`.
+            or not; a `keras.utils.PyDataset`; a generator function, with
+            `output_signature`; or a list of TFRecord paths, with `parse_fn`.
         strategy: a `tf.distribute.Strategy`; defaults to the current one.
         per_replica_batch_size: int, samples per replica per step.
         global_batch_size: int, samples per step over all replicas, a
             multiple of the replicas. Give one of the two (both if they
             agree), or neither for batched data.
         shuffle: bool; `None` (default) shuffles arrays and files, not
-            datasets, as `fit` does. Pass `False` for `evaluate` and `predict`.
+            datasets, as `fit` does. `False` for `evaluate` and `predict`.
         seed: int, the shuffle seed, the same on every worker; `None` is 1234.
         last_batch: `"drop"` (default), `"pad"` (zero-weight rows, so
             `weighted_metrics` count each sample once) or `"partial"` (one
             worker, not TPU).
-        shard: `"auto"` (default: by file when there are at least as many
-            files as workers, else by element), `"file"` or `"element"`.
+        shard: `"auto"` (default: by file with at least as many files as
+            workers, else by element), `"file"` or `"element"`.
         cache: `False` (default), `True` (in memory) or a file path: cache
             this worker's parsed share after the first epoch.
         parse_fn: function from one element (a serialized record) to a sample.
-        num_samples: int, the samples in one pass of data of unknown length:
-            it saves the counting pass.
+        num_samples: int, the samples in one pass of data of unknown length.
         output_signature: a generator function's `tf.TensorSpec` structure.
         prefetch_batches: int, global batches read ahead; `None` is AUTOTUNE.
-        private_threadpool_size: int, threads of a pool of the pipeline's own
-            (`tf.data.Options().threading`); `None`: TensorFlow's shared pool.
+        private_threadpool_size: int, threads of the pipeline's own pool;
+            `None`: TensorFlow's shared pool.
         max_intra_op_parallelism: int, threads one op may use; `None`:
             TensorFlow's choice. These three change the speed, never the batches.
 
@@ -119,23 +108,18 @@ def distribute(
 
     Raises:
         TypeError: a wrong type of `strategy`, `parse_fn` or `data`.
-        ValueError: batch sizes missing, not positive or not divisible by the
-            replicas; data infinite, empty, of inconsistent shapes or lengths,
-            or contradicting `num_samples`; files without `parse_fn` or
-            missing; an unknown `last_batch` or `shard`; no full step.
+        ValueError: bad batch sizes, `last_batch` or `shard`; data infinite,
+            empty, inconsistent or contradicting `num_samples`; files without
+            `parse_fn` or missing; no full step.
 
     Example:
 
     ```python
-    import keras, numpy as np, keras_scaling
     keras_scaling.use_logical_cpus(2)
     strategy = keras_scaling.auto_strategy()
     x = np.random.rand(1000, 8).astype("float32")
-    y = x.sum(axis=1, keepdims=True)
-    train = keras_scaling.data.distribute(
-        (x, y), strategy=strategy, per_replica_batch_size=32
-    )
-    print(keras_scaling.data.plan_of(train))
+    train = keras_scaling.data.distribute((x, x[:, :1]), strategy=strategy, per_replica_batch_size=32)
+    keras_scaling.data.plan_of(train).global_batch_size   # 64
     with strategy.scope():
         model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
         model.compile(optimizer="adam", loss="mse")
@@ -143,7 +127,8 @@ def distribute(
     ```
     """
     devices.warn_if_keras_distribution_set()
-    info, strategy = _describe_strategy(strategy)
+    strategy = tf.distribute.get_strategy() if strategy is None else strategy
+    info = devices.describe_strategy(strategy)
     from keras_scaling import compat
 
     compat.enable_for(strategy)
@@ -157,7 +142,6 @@ def distribute(
     return _distribute_for(
         data,
         info,
-        static_shapes_required=_needs_static_shapes(strategy, info),
         per_replica_batch_size=per_replica_batch_size,
         global_batch_size=global_batch_size,
         shuffle=shuffle,
@@ -172,11 +156,9 @@ def distribute(
     )
 
 
-def _distribute_for(data, info, *, static_shapes_required=False, pipeline_options=None, **kwargs):
+def _distribute_for(data, info, *, pipeline_options=None, **kwargs):
     """`distribute` for the worker that `info` (a `StrategyInfo`) describes."""
-    plan, source, schedule, file_assignment = _make_plan(
-        data, info, static_shapes_required=static_shapes_required, **kwargs
-    )
+    plan, source, schedule, file_assignment = _make_plan(data, info, **kwargs)
     for message in plan.warnings:
         logger.warning("%s", message)
     logger.info("%s", plan)
@@ -218,15 +200,8 @@ def describe(data: Any, **kwargs: Any) -> InputPlan:
     Example:
 
     ```python
-    import numpy as np, tensorflow as tf, keras_scaling
     x = np.random.rand(1000, 8).astype("float32")
-    y = x.sum(axis=1, keepdims=True)
-    plan = keras_scaling.data.describe(
-        (x, y),
-        strategy=tf.distribute.get_strategy(),
-        per_replica_batch_size=32,
-        last_batch="pad",
-    )
+    plan = keras_scaling.data.describe((x, x), per_replica_batch_size=32, last_batch="pad")
     print(plan)   # ... steps per epoch: 32 last batch: pad: 0 dropped, 24 padded per epoch ...
     ```
     """
@@ -237,10 +212,7 @@ def describe(data: Any, **kwargs: Any) -> InputPlan:
                 f"describe() got a dataset of distribute(), which has its plan, and arguments {sorted(kwargs)}: pass the original data with the arguments, or the dataset alone."
             )
         return existing
-    info, strategy = _describe_strategy(kwargs.pop("strategy", None))
-    return _make_plan(
-        data, info, static_shapes_required=_needs_static_shapes(strategy, info), **kwargs
-    )[0]
+    return _make_plan(data, devices.describe_strategy(kwargs.pop("strategy", None)), **kwargs)[0]
 
 
 def plan_of(dataset: tf.data.Dataset) -> InputPlan | None:
@@ -257,7 +229,6 @@ def plan_of(dataset: tf.data.Dataset) -> InputPlan | None:
     Example:
 
     ```python
-    import numpy as np, keras_scaling
     x = np.random.rand(1000, 8).astype("float32")
     train = keras_scaling.data.distribute((x, x), global_batch_size=64)
     keras_scaling.data.plan_of(train).steps_per_epoch   # 15
@@ -267,24 +238,10 @@ def plan_of(dataset: tf.data.Dataset) -> InputPlan | None:
     return getattr(dataset, _PLAN_ATTRIBUTE, None)
 
 
-def _describe_strategy(strategy):
-    strategy = tf.distribute.get_strategy() if strategy is None else strategy
-    if not isinstance(strategy, tf.distribute.Strategy):
-        raise TypeError(
-            f"strategy must be a tf.distribute.Strategy (or None for the current one), got {type(strategy).__name__}. Create one with keras_scaling.auto_strategy()."
-        )
-    return devices.describe_strategy(strategy), strategy
-
-
-def _needs_static_shapes(strategy, info):
-    return isinstance(strategy, tf.distribute.TPUStrategy) or info.device_kind == "TPU"
-
-
 def _make_plan(
     data,
     info,
     *,
-    static_shapes_required=False,
     per_replica_batch_size=None,
     global_batch_size=None,
     shuffle=None,
@@ -296,8 +253,10 @@ def _make_plan(
     num_samples=None,
     output_signature=None,
 ):
+    # TPUs need the same shapes on every step.
+    static_shapes = info.device_kind == "TPU" or info.kind.startswith("TPU")
     _input_plan.check_last_batch(
-        last_batch, num_workers=info.num_workers, static_shapes_required=static_shapes_required
+        last_batch, num_workers=info.num_workers, static_shapes_required=static_shapes
     )
     _validation.one_of(shard, "shard", _input_plan.SHARD_MODES)
     shuffle = _validation.optional_boolean(shuffle, "shuffle")

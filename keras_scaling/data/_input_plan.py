@@ -13,10 +13,7 @@ MIN_ACCELERATOR_PER_REPLICA_BATCH_SIZE = 32
 
 
 def resolve_batch_sizes(
-    num_replicas,
-    per_replica_batch_size=None,
-    global_batch_size=None,
-    data_batch_size=None,
+    num_replicas, per_replica_batch_size=None, global_batch_size=None, data_batch_size=None
 ):
     """`(per_replica_batch_size, global_batch_size)` from either, or from the data's batch.
 
@@ -33,13 +30,14 @@ def resolve_batch_sizes(
         raise ValueError(
             f"Pass per_replica_batch_size (samples per replica, e.g. 32) or global_batch_size (samples per step across all {num_replicas} replicas); got neither."
         )
+    fix = "Pass for example 32."
     if per_replica_batch_size is not None:
         per_replica_batch_size = _validation.positive_int(
-            per_replica_batch_size, "per_replica_batch_size", fix="Pass for example 32."
+            per_replica_batch_size, "per_replica_batch_size", fix=fix
         )
     if global_batch_size is not None:
         global_batch_size = _validation.positive_int(
-            global_batch_size, "global_batch_size", fix="Pass for example 32."
+            global_batch_size, "global_batch_size", fix=fix
         )
         if global_batch_size % num_replicas:
             lower = global_batch_size // num_replicas * num_replicas
@@ -216,13 +214,8 @@ class InputPlan:
     Example:
 
     ```python
-    import numpy as np, tensorflow as tf, keras_scaling
-    strategy = tf.distribute.get_strategy()   # one device
     x = np.random.rand(1000, 8).astype("float32")
-    y = x.sum(axis=1, keepdims=True)
-    plan = keras_scaling.data.describe(
-        (x, y), strategy=strategy, per_replica_batch_size=32
-    )
+    plan = keras_scaling.data.describe((x, x), per_replica_batch_size=32)   # one device
     plan.global_batch_size, plan.steps_per_epoch   # (32, 31)
     print(plan)
     ```

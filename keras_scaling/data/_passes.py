@@ -5,25 +5,22 @@ import threading
 
 import tensorflow as tf
 
-_COUNTER_ATTRIBUTE = "_keras_scaling_pass_counter"
+from keras_scaling import _threads
+
+COUNTER_ATTRIBUTE = "_keras_scaling_pass_counter"
+
+
+def _new_counter_variable() -> tf.Variable:
+    with tf.device("/cpu:0"):
+        return tf.Variable(0, dtype=tf.int64, trainable=False)
 
 
 class PassCounter:
     """Numbers the passes read over one pipeline; the next number can be set."""
 
     def __init__(self) -> None:
-        # On a thread of its own: a strategy's scope (which would mirror the
-        # variable over the replicas) and a device scope are per thread.
-        created: list[tf.Variable] = []
-
-        def create() -> None:
-            with tf.device("/cpu:0"):
-                created.append(tf.Variable(0, dtype=tf.int64, trainable=False))
-
-        thread = threading.Thread(target=create, name="keras_scaling-pass-counter")
-        thread.start()
-        thread.join()
-        self._next_pass = created[0]
+        # A strategy's scope (which would mirror the variable) is per thread.
+        self._next_pass = _threads.run_outside_strategy(_new_counter_variable, "pass-counter")
         self._lock = threading.Lock()
         # None until Keras starts its first epoch over the pipeline.
         self._keras_pass: int | None = None
@@ -76,12 +73,8 @@ def each_pass(counter: PassCounter, build_pass) -> tf.data.Dataset:
     return tf.data.Dataset.from_tensors(tf.constant(0, tf.int64)).flat_map(one_pass)
 
 
-def attach(dataset: tf.data.Dataset, counter: PassCounter) -> None:
-    setattr(dataset, _COUNTER_ATTRIBUTE, counter)
-
-
 def counter_of(dataset) -> PassCounter | None:
-    return getattr(dataset, _COUNTER_ATTRIBUTE, None)
+    return getattr(dataset, COUNTER_ATTRIBUTE, None)
 
 
 def pass_seed(seed: int, index: tf.Tensor) -> tf.Tensor:

@@ -29,8 +29,8 @@ def build(
             source, plan, schedule, file_assignment, parse_fn, cache, counter
         )
     # "partial" runs on one worker only.
-    batches_per_worker = schedule.steps_per_epoch // plan.num_workers
-    dataset = dataset.apply(tf.data.experimental.assert_cardinality(batches_per_worker))
+    batches = tf.data.experimental.assert_cardinality(schedule.steps_per_epoch // plan.num_workers)
+    dataset = dataset.apply(batches)
     options = tf.data.Options()
     # The split between workers is done above; TensorFlow must not split again
     # (AUTO would read every file on every worker: tensorflow#49048).
@@ -39,16 +39,14 @@ def build(
         options.threading.private_threadpool_size = private_threadpool_size
     if max_intra_op_parallelism is not None:
         options.threading.max_intra_op_parallelism = max_intra_op_parallelism
-    buffer_size = tf.data.AUTOTUNE if prefetch_batches is None else prefetch_batches
-    dataset = dataset.with_options(options).prefetch(buffer_size)
-    _passes.attach(dataset, counter)
+    dataset = dataset.with_options(options).prefetch(prefetch_batches or tf.data.AUTOTUNE)
+    setattr(dataset, _passes.COUNTER_ATTRIBUTE, counter)
     return dataset
 
 
 def _shuffle(dataset, plan, buffer_size, pass_index):
     """`dataset` in the order of pass `pass_index`, whatever TensorFlow's global seed."""
-    # The graph's seed is set aside: TensorFlow's check of a global seed of 0
-    # against the op's seed would read this tensor as a bool.
+    # TensorFlow's check of a global seed of 0 against the op's seed would read this tensor as a bool.
     seed = _passes.pass_seed(plan.seed, pass_index)
     graph = tf.compat.v1.get_default_graph()
     global_seed, graph.seed = graph.seed, None
@@ -59,9 +57,7 @@ def _shuffle(dataset, plan, buffer_size, pass_index):
 
 
 def _shuffled_in_each_pass(dataset, plan, buffer_size, counter):
-    return _passes.each_pass(
-        counter, lambda pass_index: _shuffle(dataset, plan, buffer_size, pass_index)
-    )
+    return _passes.each_pass(counter, lambda index: _shuffle(dataset, plan, buffer_size, index))
 
 
 def _batched_array_rows(source, plan, schedule, counter):
@@ -124,23 +120,19 @@ def _batched_elements(source, plan, schedule, file_assignment, parse_fn, cache, 
             stream = _shuffled_in_each_pass(stream, plan, buffer_size, counter)
     padded, padding = plan.last_batch == "pad", None
     if padded:
-        stream = stream.map(lambda *element: (_unpack(element), 1.0))
+        stream = stream.map(lambda *element: (_py_dataset.unpack(element), 1.0))
         # A PyDataset's first sample: reading the stream would start a pass (on_epoch_begin).
         if isinstance(source, _py_dataset.PyDatasetSource):
             first = tf.data.Dataset.from_tensors(source.first_sample)
         else:
             first = raw_of_pass(None).take(1).map(load)
-        padding = first.map(lambda *element: (_unpack(element), 0.0))
+        padding = first.map(lambda *element: (_py_dataset.unpack(element), 0.0))
     read_to_end = isinstance(source, _py_dataset.PyDatasetSource)
     stream = _keep_or_pad(stream, schedule, plan, padding, read_to_end=read_to_end)
     stream = stream.batch(plan.global_batch_size, drop_remainder=plan.last_batch != "partial")
     if padded:
         stream = stream.map(_with_padding_weights)
     return stream
-
-
-def _unpack(element):
-    return element[0] if len(element) == 1 else element
 
 
 def _raw_elements(source, plan, file_assignment):
@@ -223,7 +215,7 @@ def _loader(source, parse_fn):
         for decoder in decoders:
             element = decoder(*element)
             element = element if isinstance(element, tuple) else (element,)
-        sample = _unpack(element)
+        sample = _py_dataset.unpack(element)
         return sample if parse_fn is None else parse_fn(sample)
 
     return load

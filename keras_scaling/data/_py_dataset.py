@@ -45,6 +45,11 @@ def as_fit_layout(item):
     return tuple(items)
 
 
+def unpack(element):
+    """A one-part element as that part, else as it is."""
+    return element[0] if len(element) == 1 else element
+
+
 def _describe(item):
     shapes = [tf.nest.map_structure(lambda leaf: tuple(np.shape(leaf)), part) for part in item]
     return "(" + ", ".join(f"{n}: {s}" for n, s in zip(("x", "y", "sample_weight"), shapes)) + ")"
@@ -114,8 +119,7 @@ def inspect_py_dataset(py_dataset, num_samples=None):
         raise ValueError(
             f"num_samples={num_samples} contradicts the PyDataset: {num_items} items of {batch_size} samples, the last with {last_size}, hold {total}. Leave num_samples out; it is counted from len() and the last item."
         )
-    first_sample = tf.nest.map_structure(lambda leaf: np.asarray(leaf)[0], first)
-    first_sample = first_sample[0] if len(first_sample) == 1 else first_sample
+    first_sample = unpack(tf.nest.map_structure(lambda leaf: np.asarray(leaf)[0], first))
     return PyDatasetSource(py_dataset, item_sizes, signature, first_sample, first_text)
 
 
@@ -144,7 +148,7 @@ def sample_stream(source, item_indices, *, shuffle, seed, pass_index):
     batches = tf.data.Dataset.from_generator(
         generate, args=(pass_index,), output_signature=source.signature
     )
-    return batches.unbatch().map(lambda *element: element[0] if len(element) == 1 else element)
+    return batches.unbatch().map(lambda *element: unpack(element))
 
 
 _shared_py_dataset: Any = None
@@ -161,23 +165,20 @@ def _shared_item(index):
 
 def _read_items(py_dataset, order):
     """`(index, item)` in `order`, read ahead by the dataset's `workers`, as `fit` does."""
-    workers = max(int(getattr(py_dataset, "workers", 1) or 1), 1)
-    use_multiprocessing = bool(getattr(py_dataset, "use_multiprocessing", False))
-    queue_size = max(int(getattr(py_dataset, "max_queue_size", 10) or 10), 1)
-    if workers == 1 and not use_multiprocessing:
-        for index in order:
-            yield index, py_dataset[index]
+    workers = max(py_dataset.workers or 1, 1)
+    if workers == 1 and not py_dataset.use_multiprocessing:
+        yield from ((index, py_dataset[index]) for index in order)
         return
-    if use_multiprocessing:
+    if py_dataset.use_multiprocessing:
         pool: concurrent.futures.Executor = concurrent.futures.ProcessPoolExecutor(
             workers, initializer=_share, initargs=(py_dataset,)
         )
         read = _shared_item
     else:
-        pool = concurrent.futures.ThreadPoolExecutor(workers)
-        read = py_dataset.__getitem__
+        pool, read = concurrent.futures.ThreadPoolExecutor(workers), py_dataset.__getitem__
     remaining = iter(order)
     try:
+        queue_size = max(py_dataset.max_queue_size or 1, 1)
         pending = collections.deque(
             (index, pool.submit(read, index)) for index in itertools.islice(remaining, queue_size)
         )

@@ -18,11 +18,8 @@ class ArraySource:
 
     arrays: object
     num_examples: int
-    num_files = None
-    batch_size = None
-    kind = "arrays"
-    notes = ()
-    default_shuffle = True
+    num_files = batch_size = None
+    kind, notes, default_shuffle = "arrays", (), True
 
 
 @dataclasses.dataclass
@@ -34,8 +31,7 @@ class DatasetSource:
     batch_size: int | None = None
     kind: str = "tf.data.Dataset"
     notes: tuple = ()
-    num_files = None
-    default_shuffle = False
+    num_files, default_shuffle = None, False
 
 
 @dataclasses.dataclass
@@ -49,8 +45,6 @@ class DirectorySource:
     shuffled: bool
     notes: tuple = ()
     kind = "dataset of files (from_tensor_slices(paths), .map(), .batch())"
-    unit = "files"
-
     num_examples = num_files = property(lambda self: len(self.paths))
     file_sizes = property(lambda self: (1,) * len(self.paths))
     default_shuffle = property(lambda self: self.shuffled)
@@ -68,12 +62,7 @@ class FileSource:
     paths: tuple
     file_sizes: tuple
     num_examples: int
-    batch_size = None
-    kind = "TFRecord files"
-    notes = ()
-    unit = "files"
-    default_shuffle = True
-
+    batch_size, kind, notes, default_shuffle = None, "TFRecord files", (), True
     num_files = property(lambda self: len(self.paths))
 
 
@@ -93,7 +82,7 @@ def inspect_data(data, parse_fn=None, *, num_samples=None, output_signature=None
         )
     if inspect.isgenerator(data):
         raise TypeError(
-            "data is a generator object, which can be read only once, and every epoch needs a new pass. Pass the generator function itself, with output_signature= and num_samples=."
+            "data is a generator object, read only once, but every epoch needs a new pass. Pass the generator function itself, with output_signature= and num_samples=."
         )
     if output_signature is not None:
         if not callable(data) or isinstance(data, tf.data.Dataset):
@@ -145,12 +134,8 @@ def _inspect_dataset(dataset, num_samples, kind="tf.data.Dataset"):
             found_from="the dataset's cardinality",
         )
     count, note = _declared_or_counted(dataset, num_samples, batched=False)
-    return DatasetSource(
-        dataset.apply(tf.data.experimental.assert_cardinality(count)),
-        count,
-        kind=kind,
-        notes=(note,),
-    )
+    dataset = dataset.apply(tf.data.experimental.assert_cardinality(count))
+    return DatasetSource(dataset, count, kind=kind, notes=(note,))
 
 
 def _declared_or_counted(dataset, num_samples, *, batched):
@@ -171,8 +156,7 @@ def _inspect_batched(dataset, batch, cardinality, num_samples):
             f"data is batched with {batch.transformation}, which pads or groups samples by their own batch, so they cannot be re-batched to the global batch. Pass the dataset before {batch.transformation} (distribute() batches it), or pad to a fixed shape (padded_batch(n, padded_shapes=...) with every size given; for audio_dataset_from_directory, output_sequence_length=...)."
         )
     file_paths = getattr(dataset, "file_paths", None)
-    if not _is_path_list(file_paths):
-        file_paths = None
+    file_paths = file_paths if _is_path_list(file_paths) else None
     pipeline = _tf_data_batching.directory_pipeline(dataset, file_paths)
     if pipeline is not None:
         notes = (f"{len(pipeline.paths)} samples, one per file",)
@@ -184,13 +168,9 @@ def _inspect_batched(dataset, batch, cardinality, num_samples):
         samples, note = _declared_or_counted(dataset, num_samples, batched=True)
     else:
         note = f"{samples} samples from {found_from}"
-    source = DatasetSource(
-        dataset.unbatch().apply(tf.data.experimental.assert_cardinality(samples)),
-        samples,
-        batch_size=batch_size,
-        kind=f"batched tf.data.Dataset ({batch.transformation}, batch {batch_size})",
-        notes=(note,),
-    )
+    samples_dataset = dataset.unbatch().apply(tf.data.experimental.assert_cardinality(samples))
+    kind = f"batched tf.data.Dataset ({batch.transformation}, batch {batch_size})"
+    source = DatasetSource(samples_dataset, samples, batch_size, kind, (note,))
     return _check_count(source, num_samples, found_from=found_from)
 
 
@@ -199,7 +179,7 @@ def _batched_count(batch, cardinality, file_paths):
     if not batch.one_batch_per_element or cardinality < 0:
         return None, None
     if batch.drop_remainder and batch.batch_size:
-        return cardinality * batch.batch_size, (f"{cardinality} full batches of {batch.batch_size}")
+        return cardinality * batch.batch_size, f"{cardinality} full batches of {batch.batch_size}"
     if batch.samples is not None and batch.samples >= 0:
         return batch.samples, f"the {batch.samples} elements before {batch.transformation}"
     if file_paths is not None:
@@ -214,8 +194,7 @@ def _first_batch_size(dataset):
 
 
 def _inspect_files(data, parse_fn):
-    paths = (data,) if _is_path(data) else tuple(data)
-    paths = tuple(os.fsdecode(path) for path in paths)
+    paths = tuple(os.fsdecode(path) for path in ((data,) if _is_path(data) else data))
     if parse_fn is None:
         raise ValueError(
             f"data is a list of {len(paths)} file(s), which needs parse_fn: a function from one serialized record to the sample, such as lambda record: tf.io.parse_single_example(record, features)."
@@ -253,18 +232,16 @@ def _inspect_arrays(data):
     if not leaves:
         raise ValueError("data holds no arrays: pass x, (x, y) or (x, y, sample_weight).")
     lengths = {}
-    paths = _leaf_names(structure)
-    for name, leaf in zip(paths, leaves):
+    for name, leaf in zip(_leaf_names(structure), leaves):
         if not hasattr(leaf, "shape") and not isinstance(leaf, (list, np.generic)):
             raise TypeError(
                 f"data must be a tf.data.Dataset, a list of TFRecord file paths (with parse_fn), or NumPy arrays as model.fit takes them (x, (x, y) or (x, y, sample_weight)); {name} is a {type(leaf).__name__}."
             )
-        shape = np.shape(leaf)
-        if len(shape) == 0:
+        if not np.shape(leaf):
             raise ValueError(
                 f"data's {name} is a scalar: arrays need a first dimension of samples."
             )
-        lengths[name] = shape[0]
+        lengths[name] = np.shape(leaf)[0]
     if len(set(lengths.values())) > 1:
         detail = ", ".join(f"{name} has {length}" for name, length in lengths.items())
         raise ValueError(
@@ -273,17 +250,9 @@ def _inspect_arrays(data):
     num_examples = next(iter(lengths.values()))
     if num_examples == 0:
         raise ValueError("data's arrays are empty: there is nothing to train on.")
-    arrays = tf.nest.map_structure(tf.convert_to_tensor, _lists_to_tuples(structure))
-    return ArraySource(arrays, int(num_examples))
-
-
-def _lists_to_tuples(structure):
     # tf.data would stack a list of several inputs into one tensor.
-    if isinstance(structure, (list, tuple)):
-        return tuple(_lists_to_tuples(item) for item in structure)
-    if isinstance(structure, dict):
-        return {key: _lists_to_tuples(value) for key, value in structure.items()}
-    return structure
+    structure = keras.tree.lists_to_tuples(structure)
+    return ArraySource(tf.nest.map_structure(tf.convert_to_tensor, structure), int(num_examples))
 
 
 def _leaf_names(structure):

@@ -1,7 +1,4 @@
-"""Workers, replicas and devices of a strategy: the one place that counts them.
-
-It imports nothing else of keras_scaling, so that `compat` can use it without a cycle.
-"""
+"""Workers, replicas and devices of a strategy; imports nothing of keras_scaling (`compat` uses it)."""
 
 import re
 from collections.abc import Iterable
@@ -132,10 +129,7 @@ def replicas_per_worker(strategy: tf.distribute.Strategy) -> int:
 
 
 def local_copy(variable: Any, strategy: tf.distribute.Strategy) -> Any:
-    """This worker's first copy of a Keras variable, `tf.Variable` or per-replica value.
-
-    The copies of a mirrored variable are equal, and one costs a fraction of the whole to read.
-    """
+    """This worker's first copy of a Keras variable, `tf.Variable` or per-replica value."""
     # A Keras variable's `value` is a property giving its tf.Variable; a
     # tf.Variable's `value` is a method, and distributed values have none.
     if isinstance(getattr(type(variable), "value", None), property):
@@ -144,10 +138,8 @@ def local_copy(variable: Any, strategy: tf.distribute.Strategy) -> Any:
 
 
 def read_int(variable: Any) -> int:
-    """The value of a local integer `tf.Variable`, read eagerly between steps.
-
-    One `ReadVariableOp` costs about 20 microseconds, `numpy()` about 100.
-    """
+    """The value of a local integer `tf.Variable`, read eagerly between steps."""
+    # One ReadVariableOp costs about 20 microseconds, numpy() about 100.
     handle = getattr(variable, "handle", None)
     if isinstance(handle, tf.Tensor) and handle.dtype == tf.resource:
         try:
@@ -158,10 +150,7 @@ def read_int(variable: Any) -> int:
 
 
 def work_done_on_return(device_kind: str) -> bool:
-    """Whether a `tf.function` call on `device_kind` devices returns with its work done.
-
-    True on CPUs under synchronous execution; a GPU or TPU call returns once its work is queued.
-    """
+    """Whether a `tf.function` call returns with its work done: on CPUs under synchronous execution."""
     return device_kind == "CPU" and tf.config.experimental.get_synchronous_execution()
 
 

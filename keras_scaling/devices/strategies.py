@@ -1,7 +1,6 @@
 """Making and describing strategies; re-exports the counts of `keras_scaling.devices._topology`."""
 
 import dataclasses
-import functools
 import glob
 import json
 import logging
@@ -38,18 +37,15 @@ def use_logical_cpus(
 ) -> list[str]:
     """Split the host CPU into `n` logical devices, for a real `MirroredStrategy` of `n` replicas.
 
-    The devices share the host's cores: they show that training is correct on
-    several replicas, not a speedup beyond the cores. Call it before anything
-    touches a device (a model, a tensor, a strategy); again with the same `n`
-    is harmless.
+    The devices share the host's cores. Call it before anything touches a
+    device (a model, a tensor, a strategy); again with the same `n` is harmless.
 
     Args:
         n: int, the number of logical CPU devices, at least 1.
-        threads_per_device: int, gives each logical CPU an intra-op thread
-            pool of its own with this many threads; default None keeps
-            TensorFlow's one pool shared by all devices.
-        inter_op_threads: int, threads running independent ops side by
-            side; default None lets TensorFlow choose.
+        threads_per_device: int, an intra-op thread pool of this many threads
+            for each logical CPU; None (default) keeps TensorFlow's shared pool.
+        inter_op_threads: int, threads running independent ops side by side;
+            None (default) lets TensorFlow choose.
 
     Returns:
         The logical CPU device names, such as `["/device:CPU:0", ...]`.
@@ -67,26 +63,9 @@ def use_logical_cpus(
     ```
     """
     n = _validation.positive_int(n, "n", fix="Pass the number of logical CPUs, such as 2.")
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    _set_cpu_thread_pools(threads_per_device, inter_op_threads)
-    try:
-        tf.config.set_logical_device_configuration(
-            cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(n)]
-        )
-    except RuntimeError as error:
-        current = tf.config.list_logical_devices("CPU")
-        if len(current) == n:
-            return [device.name for device in current]
-        raise RuntimeError(
-            f"use_logical_cpus({n}) was called after TensorFlow initialised its devices ({len(current)} logical CPU(s) now). Call it once, at the start of the process, before building models, tensors or strategies."
-        ) from error
-    return [device.name for device in tf.config.list_logical_devices("CPU")]
-
-
-def _set_cpu_thread_pools(threads_per_device: int | None, inter_op_threads: int | None) -> None:
-    """Sets TensorFlow's CPU thread pools; raises RuntimeError once its devices exist."""
     threads_per_device = _validation.optional_positive_int(threads_per_device, "threads_per_device")
     inter_op_threads = _validation.optional_positive_int(inter_op_threads, "inter_op_threads")
+    cpu = tf.config.list_physical_devices("CPU")[0]
     try:
         if threads_per_device is not None:
             # Read when the devices are made (tensorflow/core/common_runtime/local_device.cc).
@@ -94,11 +73,19 @@ def _set_cpu_thread_pools(threads_per_device: int | None, inter_op_threads: int 
             tf.config.threading.set_intra_op_parallelism_threads(threads_per_device)
         if inter_op_threads is not None:
             tf.config.threading.set_inter_op_parallelism_threads(inter_op_threads)
+        try:
+            tf.config.set_logical_device_configuration(
+                cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(n)]
+            )
+        except RuntimeError:
+            if len(tf.config.list_logical_devices("CPU")) != n:
+                raise
     except RuntimeError as error:
+        current = len(tf.config.list_logical_devices("CPU"))
         raise RuntimeError(
-            "use_logical_cpus(threads_per_device=..., inter_op_threads=...) was called "
-            "after TensorFlow initialised its devices: call it first in the process"
+            f"use_logical_cpus({n}) was called after TensorFlow initialised its devices ({current} logical CPU(s) now): call it first in the process, before building models, tensors or strategies."
         ) from error
+    return [device.name for device in tf.config.list_logical_devices("CPU")]
 
 
 def _apply_cpu_devices_from_env(spec: "cluster.ClusterSpec | None" = None) -> None:
@@ -173,21 +160,18 @@ def auto_strategy(
 
     `TPUStrategy` when a TPU is attached; `MultiWorkerMirroredStrategy` when
     this process is one of several workers (`TF_CONFIG`, a Slurm step, a
-    Kubernetes Indexed Job; an `evaluator` task evaluates alone);
-    `MirroredStrategy` over two or more GPUs, or over several logical CPUs;
-    else the default strategy. With several replicas, `keras_scaling.compat`
-    is enabled. The strategies guide gives the details.
+    Kubernetes Indexed Job); `MirroredStrategy` over two or more GPUs or
+    logical CPUs; else the default strategy. With several replicas,
+    `keras_scaling.compat` is enabled. The strategies guide gives the details.
 
     Args:
-        cross_device_ops: the all-reduce of a `MirroredStrategy` on one machine:
-            `"reduction_to_one_device"`, `"hierarchical_copy"` or `"nccl"`
-            (GPUs only); None (default) leaves TensorFlow's choice.
-        communication: the all-reduce across workers of a
-            `MultiWorkerMirroredStrategy`: `"auto"`, `"ring"` or `"nccl"`;
-            None (default) leaves TensorFlow's choice.
+        cross_device_ops: a `MirroredStrategy`'s all-reduce on one machine:
+            `"reduction_to_one_device"`, `"hierarchical_copy"` or `"nccl"`.
+        communication: the all-reduce across workers: `"auto"`, `"ring"` or
+            `"nccl"`.
         bytes_per_pack: int >= 0, the size of the packs gradients are grouped
-            into across workers (0 or None: TensorFlow's choice). Each option
-            is ignored by the strategies it does not apply to.
+            into across workers. None (or 0) leaves TensorFlow's choice; each
+            option is ignored by the strategies it does not apply to.
 
     Returns:
         A `tf.distribute.Strategy`.
@@ -205,7 +189,6 @@ def auto_strategy(
     strategy = keras_scaling.auto_strategy()
     with strategy.scope():
         model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
-        model.compile(optimizer="adam", loss="mse")
     ```
     """
     warn_if_keras_distribution_set()
@@ -345,28 +328,25 @@ def _multi_worker_strategy(
     hook = None
     if cpu_count > 1 and not tf.config.list_physical_devices("GPU"):
         hook = _collective_local_devices_hook()
-    build = functools.partial(
-        tf.distribute.MultiWorkerMirroredStrategy,
-        cluster_resolver=cluster_resolver,
-        communication_options=communication_options,
-    )
-    if hook is None:
-        return build()
-    extended, original = hook
+    if hook is not None:
+        extended, original = hook
 
-    # TensorFlow gives a worker without accelerators one CPU replica, whatever
-    # its logical CPUs; here they follow the logical CPUs, as on one machine.
-    def _initialize_local_devices(self: Any, resolver: Any, worker_device: str) -> Any:
-        devices, kind = original(self, resolver, worker_device)
-        if kind == "CPU":
-            devices = tuple(f"{worker_device}/device:CPU:{i}" for i in range(cpu_count))
-        return devices, kind
+        # TensorFlow gives a worker without accelerators one CPU replica, whatever
+        # its logical CPUs; here they follow the logical CPUs, as on one machine.
+        def _initialize_local_devices(self: Any, resolver: Any, worker_device: str) -> Any:
+            devices, kind = original(self, resolver, worker_device)
+            if kind == "CPU":
+                devices = tuple(f"{worker_device}/device:CPU:{i}" for i in range(cpu_count))
+            return devices, kind
 
-    extended._initialize_local_devices = _initialize_local_devices
+        extended._initialize_local_devices = _initialize_local_devices
     try:
-        return build()
+        return tf.distribute.MultiWorkerMirroredStrategy(
+            cluster_resolver=cluster_resolver, communication_options=communication_options
+        )
     finally:
-        extended._initialize_local_devices = original
+        if hook is not None:
+            extended._initialize_local_devices = original
 
 
 @_probes.guarded(
@@ -462,7 +442,9 @@ def describe_strategy(strategy: tf.distribute.Strategy | None = None) -> Strateg
     """
     strategy = tf.distribute.get_strategy() if strategy is None else strategy
     if not isinstance(strategy, tf.distribute.Strategy):
-        raise TypeError(f"strategy must be a tf.distribute.Strategy, got {type(strategy).__name__}")
+        raise TypeError(
+            f"strategy must be a tf.distribute.Strategy or None (the current one), got {type(strategy).__name__}: create one with keras_scaling.auto_strategy()."
+        )
     devices = _local_devices(strategy)
     return StrategyInfo(
         kind=strategy_kind(strategy),
