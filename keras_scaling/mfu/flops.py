@@ -2,13 +2,13 @@
 
 import logging
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import keras
+import tensorflow as tf
 
 from keras_scaling import _threads
-from keras_scaling.internals import _probes
-
-if TYPE_CHECKING:
-    import keras
+from keras_scaling.internals import _probes, _tf_data
 
 __all__ = ["count_training_flops", "training_flops_per_sample"]
 
@@ -41,7 +41,7 @@ _REFUSALS = {
 }
 
 
-def training_flops_per_sample(model: "keras.Model", *, sample: Any = None) -> float | None:
+def training_flops_per_sample(model: keras.Model, *, sample: Any = None) -> float | None:
     """Floating-point operations of one training sample: forward, loss and weight gradients.
 
     A multiply-add counts 2; the optimizer update is not counted; nothing runs.
@@ -62,7 +62,6 @@ def training_flops_per_sample(model: "keras.Model", *, sample: Any = None) -> fl
     Example:
 
     ```python
-    import keras
     from keras_scaling import flops
     model = keras.Sequential([keras.Input((784,)), keras.layers.Dense(10)])
     model.compile(optimizer="sgd", loss="mse")
@@ -76,7 +75,7 @@ def training_flops_per_sample(model: "keras.Model", *, sample: Any = None) -> fl
 
 
 def count_training_flops(
-    model: "keras.Model", *, sample: Any = None
+    model: keras.Model, *, sample: Any = None
 ) -> tuple[float, None] | tuple[None, str]:
     """The count of `training_flops_per_sample`, with the reason it failed instead of a log.
 
@@ -93,15 +92,12 @@ def count_training_flops(
     Example:
 
     ```python
-    import keras
     from keras_scaling import flops
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
     model.compile(optimizer="sgd", loss="mse")
     flops.count_training_flops(model)   # (50.625, None)
     ```
     """
-    import keras
-
     if not isinstance(model, keras.Model):
         raise TypeError(f"model must be a keras.Model, got {type(model).__name__}: {model!r}")
     try:
@@ -118,32 +114,25 @@ def count_training_flops(
             trace_error = f"{type(error).__name__}: {error}"
             continue
         flops, reason = _count_graph(graph)
-        if flops is None:
-            return None, reason
-        return flops / _batch_size_of(specs), None
+        return (None, reason) if flops is None else (flops / _batch_size_of(specs), None)
     return None, f"the loss and gradients could not be traced ({trace_error}); {_PASS_SAMPLE}"
 
 
 def _batch_size_of(specs):
-    import tensorflow as tf
-
     sizes = [s.shape[0] for s in tf.nest.flatten(specs) if s is not None and s.shape.rank]
     return int(sizes[0]) if sizes else None
 
 
 def _sample_specs(model, sample):
     """Candidate `(x, y, sample_weight)` specs with static shapes to trace."""
-    import tensorflow as tf
-
     if sample is not None:
         parts = tuple(sample) if isinstance(sample, tuple) and 1 < len(sample) <= 3 else (sample,)
         parts += (None,) * (3 - len(parts))
         specs = [p if p is None else tf.nest.map_structure(_spec_of, p) for p in parts]
         return [_with_static_batch(specs)]
     if not getattr(model, "inputs", None) or not getattr(model, "outputs", None):
-        raise ValueError(
-            f"{type(model).__name__} has no symbolic inputs and outputs, so the shapes to trace are unknown; {_PASS_SAMPLE}"
-        )
+        message = f"{type(model).__name__} has no symbolic inputs and outputs, so the shapes to trace are unknown; {_PASS_SAMPLE}"
+        raise ValueError(message)
     x = [_spec_of(t) for t in model.inputs]
     outputs = [_spec_of(t) for t in model.outputs]
     floats = [tf.TensorSpec(spec.shape, "float32") for spec in outputs]
@@ -158,10 +147,6 @@ def _sample_specs(model, sample):
 
 
 def _spec_of(value):
-    import tensorflow as tf
-
-    from keras_scaling.internals import _tf_data
-
     value = _tf_data.first_replica_spec(value)  # of a PerReplicaSpec
     if isinstance(value, tf.TensorSpec):
         return value
@@ -173,8 +158,6 @@ def _spec_of(value):
 
 def _with_static_batch(specs):
     """Sets an unknown batch dimension; refuses other unknown dimensions."""
-    import tensorflow as tf
-
     flat = [spec for spec in tf.nest.flatten(specs) if spec is not None]
     known = {spec.shape[0] for spec in flat if spec.shape.rank} - {None}
     if len(known) > 1:
@@ -184,18 +167,15 @@ def _with_static_batch(specs):
     def fix(spec):
         if spec is None or not spec.shape.rank:
             return spec
-        shape = [batch_size] + spec.shape.as_list()[1:]
-        if None in shape:
+        if None in spec.shape.as_list()[1:]:
             raise ValueError(f"an input has unknown dimensions {spec.shape}; {_PASS_SAMPLE}")
-        return tf.TensorSpec(shape, spec.dtype)
+        return tf.TensorSpec([batch_size] + spec.shape.as_list()[1:], spec.dtype)
 
     return tf.nest.map_structure(fix, specs)
 
 
 def _training_graph(model, specs):
     """The graph of the loss and gradients, traced outside the (thread-local) strategy scope."""
-    import tensorflow as tf
-
     given = [index for index, spec in enumerate(specs) if spec is not None]
 
     def loss_and_gradients(*tensors):
@@ -235,8 +215,6 @@ def _flops_statistics():
 
 
 def _drops_deprecation_warning(record):
-    # TensorFlow's own flops_registry calls a function TensorFlow deprecated:
-    # the warning is about TensorFlow's code, not the user's.
     return "tensor_shape_from_node_def_name" not in record.getMessage()
 
 
@@ -248,28 +226,25 @@ def _count_graph(graph):
     statistics_of, counted_types = statistics
     refused: dict[str, set] = {kind: set() for kind in _REFUSALS}
     total = 0
-    tf_logger = logging.getLogger("tensorflow")
-    tf_logger.addFilter(_drops_deprecation_warning)
-    try:
-        for op in _live_ops(graph):
-            if op.type in _LOOP_OPS or op.type in _CALL_OPS:
-                refused["loop" if op.type in _LOOP_OPS else "call"].add(op.type)
-                continue
-            try:
-                count = _STATISTICS.get(op.type)
-                flops = count(op) if count else None
-                if count is None and op.type in counted_types:
-                    flops = statistics_of(graph, op.node_def, "flops").value
-            except ValueError:  # a shape TensorFlow could not infer
-                flops, refused_as = None, "unknown"
-            else:
-                refused_as = "uncounted"
-            if flops is not None:
-                total += int(flops)
-            elif op.type in _HEAVY_OPS:
-                refused[refused_as].add(op.type)
-    finally:
-        tf_logger.removeFilter(_drops_deprecation_warning)
+    # TensorFlow's own flops_registry calls a function TensorFlow deprecated: not the user's concern.
+    logging.getLogger("tensorflow").addFilter(_drops_deprecation_warning)
+    for op in _live_ops(graph):
+        if op.type in _LOOP_OPS or op.type in _CALL_OPS:
+            refused["loop" if op.type in _LOOP_OPS else "call"].add(op.type)
+            continue
+        try:
+            count = _STATISTICS.get(op.type)
+            flops = count(op) if count else None
+            if count is None and op.type in counted_types:
+                flops = statistics_of(graph, op.node_def, "flops").value
+        except ValueError:  # a shape TensorFlow could not infer
+            flops, refused_as = None, "unknown"
+        else:
+            refused_as = "uncounted"
+        if flops is not None:
+            total += int(flops)
+        elif op.type in _HEAVY_OPS:
+            refused[refused_as].add(op.type)
     for kind, reason in _REFUSALS.items():
         if refused[kind]:
             return None, reason.format(", ".join(sorted(refused[kind])))

@@ -1,5 +1,6 @@
 """Peak FLOPs per second of one replica's device: dense datasheet figures, or measured."""
 
+import contextlib
 import dataclasses
 import os
 import re
@@ -146,11 +147,9 @@ def lookup(
     # 'datasheet: A100, tf32'
     ```
     """
-    figures = PEAK_FLOPS.get(key, {})
-    dtype = str(compute_dtype)
-    capability = tuple(compute_capability or (0, 0))
-    if dtype == "float32" and tf32_enabled and capability >= (8, 0):  # Ampere
-        dtype = "tf32" if "tf32" in figures else dtype
+    figures, dtype = PEAK_FLOPS.get(key, {}), str(compute_dtype)
+    if dtype == "float32" and tf32_enabled and tuple(compute_capability or (0, 0)) >= (8, 0):
+        dtype = "tf32" if "tf32" in figures else dtype  # Ampere and newer
     if dtype not in figures:
         return None
     return Peak(flops_per_sec=figures[dtype], source=f"datasheet: {key}, {dtype}", device=key)
@@ -259,12 +258,10 @@ def resolve(
     if device_kind == "GPU":
         import tensorflow as tf
 
-        try:
+        with contextlib.suppress(IndexError, ValueError, RuntimeError):
             index = tf.DeviceSpec.from_string(device or "").device_index or 0
             gpu = tf.config.list_physical_devices("GPU")[index]
             details = tf.config.experimental.get_device_details(gpu)
-        except (IndexError, ValueError, RuntimeError):
-            details = {}
         tf32_enabled = tf.config.experimental.tensor_float_32_execution_enabled()
     key = device_key(device_kind, details)
     fix = "MFU needs peak_flops=<FLOP/s of one replica>"

@@ -14,8 +14,7 @@ __all__ = [
 ]
 
 # Efficiency at or above this is "scales well"; MFU below LOW_MFU is "underused".
-HIGH_EFFICIENCY = 0.8
-LOW_MFU = 0.2
+HIGH_EFFICIENCY, LOW_MFU = 0.8, 0.2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,8 +66,9 @@ def utilization(
     ```
     """
     flops_per_sample = _validation.positive_number(flops_per_sample, "flops_per_sample")
-    samples_per_sec = _validation.positive_number(samples_per_sec, "samples_per_sec")
-    flops_per_sec = flops_per_sample * samples_per_sec
+    flops_per_sec = flops_per_sample * _validation.positive_number(
+        samples_per_sec, "samples_per_sec"
+    )
     num_replicas = _validation.positive_int(num_replicas, "num_replicas")
     mfu = None
     if peak_flops_per_replica is not None:
@@ -141,8 +141,8 @@ def underuse_advice(
 ) -> str | None:
     """What keeps devices underused when training scales well (efficiency >= 0.8, MFU < 0.2).
 
-    In this order: an input pipeline barely faster than training; float32 on a
-    device with faster dtypes; a small per-replica batch.
+    In this order: an input pipeline barely faster than training; float32 on a device with
+    faster dtypes; a small per-replica batch.
 
     Args:
         efficiency: float, scaling efficiency, or None.
