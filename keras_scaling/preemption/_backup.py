@@ -1,8 +1,4 @@
-"""The backup file of `BackupAndRestore`: every variable's raw bytes and a JSON header.
-
-Written to a temporary file beside it, flushed and renamed over the previous
-one, so a process killed during a save leaves the previous backup whole.
-"""
+"""The backup file of `BackupAndRestore`: every variable's raw bytes and a JSON header."""
 
 import contextlib
 import dataclasses
@@ -37,9 +33,8 @@ class BackupError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class Position:
-    """Where training stands: `epoch` (0-based), the steps trained in it, the
-    optimizer's `iterations`, and the `distribute` data's pass number (its
-    order) or None."""
+    """Where training stands: `epoch` (0-based), the steps trained in it, the optimizer's
+    `iterations`, and the `distribute` data's pass number (its order) or None."""
 
     epoch: int
     step_in_epoch: int
@@ -54,26 +49,23 @@ def variable_spec(path, shape, dtype):
 
 def plan_summary(plan):
     """The fields of an `InputPlan` that a resume must see unchanged, or None."""
-    if plan is None:
-        return None
-    return {field: getattr(plan, field) for field in PLAN_FIELDS}
+    return None if plan is None else {field: getattr(plan, field) for field in PLAN_FIELDS}
 
 
 def backup_path(backup_dir):
-    """The backup file in `backup_dir`."""
     return os.path.join(os.fspath(backup_dir), FILE_NAME)
 
 
 def write(backup_dir, *, values, specs, header):
-    """Writes a backup atomically; returns its path.
+    """Writes a backup atomically (a temporary file beside it, flushed and renamed over it).
 
     Raises:
         OSError: naming the directory (a full disk); the previous backup is intact.
     """
     backup_dir = os.fspath(backup_dir)
     os.makedirs(backup_dir, exist_ok=True)
-    full_header = dict(header)
-    full_header.update(format=FORMAT, version=FORMAT_VERSION, variables=specs, saved_at=time.time())
+    full_header = {**header, "format": FORMAT, "version": FORMAT_VERSION, "variables": specs}
+    full_header["saved_at"] = time.time()
     arrays = {
         f"v{index}": np.frombuffer(np.ascontiguousarray(value).tobytes(), np.uint8)
         for index, value in enumerate(values)
@@ -83,28 +75,27 @@ def write(backup_dir, *, values, specs, header):
     try:
         umask = os.umask(0)
         os.umask(umask)
-        os.chmod(temp_path, 0o666 & ~umask)
+        os.chmod(temp_path, 0o666 & ~umask)  # mkstemp's 0o600 would hide it from other users
         with os.fdopen(descriptor, "wb") as file:
             np.savez(file, **arrays)  # type: ignore[arg-type]  # numpy types **kwds as allow_pickle
             file.flush()
             os.fsync(file.fileno())
         os.replace(temp_path, backup_path(backup_dir))
-    except OSError as error:
+    except BaseException as error:
         _remove_quietly(temp_path)
+        if not isinstance(error, OSError):
+            raise
+        intact = "the previous one is intact: free space and run the script again to resume from it"
         raise OSError(
-            error.errno,
-            f"Could not save a backup in {backup_dir} ({error.strerror}); the previous "
-            "one is intact: free space and run the same script again to resume from it.",
+            error.errno, f"Could not save a backup in {backup_dir} ({error.strerror}); {intact}."
         ) from error
-    except BaseException:
-        _remove_quietly(temp_path)
-        raise
-    _fsync_directory(backup_dir)
+    with contextlib.suppress(OSError):  # the rename survives a power cut
+        descriptor = os.open(backup_dir, os.O_RDONLY)
+        try:
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
     return backup_path(backup_dir)
-
-
-def exists(backup_dir):
-    return os.path.isfile(backup_path(backup_dir))
 
 
 def read(backup_dir):
@@ -128,8 +119,7 @@ def read(backup_dir):
         ) from None
     if header.get("format") != FORMAT or header.get("version") != FORMAT_VERSION:
         raise BackupError(
-            f"The backup {path} has format {header.get('format')!r} version "
-            f"{header.get('version')!r}; this keras_scaling reads {FORMAT!r} version {FORMAT_VERSION}"
+            f"The backup {path} has format {header.get('format')!r} version {header.get('version')!r}, not {FORMAT!r} version {FORMAT_VERSION}: delete it"
         )
     return header, raw_values
 
@@ -139,17 +129,17 @@ def decode(raw, spec, numpy_dtype):
 
 
 def variable_differences(saved_specs, current_specs, limit=5):
-    """How two lists of variables differ by position: shapes and dtypes, not paths
-    (Keras numbers layer names per process). A list of short sentences."""
+    """How two lists of variables differ by position, in short sentences: shapes and dtypes, not
+    paths (Keras numbers layer names per process)."""
     differences = []
     if len(saved_specs) != len(current_specs):
         differences.append(f"{len(saved_specs)} variables in the backup, {len(current_specs)} here")
     for index, (saved, current) in enumerate(zip(saved_specs, current_specs)):
         for key in ("shape", "dtype"):
             if saved[key] != current[key]:
+                where = f"variable {index} ({current['path']})"
                 differences.append(
-                    f"variable {index} ({current['path']}): {key} {saved[key]} in "
-                    f"the backup, {current[key]} here"
+                    f"{where}: {key} {saved[key]} in the backup, {current[key]} here"
                 )
     if len(differences) > limit:
         differences = differences[:limit] + [f"and {len(differences) - limit} more"]
@@ -185,7 +175,6 @@ def save_is_due(iterations, last_saved_iterations, every_n_steps):
 
 def remove(backup_dir):
     """Removes the backup file and any temporary file a killed save left."""
-    backup_dir = os.fspath(backup_dir)
     _remove_quietly(backup_path(backup_dir))
     remove_temporary_files(backup_dir)
 
@@ -200,12 +189,3 @@ def remove_temporary_files(backup_dir):
 def _remove_quietly(path):
     with contextlib.suppress(OSError):
         os.remove(path)
-
-
-def _fsync_directory(path):
-    with contextlib.suppress(OSError):
-        descriptor = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(descriptor)
-        finally:
-            os.close(descriptor)

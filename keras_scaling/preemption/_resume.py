@@ -1,11 +1,12 @@
-"""An exact resume inside an epoch: the `distribute` data found behind `fit`'s iterator,
-its next pass set to the saved one, and the trained steps' batches read, not trained."""
+"""An exact resume inside an epoch: the `distribute` data behind `fit`'s iterator, its next pass
+set to the saved one, and the trained steps' batches read, not trained."""
 
 from keras_scaling.data import _iterator_plan, _passes
 
 
 class TrainingData:
-    """The `distribute` dataset `fit` trains on: its `InputPlan` and `PassCounter`."""
+    """The `distribute` dataset `fit` trains on: its `InputPlan` and its pass numbers, which are
+    None for data not shuffled (their order has no pass)."""
 
     def __init__(self, plan, counter):
         self.plan = plan
@@ -14,27 +15,21 @@ class TrainingData:
     @classmethod
     def behind(cls, iterator):
         """The `TrainingData` behind the train function's iterator, or None for other data."""
-        dataset = _iterator_plan.distributed_dataset(iterator)
-        if dataset is None:
-            return None
         from keras_scaling import data
 
-        plan = data.plan_of(dataset)
-        counter = _passes.counter_of(dataset)
+        dataset = _iterator_plan.distributed_dataset(iterator)
+        plan, counter = data.plan_of(dataset), _passes.counter_of(dataset)
         return None if plan is None or counter is None else cls(plan, counter)
 
     @property
     def pass_in_progress(self):
-        """The number of the pass being read, or None for data not shuffled."""
         return self._counter.pass_in_progress if self.plan.shuffle else None
 
     @property
     def next_pass(self):
-        """The number the next pass takes, or None for data not shuffled."""
         return self._counter.next_pass if self.plan.shuffle else None
 
     def read_pass_next(self, pass_number):
-        """Makes the next pass read in the order of `pass_number` (shuffled data only)."""
         if self.plan.shuffle:
             self._counter.set_next_pass(pass_number)
 
@@ -47,9 +42,8 @@ def why_not_exact(training_data, steps_per_epoch):
         return "the number of steps per epoch is unknown"
     if steps_per_epoch != training_data.plan.steps_per_epoch:
         return (
-            f"fit's epochs of {steps_per_epoch} steps are not whole passes over "
-            f"the data ({training_data.plan.steps_per_epoch} steps): "
-            "steps_per_epoch was given"
+            f"fit's epochs of {steps_per_epoch} steps are not whole passes over the data "
+            f"({training_data.plan.steps_per_epoch} steps): steps_per_epoch was given"
         )
     return ""
 

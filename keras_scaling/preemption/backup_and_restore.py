@@ -30,27 +30,20 @@ _PREEMPTION_DIR = ".preemption"
 class BackupAndRestore(keras.callbacks.Callback):
     """Saves training where it stands, and resumes there, inside the epoch.
 
-    A drop-in for `keras.callbacks.BackupAndRestore`. It saves the model's
-    and optimizer's variables and the position in training in
-    `backup_dir/backup.npz`, atomically, at every epoch end, every
-    `save_every_n_steps` optimizer steps and on SIGTERM; after a SIGTERM
+    A drop-in for `keras.callbacks.BackupAndRestore`: the variables and the
+    position go to `backup_dir/backup.npz`, atomically, at every epoch end,
+    every `save_every_n_steps` optimizer steps and on SIGTERM, after which
     training stops and `fit` raises `SystemExit(75)` (`EXIT_PREEMPTED`) from
-    `on_train_end`, so later callbacks get no `on_train_end`. Running the
-    same script again resumes at the saved step: with data from
-    `keras_scaling.data.distribute`, exactly (bitwise with deterministic
-    ops); with other data, at the start of the saved epoch, as Keras does.
-    A backup of another model or data plan raises `BackupError` and
-    overwrites nothing. The backup is deleted when training ends normally.
-    The preemption guide covers several workers, storage faults and what is
-    undone when `fit` ends.
+    `on_train_end` (later callbacks get none). The same script run again
+    resumes at the saved step: exactly with `keras_scaling.data.distribute`
+    data, else at the start of the saved epoch, as Keras does. A backup of
+    another model or data plan raises `BackupError` and overwrites nothing.
 
     Args:
         backup_dir: str or path, where the backup lives; created when missing.
-        save_every_n_steps: int or None (default), also save every this many
-            optimizer steps.
+        save_every_n_steps: int or None (default), also save every this many optimizer steps.
         save_on_preemption: bool, default True. Save and stop on SIGTERM.
-        delete_checkpoint: bool, default True. Delete the backup when
-            training ends normally, as Keras does.
+        delete_checkpoint: bool, default True. Delete the backup when training ends normally.
 
     Raises:
         TypeError: `backup_dir` is not a path.
@@ -62,16 +55,13 @@ class BackupAndRestore(keras.callbacks.Callback):
     keras_scaling.use_logical_cpus(2)
     strategy = keras_scaling.auto_strategy()
     x = np.random.rand(1024, 8).astype("float32")
-    train = keras_scaling.data.distribute(
-        (x, x.sum(axis=1)), strategy=strategy, per_replica_batch_size=32
-    )
+    train = keras_scaling.data.distribute((x, x), strategy=strategy, per_replica_batch_size=32)
     with strategy.scope():
-        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
+        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(8)])
         model.compile(optimizer="adam", loss="mse")
     # Preempted (SIGTERM)? The process exits with status 75; run it again.
-    model.fit(train, epochs=5, callbacks=[
-        keras_scaling.BackupAndRestore("backup", save_every_n_steps=100),
-    ])
+    backup = keras_scaling.BackupAndRestore("backup", save_every_n_steps=100)
+    model.fit(train, epochs=5, callbacks=[backup])
     ```
     """
 
@@ -88,7 +78,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         super().__init__()
         if not isinstance(backup_dir, (str, os.PathLike)) or not os.fspath(backup_dir):
             raise TypeError(
-                f"backup_dir must be a directory path such as 'backup', got {backup_dir!r}"
+                f"backup_dir must be a directory path like 'backup', got {backup_dir!r}"
             )
         self.save_every_n_steps = _validation.optional_positive_int(
             save_every_n_steps, "save_every_n_steps"
@@ -96,21 +86,11 @@ class BackupAndRestore(keras.callbacks.Callback):
         self.save_on_preemption = _validation.boolean(save_on_preemption, "save_on_preemption")
         self.delete_checkpoint = _validation.boolean(delete_checkpoint, "delete_checkpoint")
         self.backup_dir = os.fspath(backup_dir)
-        # Set while a fit runs.
-        self._training_data: Any = None
-        self._data_found = False
-        self._resume_pending: Any = None
-        self._steps_skipped = 0
         self._handler = None
-        self._train_hook: Any = None
         self._changes: Any = None
-        self._batch_counter: Any = None
         self._signal_received = threading.Event()
         self._previous_sigterm_handler: Any = None
-        self._preempted = False
         self._warned: set[str] = set()
-
-    # Keras hooks.
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         # A fit of this thread that raised left its changes: it is over.
@@ -122,21 +102,17 @@ class BackupAndRestore(keras.callbacks.Callback):
         self._batch_counter = _step_counter.BatchCounter(self.model)
         if self._batch_counter.read() is None:  # its probe warned why
             raise ValueError(
-                "BackupAndRestore cannot count the batches trained with "
-                "gradient_accumulation_steps on this Keras: train without it to back up"
+                "BackupAndRestore cannot count the batches trained with gradient_accumulation_steps"
+                " on this Keras: train without it to back up"
             )
         self._changes = _fit_end.FitChanges(self.params)
         strategy = self.model.distribute_strategy
         self._is_chief = _topology.is_chief(strategy)
-        self._multi_worker = _topology.num_workers(strategy) > 1 and isinstance(
-            strategy, tf.distribute.MultiWorkerMirroredStrategy
-        )
         self._preempted = False
         self._signal_received.clear()
-        self._training_data = None
-        self._data_found = False
-        self._resume_pending = None
-        self._changes.add(self._reset_initial_epoch)
+        self._training_data: Any = None
+        self._resume_pending: Any = None
+        self._changes.add(lambda: setattr(self.model, "_initial_epoch", None))
         self._train_hook = _train_function_hook.TrainFunctionHook(
             self.model,
             after=self._after_execution,
@@ -146,31 +122,24 @@ class BackupAndRestore(keras.callbacks.Callback):
             on_abandoned=self._end_fit,
         )
         self._changes.add(self._train_hook.detach)
-        self._epoch = 0
-        self._epoch_start_iterations = 0
         self._restore()
-        self._last_saved_iterations = self._read_iterations()
+        self._last_saved_iterations = self._batch_counter.read()
         if self.save_on_preemption:
             self._watch_for_preemption(strategy)
 
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self._epoch = epoch
-        self._epoch_start_iterations = self._read_iterations()
-        self._steps_run_in_epoch = 0
+        self._epoch_start_iterations = self._iterations_bound = self._batch_counter.read()
         self._steps_skipped = 0
-        if self._changes is not None:
-            # The fit is alive; Keras drops the last epoch's iterator now.
-            self._changes.unwatch()
-        if self._train_hook is not None:
-            # Again each epoch: a callback's on_train_begin may rebuild it.
-            self._train_hook.before = self._see_iterator
-            self._train_hook.skip = None  # only the resumed epoch skips
-            self._train_hook.attach()
+        self._changes.unwatch()  # the fit is alive; Keras drops the last epoch's iterator now
+        self._train_hook.before = self._see_iterator
+        self._train_hook.skip = None  # only the resumed epoch skips
+        self._train_hook.attach()  # again each epoch: a callback's on_train_begin may rebuild it
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         if self._preempted:
             return
-        iterations = self._read_iterations()
+        iterations = self._batch_counter.read()
         data_pass = None if self._training_data is None else self._training_data.next_pass
         self._save(_backup.Position(epoch + 1, 0, iterations, data_pass), "epoch_end")
         if self._signal_received.is_set():
@@ -189,11 +158,11 @@ class BackupAndRestore(keras.callbacks.Callback):
             _backup.remove(self.backup_dir)
         shutil.rmtree(os.path.join(self.backup_dir, _PREEMPTION_DIR), ignore_errors=True)
 
-    # The train function.
-
     def _after_execution(self):
         """After each call of the train function: a batch hook would make Keras wait for every step."""
-        self._steps_run_in_epoch += self.model.steps_per_execution
+        # An execution trains at most steps_per_execution steps: the counter is read only once
+        # this bound passes a multiple of save_every_n_steps.
+        self._iterations_bound += self.model.steps_per_execution
         if self._handler is not None:  # calls `_save_preempted` on every worker at one step
             self._handler.run(_no_step)
         elif self._signal_received.is_set() and not self._preempted:
@@ -201,61 +170,40 @@ class BackupAndRestore(keras.callbacks.Callback):
         if self._preempted:
             self.model.stop_training = True
             return
-        if self.save_every_n_steps and _backup.save_is_due(
-            self._epoch_start_iterations + self._steps_run_in_epoch,
-            self._last_saved_iterations,
-            self.save_every_n_steps,
-        ):
-            iterations = self._read_iterations()
-            if _backup.save_is_due(
-                iterations, self._last_saved_iterations, self.save_every_n_steps
-            ):
+        last, every = self._last_saved_iterations, self.save_every_n_steps
+        if _backup.save_is_due(self._iterations_bound, last, every):
+            iterations = self._batch_counter.read()
+            if _backup.save_is_due(iterations, last, every):
                 self._save(self._mid_epoch_position(iterations), "every_n_steps")
 
     def _see_iterator(self, iterator):
-        # Held by the fit while it runs: when Python frees it, the fit is over.
-        if self._changes is not None:
-            self._changes.watch(iterator)
+        self._changes.watch(iterator)  # held by the fit while it runs: freed, the fit is over
         self._train_hook.before = None  # until the next epoch
-        if not self._data_found:
-            self._data_found = True
-            self._training_data = _resume.TrainingData.behind(iterator)
-            if self._resume_pending is not None:
-                position, saved_plan = self._resume_pending
-                self._resume_pending = None
-                self._position_data(position, saved_plan)
+        self._training_data = _resume.TrainingData.behind(iterator)
+        if self._resume_pending is not None:
+            position, saved_plan = self._resume_pending
+            self._resume_pending = None
+            self._position_data(position, saved_plan)
 
     def _end_fit(self):
         """Undoes what this callback changed in the process for the fit (idempotent)."""
         if self._changes is not None:
             self._changes.end()
 
-    def _reset_initial_epoch(self):
-        if hasattr(self.model, "_initial_epoch"):
-            self.model._initial_epoch = None
-
-    # Saving.
-
     def _variables(self):
-        return list(self.model.variables) + list(self.model.optimizer.variables)
-
-    def _specs(self, variables):
-        return [_backup.variable_spec(v.path, v.shape, v.dtype) for v in variables]
+        variables = list(self.model.variables) + list(self.model.optimizer.variables)
+        return variables, [_backup.variable_spec(v.path, v.shape, v.dtype) for v in variables]
 
     def _mid_epoch_position(self, iterations):
-        data = self._training_data
-        return _backup.Position(
-            self._epoch,
-            self._steps_skipped + iterations - self._epoch_start_iterations,
-            iterations,
-            None if data is None else data.pass_in_progress,
-        )
+        step_in_epoch = self._steps_skipped + iterations - self._epoch_start_iterations
+        data_pass = None if self._training_data is None else self._training_data.pass_in_progress
+        return _backup.Position(self._epoch, step_in_epoch, iterations, data_pass)
 
     def _save(self, position, reason):
         self._last_saved_iterations = position.iterations
         if not self._is_chief:
             return
-        variables = self._variables()
+        variables, specs = self._variables()
         data = self._training_data
         header = {
             "reason": reason,
@@ -263,11 +211,12 @@ class BackupAndRestore(keras.callbacks.Callback):
             "steps_per_epoch": self.params.get("steps"),
             "data_plan": _backup.plan_summary(None if data is None else data.plan),
         }
-        values = [_local_value(v, self.model.distribute_strategy) for v in variables]
-        _backup.write(self.backup_dir, values=values, specs=self._specs(variables), header=header)
+        strategy = self.model.distribute_strategy
+        values = [np.asarray(_topology.local_copy(v, strategy).numpy()) for v in variables]
+        _backup.write(self.backup_dir, values=values, specs=specs, header=header)
 
     def _save_preempted(self):
-        iterations = self._read_iterations()
+        iterations = self._batch_counter.read()
         position = self._mid_epoch_position(iterations)
         steps_per_epoch = self.params.get("steps")
         if steps_per_epoch and position.step_in_epoch >= steps_per_epoch:
@@ -287,8 +236,6 @@ class BackupAndRestore(keras.callbacks.Callback):
             EXIT_PREEMPTED,
         )
 
-    # Restoring.
-
     def _restore(self):
         backup = _backup.read(self.backup_dir)  # raises on a corrupt file
         if self._is_chief:
@@ -300,22 +247,20 @@ class BackupAndRestore(keras.callbacks.Callback):
         if not optimizer.built:  # Keras builds it at the first step; the values need it now
             with self.model.distribute_strategy.scope():
                 optimizer.build(self.model.trainable_variables)
-        variables = self._variables()
-        differences = _backup.variable_differences(header["variables"], self._specs(variables))
+        variables, specs = self._variables()
+        differences = _backup.variable_differences(header["variables"], specs)
         if differences:
             raise _backup.mismatch_error(self.backup_dir, "model", differences)
         for variable, raw, spec in zip(variables, raw_values, header["variables"]):
-            numpy_dtype = tf.as_dtype(variable.dtype).as_numpy_dtype
-            variable.assign(_backup.decode(raw, spec, numpy_dtype))
+            variable.assign(_backup.decode(raw, spec, tf.as_dtype(variable.dtype).as_numpy_dtype))
         position = _backup.Position(**header["position"])
-        if not hasattr(self.model, "_initial_epoch"):
-            self._warn_once(
-                "initial_epoch",
-                f"Keras {keras.__version__} models have no _initial_epoch: training "
-                "restarts at epoch 0 with the restored weights",
-            )
-        else:
+        if hasattr(self.model, "_initial_epoch"):
             self.model._initial_epoch = position.epoch
+        else:
+            self._warn_once(
+                "epoch",
+                f"Keras {keras.__version__} has no _initial_epoch: training restarts at epoch 0 with the restored weights",
+            )
         # The data is found, and the resume announced, before the first step.
         self._resume_pending = (position, header.get("data_plan"))
 
@@ -347,8 +292,8 @@ class BackupAndRestore(keras.callbacks.Callback):
         if retrained:  # skipping part of an execution would leave the epoch's last batches unread
             self._warn_once(
                 "steps_per_execution",
-                f"the backup's step {steps_to_skip} is not a multiple of "
-                f"steps_per_execution={steps_per_execution}: its last {retrained} steps are trained again",
+                f"the backup's step {steps_to_skip} is not a multiple of steps_per_execution="
+                f"{steps_per_execution}: its last {retrained} steps are trained again",
             )
         self._steps_skipped = steps_to_skip - retrained
         self._announce_resume(position, resumed_after_step=self._steps_skipped)
@@ -357,15 +302,11 @@ class BackupAndRestore(keras.callbacks.Callback):
 
     def _announce_resume(self, position, resumed_after_step):
         """Says once, as a warning, where training resumed and from which file."""
-        epochs = self.params.get("epochs")
-        steps = self.params.get("steps")
+        epochs, steps = self.params.get("epochs"), self.params.get("steps")
+        where = f"epoch {position.epoch + 1}/{epochs or '?'}, after its step {resumed_after_step}"
+        where += f" of {steps}" if steps else ""
         if epochs is not None and position.epoch >= epochs:
             where = f"nothing left to train (epochs={epochs})"
-        else:
-            where = (
-                f"epoch {position.epoch + 1}/{epochs or '?'}, after its step "
-                f"{resumed_after_step}{f' of {steps}' if steps else ''}"
-            )
         logger.warning(
             "BackupAndRestore: resuming from %s (saved at optimizer step %d): %s.",
             _backup.backup_path(self.backup_dir),
@@ -373,64 +314,47 @@ class BackupAndRestore(keras.callbacks.Callback):
             where,
         )
 
-    # Preemption.
-
     def _watch_for_preemption(self, strategy):
         # The multi-worker handler installs a signal handler too, which raises
         # outside the main thread (Ray Train's train loop runs in a thread).
         if threading.current_thread() is not threading.main_thread():
             self._warn_once("thread", "fit runs outside the main thread: no save on SIGTERM")
             return
-        if self._multi_worker:
-            self._handler = self._handler or self._preemption_handler(strategy)
-            return
-        self._previous_sigterm_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
-        self._changes.add(self._stop_watching)
+        multi_worker = isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+        if not multi_worker or _topology.num_workers(strategy) < 2:
+            self._previous_sigterm_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
+            self._changes.add(self._stop_watching)
+        elif self._handler is None:
+            config = tf.distribute.experimental.TerminationConfig(
+                exit_fn=_no_step, save_fn=self._save_preempted, grace_period=0
+            )
+            # With a save_fn its checkpoint is never written; workers' scratch goes under it.
+            directory = os.path.join(self.backup_dir, _PREEMPTION_DIR, "handler")
+            self._handler = tf.distribute.experimental.PreemptionCheckpointHandler(
+                strategy.cluster_resolver, tf.train.Checkpoint(), directory, config
+            )
 
     def _on_sigterm(self, signum, frame):
-        if self._changes is None or self._changes.fit_is_over():
+        if self._changes.fit_is_over():
             # The fit raised: the signal goes where it would have gone without it.
             self._stop_watching()
             signal.raise_signal(signum)
             return
         self._signal_received.set()
 
-    def _preemption_handler(self, strategy):
-        config = tf.distribute.experimental.TerminationConfig(
-            exit_fn=_no_step, save_fn=self._save_preempted, grace_period=0
-        )
-        # With a save_fn its checkpoint is never written; workers' scratch goes under it.
-        directory = os.path.join(self.backup_dir, _PREEMPTION_DIR, "handler")
-        return tf.distribute.experimental.PreemptionCheckpointHandler(
-            strategy.cluster_resolver, tf.train.Checkpoint(), directory, config
-        )
-
     def _stop_watching(self):
         previous = self._previous_sigterm_handler
-        if previous is None:
+        # Only the main thread may set it; off it, its next SIGTERM does.
+        if previous is None or threading.current_thread() is not threading.main_thread():
             return
-        if threading.current_thread() is not threading.main_thread():
-            return  # only the main thread may set it; its next SIGTERM does
         self._previous_sigterm_handler = None
         if signal.getsignal(signal.SIGTERM) == self._on_sigterm:
             signal.signal(signal.SIGTERM, previous)
-
-    # Helpers.
-
-    def _read_iterations(self):
-        """The batches trained so far, or None when they cannot be read."""
-        if self._batch_counter is None:
-            self._batch_counter = _step_counter.BatchCounter(self.model)
-        return self._batch_counter.read()
 
     def _warn_once(self, key, message):
         if key not in self._warned:
             self._warned.add(key)
             logger.warning("BackupAndRestore: %s.", message)
-
-
-def _local_value(variable, strategy):
-    return np.asarray(_topology.local_copy(variable, strategy).numpy())
 
 
 def _no_step():

@@ -284,7 +284,7 @@ def test_training_to_the_end_deletes_the_backup(tmp_path):
 
     _fit_resuming(_model(), _data(), tmp_path)
 
-    assert not _backup.exists(tmp_path)
+    assert not os.path.exists(_backup.backup_path(tmp_path))
 
 
 def test_a_resume_with_every_epoch_trained_says_so(tmp_path, caplog):
