@@ -1,7 +1,4 @@
-"""Why a data-parallel step takes the time it does: input, compute, synchronization, host.
-
-How each part is measured, and the verdict: docs/guides/explain.md.
-"""
+"""Why a data-parallel step takes the time it does: input, compute, synchronization, host (docs/guides/explain.md)."""
 
 from typing import TYPE_CHECKING, Any
 
@@ -30,11 +27,10 @@ def explain(
 ) -> Explanation:
     """Splits the training step into input, compute, synchronization and host overhead.
 
-    Times variants of the step with the model's own train function over
-    `rounds` rounds, and names the part whose removal shortens the step most
-    (`part.saved_s`: with `prefetch`, the largest part need not bound the
-    step), with the fix. The model trains meanwhile; its weights, optimizer
-    state, metrics and `steps_per_execution` are put back afterwards. With
+    Times variants of the step with the model's own train function over `rounds` rounds, and
+    names the part whose removal shortens the step most (`part.saved_s`: with `prefetch`, the
+    largest part need not bound the step), with the fix. The model trains meanwhile; its
+    weights, optimizer state, metrics and `steps_per_execution` are put back afterwards. With
     several replicas it applies `keras_scaling.compat.enable_for(strategy)`.
 
     Args:
@@ -45,22 +41,21 @@ def explain(
         steps: int >= 2, training steps each variant runs per round.
         rounds: int >= 2, rounds over all variants; their spread is the noise.
         per_replica_batch_size: int, for arrays and `PyDataset` data.
-        amortized_steps_per_execution: int, the larger `steps_per_execution`
-            the host part is measured against; default max(16, 4 x the model's).
-        peak_flops: peak FLOPs/sec of one replica for the MFU of the compute
-            part: a number, `"auto"` (known GPUs and TPUs) or `"measure"`.
-        log_dir: str, where to write `explain.json` and the TensorBoard run
-            `explain` (Custom Scalars and Text tabs); None writes nothing.
+        amortized_steps_per_execution: int, the larger `steps_per_execution` the host part is
+            measured against; default max(16, 4 x the model's).
+        peak_flops: peak FLOPs/sec of one replica for the compute part's MFU: a number,
+            `"auto"` (known GPUs and TPUs) or `"measure"`.
+        log_dir: str, where to write `explain.json` and the TensorBoard run `explain`; None
+            writes nothing.
         verbose: bool, print the table and the verdict.
 
     Returns:
-        An `Explanation`: `.split` (`.step_s`, `.parts` with `.name`,
-        `.time_s`, `.share`, `.noise_s`, `.saved_s`), `.verdict` (`.bound`,
-        `.confidence`, `.text`, `.notes`) and `.record` (`explain.json`'s).
+        An `Explanation`: `.split` (`.step_s`, `.parts` with `.name`, `.time_s`, `.share`,
+        `.noise_s`, `.saved_s`), `.verdict` (`.bound`, `.confidence`, `.text`, `.notes`) and
+        `.record` (`explain.json`'s).
 
     Raises:
-        ValueError, TypeError: before any measurement, for an argument that
-            cannot work (the message names it and the fix).
+        ValueError, TypeError: before any measurement, for an argument that cannot work.
         OSError: a `log_dir` that cannot be written.
 
     Example:
@@ -88,10 +83,8 @@ def explain(
     if not isinstance(model, keras.Model):
         raise TypeError(f"model must be a compiled keras.Model, got {type(model).__name__}")
     if strategy is not None and not isinstance(strategy, tf.distribute.Strategy):
-        raise TypeError(
-            f"strategy must be a tf.distribute.Strategy or None (the model's), got "
-            f"{type(strategy).__name__} {strategy!r}"
-        )
+        message = f"strategy must be a tf.distribute.Strategy or None (the model's), got {type(strategy).__name__} {strategy!r}"
+        raise TypeError(message)
     steps = _validation.integer_at_least(steps, "steps", 2)
     rounds = _validation.integer_at_least(rounds, "rounds", 2)
     verbose = _validation.boolean(verbose, "verbose")
@@ -112,19 +105,15 @@ def explain(
     strategy = strategy or model.distribute_strategy
     if not isinstance(data, tf.data.Dataset):
         if per_replica_batch_size is None and not isinstance(data, keras.utils.PyDataset):
-            raise ValueError(
-                "per_replica_batch_size is needed for array data: pass "
-                "per_replica_batch_size=..., or a tf.data.Dataset of global batches"
-            )
+            message = "per_replica_batch_size is needed for array data: pass per_replica_batch_size=..., or a tf.data.Dataset of global batches"
+            raise ValueError(message)
         data = data_module.distribute(
             data, strategy=strategy, per_replica_batch_size=per_replica_batch_size, shuffle=False
         )
     steps_per_execution = int(model.steps_per_execution or 1)
     if amortized is not None and amortized <= steps_per_execution:
-        raise ValueError(
-            f"amortized_steps_per_execution must exceed the model's steps_per_execution "
-            f"({steps_per_execution}), got {amortized}"
-        )
+        message = f"amortized_steps_per_execution must exceed the model's steps_per_execution ({steps_per_execution}), got {amortized}"
+        raise ValueError(message)
     measurements = _measure.measure(
         model, data, strategy, steps=steps, rounds=rounds, amortized=amortized
     )

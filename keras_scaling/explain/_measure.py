@@ -1,14 +1,11 @@
 """The TensorFlow side of `explain`: runs the variants of the training step and times them.
 
-Every variant calls the model's own `train_function` in a Python loop, as
-`fit` does, without callbacks; variants differ in where batches come from
-(the pipeline, or one batch resident in memory), the steps per call (S or
-K) and the replicas (all, or a copy on the first device under
-`OneDeviceStrategy`, which does not clash with the process's
-`MirroredStrategy`). They take turns within each round, each counting its
-median round.
+Every variant calls the model's own `train_function` in a Python loop, as `fit` does, without
+callbacks; the one-replica copy runs under `OneDeviceStrategy`, which does not clash with the
+process's `MirroredStrategy`.
 """
 
+import contextlib
 import math
 import os
 import statistics
@@ -20,11 +17,6 @@ import tensorflow as tf
 from keras_scaling.devices import _topology
 
 VARIANTS = ("real", "resident", "resident_amortized", "one_replica", "input_wait")
-
-
-def default_amortized(steps_per_execution):
-    """K: steps per call that make the host's per-call cost small against the step."""
-    return max(16, 4 * steps_per_execution)
 
 
 def _without_auto_shard(dataset):
@@ -58,25 +50,16 @@ class _Variant:
 
 
 class _Pipeline(_Variant):
-    """The user's pipeline (`self.iterator` is the distributed dataset): `real` and `input_wait`.
-
-    A fresh iterator each round, so no round takes batches buffered while
-    the other variants ran.
-    """
+    """The user's pipeline (`self.iterator`, the distributed dataset), iterated afresh each round for `real` and `input_wait`."""
 
     fetch_overhead_s = 0.0
 
     def run_real(self, calls, steps):
-        """Returns `(seconds per step, seconds per step waited for the next batch)`.
-
-        The wait: the mean eager fetch over `steps` steps, trained on by the
-        same function, less a fetch's own cost on a ready batch.
-        """
+        """`(seconds per step, seconds per step waited for the next batch)`: the mean eager fetch, less a ready batch's."""
         iterator = iter(self.iterator)
         self.run(calls, iterator)
         step_s = self.run(calls, iterator)
-        # The first eager fetches after the compiled ones are irregular (one
-        # waits a whole batch, the next few find theirs ready): untimed.
+        # The first eager fetches after compiled ones are irregular (one waits a whole batch): untimed.
         untimed = max(5, steps // 5)
         waits_s = []
         for index in range(untimed + steps):
@@ -88,7 +71,6 @@ class _Pipeline(_Variant):
             logs = self.function([batch])
         for value in tf.nest.flatten(logs):
             np.asarray(value)
-        del iterator
         return step_s, max(0.0, sum(waits_s) / steps - self.fetch_overhead_s)
 
 
@@ -101,31 +83,26 @@ def _fetch_s(iterator, fetches=10):
     return statistics.median(times_s)
 
 
-class _SavedState:
-    def __init__(self, model):
-        self.model = model
-        self.variables = [(v, v.numpy()) for v in model.variables]
-        optimizer = getattr(model, "optimizer", None)
-        self.optimizer_variables = (
-            {id(v): v.numpy() for v in optimizer.variables} if optimizer else {}
-        )
-        self.steps_per_execution = model.steps_per_execution
-        self.train_function = model.train_function
-
-    def restore(self):
-        for variable, value in self.variables:
+@contextlib.contextmanager
+def _state_restored(model):
+    """Puts back the model's variables, optimizer state, `steps_per_execution`, train function and metrics."""
+    variables = [(v, v.numpy()) for v in model.variables]
+    optimizer = getattr(model, "optimizer", None)
+    optimizer_values = {id(v): v.numpy() for v in optimizer.variables} if optimizer else {}
+    steps_per_execution, train_function = model.steps_per_execution, model.train_function
+    try:
+        yield
+    finally:
+        for variable, value in variables:
             variable.assign(value)
-        optimizer = getattr(self.model, "optimizer", None)
-        if optimizer is not None:
-            for variable in optimizer.variables:
-                saved = self.optimizer_variables.get(id(variable))
-                # Variables the first step created start as they were made: zeros.
-                variable.assign(
-                    saved if saved is not None else np.zeros(variable.shape, variable.dtype.name)
-                )
-        self.model.steps_per_execution = self.steps_per_execution
-        self.model.train_function = self.train_function
-        self.model.reset_metrics()
+        for variable in optimizer.variables if optimizer is not None else ():
+            saved = optimizer_values.get(id(variable))
+            # Variables the first step created start as they were made: zeros.
+            variable.assign(
+                saved if saved is not None else np.zeros(variable.shape, variable.dtype.name)
+            )
+        model.steps_per_execution, model.train_function = steps_per_execution, train_function
+        model.reset_metrics()
 
 
 def _one_replica_model(model, device, steps_per_execution):
@@ -133,8 +110,7 @@ def _one_replica_model(model, device, steps_per_execution):
     strategy = tf.distribute.OneDeviceStrategy(device)
     try:
         # Read outside the new scope: mirrored variables refuse another strategy.
-        weights = model.get_weights()
-        architecture = model.get_config()
+        weights, architecture = model.get_weights(), model.get_config()
         config = model.get_compile_config()
         with strategy.scope():
             copy = type(model).from_config(architecture)
@@ -165,11 +141,7 @@ def _pipeline_samples_per_sec(dataset, batches, global_batch_size):
 
 
 def measure(model, dataset, strategy, *, steps, rounds, amortized=None, pipeline_batches=None):
-    """Times the variants on `dataset` (this worker's global batches); the dict `_report` reads.
-
-    `amortized` is K (None: `default_amortized`); `pipeline_batches` (None:
-    `steps`) times the pipeline alone.
-    """
+    """Times the variants on `dataset` (this worker's global batches): the dict `_report` reads; `amortized` is K."""
     from keras_scaling import compat
 
     num_replicas = _topology.num_replicas(strategy)
@@ -179,26 +151,22 @@ def measure(model, dataset, strategy, *, steps, rounds, amortized=None, pipeline
     device_kind = _topology._device_kind(devices)
     compat.enable_for(strategy)
     steps_per_execution = int(model.steps_per_execution or 1)
-    amortized = amortized or default_amortized(steps_per_execution)
+    # K: steps per call that make the host's per-call cost small against the step.
+    amortized = amortized or max(16, 4 * steps_per_execution)
     dataset = _without_auto_shard(dataset.repeat())
     batch = next(iter(dataset))
     worker_batch_size = int(tf.nest.flatten(batch)[0].shape[0])
     if worker_batch_size % local_replicas:
-        raise ValueError(
-            f"the data's batches hold {worker_batch_size} samples, which "
-            f"{local_replicas} replicas cannot share evenly; batch the data with "
-            "keras_scaling.data.distribute(..., per_replica_batch_size=...)"
-        )
+        message = f"the data's batches hold {worker_batch_size} samples, which {local_replicas} replicas cannot share evenly; batch the data with keras_scaling.data.distribute(..., per_replica_batch_size=...)"
+        raise ValueError(message)
     per_replica_batch_size = worker_batch_size // local_replicas
     global_batch_size = worker_batch_size * num_workers
 
-    saved = _SavedState(model)
     notes = []
-    try:
-        resident_iterator = iter(strategy.experimental_distribute_dataset(_resident_dataset(batch)))
-        pipeline = _Pipeline(
-            model, strategy.experimental_distribute_dataset(dataset), steps_per_execution
-        )
+    with _state_restored(model):
+        distribute = strategy.experimental_distribute_dataset
+        resident_iterator = iter(distribute(_resident_dataset(batch)))
+        pipeline = _Pipeline(model, distribute(dataset), steps_per_execution)
         variants = {
             "resident": _Variant(model, resident_iterator, steps_per_execution),
             "resident_amortized": _Variant(model, resident_iterator, amortized),
@@ -210,11 +178,9 @@ def measure(model, dataset, strategy, *, steps, rounds, amortized=None, pipeline
             else:
                 rows = tf.nest.map_structure(lambda x: x[:per_replica_batch_size], batch)
                 one_dataset = one_strategy.experimental_distribute_dataset(_resident_dataset(rows))
-                one_iterator = iter(one_dataset)
-                variants["one_replica"] = _Variant(copy, one_iterator, amortized)
+                variants["one_replica"] = _Variant(copy, iter(one_dataset), amortized)
         calls = {
-            name: max(2, math.ceil(steps / variant.steps_per_execution))
-            for name, variant in variants.items()
+            name: max(2, math.ceil(steps / v.steps_per_execution)) for name, v in variants.items()
         }
         real_calls = max(2, math.ceil(steps / steps_per_execution))
         # Traces, and warms up the pipeline and the devices.
@@ -232,8 +198,6 @@ def measure(model, dataset, strategy, *, steps, rounds, amortized=None, pipeline
         pipeline_samples_per_sec = num_workers * _pipeline_samples_per_sec(
             dataset, pipeline_batches or steps, worker_batch_size
         )
-    finally:
-        saved.restore()
     if "one_replica" not in times:
         times["one_replica"] = times["resident_amortized"]
     return {
@@ -265,11 +229,9 @@ def compute_mfu(model, strategy, peak_flops, per_replica_batch_size, compute_s):
     if flops_per_sample is None:
         return None, f"FLOPs not counted: {reason}"
     devices = _topology._local_devices(strategy)
+    kind, dtype = _topology._device_kind(devices), model.dtype_policy.compute_dtype
     peak, reason = peak_module.resolve(
-        peak_flops,
-        device_kind=_topology._device_kind(devices),
-        device=devices[0],
-        compute_dtype=model.dtype_policy.compute_dtype,
+        peak_flops, device_kind=kind, device=devices[0], compute_dtype=dtype
     )
     if peak is None:
         return None, reason

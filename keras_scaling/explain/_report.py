@@ -1,8 +1,4 @@
-"""`explain`'s record per replica count, its text and `explain.json`, from `_measure`'s dict.
-
-Pure, so the bench's parent process and `explain` write the same record;
-the schema is in docs/reference/explain-json.md.
-"""
+"""`explain`'s record per replica count, its text and `explain.json` (docs/reference/explain-json.md), from `_measure`'s dict."""
 
 import dataclasses
 
@@ -14,10 +10,7 @@ FILE_NAME = "explain.json"
 
 @dataclasses.dataclass(frozen=True)
 class Explanation:
-    """The `Split` at one replica count, its `Verdict` and `explain.json`'s `record`.
-
-    `str()` gives the table and the verdict.
-    """
+    """The `Split` at one replica count, its `Verdict` and `explain.json`'s `record`; `str()`: the table and verdict."""
 
     split: object
     verdict: object
@@ -47,6 +40,7 @@ def explanation(measurements, *, mfu=None, mfu_reason=None, efficient_per_replic
     )
     resident_s = timings["resident"].median_s
     training_samples_per_sec = global_batch_size / resident_s
+    host_cpu_replicas = measurements.get("host_cpu_replicas", False)
     result = _split.verdict(
         split,
         num_replicas=measurements["num_replicas"],
@@ -57,12 +51,14 @@ def explanation(measurements, *, mfu=None, mfu_reason=None, efficient_per_replic
         mfu_reason=mfu_reason,
         efficient_per_replica_batch=efficient_per_replica_batch,
         per_replica_batch_size=measurements["per_replica_batch_size"],
-        host_cpu_replicas=measurements.get("host_cpu_replicas", False),
+        host_cpu_replicas=host_cpu_replicas,
         cpu_cores=measurements.get("cpu_cores"),
     )
-    notes = tuple(measurements.get("notes", ())) + result.notes
-    result = dataclasses.replace(result, notes=notes)
+    result = dataclasses.replace(result, notes=tuple(measurements.get("notes", ())) + result.notes)
     advised = _split.advised_steps_per_execution(split)
+    implied_input_share = (
+        _split.implied_input_share(pipeline, global_batch_size, resident_s) if pipeline else None
+    )
     record = {
         "replicas": measurements["num_replicas"],
         "workers": measurements["num_workers"],
@@ -85,9 +81,7 @@ def explanation(measurements, *, mfu=None, mfu_reason=None, efficient_per_replic
         },
         "rest_ms": split.rest_s * 1e3,
         "input_free_step_ms": split.input_free_step_s * 1e3,
-        "pipeline_batch_ms": (
-            split.pipeline_batch_s * 1e3 if split.pipeline_batch_s is not None else None
-        ),
+        "pipeline_batch_ms": split.pipeline_batch_s * 1e3 if pipeline else None,
         "rest_share": split.rest_share,
         "host_per_call_ms": split.host_per_call_s * 1e3,
         "host_share_at_amortized": split.host_share_at(split.amortized_steps_per_execution),
@@ -95,21 +89,12 @@ def explanation(measurements, *, mfu=None, mfu_reason=None, efficient_per_replic
         "host_share_at_advised": split.host_share_at(advised),
         "pipeline_samples_per_sec": pipeline,
         "training_samples_per_sec": training_samples_per_sec,
-        "implied_input_share": (
-            _split.implied_input_share(pipeline, global_batch_size, resident_s)
-            if pipeline
-            else None
-        ),
+        "implied_input_share": implied_input_share,
         "mfu": mfu,
         "mfu_reason": mfu_reason,
-        "host_cpu_replicas": measurements.get("host_cpu_replicas", False),
+        "host_cpu_replicas": host_cpu_replicas,
         "cpu_cores": measurements.get("cpu_cores"),
-        "verdict": {
-            "bound": result.bound,
-            "confidence": result.confidence,
-            "text": result.text,
-            "notes": list(result.notes),
-        },
+        "verdict": {**dataclasses.asdict(result), "notes": list(result.notes)},
         "variants": {name: timing.to_json() for name, timing in timings.items()},
     }
     return Explanation(split=split, verdict=result, record=record)
@@ -119,22 +104,23 @@ def verdict_lines(explanation):
     """The verdict of one count: its sentence, how sure, and its notes."""
     record, verdict = explanation.record, explanation.verdict
     lines = [f"{record['replicas']} replica(s): {verdict.text} ({verdict.confidence})"]
-    if record["pipeline_samples_per_sec"]:
+    if pipeline := record["pipeline_samples_per_sec"]:
+        training = f"training takes {record['training_samples_per_sec']:,.0f} samples/s"
         lines.append(
-            f"  input pipeline alone: {record['pipeline_samples_per_sec']:,.0f} samples/s; "
-            f"training takes {record['training_samples_per_sec']:,.0f} samples/s with the input free"
+            f"  input pipeline alone: {pipeline:,.0f} samples/s; {training} with the input free"
         )
     return lines + [f"  note: {note}" for note in verdict.notes]
 
 
-def format_report(explanations):
-    """The table of the split per replica count, then each count's verdict."""
+def format_report(explanations, markdown=False):
+    """The table of the split per replica count, then each count's verdict (`markdown`: fenced, bulleted)."""
     table = _split.format_table([(item.record["replicas"], item.split) for item in explanations])
-    lines = [table, ""] + [line for item in explanations for line in verdict_lines(item)]
-    return "\n".join(lines)
+    verdicts = [line for item in explanations for line in verdict_lines(item)]
+    if markdown:
+        return "\n".join(["```", table, "```", ""] + [f"- {line.strip()}" for line in verdicts])
+    return "\n".join([table, ""] + verdicts)
 
 
 def to_json(explanations, **setup):
     """The content of `explain.json`: the setup and one record per replica count."""
-    counts = [item.record for item in explanations]
-    return {"schema_version": SCHEMA_VERSION, **setup, "counts": counts}
+    return {"schema_version": SCHEMA_VERSION, **setup, "counts": [e.record for e in explanations]}

@@ -1,19 +1,12 @@
-"""The arithmetic of `explain`: variants' timings in, the step's split and verdict out.
-
-The variants (see `_measure`) are `real`, `input_wait`, `resident` (at the
-model's `steps_per_execution` S), `resident_amortized` and `one_replica` (at
-K > S). The formulas are in docs/guides/explain.md.
-"""
+"""The arithmetic of `explain`: variants' timings in, the step's split and verdict out (formulas: docs/guides/explain.md)."""
 
 import dataclasses
 import math
 import statistics
 
 PARTS = ("input", "compute", "synchronization", "host")
-# Shares below this are not worth a remedy.
-_MINOR_SHARE = 0.2
-# The host share the advised steps_per_execution aims for.
-_TARGET_HOST_SHARE = 0.05
+_MINOR_SHARE = 0.2  # below it, a part is not worth a remedy
+_TARGET_HOST_SHARE = 0.05  # what the advised steps_per_execution aims for
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,13 +29,8 @@ class Timing:
         return (max(self.step_times_s) - min(self.step_times_s)) / 2
 
     def to_json(self):
-        times = list(self.step_times_s)
-        return {
-            "best_s": self.best_s,
-            "median_s": self.median_s,
-            "noise_s": self.noise_s,
-            "step_times_s": times,
-        }
+        figures = {"best_s": self.best_s, "median_s": self.median_s, "noise_s": self.noise_s}
+        return {**figures, "step_times_s": list(self.step_times_s)}
 
 
 def timing(step_times_s, *, zero_allowed=False):
@@ -50,10 +38,7 @@ def timing(step_times_s, *, zero_allowed=False):
     step_times_s = tuple(float(value) for value in step_times_s)
     if not step_times_s:
         raise ValueError("step_times_s must hold at least one round's step time")
-    if any(
-        not math.isfinite(value) or value < 0 or (value == 0 and not zero_allowed)
-        for value in step_times_s
-    ):
+    if not all(math.isfinite(t) and (t > 0 or zero_allowed and t == 0) for t in step_times_s):
         what = "seconds >= 0" if zero_allowed else "positive seconds"
         raise ValueError(f"step times must be {what}, got {list(step_times_s)}")
     return Timing(step_times_s)
@@ -121,12 +106,9 @@ def split_step(
     step_s = real.median_s
     per_call = 1 / steps_per_execution - 1 / amortized
     host_per_call_s = max(0.0, (resident.median_s - resident_amortized.median_s) / per_call)
-    if input_wait is not None:
-        input_part = (input_wait.median_s, input_wait.noise_s)
-    else:
-        input_part = (real.median_s - resident.median_s, real.noise_s + resident.noise_s)
+    input_part = (real.median_s - resident.median_s, real.noise_s + resident.noise_s)
     raw = {
-        "input": input_part,
+        "input": input_part if input_wait is None else (input_wait.median_s, input_wait.noise_s),
         "host": (
             host_per_call_s / steps_per_execution,
             (resident.noise_s + resident_amortized.noise_s) / (per_call * steps_per_execution),
@@ -184,8 +166,7 @@ class Verdict:
 
 
 def _confidence(first, second):
-    margin_s = first.saved_s - second.saved_s
-    noise_s = first.noise_s + second.noise_s
+    margin_s, noise_s = first.saved_s - second.saved_s, first.noise_s + second.noise_s
     if margin_s > 2 * noise_s:
         return "clear", None
     if margin_s > noise_s:
@@ -240,28 +221,18 @@ def verdict(
     host_cpu_replicas=False,
     cpu_cores=None,
 ):
-    """The `Verdict` of a `Split`: the part with the largest `saved_s`, and notes.
-
-    The confidence compares the first two with their noise; it is
-    "uncertain" when the resident step contradicts the wait.
-    `efficient_per_replica_batch` comes from a sweep (90% efficiency).
-    """
+    """The `Verdict` of a `Split`: the part with the largest `saved_s`, how sure (its margin over the next against their noise), and notes."""
     ranked = sorted(split.parts, key=lambda part: (part.saved_s, part.time_s), reverse=True)
     first, second = ranked[0], ranked[1]
     confidence, doubt = _confidence(first, second)
     contradiction = _counterfactual_doubt(split, first, second)
-    if contradiction:
-        confidence = "uncertain"
+    confidence = "uncertain" if contradiction else confidence
     share = _percent(first.share)
     if first.name == "input":
         rates = "the replicas wait for data"
         if pipeline_samples_per_sec is not None and training_samples_per_sec is not None:
             rates = f"the pipeline gives {pipeline_samples_per_sec:,.0f} samples/s across workers and training takes {training_samples_per_sec:,.0f}"
-        text = (
-            f"input-bound: input is {share} of the step ({first.saved_s * 1e3:.2f} ms shorter "
-            f"without it); {rates}: parallel `map` (num_parallel_calls=tf.data.AUTOTUNE), "
-            "`cache`, more reader files or the tf.data service."
-        )
+        text = f"input-bound: input is {share} of the step ({first.saved_s * 1e3:.2f} ms shorter without it); {rates}: parallel `map` (num_parallel_calls=tf.data.AUTOTUNE), `cache`, more reader files or the tf.data service."
     elif first.name == "synchronization":
         now = f" (now {per_replica_batch_size})" if per_replica_batch_size else ""
         batch = f"a larger per-replica batch{now}; `keras-scaling bench --per-replica-batch 32,64,128,256` finds the one that reaches 90% efficiency"
@@ -271,17 +242,13 @@ def verdict(
     elif first.name == "host":
         advised = advised_steps_per_execution(split)
         measured = split.amortized_steps_per_execution
-        text = (
-            f"host-bound: the training loop's per-call cost is {share} of the step: steps_per_execution={measured} took the host share from {share} to {_percent(split.host_share_at(measured))} (measured); "
-            f"model.compile(..., steps_per_execution={advised}) brings it to {_percent(split.host_share_at(advised))}."
-        )
+        text = f"host-bound: the training loop's per-call cost is {share} of the step: steps_per_execution={measured} took the host share from {share} to {_percent(split.host_share_at(measured))} (measured); model.compile(..., steps_per_execution={advised}) brings it to {_percent(split.host_share_at(advised))}."
     else:
+        utilization = f"MFU unknown ({mfu_reason or 'no FLOPs or peak figure'})"
+        hint = "; mixed precision would help on GPUs and TPUs"
         if mfu is not None:
             utilization = f"MFU {mfu * 100:.0f}%"
             hint = "; mixed precision would help" if mfu < 0.5 else "; the devices are well used"
-        else:
-            utilization = f"MFU unknown ({mfu_reason or 'no FLOPs or peak figure'})"
-            hint = "; mixed precision would help on GPUs and TPUs"
         text = f"compute-bound: the model's own arithmetic is {share} of the step (good): {utilization}{hint}."
     rates_note = _rates_note(first.name, pipeline_samples_per_sec, training_samples_per_sec)
     notes = [note for note in (doubt, contradiction, rates_note) if note]
@@ -291,9 +258,8 @@ def verdict(
         if part.share >= _MINOR_SHARE
     ]
     if abs(split.rest_share) >= 0.1:
-        notes.append(
-            f"the parts and the measured step differ by {_percent(abs(split.rest_share))} of the step (noise between rounds); more steps or rounds narrow it"
-        )
+        rest = f"the parts and the measured step differ by {_percent(abs(split.rest_share))} of the step"
+        notes.append(f"{rest} (noise between rounds); more steps or rounds narrow it")
     if host_cpu_replicas and num_replicas > 1:
         notes.append(shared_cores_note(num_replicas, cpu_cores))
     return Verdict(bound=first.name, confidence=confidence, text=text, notes=tuple(notes))
@@ -302,11 +268,7 @@ def verdict(
 def shared_cores_note(num_replicas, cpu_cores=None):
     """What replicas that are logical CPUs of one host do to each part."""
     cores = f"its {cpu_cores} cores" if cpu_cores else "its cores"
-    return (
-        f"the {num_replicas} replicas are logical CPUs of one host and share {cores}: "
-        "synchronization also holds them slowing each other down, which real devices "
-        "would not; input competes with training for the same cores"
-    )
+    return f"the {num_replicas} replicas are logical CPUs of one host and share {cores}: synchronization also holds them slowing each other down, which real devices would not; input competes with training for the same cores"
 
 
 def format_table(rows):

@@ -13,8 +13,7 @@ _SERIES = _split.PARTS + ("rest",)
 def scalars(explanation):
     """`{tag: value}` of one count's split."""
     record = explanation.record
-    values = {"explain/step_ms": record["step_ms"], "explain/rest_ms": record["rest_ms"]}
-    values["explain/rest_share"] = record["rest_share"]
+    values = {f"explain/{key}": record[key] for key in ("step_ms", "rest_ms", "rest_share")}
     for name, part in record["parts"].items():
         values[f"explain/{name}_ms"] = part["ms"]
         values[f"explain/{name}_share"] = part["share"]
@@ -29,26 +28,9 @@ def custom_scalars_layout():
         tags = [f"^explain/{name}_{unit}$" for name in _SERIES + tuple(extra)]
         return layout_pb2.Chart(title=title, multiline=layout_pb2.MultilineChartContent(tag=tags))
 
-    return layout_pb2.Layout(
-        category=[
-            layout_pb2.Category(
-                title="explain: step split per replica count (x axis: replicas)",
-                chart=[
-                    lines("step and its parts, ms", "ms", extra=("step",)),
-                    lines("share of the step", "share"),
-                ],
-            )
-        ]
-    )
-
-
-def verdict_markdown(explanations):
-    """The table and the verdicts, as Markdown for the Text tab."""
-    table = _split.format_table([(item.record["replicas"], item.split) for item in explanations])
-    lines = ["```", table, "```", ""]
-    for item in explanations:
-        lines.extend(f"- {line.strip()}" for line in _report.verdict_lines(item))
-    return "\n".join(lines)
+    charts = [lines("step and its parts, ms", "ms", ("step",)), lines("share of the step", "share")]
+    title = "explain: step split per replica count (x axis: replicas)"
+    return layout_pb2.Layout(category=[layout_pb2.Category(title=title, chart=charts)])
 
 
 def write(log_dir, explanations, **setup):
@@ -61,6 +43,7 @@ def write(log_dir, explanations, **setup):
     _tensorboard.write_custom_scalars_layout(log_dir, custom_scalars_layout(), run=RUN)
     for item in explanations:
         _tensorboard.write_scalars(log_dir, item.record["replicas"], scalars(item), run=RUN)
-    _tensorboard.write_text(log_dir, 0, "explain/verdict", verdict_markdown(explanations), run=RUN)
+    verdicts = _report.format_report(explanations, markdown=True)
+    _tensorboard.write_text(log_dir, 0, "explain/verdict", verdicts, run=RUN)
     _tensorboard.flush(log_dir, run=RUN)
     return path
