@@ -9,15 +9,20 @@ import numpy as np
 DIVERGENCE = "divergence"
 FLOAT_DRIFT = "float drift"
 PER_REPLICA_STATE = "per-replica state"
-
 PER_REPLICA_STATE_MODES = ("warn", "ignore", "error", "average")
-
 TRAINABLE = "trainable"
 NON_TRAINABLE = "non-trainable"
 SEED_GENERATOR = "seed generator state"
 OPTIMIZER_ITERATIONS = "optimizer iteration counter"
 OPTIMIZER_VARIABLE = "optimizer variable"
 GRADIENT_ACCUMULATOR = "gradient accumulator"
+
+_CAUSE_OF_ROLE = {
+    OPTIMIZER_ITERATIONS: "optimizer steps were applied on some replicas only (a custom train_step?)",
+    TRAINABLE: "gradients were not combined across replicas before the update (keras-team/keras#19891), or a custom train_step assigns the weight per replica",
+    OPTIMIZER_VARIABLE: "optimizer state was updated with per-replica gradients (a custom train_step?)",
+    SEED_GENERATOR: "the seed generator advanced unevenly (random ops in replica-dependent control flow)",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,19 +33,14 @@ class CopyDifference:
         differing_replicas: the replicas whose copy is not bitwise replica 0's.
         num_differing_elements: elements that differ on at least one replica.
         num_elements: elements in the variable.
-        max_abs_diff: the largest `|copy - copy_0|` (inf for a NaN on one
-            replica only).
+        max_abs_diff: the largest `|copy - copy_0|` (inf for a NaN on one replica only).
         max_rel_diff: the largest `|copy - copy_0| / |copy_0|`.
-        nan_counts: NaN elements in each replica's copy.
-        inf_counts: Inf elements in each replica's copy.
-        within_tolerance: every difference is within `atol + rtol * |copy_0|`
-            (never with both tolerances 0).
+        nan_counts, inf_counts: NaN and Inf elements in each replica's copy.
+        within_tolerance: every difference is within `atol + rtol * |copy_0|` (never with both 0).
 
     Example:
 
     ```python
-    from keras_scaling.replica_state import compare_copies
-
     difference = compare_copies([np.float32([1, 2]), np.float32([1, 5])])
     print(difference.differing_replicas, difference.max_abs_diff)   # (1,) 3.0
     ```
@@ -58,8 +58,6 @@ class CopyDifference:
 
 def _bits(array: np.ndarray) -> np.ndarray:
     array = np.asarray(array)
-    if array.dtype == np.bool_:
-        return array.view(np.uint8)
     return array.view(f"u{array.dtype.itemsize}") if array.dtype.itemsize <= 8 else array
 
 
@@ -86,8 +84,6 @@ def compare_copies(
     Example:
 
     ```python
-    from keras_scaling.replica_state import compare_copies
-
     a = np.float32([1.0, 2.0])
     one_ulp_up = np.nextafter(a, np.float32(3))
     print(compare_copies([a, one_ulp_up]).max_abs_diff)   # 2.384185791015625e-07
@@ -137,11 +133,9 @@ def differing_columns(fingerprint_table: np.ndarray) -> list[int]:
     return [int(i) for i in np.flatnonzero(np.any(table != table[:1], axis=0))]
 
 
-def tier_of(
-    is_per_replica_state: bool, per_replica_state_mode: str, difference: CopyDifference
-) -> str:
+def tier_of(per_replica_state: bool, mode: str, difference: CopyDifference) -> str:
     """`PER_REPLICA_STATE` (unless the mode is "error"), `FLOAT_DRIFT` or `DIVERGENCE`."""
-    if is_per_replica_state and per_replica_state_mode != "error":
+    if per_replica_state and mode != "error":
         return PER_REPLICA_STATE
     if difference.within_tolerance:
         return FLOAT_DRIFT
@@ -161,8 +155,7 @@ def likely_cause(variable: Any, difference: CopyDifference) -> str:
     """What usually makes a variable's copies differ like this, in one sentence.
 
     Args:
-        variable: a `TrackedVariable` (or anything with its `role`,
-            `aggregation` and `per_replica_reason`).
+        variable: a `TrackedVariable` (or anything with its `role`, `aggregation`, `per_replica_reason`).
         difference: its `CopyDifference`.
 
     Returns:
@@ -171,45 +164,24 @@ def likely_cause(variable: Any, difference: CopyDifference) -> str:
     Example:
 
     ```python
-    from types import SimpleNamespace
-    from keras_scaling import replica_state
-
-    kernel = SimpleNamespace(role="trainable", aggregation="NONE", per_replica_reason=None)
-    difference = replica_state.compare_copies([np.float32([1, 2]), np.float32([1, 3])])
-    print(replica_state.likely_cause(kernel, difference))   # gradients were not combined ...
+    kernel = keras_scaling.replica_state.TrackedVariable("kernel", tf.Variable([1.0]), "trainable")
+    difference = compare_copies([np.float32([1, 2]), np.float32([1, 3])])
+    print(likely_cause(kernel, difference))   # gradients were not combined ...
     ```
     """
     non_finite = [nan + inf for nan, inf in zip(difference.nan_counts, difference.inf_counts)]
     if any(non_finite) and not all(non_finite):
         replicas = ", ".join(str(i) for i, count in enumerate(non_finite) if count)
-        return (
-            f"NaN/Inf on replica(s) {replicas} only: non-finite gradients from that "
-            "replica's batch (check its inputs and loss, or lower the learning rate)"
-        )
+        return f"NaN/Inf on replica(s) {replicas} only: non-finite gradients from that replica's batch (check its inputs and loss, or lower the learning rate)"
     if variable.per_replica_reason is not None:
         return variable.per_replica_reason
     if difference.within_tolerance:
         return "float drift: tiny differences, as from a non-deterministic reduction order"
-    if variable.role == OPTIMIZER_ITERATIONS:
-        return "optimizer steps were applied on some replicas only (a custom train_step?)"
-    if variable.role == TRAINABLE:
-        return (
-            "gradients were not combined across replicas before the update "
-            "(keras-team/keras#19891), or a custom train_step assigns the weight per replica"
-        )
-    if variable.role == OPTIMIZER_VARIABLE:
-        return "optimizer state was updated with per-replica gradients (a custom train_step?)"
-    if variable.role == SEED_GENERATOR:
-        return "the seed generator advanced unevenly (random ops in replica-dependent control flow)"
+    if variable.role in _CAUSE_OF_ROLE:
+        return _CAUSE_OF_ROLE[variable.role]
     if variable.aggregation == "NONE":
-        return (
-            "a weight with aggregation 'none' assigned in replica context updates each "
-            "replica's own copy (tensorflow/tensorflow#37834): give it aggregation='mean'"
-        )
-    return (
-        f"a weight with aggregation {variable.aggregation.lower()!r} assigned "
-        "from replica-local values or on some replicas only"
-    )
+        return "a weight with aggregation 'none' assigned in replica context updates each replica's own copy (tensorflow/tensorflow#37834): give it aggregation='mean'"
+    return f"a weight with aggregation {variable.aggregation.lower()!r} assigned from replica-local values or on some replicas only"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -217,8 +189,7 @@ class VariableReport:
     """One variable whose copies differ between replicas.
 
     Args:
-        path, shape, dtype, aggregation, synchronization, role: the
-            variable's (see `TrackedVariable`).
+        path, shape, dtype, aggregation, synchronization, role: the variable's (`TrackedVariable`).
         tier: `"divergence"`, `"float drift"` or `"per-replica state"`.
         difference: the `CopyDifference`.
         devices: the device of each differing replica.
@@ -228,8 +199,6 @@ class VariableReport:
     Example:
 
     ```python
-    from keras_scaling.replica_state import VariableReport, compare_copies
-
     difference = compare_copies([np.float32([0.0]), np.float32([0.5])])
     report = VariableReport("dense/bias", (1,), "float32", "MEAN", "ON_WRITE",
                             "trainable", "divergence", difference, ("CPU:1",), "a cause")
@@ -251,25 +220,18 @@ class VariableReport:
 
     def __str__(self) -> str:
         diff = self.difference
-        replicas = ", ".join(
-            f"{replica} ({device})"
-            for replica, device in zip(diff.differing_replicas, self.devices)
-        )
+        replicas = ", ".join(f"{r} ({d})" for r, d in zip(diff.differing_replicas, self.devices))
         lines = [
-            f"{self.tier.upper()}: {self.path} shape={self.shape} "
-            f"dtype={self.dtype} aggregation={self.aggregation} "
-            f"synchronization={self.synchronization} ({self.role})",
+            f"{self.tier.upper()}: {self.path} shape={self.shape} dtype={self.dtype} "
+            f"aggregation={self.aggregation} synchronization={self.synchronization} ({self.role})",
             f"  replicas differing from replica 0: {replicas}",
-            f"  max abs diff {diff.max_abs_diff:.6g}, max rel diff "
-            f"{diff.max_rel_diff:.6g}, {diff.num_differing_elements} of "
-            f"{diff.num_elements} elements differ",
+            f"  max abs diff {diff.max_abs_diff:.6g}, max rel diff {diff.max_rel_diff:.6g}, "
+            f"{diff.num_differing_elements} of {diff.num_elements} elements differ",
         ]
         if any(diff.nan_counts) or any(diff.inf_counts):
-            counts = ", ".join(
-                f"replica {i}: {nan} NaN/{inf} Inf"
-                for i, (nan, inf) in enumerate(zip(diff.nan_counts, diff.inf_counts))
-            )
-            lines.append(f"  non-finite values: {counts}")
+            counts = enumerate(zip(diff.nan_counts, diff.inf_counts))
+            text = ", ".join(f"replica {i}: {nan} NaN/{inf} Inf" for i, (nan, inf) in counts)
+            lines.append(f"  non-finite values: {text}")
         lines.append(f"  likely cause: {self.likely_cause}")
         if self.repair:
             lines.append(f"  repair: {self.repair}")
@@ -290,8 +252,6 @@ class ReplicaSyncReport:
     Example:
 
     ```python
-    from keras_scaling.replica_state import ReplicaSyncReport
-
     report = ReplicaSyncReport(step=8, num_replicas=2, num_workers=1, num_variables=4)
     print(report.ok, report)   # True Replica sync check at step 8: 4 variables on 2 replicas ...
     ```
@@ -303,23 +263,20 @@ class ReplicaSyncReport:
     num_variables: int
     variables: tuple[VariableReport, ...] = ()
 
-    def _tier(self, tier: str) -> tuple[VariableReport, ...]:
-        return tuple(v for v in self.variables if v.tier == tier)
-
     @property
     def divergences(self) -> tuple[VariableReport, ...]:
         """The `VariableReport`s of the "divergence" tier."""
-        return self._tier(DIVERGENCE)
+        return tuple(v for v in self.variables if v.tier == DIVERGENCE)
 
     @property
     def float_drift(self) -> tuple[VariableReport, ...]:
         """The `VariableReport`s within `atol`/`rtol`."""
-        return self._tier(FLOAT_DRIFT)
+        return tuple(v for v in self.variables if v.tier == FLOAT_DRIFT)
 
     @property
     def per_replica_state(self) -> tuple[VariableReport, ...]:
         """The `VariableReport`s of per-replica state."""
-        return self._tier(PER_REPLICA_STATE)
+        return tuple(v for v in self.variables if v.tier == PER_REPLICA_STATE)
 
     @property
     def ok(self) -> bool:
@@ -335,12 +292,10 @@ class ReplicaSyncReport:
     def __str__(self) -> str:
         workers = "worker" if self.num_workers == 1 else "workers"
         head = (
-            f"Replica sync check at step {self.step}: {self.num_variables} "
-            f"variables on {self.num_replicas} replicas ({self.num_workers} "
-            f"{workers}): {len(self.divergences)} diverged, "
-            f"{len(self.float_drift)} with float drift, "
+            f"Replica sync check at step {self.step}: {self.num_variables} variables on "
+            f"{self.num_replicas} replicas ({self.num_workers} {workers}): "
+            f"{len(self.divergences)} diverged, {len(self.float_drift)} with float drift, "
             f"{len(self.per_replica_state)} per-replica state differ"
         )
-        lines = [head]
-        lines += [str(v) for v in self.divergences + self.float_drift + self.per_replica_state]
-        return "\n".join(lines)
+        reports = self.divergences + self.float_drift + self.per_replica_state
+        return "\n".join([head] + [str(v) for v in reports])

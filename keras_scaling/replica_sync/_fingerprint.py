@@ -1,13 +1,5 @@
-"""64-bit fingerprints of tensors, computed on their own device.
-
-`fingerprint = sum over i of w[i] * (1 + 2 * G * i)` modulo 2**64, `w` the
-tensor's bytes as int64 words and `G` an odd constant: any one changed word
-always changes it, and so do two words that trade places or change by +k and
--k, bar the exceptions the replica sync guide lists. On a CPU it is one
-matrix product of the words with the multipliers (1.3 to 1.6 times a plain
-sum, `benchmarks/replica_sync.py --fingerprints-only`); GPUs have no int64
-matrix product, so there it is a product and a sum.
-"""
+"""64-bit fingerprints of tensors on their own device: `sum of w[i] * (1 + 2 * G * i)` modulo
+2**64, `w` the tensor's bytes as int64 words, `G` odd (the replica sync guide says what they see)."""
 
 import tensorflow as tf
 
@@ -18,17 +10,13 @@ _G = 0x9E3779B97F4A7C15  # the odd 64-bit constant of Fibonacci hashing
 _POSITION_STEP = ((2 * _G) % 2**64 + 2**63) % 2**64 - 2**63
 
 
-class _SharedConstants:
+class _SharedConstants(dict):
     """Graph constants shared by a function's fingerprints: it halves the graph, and its tracing time."""
 
-    def __init__(self):
-        self._constants = {}
-
     def __call__(self, value, dtype=tf.int32):
-        key = (value, dtype)
-        if key not in self._constants:
-            self._constants[key] = tf.constant(value, dtype)
-        return self._constants[key]
+        if (value, dtype) not in self:
+            self[(value, dtype)] = tf.constant(value, dtype)
+        return self[(value, dtype)]
 
 
 def _words(tensor, constants):
@@ -73,11 +61,6 @@ def _fingerprint(words, multiplier_column, constants):
         return tf.matmul(tf.reshape(words, constants((1, -1))), multiplier_column)
     products = words * tf.reshape(multiplier_column, constants((-1,)))
     return tf.reshape(tf.reduce_sum(products), constants((1, 1)))
-
-
-def fingerprint(tensor):
-    """The fingerprint of a tensor: an int64 scalar."""
-    return fingerprint_table([tensor])[0]
 
 
 def fingerprint_table(tensors):

@@ -10,44 +10,34 @@ import tensorflow as tf
 from keras_scaling import _validation
 from keras_scaling.devices import _topology
 from keras_scaling.replica_sync import _copy_comparison, _fingerprint
+from keras_scaling.replica_sync._copy_comparison import ReplicaSyncReport
 
 if TYPE_CHECKING:
     from keras_scaling.replica_sync._tracked_variables import TrackedVariable
 
 
 class ReplicaStateChecker:
-    """Compares every replica's copy of a list of distributed variables.
+    """Compares every replica's copy of a list of distributed variables, by their fingerprints.
 
-    Only the fingerprint table crosses to the host (and across workers);
-    only variables whose fingerprints differ are gathered in full. Under
-    several workers `check()` and `resync()` are collective: every worker
-    must call them at the same point. The compiled function is traced at
-    the first `check()` and reused.
+    Under several workers `check()` and `resync()` are collective: every worker calls them at once.
 
     Args:
         strategy: the `tf.distribute.Strategy` the variables belong to.
         variables: a list of `TrackedVariable`.
         atol: float, absolute tolerance of the "float drift" tier.
         rtol: float, relative tolerance of the "float drift" tier.
-        per_replica_state: `"warn"`, `"ignore"` (not compared), `"error"`
-            (reported as divergence) or `"average"` (copies replaced by
-            their mean after the comparison).
+        per_replica_state: `"warn"`, `"ignore"` (not compared), `"error"` (divergence) or
+            `"average"` (copies replaced by their mean after the comparison).
 
     Example:
 
     ```python
-    from keras_scaling import replica_state
-
     keras_scaling.use_logical_cpus(2)
     strategy = keras_scaling.auto_strategy()
     with strategy.scope():
         model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
-        model.compile(optimizer="adam", loss="mse")
-        model.optimizer.build(model.trainable_variables)
-    checker = replica_state.ReplicaStateChecker(
-        strategy, replica_state.tracked_variables(model, model.optimizer))
-    report = checker.check(step=0)
-    print(report)   # ... 0 diverged, 0 with float drift, 0 per-replica state differ
+    checker = ReplicaStateChecker(strategy, keras_scaling.replica_state.tracked_variables(model))
+    print(checker.check(step=0))   # ... 0 diverged, 0 with float drift, 0 per-replica state differ
     ```
     """
 
@@ -78,19 +68,6 @@ class ReplicaStateChecker:
         strategy = self.strategy
         return tf.function(lambda: strategy.run(replica_fn), autograph=False)
 
-    def _build_fingerprint_function(self) -> Callable[[], Any]:
-        tf_variables = [v.variable for v in self.variables]
-        across_workers = self.num_workers > 1
-
-        def replica_fn() -> tf.Tensor:
-            table = _fingerprint.fingerprint_table([tf.identity(v) for v in tf_variables])
-            if not across_workers:
-                return table
-            context = tf.distribute.get_replica_context()
-            return context.all_gather(table[tf.newaxis], axis=0)
-
-        return self._on_every_replica(replica_fn)
-
     def fingerprints(self) -> np.ndarray:
         """The int64 table `[num_replicas, num_variables]` of fingerprints.
 
@@ -100,12 +77,21 @@ class ReplicaStateChecker:
         if not self.variables:
             return np.zeros([self.num_replicas, 0], np.int64)
         if self._fingerprint_function is None:
-            self._fingerprint_function = self._build_fingerprint_function()
+            tf_variables = [v.variable for v in self.variables]
+            across_workers = self.num_workers > 1
+
+            def replica_fn() -> tf.Tensor:
+                table = _fingerprint.fingerprint_table([tf.identity(v) for v in tf_variables])
+                if not across_workers:
+                    return table
+                context = tf.distribute.get_replica_context()
+                return context.all_gather(table[tf.newaxis], axis=0)
+
+            self._fingerprint_function = self._on_every_replica(replica_fn)
         local = self.strategy.experimental_local_results(self._fingerprint_function())
         if self.num_workers > 1:
             return local[0].numpy()
-        # Every row is local: no collective, whose keys would clash with another
-        # MirroredStrategy's in this process.
+        # Every row is local: no collective (its keys would clash with another MirroredStrategy's).
         return np.stack([row.numpy() for row in local])
 
     def gather(self, indices: Sequence[int]) -> list[list[np.ndarray]]:
@@ -120,30 +106,21 @@ class ReplicaStateChecker:
         indices = tuple(indices)
         if not indices:
             return []
+        local = self.strategy.experimental_local_results
         if self.num_workers == 1:
-            return [
-                [
-                    np.asarray(copy.numpy())
-                    for copy in self.strategy.experimental_local_results(self.variables[i].variable)
-                ]
-                for i in indices
-            ]
+            copies = [local(self.variables[i].variable) for i in indices]
+            return [[np.asarray(copy.numpy()) for copy in variable] for variable in copies]
         if indices not in self._gather_functions:
-            self._gather_functions[indices] = self._build_gather_function(indices)
-        gathered = self._gather_functions[indices]()
-        local = [self.strategy.experimental_local_results(values)[0].numpy() for values in gathered]
-        return [list(values) for values in local]
+            chosen = [self.variables[i].variable for i in indices]
 
-    def _build_gather_function(self, indices: tuple[int, ...]) -> Callable[[], Any]:
-        tf_variables = [self.variables[i].variable for i in indices]
+            def replica_fn() -> list[tf.Tensor]:
+                context = tf.distribute.get_replica_context()
+                return [context.all_gather(tf.identity(v)[tf.newaxis], axis=0) for v in chosen]
 
-        def replica_fn() -> list[tf.Tensor]:
-            context = tf.distribute.get_replica_context()
-            return [context.all_gather(tf.identity(v)[tf.newaxis], axis=0) for v in tf_variables]
+            self._gather_functions[indices] = self._on_every_replica(replica_fn)
+        return [list(local(values)[0].numpy()) for values in self._gather_functions[indices]()]
 
-        return self._on_every_replica(replica_fn)
-
-    def check(self, step: int) -> "_copy_comparison.ReplicaSyncReport":
+    def check(self, step: int) -> ReplicaSyncReport:
         """Compares the copies now (averaging per-replica state with `"average"`).
 
         Args:
@@ -157,9 +134,7 @@ class ReplicaStateChecker:
         for index, copies in zip(suspects, self.gather(suspects)):
             variable = self.variables[index]
             difference = _copy_comparison.compare_copies(copies, self.atol, self.rtol)
-            if not difference.differing_replicas:
-                # Fingerprints are deterministic (an integer sum): the copies
-                # were assigned between the fingerprints and the gather.
+            if not difference.differing_replicas:  # assigned since the (deterministic) fingerprints
                 continue
             tier = _copy_comparison.tier_of(
                 variable.is_per_replica_state, self.per_replica_state, difference
@@ -183,17 +158,10 @@ class ReplicaStateChecker:
                     repair=repair,
                 )
             )
-        return _copy_comparison.ReplicaSyncReport(
-            step=int(step),
-            num_replicas=self.num_replicas,
-            num_workers=self.num_workers,
-            num_variables=len(self.variables),
-            variables=tuple(reports),
-        )
+        counts = (self.num_replicas, self.num_workers, len(self.variables))
+        return ReplicaSyncReport(int(step), *counts, variables=tuple(reports))
 
-    def resync(
-        self, report: "_copy_comparison.ReplicaSyncReport"
-    ) -> "_copy_comparison.ReplicaSyncReport":
+    def resync(self, report: ReplicaSyncReport) -> ReplicaSyncReport:
         """Copies replica 0's value to every replica for the diverged variables.
 
         Args:

@@ -6,14 +6,7 @@ from typing import TYPE_CHECKING, Any
 import tensorflow as tf
 
 from keras_scaling.internals import _keras
-from keras_scaling.replica_sync._copy_comparison import (
-    GRADIENT_ACCUMULATOR,
-    NON_TRAINABLE,
-    OPTIMIZER_ITERATIONS,
-    OPTIMIZER_VARIABLE,
-    SEED_GENERATOR,
-    TRAINABLE,
-)
+from keras_scaling.replica_sync import _copy_comparison as roles
 
 if TYPE_CHECKING:
     import keras
@@ -26,16 +19,14 @@ class TrackedVariable:
     Args:
         path: the Keras variable path, such as `"sequential/dense/kernel"`.
         variable: the distributed `tf.Variable`, one copy per replica.
-        role: `TRAINABLE`, `NON_TRAINABLE`, `SEED_GENERATOR`,
-            `OPTIMIZER_ITERATIONS`, `OPTIMIZER_VARIABLE` or `GRADIENT_ACCUMULATOR`.
+        role: `TRAINABLE`, `NON_TRAINABLE`, `SEED_GENERATOR`, `OPTIMIZER_ITERATIONS`,
+            `OPTIMIZER_VARIABLE` or `GRADIENT_ACCUMULATOR`.
         per_replica_reason: why its copies may legitimately differ, or None.
 
     Example:
 
     ```python
-    from keras_scaling.replica_state import TRAINABLE, TrackedVariable
-
-    kernel = TrackedVariable("dense/kernel", tf.Variable([1.0, 2.0]), TRAINABLE)
+    kernel = TrackedVariable("dense/kernel", tf.Variable([1.0, 2.0]), "trainable")
     print(kernel.shape, kernel.aggregation, kernel.is_per_replica_state)   # (2,) NONE False
     ```
     """
@@ -85,9 +76,7 @@ def distributed_variable(variable: Any) -> tf.Variable:
     Example:
 
     ```python
-    from keras_scaling import replica_state
-
-    weight = replica_state.distributed_variable(keras.Variable(1.0))
+    weight = distributed_variable(keras.Variable(1.0))
     isinstance(weight, tf.Variable)   # True
     ```
     """
@@ -112,22 +101,10 @@ def is_distributed(tf_variable: tf.Variable) -> bool:
     Example:
 
     ```python
-    from keras_scaling import replica_state
-
-    replica_state.is_distributed(tf.Variable(1.0))   # False: created outside any scope
+    is_distributed(tf.Variable(1.0))   # False: created outside any scope
     ```
     """
     return isinstance(tf_variable, tf.distribute.DistributedValues)
-
-
-def _unsynchronized_batch_norm_statistics(model: "keras.Model") -> dict[int, str]:
-    import keras
-
-    found: dict[int, str] = {}
-    for layer in _keras.all_layers(model):
-        if isinstance(layer, keras.layers.BatchNormalization) and not layer.synchronized:
-            found[id(layer.moving_mean)] = found[id(layer.moving_variance)] = layer.name
-    return found
 
 
 def inner_optimizers(optimizer: "keras.optimizers.Optimizer") -> list[Any]:
@@ -143,9 +120,8 @@ def tracked_variables(
 ) -> list[TrackedVariable]:
     """Lists the distributed variables of a model and, optionally, its optimizer, once each.
 
-    Single-copy variables (created outside the scope) are left out. Per-replica
-    state: `synchronization=ON_READ`, the moving statistics of
-    `BatchNormalization(synchronized=False)`, gradient accumulators.
+    Single-copy variables (created outside the scope) are left out. Per-replica state:
+    `ON_READ`, the statistics of `BatchNormalization(synchronized=False)`, gradient accumulators.
 
     Args:
         model: a built `keras.Model`.
@@ -157,16 +133,20 @@ def tracked_variables(
     Example:
 
     ```python
-    from keras_scaling import replica_state
-
     keras_scaling.use_logical_cpus(2)
     with keras_scaling.auto_strategy().scope():
         model = keras.Sequential([keras.Input((4,)), keras.layers.BatchNormalization()])
-    roles = [v.role for v in replica_state.tracked_variables(model)]
-    print(roles)   # ['trainable', 'trainable', 'non-trainable', 'non-trainable']
+    [v.role for v in tracked_variables(model)]   # ['trainable', 'trainable', 'non-trainable', 'non-trainable']
     ```
     """
-    batch_norm = _unsynchronized_batch_norm_statistics(model)
+    import keras
+
+    batch_norm = {  # the moving statistics of BatchNormalization(synchronized=False)
+        id(statistic): layer.name
+        for layer in _keras.all_layers(model)
+        if isinstance(layer, keras.layers.BatchNormalization) and not layer.synchronized
+        for statistic in (layer.moving_mean, layer.moving_variance)
+    }
     seed_states = _keras.seed_generator_state_ids(model)
     found, seen = [], set()
 
@@ -182,31 +162,25 @@ def tracked_variables(
 
     for variable in model.variables:
         if id(variable) in batch_norm:
-            reason = (
-                f"BatchNormalization {batch_norm[id(variable)]!r} moving statistics "
-                "are updated from each replica's own batch (synchronized=False)"
-            )
-            add(variable, NON_TRAINABLE, reason)
+            layer = batch_norm[id(variable)]
+            reason = f"BatchNormalization {layer!r} moving statistics are updated from each replica's own batch (synchronized=False)"
+            add(variable, roles.NON_TRAINABLE, reason)
         elif id(variable) in seed_states:
-            add(variable, SEED_GENERATOR)
+            add(variable, roles.SEED_GENERATOR)
         else:
-            add(variable, TRAINABLE if variable.trainable else NON_TRAINABLE)
+            add(variable, roles.TRAINABLE if variable.trainable else roles.NON_TRAINABLE)
     if optimizer is not None:
         optimizers = inner_optimizers(optimizer)
         counters = {id(o.iterations) for o in optimizers}
         accumulators = _keras.gradient_accumulator_ids(optimizers)
         for variable in optimizer.variables:
             if id(variable) in counters:
-                add(variable, OPTIMIZER_ITERATIONS)
+                add(variable, roles.OPTIMIZER_ITERATIONS)
             elif id(variable) in accumulators:
-                add(
-                    variable,
-                    GRADIENT_ACCUMULATOR,
-                    "gradient accumulator: holds each replica's own gradients "
-                    "between optimizer steps",
-                )
+                reason = "gradient accumulator: holds each replica's own gradients between optimizer steps"
+                add(variable, roles.GRADIENT_ACCUMULATOR, reason)
             else:
-                add(variable, OPTIMIZER_VARIABLE)
+                add(variable, roles.OPTIMIZER_VARIABLE)
     return found
 
 
@@ -214,7 +188,5 @@ def single_copy_paths(
     model: "keras.Model", optimizer: "keras.optimizers.Optimizer | None" = None
 ) -> list[str]:
     """The paths of the variables with one copy only (created outside the scope)."""
-    candidates = list(model.variables)
-    if optimizer is not None:
-        candidates += list(optimizer.variables)
+    candidates = list(model.variables) + list(optimizer.variables if optimizer is not None else [])
     return [v.path for v in candidates if not is_distributed(distributed_variable(v))]

@@ -1,10 +1,5 @@
-"""Whether the copies of every weight on every replica are equal, and what differs.
-
-The core of `keras_scaling.callbacks.ReplicaSyncCheck`, usable on its own:
-`tracked_variables` lists a model's distributed variables,
-`ReplicaStateChecker` compares their copies on the devices, `compare_copies`
-and `likely_cause` work on NumPy copies, and the reports say what differs.
-"""
+"""Whether the copies of every weight on every replica are equal, and what differs: the core of
+`keras_scaling.callbacks.ReplicaSyncCheck`, usable on its own."""
 
 from keras_scaling.replica_sync._copy_comparison import (
     DIVERGENCE,

@@ -29,26 +29,13 @@ class ReplicaDivergenceError(RuntimeError):
     """Raised by `ReplicaSyncCheck(on_divergence="raise")` when copies diverge.
 
     Args:
-        report: the `keras_scaling.replica_state.ReplicaSyncReport`, kept
-            as `.report`; its `str` is the message.
+        report: the `ReplicaSyncReport`, kept as `.report`; its `str` is the message.
 
     Example:
 
     ```python
-    keras_scaling.use_logical_cpus(2)
-    strategy = keras_scaling.auto_strategy()
-    with strategy.scope():
-        model = keras.Sequential(
-            [keras.Input((4,)), keras.layers.Dense(1, name="dense")], name="sequential"
-        )
-        model.compile(optimizer="sgd", loss="mse")
-    # As if the last replica had its own update:
-    strategy.experimental_local_results(model.layers[0].bias.value)[-1].assign([0.5])
-    x = np.ones((32, 4), "float32")
-    try:
-        model.fit(x, x[:, :1], callbacks=[keras_scaling.ReplicaSyncCheck()], verbose=0)
-    except keras_scaling.ReplicaDivergenceError as error:
-        print([v.path for v in error.report.divergences])   # ['sequential/dense/bias']
+    report = keras_scaling.replica_state.ReplicaSyncReport(8, 2, 1, num_variables=4)
+    keras_scaling.ReplicaDivergenceError(report).report.step   # 8
     ```
     """
 
@@ -60,51 +47,35 @@ class ReplicaDivergenceError(RuntimeError):
 class ReplicaSyncCheck(keras.callbacks.Callback):
     """Checks that every replica holds bitwise-equal copies of every weight.
 
-    Compares the copies of every distributed variable of the model and (with
-    `include_optimizer`) its optimizer, across all replicas of all workers:
-    at the start of training, every `every_n_steps` optimizer steps (right
-    with `steps_per_execution` and gradient accumulation) and at the end.
-    Each replica fingerprints its copies on its device; only variables whose
-    fingerprints differ are gathered to measure the difference. Under
-    several workers every worker reaches the same verdict at the same step.
-    Per-replica state (`synchronization=ON_READ`, unsynchronized
-    BatchNormalization statistics, gradient accumulators) is not divergence.
-    `check()` compares on demand; the latest report is `last_report`. With
-    one replica the callback says so once and does nothing. The replica sync
-    guide tells what the fingerprints see and what a check costs.
+    Compares the copies of the model's (and optimizer's) distributed variables across all replicas
+    of all workers at the start of training, every `every_n_steps` optimizer steps and at the end;
+    every worker reaches the same verdict. Per-replica state (`ON_READ`, unsynchronized
+    BatchNormalization statistics, gradient accumulators) is not divergence. `check()` compares
+    now; the latest report is `last_report`. With one replica it says so once and does nothing.
 
     Args:
         every_n_steps: int, default 100. Compare every this many optimizer steps.
         include_optimizer: bool, default True. Also compare the optimizer's variables.
-        on_divergence: `"raise"` (default): stop with `ReplicaDivergenceError`.
-            `"warn"`: log the report. `"resync"`: copy replica 0's value to
-            every replica and log it.
-        per_replica_state: `"warn"` (default, once), `"ignore"`, `"error"`
-            (as divergence) or `"average"` (every copy replaced by the mean
-            at each check).
-        atol: float, default 0. Differences within `atol + rtol * |copy_0|`
-            are "float drift" (a warning); both 0 means bitwise equality.
+        on_divergence: `"raise"` (default, `ReplicaDivergenceError`), `"warn"` (log the report)
+            or `"resync"` (copy replica 0's value to every replica and log it).
+        per_replica_state: `"warn"` (default, once), `"ignore"`, `"error"` (as divergence) or
+            `"average"` (every copy replaced by the mean at each check).
+        atol: float, default 0. Differences within `atol + rtol * |copy_0|` are "float drift"
+            (a warning); both 0 means bitwise equality.
         rtol: float, default 0. See `atol`.
-        log_dir: path or None. Writes `replica_sync/max_abs_diff` and
-            `replica_sync/diverged_variables` there (chief only), beside
-            `keras.callbacks.TensorBoard(log_dir)`'s loss.
+        log_dir: path or None. Writes the `replica_sync/` scalars there (chief only).
 
     Example:
 
     ```python
-    import tempfile
-
-
     keras_scaling.use_logical_cpus(2)
     strategy = keras_scaling.auto_strategy()
     with strategy.scope():
         model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
         model.compile(optimizer="adam", loss="mse")
     x = np.random.default_rng(0).normal(size=(256, 8)).astype("float32")
-    y = x.sum(axis=1, keepdims=True)
-    check = keras_scaling.ReplicaSyncCheck(every_n_steps=4, log_dir=tempfile.mkdtemp())
-    model.fit(x, y, batch_size=32, epochs=2, callbacks=[check], verbose=0)
-    # Compare now, and read the report:
+    check = keras_scaling.ReplicaSyncCheck(every_n_steps=4)
+    model.fit(x, x[:, :1], batch_size=32, epochs=2, callbacks=[check], verbose=0)
     print(check.check())   # Replica sync check at step 16: ... 0 diverged, ...
     ```
     """
@@ -142,9 +113,6 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
         self._said_single_replica = False
         self._warned_per_replica_state = False
         self._hook: _train_function_hook.TrainFunctionHook | None = None
-        self._execution_steps = 1
-
-    # Hooks.
 
     def set_model(self, model: keras.Model) -> None:
         super().set_model(model)
@@ -158,7 +126,6 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
         compat._enable_for_quietly(self._strategy())
         self._check_and_act()
         if not self._single_replica():
-            self._execution_steps = self._steps_per_execution()
             self._hook = _train_function_hook.TrainFunctionHook(
                 self.model,
                 after=self._after_execution,
@@ -170,16 +137,14 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         if self._hook is not None:
-            self._execution_steps = self._steps_per_execution()
             self._hook.attach()  # again, in case the train function was rebuilt
 
     def _after_execution(self):
         """After each call of the train function: a batch hook would make Keras wait for every step."""
         last = self._last_checked_step
         if last is not None:
-            # A call trains at most `steps_per_execution` steps: the counter is
-            # read (tens of microseconds) only once this bound reaches a multiple.
-            self._step_upper_bound += self._execution_steps
+            # A call trains at most steps_per_execution steps: the counter is read only past a multiple.
+            self._step_upper_bound += self.model.steps_per_execution
             if not check_is_due(self._step_upper_bound, last, self.every_n_steps):
                 return
         step = self._current_step()
@@ -187,38 +152,27 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
         if check_is_due(step, last, self.every_n_steps):
             self._check_and_act(find_variables=False)
 
-    def _steps_per_execution(self):
-        return max(1, int(getattr(self.model, "steps_per_execution", 1) or 1))
-
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
-        self._detach_hook()
         try:
             if not self._single_replica() and self._current_step() != self._last_checked_step:
                 self._check_and_act(find_variables=False)
         finally:
-            self._release_log_dir()
+            self._detach()
 
     def _detach(self):
-        """On abandonment, and before a divergence is raised."""
-        self._detach_hook()
-        self._release_log_dir()
-
-    def _detach_hook(self):
+        """At the end of a fit, on abandonment, and before a divergence is raised."""
         if self._hook is not None:
             self._hook.detach()
             self._hook = None
+        self._release_log_dir()
 
     def _release_log_dir(self):
         """Closes this process's event file of `log_dir/scaling` at the end of a fit."""
         if self.log_dir is not None:
             _tensorboard.close(self.log_dir)
 
-    # Public API.
-
     def check(self) -> "replica_state.ReplicaSyncReport":
-        """Compares every replica's copies now; neither raises nor resyncs.
-
-        Under several workers every worker must call it at the same point.
+        """Compares the copies now, on every worker at once; reports a divergence, never resyncs it.
 
         Returns:
             A `keras_scaling.replica_state.ReplicaSyncReport`.
@@ -228,20 +182,14 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
         """
         return self._compare(find_variables=True)
 
-    # Internals.
-
     def _compare(self, find_variables):
         if self.model is None:
             raise ValueError("ReplicaSyncCheck.check() needs a model: call set_model(model) first")
         step = self._current_step()
         strategy = self._strategy()
         if self._single_replica():
-            report = replica_state.ReplicaSyncReport(
-                step=step,
-                num_replicas=_topology.num_replicas(strategy),
-                num_workers=_topology.num_workers(strategy),
-                num_variables=0,
-            )
+            counts = (_topology.num_replicas(strategy), _topology.num_workers(strategy))
+            report = replica_state.ReplicaSyncReport(step, *counts, num_variables=0)
         else:
             report = self._get_checker(strategy, find_variables).check(step)
         self._last_checked_step = self._step_upper_bound = step
@@ -249,8 +197,7 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
         return report
 
     def _strategy(self):
-        strategy = getattr(self.model, "distribute_strategy", None)
-        return strategy or tf.distribute.get_strategy()
+        return getattr(self.model, "distribute_strategy", None) or tf.distribute.get_strategy()
 
     def _single_replica(self):
         if self.model is None:
@@ -266,9 +213,7 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
 
     def _optimizer(self):
         optimizer = getattr(self.model, "optimizer", None)
-        if optimizer is None or not getattr(optimizer, "built", False):
-            return None
-        return optimizer
+        return optimizer if getattr(optimizer, "built", False) else None
 
     def _current_step(self):
         """The optimizer steps (weight updates) so far."""
@@ -299,11 +244,9 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
             self._checker = checker
             single = _tracked_variables.single_copy_paths(self.model, optimizer)
             if single:
+                paths = ", ".join(single[:10]) + (", ..." if len(single) > 10 else "")
                 logger.warning(
-                    "ReplicaSyncCheck: %d variable(s) with a single copy are not "
-                    "compared (created outside strategy.scope()?): %s",
-                    len(single),
-                    ", ".join(single[:10]) + (", ..." if len(single) > 10 else ""),
+                    f"ReplicaSyncCheck: {len(single)} variable(s) with a single copy are not compared (created outside strategy.scope()?): {paths}"
                 )
         return checker
 
@@ -314,12 +257,9 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
         self._write_scalars(report)
         self._warn_about_per_replica_state(report)
         if report.float_drift:
+            drift = "\n".join(str(v) for v in report.float_drift)
             logger.warning(
-                "ReplicaSyncCheck at step %d: float drift within atol=%g, rtol=%g:\n%s",
-                report.step,
-                self.atol,
-                self.rtol,
-                "\n".join(str(v) for v in report.float_drift),
+                f"ReplicaSyncCheck at step {report.step}: float drift within atol={self.atol:g}, rtol={self.rtol:g}:\n{drift}"
             )
         if report.ok:
             return
@@ -328,35 +268,27 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
             raise ReplicaDivergenceError(report)
         if self.on_divergence == "resync":
             report = self.last_report = self._checker.resync(report)
+            resynced = len(report.divergences)
             logger.warning(
-                "ReplicaSyncCheck: copies diverged; resynced %d variable(s) from replica 0.\n%s",
-                len(report.divergences),
-                report,
+                f"ReplicaSyncCheck: copies diverged; resynced {resynced} variable(s) from replica 0.\n{report}"
             )
         else:
             logger.warning("ReplicaSyncCheck: copies diverged.\n%s", report)
 
     def _warn_about_per_replica_state(self, report):
-        if not report.per_replica_state or self._warned_per_replica_state:
-            return
-        if self.per_replica_state not in ("warn", "average"):
+        # Only "warn" and "average" report it: "ignore" leaves it out, "error" calls it divergence.
+        states = report.per_replica_state
+        if not states or self._warned_per_replica_state:
             return
         self._warned_per_replica_state = True
         spreads = ", ".join(
-            f"{v.path} (max abs diff {v.difference.max_abs_diff:.3g})"
-            for v in report.per_replica_state
+            f"{s.path} (max abs diff {s.difference.max_abs_diff:.3g})" for s in states
         )
-        action = (
-            "averaged at every check"
-            if self.per_replica_state == "average"
-            else "not divergence; per_replica_state='average' makes the copies equal"
-        )
+        action = "not divergence; per_replica_state='average' makes the copies equal"
+        if self.per_replica_state == "average":
+            action = "averaged at every check"
         logger.warning(
-            "ReplicaSyncCheck at step %d: per-replica state differs between replicas (%s): %s. Cause: %s.",
-            report.step,
-            action,
-            spreads,
-            report.per_replica_state[0].likely_cause,
+            f"ReplicaSyncCheck at step {report.step}: per-replica state differs between replicas ({action}): {spreads}. Cause: {states[0].likely_cause}."
         )
 
     def _write_scalars(self, report):
@@ -367,18 +299,13 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
         if report.step <= self._last_written_step:
             return
         self._last_written_step = report.step
-        _tensorboard.write_scalars(
-            self.log_dir,
-            report.step,
-            {
-                "replica_sync/max_abs_diff": report.max_abs_diff,
-                "replica_sync/diverged_variables": len(report.divergences),
-            },
-        )
+        scalars = {
+            "replica_sync/max_abs_diff": report.max_abs_diff,
+            "replica_sync/diverged_variables": len(report.divergences),
+        }
+        _tensorboard.write_scalars(self.log_dir, report.step, scalars)
 
 
 def check_is_due(step: int, last_checked_step: int | None, every_n_steps: int) -> bool:
     """Due at the first look, then once a multiple of `every_n_steps` is passed."""
-    if last_checked_step is None:
-        return True
-    return step // every_n_steps > last_checked_step // every_n_steps
+    return last_checked_step is None or step // every_n_steps > last_checked_step // every_n_steps
