@@ -1,2 +1,1 @@
-"""How keras_scaling's callbacks hook into `fit`: per-step work in a wrapper of the
-train function, undoing their changes however `fit` ends, counting traces and steps."""
+"""How keras_scaling's callbacks hook into `fit`: train-function wrappers, undos however it ends, counters."""

@@ -23,7 +23,7 @@ import threading
 import weakref
 
 # Imported first so that its exit handler, which closes the event files,
-# runs after `_end_all`, whose undos write their last figures.
+# runs after this module's, whose undos write their last figures.
 from keras_scaling.internals import _probes
 from keras_scaling.summaries import _tensorboard  # noqa: F401
 
@@ -34,11 +34,7 @@ _open: dict[int, "FitChanges"] = {}
 
 
 class FitChanges:
-    """The undos of one callback for one `fit`.
-
-    Args:
-        owner: the `params` dict the callbacks of that `fit` share.
-    """
+    """The undos of one callback for one `fit`, whose callbacks share `owner` (its `params` dict)."""
 
     def __init__(self, owner):
         self.owner = owner
@@ -47,11 +43,6 @@ class FitChanges:
         self._finalizer = None
         with _lock:
             _open[id(self)] = self
-
-    @property
-    def ended(self):
-        """Whether the undos ran."""
-        return id(self) not in _open
 
     def add(self, undo):
         """Registers a callable without arguments that undoes one change."""
@@ -62,10 +53,8 @@ class FitChanges:
         watched = self._finalizer.peek() if self._finalizer is not None else None
         if watched is None or watched[0] is not iterator:
             self.unwatch()
-            try:
+            with contextlib.suppress(TypeError):  # no weak references to it: the other ways remain
                 self._finalizer = weakref.finalize(iterator, _end_fit, self.owner)
-            except TypeError:  # no weak references to it: the other ways remain
-                pass
 
     def unwatch(self):
         """Stops watching: the live `fit` drops its last epoch's iterator (at each epoch's start)."""
@@ -74,8 +63,8 @@ class FitChanges:
             self._finalizer = None
 
     def fit_is_over(self):
-        """Whether the `fit` ended (see the module's docstring)."""
-        return self.ended
+        """Whether the `fit` ended, and the undos ran (see the module's docstring)."""
+        return id(self) not in _open
 
     def end(self):
         """Runs the undos, last first; later calls do nothing."""
@@ -129,9 +118,7 @@ def end_fits_when_an_epoch_raises():
     """Makes an error leaving an epoch's steps end this thread's `fit`s; installed once per process."""
     global _epoch_hook_installed
     with _lock:
-        if _epoch_hook_installed:
-            return
-        epoch_iterator = _epoch_iterator_class()
+        epoch_iterator = None if _epoch_hook_installed else _epoch_iterator_class()
         if epoch_iterator is None:
             return
         original = epoch_iterator.__dict__["catch_stop_iteration"]

@@ -1,11 +1,8 @@
 """The one reader of a model's step counter: the batches its optimizer has applied.
 
-Keras' public `optimizer.iterations` counts batches, except with
-`gradient_accumulation_steps=N` where recent Keras makes it count weight
-updates; the batches are then read through a probe
-(`keras_scaling.internals._keras.accumulating_batch_counter`). One replica's
-copy is read: all copies are equal, and reading a mirrored variable whole
-costs several times more.
+`optimizer.iterations` counts weight updates with `gradient_accumulation_steps`
+in recent Keras: the batches are then read through a probe. One replica's copy
+is read: all are equal, and reading a mirrored variable whole costs several times more.
 """
 
 from keras_scaling.devices import _topology
@@ -37,10 +34,10 @@ class BatchCounter:
         optimizer = self._model.optimizer
         if optimizer is not self._optimizer:
             counting = inner_optimizers(optimizer)[-1]
-            if accumulation_steps(counting) > 1:
-                variable = _keras.accumulating_batch_counter(counting)
-            else:
-                variable = counting.iterations
+            accumulates = accumulation_steps(counting) > 1
+            variable = (
+                _keras.accumulating_batch_counter(counting) if accumulates else counting.iterations
+            )
             self._optimizer = optimizer
             strategy = self._model.distribute_strategy
             self._counter = None if variable is None else _topology.local_copy(variable, strategy)

@@ -1,8 +1,4 @@
-"""How often a model's train step was traced, from its public `train_step`.
-
-`train_step` runs in Python only while Keras traces the train function, and
-callbacks get the model before `fit` makes that function.
-"""
+"""How often a model's train step was traced: its public `train_step` runs in Python only then."""
 
 import weakref
 

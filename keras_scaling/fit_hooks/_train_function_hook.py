@@ -1,9 +1,7 @@
 """Per-step work in a wrapper of `model.train_function`, not in a batch hook.
 
-A callback with a train batch hook makes Keras turn every step's logs into
-Python numbers in `fit`'s loop, waiting for each step before dispatching the
-next. `fit` calls `model.train_function` once per `steps_per_execution`
-steps; keras_scaling's callbacks wrap it instead. Wrappers stack: a hook
+A train batch hook makes Keras turn every step's logs into Python numbers,
+waiting for each step before dispatching the next. Wrappers stack: a hook
 detached under another wrapper passes calls through until the next `attach`
 on that model removes it.
 """
@@ -21,19 +19,9 @@ _call = threading.local()  # whether the innermost call on this thread was skipp
 class TrainFunctionHook:
     """Wraps `model.train_function` so that `after()` runs after each call that trained.
 
-    Args:
-        model: the Keras model.
-        after: callable without arguments.
-        before: callable taking the call's iterator, run first, or None.
-        skip: callable taking the call's iterator, run after `before`: logs it
-            returns are the call's, which trains nothing (and no hook around
-            it runs `after`); None trains. `before` and `skip` are attributes
-            that may change while attached.
-        on_error: callable without arguments, run when a call raises anything
-            but the end of the data (Ctrl-C included), or None.
-        owner: the `params` dict of the `fit` that attaches it.
-        on_abandoned: callable without arguments, run when a `fit` of another
-            owner starts while this hook is attached (its `fit` raised), or None.
+    `before(iterator)` runs first; logs that `skip(iterator)` returns are the call's, which then
+    trains nothing (nor runs any hook's `after`). `on_error()` runs when a call raises but at the
+    data's end (Ctrl-C too); `on_abandoned()` when a `fit` of another `owner` (`params`) starts.
     """
 
     def __init__(

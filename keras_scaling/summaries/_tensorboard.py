@@ -1,11 +1,7 @@
 """The one place that writes (and reads back) keras_scaling's TensorBoard summaries.
 
-Summaries go to `log_dir/scaling`, beside Keras' `log_dir/train`, into one
-event file per run directory and process: TensorBoard's Python loader, watching
-a run live, moves on to the newest file of a directory and never rereads the
-others. The file is TensorBoard's own `EventFileWriter`, whose thread writes
-and flushes at least every `_FLUSH_EVERY_S`; it is opened by the first write
-and closed by `close` (each callback's end of `fit`) or at exit.
+One event file per run directory and process, as TensorBoard's loader, watching live, moves on
+to a directory's newest file and never rereads the others (docs/reference/tensorboard.md).
 """
 
 import atexit
@@ -38,9 +34,7 @@ RUN = "scaling"
 
 # Shown beside each chart: the tag's first event in a file carries it.
 TAG_DESCRIPTIONS = {
-    "throughput/samples_per_sec": (
-        "Training samples per second, all replicas, between two reads of the step counter."
-    ),
+    "throughput/samples_per_sec": "Training samples per second, all replicas, between two reads of the step counter.",
     "throughput/steps_per_sec": "Optimizer steps per second.",
     "throughput/per_replica_samples_per_sec": "throughput/samples_per_sec over the replicas.",
     "throughput/startup_time_s": "Seconds from the start of fit to the end of its first execution.",
@@ -52,14 +46,8 @@ TAG_DESCRIPTIONS = {
     "scaling/speedup": "samples/sec over the baseline's (one replica, same per-replica batch).",
     "scaling/ideal_speedup": "Perfect scaling's speedup: replicas over the baseline's replicas.",
     "scaling/efficiency": "scaling/speedup over scaling/ideal_speedup: 1.0 is perfect scaling.",
-    "replica_sync/max_abs_diff": (
-        "Largest absolute difference between any replica's copy of a variable and replica "
-        "0's. 0 means every replica holds the same values (in sync); above 0, they diverged."
-    ),
-    "replica_sync/diverged_variables": (
-        "Variables whose copies differ between replicas. 0 means every replica holds the "
-        "same values (in sync); above 0, that many diverged (the log says which and why)."
-    ),
+    "replica_sync/max_abs_diff": "Largest absolute difference between any replica's copy of a variable and replica 0's. 0 means every replica holds the same values (in sync); above 0, they diverged.",
+    "replica_sync/diverged_variables": "Variables whose copies differ between replicas. 0 means every replica holds the same values (in sync); above 0, that many diverged (the log says which and why).",
     "throughput/setup": "The run's set-up: strategy, workers, replicas, batch sizes.",
     "throughput/setup_baseline": "What the speedup is measured against, and what it means.",
     "throughput/setup_measuring": "How throughput is measured: how often, what is left out.",
@@ -82,9 +70,7 @@ def run_dir(log_dir, run=RUN):
 def check_log_dir(log_dir, parameter="log_dir", run=RUN, make=True):
     """Creates `log_dir/run` (unless `make=False`) and checks it can be written; returns the absolute `log_dir`.
 
-    Raises:
-        TypeError: `log_dir` is not a path.
-        ValueError: it cannot be created or written (the message names `parameter`).
+    Raises `TypeError` for a `log_dir` not a path, `ValueError` naming `parameter` when unwritable.
     """
     if not isinstance(log_dir, (str, os.PathLike)):
         raise TypeError(
@@ -101,8 +87,7 @@ def check_log_dir(log_dir, parameter="log_dir", run=RUN, make=True):
             raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR))
     except OSError as error:
         raise ValueError(
-            f"{parameter}={log_dir!r} cannot be created ({error.strerror}); "
-            "pass a directory you can write to"
+            f"{parameter}={log_dir!r} cannot be created ({error.strerror}); pass a directory you can write to"
         ) from None
     if not os.access(existing, os.W_OK | os.X_OK):
         raise ValueError(
@@ -114,9 +99,6 @@ def check_log_dir(log_dir, parameter="log_dir", run=RUN, make=True):
 def check_log_dir_can_be_made(log_dir, parameter="log_dir", run=RUN):
     """`check_log_dir` without creating anything (the first write creates it)."""
     return check_log_dir(log_dir, parameter, run, make=False)
-
-
-# Writing.
 
 
 def write_scalars(log_dir, step, scalars, run=RUN):
@@ -135,15 +117,10 @@ def write_text(log_dir, step, tag, markdown, run=RUN, flush=True):
 
 
 def write_image(log_dir, step, tag, png_bytes, run=RUN):
-    """Writes one PNG image (its encoded bytes) and flushes.
-
-    Raises:
-        ValueError: `png_bytes` is not a PNG image.
-    """
+    """Writes one PNG image (its encoded bytes) and flushes; `ValueError` if it is not a PNG."""
     if not isinstance(png_bytes, (bytes, bytearray)) or png_bytes[:8] != b"\x89PNG\r\n\x1a\n":
         raise ValueError(
-            f"png_bytes must be the bytes of a PNG file, got "
-            f"{type(png_bytes).__name__} starting {bytes(png_bytes[:8])!r}"
+            f"png_bytes must be the bytes of a PNG file, got {type(png_bytes).__name__} starting {bytes(png_bytes[:8])!r}"
         )
     width, height = struct.unpack(">II", png_bytes[16:24])  # from the IHDR chunk
     strings = [str(width).encode(), str(height).encode(), bytes(png_bytes)]
@@ -169,16 +146,14 @@ def _tensor(dtype, shape=None, **values):
 def flush(log_dir, run=RUN):
     """Flushes this process's event file of `log_dir/run`, if it has one open."""
     with _lock:
-        event_file = _files.get(_key(log_dir, run))
-        if event_file is not None:
+        if (event_file := _files.get(_key(log_dir, run))) is not None:
             event_file.writer.flush()
 
 
 def close(log_dir, run=RUN):
     """Flushes and closes this process's event file of `log_dir/run`; a later write opens a new one."""
     with _lock:
-        event_file = _files.pop(_key(log_dir, run), None)
-        if event_file is not None:
+        if (event_file := _files.pop(_key(log_dir, run), None)) is not None:
             event_file.writer.close()
 
 
@@ -219,9 +194,8 @@ def _write(log_dir, run, step, values, create_metadata, flush=False):
 class _EventFile:
     """A run directory's new event file, written by TensorBoard's `EventFileWriter`.
 
-    A process that has not loaded TensorFlow (the parent of `keras-scaling
-    bench`) writes the same records with TensorBoard's `RecordWriter`,
-    synchronously: `EventFileWriter` would load TensorFlow, which takes seconds.
+    Without TensorFlow loaded (`keras-scaling bench`'s parent), the same records are written
+    synchronously with `RecordWriter`: `EventFileWriter` would load TensorFlow, taking seconds.
     """
 
     _FLUSH_EVERY_S = 2.0
@@ -240,43 +214,28 @@ class _EventFile:
             close=records.close,
         )
         source = event_pb2.SourceMetadata(writer="tensorboard.summary.writer.event_file_writer")
-        self.writer.add_event(
-            event_pb2.Event(
-                wall_time=time.time(), file_version="brain.Event:2", source_metadata=source
-            )
-        )
+        header = dict(file_version="brain.Event:2", source_metadata=source)
+        self.writer.add_event(event_pb2.Event(wall_time=time.time(), **header))
 
 
-# Reading back.
-
-
-class Point(collections.namedtuple("Point", "step value plugin description")):
-    """One summary point: `value` is a float (scalars), str (text) or bytes (image, layout)."""
-
-    __slots__ = ()
+# `value`: a float (scalars), str (text) or bytes (image, layout).
+Point = collections.namedtuple("Point", "step value plugin")
 
 
 def read_summaries(run_dir):
-    """Every summary point in the event files of one run directory, none purged.
-
-    Returns:
-        dict from tag to its `Point`s: each file's in the order written, the files too.
-    """
+    """Every summary point of one run directory, none purged: `{tag: [Point]}` in the order written."""
     points: dict[str, list[Point]] = {}
-    metadata_of = {}
-    for path in sorted(
-        glob.glob(os.path.join(os.fspath(run_dir), "events.out.tfevents.*")), key=_order
-    ):
+    plugin_of: dict[str, str] = {}  # a tag's metadata comes with its first point in a file
+    paths = glob.glob(os.path.join(os.fspath(run_dir), "events.out.tfevents.*"))
+    for path in sorted(paths, key=_order):
         for event in event_file_loader.EventFileLoader(path).Load():
             for value in event.summary.value if event.HasField("summary") else ():
                 if value.HasField("metadata"):
-                    metadata_of[value.tag] = value.metadata
-                metadata = metadata_of.get(value.tag)
-                plugin = metadata.plugin_data.plugin_name if metadata else ""
+                    plugin_of[value.tag] = value.metadata.plugin_data.plugin_name
+                plugin = plugin_of.get(value.tag, "")
                 content = _value_content(value, plugin)
                 if content is not None:
-                    description = metadata.summary_description if metadata else ""
-                    point = Point(int(event.step), content, plugin or "scalars", description)
+                    point = Point(int(event.step), content, plugin or "scalars")
                     points.setdefault(value.tag, []).append(point)
     return points
 
@@ -288,15 +247,11 @@ def _order(path):
 
 
 def _value_content(value, plugin):
-    if value.WhichOneof("value") == "simple_value":  # TF1 summaries
-        return float(value.simple_value)
     if value.tensor.dtype in _NUMBER_DTYPES:
         array = tensor_util.make_ndarray(value.tensor)
         return float(array.reshape(())) if array.size == 1 else None
-    strings, index = (
-        value.tensor.string_val,
-        {"images": 2, "text": 0, "custom_scalars": 0}.get(plugin),
-    )
+    strings = value.tensor.string_val
+    index = {"images": 2, "text": 0, "custom_scalars": 0}.get(plugin)
     if index is None or len(strings) != (3 if plugin == "images" else 1):
         return None
     return strings[index].decode("utf-8") if plugin == "text" else strings[index]
@@ -315,10 +270,7 @@ def read_scalars(run_dir):
 
 
 def last_step_written(log_dir, tags, run=RUN):
-    """The largest step at which any of `tags` was written in `log_dir/run` (this process's file flushed first), or -1.
-
-    A resumed run continues the step axis of the run it resumes: no step is written twice.
-    """
+    """The largest step at which any of `tags` was written in `log_dir/run` (this process's file flushed first), or -1."""
     flush(log_dir, run)
     scalars = read_scalars(run_dir(log_dir, run))
     return max((step for tag in tags for step, _ in scalars.get(tag, ())), default=-1)

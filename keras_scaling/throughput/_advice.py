@@ -16,11 +16,7 @@ def short_steps(step_time_s, steps_per_execution):
     """Advice to run several steps per call when steps are very short."""
     if steps_per_execution != 1 or step_time_s >= SHORT_STEP_S:
         return None
-    return (
-        f"steps take {step_time_s * 1e3:.2f} ms, so the training loop's fixed cost "
-        "per call is a large share of each step. Run several steps per call: "
-        f"model.compile(..., steps_per_execution={max(2, math.ceil(0.02 / step_time_s))})."
-    )
+    return f"steps take {step_time_s * 1e3:.2f} ms, so the training loop's fixed cost per call is a large share of each step. Run several steps per call: model.compile(..., steps_per_execution={max(2, math.ceil(0.02 / step_time_s))})."
 
 
 def low_efficiency(
@@ -31,82 +27,46 @@ def low_efficiency(
         return None
     if input_samples_per_sec is None:
         diagnosis = f"The input pipeline could not be timed alone ({input_reason})."
-    elif input_samples_per_sec < _INPUT_HEADROOM * samples_per_sec:
-        diagnosis = (
-            f"The input pipeline alone yields {input_samples_per_sec:.0f} "
-            f"samples/sec, barely more than training takes ({samples_per_sec:.0f})."
-        )
     else:
-        diagnosis = (
-            f"The input pipeline alone yields {input_samples_per_sec:.0f} "
-            f"samples/sec, well above the {samples_per_sec:.0f} training takes."
-        )
-    diagnosis += (
-        " To see where each step's time goes (waiting for input, compute, "
-        "synchronizing the replicas, the training loop's cost per call) and the "
-        "fix, with measured numbers, run keras_scaling.explain(model, data) or "
-        "`keras-scaling bench --explain`."
-    )
+        rate = f"The input pipeline alone yields {input_samples_per_sec:.0f} samples/sec"
+        if input_samples_per_sec < _INPUT_HEADROOM * samples_per_sec:
+            diagnosis = f"{rate}, barely more than training takes ({samples_per_sec:.0f})."
+        else:
+            diagnosis = f"{rate}, well above the {samples_per_sec:.0f} training takes."
+    diagnosis += " To see where each step's time goes (input, compute, synchronizing the replicas, the loop's cost per call) and the fix, run keras_scaling.explain(model, data) or `keras-scaling bench --explain`."
     if host_cpu_replicas:
-        diagnosis += (
-            " The replicas are CPU devices of one host, which share its "
-            "cores: they speed up only as far as free cores allow."
-        )
-    return (
-        f"scaling efficiency is {figures.efficiency:.2f} (speedup "
-        f"{figures.speedup:.2f} of an ideal {figures.ideal_speedup:.2f}). {diagnosis}"
-    )
+        diagnosis += " The replicas are CPU devices of one host, which share its cores: they speed up only as far as free cores allow."
+    return f"scaling efficiency is {figures.efficiency:.2f} (speedup {figures.speedup:.2f} of an ideal {figures.ideal_speedup:.2f}). {diagnosis}"
 
 
 def shared_cores_baseline(num_replicas):
     """What a baseline measured in-process on logical CPUs means, and what to use instead."""
-    return (
-        f"the baseline ran one replica with all of the host's cores, while the "
-        f"{num_replicas} logical CPU replicas of this run share those cores, so "
-        "speedup and efficiency here understate what as many real devices would "
-        "give. For device-like figures run `keras-scaling bench --cpu-devices "
-        f"{num_replicas}`, which gives each replica a thread pool of its own."
-    )
+    return f"the baseline ran one replica with all of the host's cores, while the {num_replicas} logical CPU replicas of this run share those cores, so speedup and efficiency here understate what as many real devices would give. For device-like figures run `keras-scaling bench --cpu-devices {num_replicas}`, which gives each replica a thread pool of its own."
 
 
 def due(given, *, steady, figures, utilization, input_samples_per_sec, **run):
     """The `(kind, text)` advice not given yet (kinds: short_steps, low_efficiency, underused).
 
-    `input_samples_per_sec` is a callable (it times the pipeline), called
-    only when the advice needs it; `run` holds `steps_per_execution`,
-    `host_cpu_replicas`, `per_replica_batch_size`, `compute_dtype` and
-    `faster_dtypes`.
+    `input_samples_per_sec()` times the pipeline: called only when the advice needs it.
     """
-    advice = []
+    advice = {}
     if "short_steps" not in given:
-        advice.append(
-            ("short_steps", short_steps(steady.step_time_p50_s, run["steps_per_execution"]))
+        advice["short_steps"] = short_steps(steady.step_time_p50_s, run["steps_per_execution"])
+    efficiency = None if figures is None else figures.efficiency
+    if "low_efficiency" not in given and efficiency is not None and efficiency < LOW_EFFICIENCY:
+        rate, reason = input_samples_per_sec()
+        host_cpu_replicas = run["host_cpu_replicas"]
+        advice["low_efficiency"] = low_efficiency(
+            figures, steady.samples_per_sec, rate, reason, host_cpu_replicas=host_cpu_replicas
         )
-    if figures is None:
-        return [(kind, text) for kind, text in advice if text is not None]
-    if "low_efficiency" not in given and figures.efficiency < LOW_EFFICIENCY:
-        samples_per_sec, reason = input_samples_per_sec()
-        text = low_efficiency(
-            figures,
-            steady.samples_per_sec,
-            samples_per_sec,
-            reason,
-            host_cpu_replicas=run["host_cpu_replicas"],
-        )
-        advice.append(("low_efficiency", text))
-    if "underused" not in given and utilization is not None and utilization.mfu is not None:
-        arguments = dict(
-            efficiency=figures.efficiency,
-            mfu=utilization.mfu,
-            per_replica_batch_size=run["per_replica_batch_size"],
-            compute_dtype=run["compute_dtype"],
-            faster_dtypes=run["faster_dtypes"],
-        )
-        if underuse_advice(**arguments) is not None:
-            text = underuse_advice(
+    mfu = getattr(utilization, "mfu", None)
+    if "underused" not in given and efficiency is not None and mfu is not None:
+        keys = ("per_replica_batch_size", "compute_dtype", "faster_dtypes")
+        arguments = dict(efficiency=efficiency, mfu=mfu, **{key: run[key] for key in keys})
+        if underuse_advice(**arguments) is not None:  # only then is the input timed
+            advice["underused"] = underuse_advice(
                 **arguments,
                 input_samples_per_sec=input_samples_per_sec()[0],
                 samples_per_sec=steady.samples_per_sec,
             )
-            advice.append(("underused", text))
-    return [(kind, text) for kind, text in advice if text is not None]
+    return [(kind, text) for kind, text in advice.items() if text is not None]

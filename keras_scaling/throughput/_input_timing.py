@@ -1,12 +1,6 @@
-"""Timing the input pipeline alone, changing nothing training reads.
+"""Timing the input pipeline alone, changing no order training sees (the throughput guide's "Advice")."""
 
-Another pass over a dataset that shuffles with state its iterators share
-would change the order of training's next epoch, so the timing reads a
-`keras_scaling.data.distribute` pipeline built again (shuffle state of its
-own), and any other dataset only when nothing in it keeps state between
-iterators; otherwise the advice says why it was not timed.
-"""
-
+import itertools
 import time
 
 import tensorflow as tf
@@ -34,14 +28,9 @@ def input_samples_per_sec(iterator, clock=time.perf_counter):
         return None, reason
     batches = iter(dataset)
     next(batches)
-    samples = 0
     start_s = clock()
-    for _ in range(_TIMED_BATCHES):
-        try:
-            batch = next(batches)
-        except StopIteration:
-            break
-        samples += int(tf.nest.flatten(batch)[0].shape[0])
+    timed = itertools.islice(batches, _TIMED_BATCHES)
+    samples = sum(int(tf.nest.flatten(batch)[0].shape[0]) for batch in timed)
     elapsed_s = clock() - start_s
     if samples == 0 or elapsed_s <= 0:
         return None, "it yielded too few batches"
@@ -54,12 +43,11 @@ def _dataset_to_time(iterator):
     from keras_scaling.data import _iterator_plan
 
     distributed = _iterator_plan.distributed_dataset(iterator)
-    if distributed is not None:
+    own_state = distributed is not None  # built again, its shuffle and cache are its own
+    if own_state:
         dataset = data._independent_copy(distributed)
-        shared_state_allowed = True  # its shuffle and cache are its own
     else:
         dataset = _tf_data.dataset_of_iterator(iterator)
-        shared_state_allowed = False
     if dataset is None:
         return None, "its dataset is out of reach"
     ops = _tf_data.op_types(dataset)
@@ -67,10 +55,8 @@ def _dataset_to_time(iterator):
         return None, "its graph cannot be inspected"
     if ops & _PYTHON_OPS:
         return None, "it runs Python code, which may not be safe to read twice"
-    if not shared_state_allowed and ops & _SHARED_STATE_OPS:
+    if not own_state and ops & _SHARED_STATE_OPS:
         return None, (
-            "it shuffles or draws random numbers with state that training's next "
-            "pass shares, so reading it would change the order training sees "
-            "(a dataset of keras_scaling.data.distribute can be timed)"
+            "it shuffles or draws random numbers with state that training's next pass shares, so reading it would change the order training sees (a dataset of keras_scaling.data.distribute can be timed)"
         )
     return dataset, None

@@ -1,9 +1,7 @@
-"""The run record `log_dir/throughput.json`: built, validated, written and read here only.
+"""The run record `log_dir/throughput.json` (docs/reference/throughput-json.md), handled here only."""
 
-Its keys are documented in docs/reference/throughput-json.md; the public
-names are re-exported by `keras_scaling.baseline`.
-"""
-
+import contextlib
+import dataclasses
 import json
 import numbers
 import os
@@ -12,10 +10,8 @@ from typing import Any, TypeGuard
 
 from keras_scaling.throughput import arithmetic as throughput_lib
 
-# The file name in a run's log_dir.
 THROUGHPUT_JSON = "throughput.json"
-# The format version, the record's "version" key.
-VERSION = 1
+VERSION = 1  # the record's "version"
 # Every key of a record, in the order written.
 FIELDS = tuple(
     """version samples_per_sec steps_per_sec step_time_s num_replicas num_workers
@@ -58,26 +54,17 @@ def build_record(
             }
             for epoch, state in epochs
         ],
+        **(flops or {}),
     )
-    record.update(flops or {})
     if steady is not None:
         record.update(
             samples_per_sec=steady.samples_per_sec,
             steps_per_sec=steady.steps_per_sec,
-            step_time_s={
-                "p10": steady.step_time_p10_s,
-                "p50": steady.step_time_p50_s,
-                "p90": steady.step_time_p90_s,
-            },
+            step_time_s={f"p{q}": getattr(steady, f"step_time_p{q}_s") for q in ("10", "50", "90")},
             steps_measured=steady.steps_measured,
         )
     figures = speedup_of(record)
-    if figures is not None:
-        record.update(
-            speedup=figures.speedup,
-            ideal_speedup=figures.ideal_speedup,
-            efficiency=figures.efficiency,
-        )
+    record.update(dataclasses.asdict(figures) if figures is not None else {})
     return record
 
 
@@ -86,16 +73,12 @@ def speedup_of(
 ) -> "throughput_lib.Speedup | None":
     """Speedup, ideal speedup and efficiency of a run record over its baseline.
 
-    The baseline is `baseline` when given (another run's record), else the
-    record's own `baseline_samples_per_sec` on `baseline_num_replicas` replicas.
-
     Args:
         record: a `throughput.json` record.
-        baseline: another run's record, or None.
+        baseline: another run's record; None uses the record's own `baseline_*` fields.
 
     Returns:
-        A `keras_scaling.throughput.Speedup`, or None when either figure is
-        missing.
+        A `keras_scaling.throughput.Speedup`, or None when either figure is missing.
 
     Example:
 
@@ -106,20 +89,19 @@ def speedup_of(
     baseline.speedup_of(run)   # Speedup(speedup=1.8, ideal_speedup=2.0, efficiency=0.9)
     ```
     """
-    if baseline is not None:
-        baseline_samples_per_sec = baseline.get("samples_per_sec")
-        baseline_num_replicas = baseline.get("num_replicas")
-    else:
-        baseline_samples_per_sec = record.get("baseline_samples_per_sec")
-        baseline_num_replicas = record.get("baseline_num_replicas")
+    if baseline is None:
+        baseline = {
+            key: record.get(f"baseline_{key}") for key in ("samples_per_sec", "num_replicas")
+        }
     samples_per_sec = record.get("samples_per_sec")
+    baseline_samples_per_sec = baseline.get("samples_per_sec")
     if not (_is_positive(samples_per_sec) and _is_positive(baseline_samples_per_sec)):
         return None
     return throughput_lib.speedup(
         samples_per_sec,
         baseline_samples_per_sec,
         record["num_replicas"],
-        baseline_num_replicas or 1,
+        baseline.get("num_replicas") or 1,
     )
 
 
@@ -139,8 +121,7 @@ def validate_record(record: Mapping[str, Any], where: str = "record") -> dict[st
     extra = [key for key in record if key not in FIELDS]
     if missing or extra:
         raise ValueError(
-            f"{where} does not match version {VERSION} of {THROUGHPUT_JSON}: missing "
-            f"{missing}, unexpected {extra}"
+            f"{where} does not match version {VERSION} of {THROUGHPUT_JSON}: missing {missing}, unexpected {extra}"
         )
     return {key: record[key] for key in FIELDS}
 
@@ -172,11 +153,9 @@ def write_throughput_json(log_dir: str | os.PathLike[str], record: Mapping[str, 
     Example:
 
     ```python
-    import tempfile
     from keras_scaling import baseline
-    record = dict.fromkeys(baseline.FIELDS)
-    record.update(version=baseline.VERSION, samples_per_sec=1500.0, num_replicas=1)
-    path = baseline.write_throughput_json(tempfile.mkdtemp(), record)
+    record = {**dict.fromkeys(baseline.FIELDS), "version": 1, "samples_per_sec": 1500.0, "num_replicas": 1}
+    baseline.write_throughput_json(".", record)   # './throughput.json'
     ```
     """
     record = validate_record(record, where="the throughput record")
@@ -187,14 +166,11 @@ def write_throughput_json(log_dir: str | os.PathLike[str], record: Mapping[str, 
             file.write(json.dumps(record, indent=2, sort_keys=False) + "\n")
         os.replace(temporary, path)
     except OSError as error:
-        try:
+        with contextlib.suppress(OSError):
             os.remove(temporary)
-        except OSError:
-            pass
         raise OSError(
             error.errno,
-            f"Could not write {THROUGHPUT_JSON} in {os.fspath(log_dir)} ({error.strerror}); "
-            f"the {THROUGHPUT_JSON} there, if any, is the last one written and intact.",
+            f"Could not write {THROUGHPUT_JSON} in {os.fspath(log_dir)} ({error.strerror}); the {THROUGHPUT_JSON} there, if any, is the last one written and intact.",
         ) from error
     return path
 
@@ -210,19 +186,15 @@ def read_throughput_json(path: str | os.PathLike[str], parameter: str = "path") 
         The record, a dict with the keys of `FIELDS`.
 
     Raises:
-        ValueError: the file is missing, not JSON, or not a version-1
-            throughput record.
+        ValueError: the file is missing, not JSON, or not a version-1 throughput record.
 
     Example:
 
     ```python
-    import tempfile
     from keras_scaling import baseline
-    log_dir = tempfile.mkdtemp()
-    record = dict.fromkeys(baseline.FIELDS)
-    record.update(version=baseline.VERSION, samples_per_sec=1500.0, num_replicas=1)
-    baseline.write_throughput_json(log_dir, record)
-    baseline.read_throughput_json(log_dir)["samples_per_sec"]   # 1500.0
+    record = {**dict.fromkeys(baseline.FIELDS), "version": 1, "samples_per_sec": 1500.0, "num_replicas": 1}
+    baseline.write_throughput_json(".", record)
+    baseline.read_throughput_json(".")["samples_per_sec"]   # 1500.0
     ```
     """
     path = os.fspath(path)
@@ -230,8 +202,7 @@ def read_throughput_json(path: str | os.PathLike[str], parameter: str = "path") 
         path = os.path.join(path, THROUGHPUT_JSON)
     if not os.path.isfile(path):
         raise ValueError(
-            f"{parameter}={path!r} does not exist; pass an earlier run's log_dir "
-            f"(holding {THROUGHPUT_JSON}) or the path of its {THROUGHPUT_JSON}"
+            f"{parameter}={path!r} does not exist; pass an earlier run's log_dir (holding {THROUGHPUT_JSON}) or the path of its {THROUGHPUT_JSON}"
         )
     try:
         with open(path, encoding="utf-8") as file:

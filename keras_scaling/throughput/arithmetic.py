@@ -1,8 +1,7 @@
 """Throughput arithmetic: measuring windows, steady state, speedup, read spacing.
 
-Numbers in, numbers out: nothing here knows about Keras. A point is
-`(time_s, iterations, samples)`: a clock reading, the optimizer's step
-counter and the samples trained so far.
+Numbers in, numbers out, nothing about Keras. A point is `(time_s, iterations, samples)`:
+a clock reading, the optimizer's step counter and the samples trained so far.
 """
 
 import dataclasses
@@ -30,8 +29,7 @@ class Interval:
     """Training measured between two consecutive points of a window.
 
     Args:
-        end_iterations: int, the optimizer's iterations at its end, the step
-            its figures are logged at.
+        end_iterations: int, the optimizer's iterations at its end (its logged step).
         steps: int, optimizer steps taken in it.
         samples: int, samples trained in it (all replicas).
         duration_s: float, wall-clock seconds it lasted.
@@ -70,11 +68,10 @@ class Interval:
 class ThroughputWindow:
     """Turns consecutive points into measured intervals.
 
-    `restart` opens the window at a point, leaving out `warmup_steps` after
-    it; each `update` returns the `Interval` since the previous point, or
-    None while warming up or when no step was taken. Time, iterations or
-    samples going backwards, or steps taken in zero seconds, raise
-    `ValueError`; `update` before `restart` raises `RuntimeError`.
+    `update` returns the `Interval` since the previous point, or None within
+    the `warmup_steps` after `restart` or when no step was taken. Counters going
+    backwards or steps in zero seconds raise `ValueError`; `update` before
+    `restart`, `RuntimeError`.
 
     Example:
 
@@ -122,20 +119,16 @@ class ThroughputWindow:
         for name, value, last in zip(("time_s", "iterations", "samples"), point, self._last):
             if value < last:
                 raise ValueError(
-                    f"{name} went backwards within a window: {last} then {value}; "
-                    "restart the window when the counter is reset"
+                    f"{name} went backwards within a window: {last} then {value}; restart the window when the counter is reset"
                 )
-        (last_time_s, last_iterations, last_samples), (time_s, iterations, samples) = (
-            self._last,
-            point,
-        )
+        time_s, iterations, samples = point
+        last_time_s, last_iterations, last_samples = self._last
         steps = iterations - last_iterations
         if steps == 0:
             return None
         if time_s == last_time_s:
             raise ValueError(
-                f"{steps} step(s) took zero seconds (time_s={time_s}); the clock must "
-                "advance while training"
+                f"{steps} step(s) took zero seconds (time_s={time_s}); the clock must advance while training"
             )
         self._last = point
         if self._measure_from_iterations is not None:
@@ -163,7 +156,6 @@ def weighted_percentile(values: Sequence[float], weights: Sequence[float], q: fl
 
     ```python
     from keras_scaling.throughput import weighted_percentile
-    # step times of 3 intervals of 10, 10 and 80 steps
     weighted_percentile([0.5, 0.3, 0.2], [10, 10, 80], 50)   # 0.2
     ```
     """
@@ -191,10 +183,8 @@ class SteadyState:
     Args:
         samples_per_sec: float, samples per step / `step_time_p50_s`.
         steps_per_sec: float, 1 / `step_time_p50_s`.
-        step_time_p10_s, step_time_p50_s, step_time_p90_s: float, step time
-            percentiles over steps, in seconds.
-        steps_measured, samples_measured, intervals_measured: int, what the
-            figures are based on.
+        step_time_p10_s, step_time_p50_s, step_time_p90_s: float, step time percentiles, seconds.
+        steps_measured, samples_measured, intervals_measured: int, what they are based on.
 
     Example:
 
@@ -274,9 +264,7 @@ class Speedup:
 
     ```python
     from keras_scaling.throughput import speedup
-    result = speedup(1800.0, 1000.0, num_replicas=2)
-    f"{result.speedup:.1f}x of {result.ideal_speedup:.0f}x, efficiency {result.efficiency:.2f}"
-    # '1.8x of 2x, efficiency 0.90'
+    speedup(1800.0, 1000.0, num_replicas=2).efficiency   # 0.9
     ```
     """
 
@@ -303,23 +291,18 @@ def speedup(
         A `Speedup`.
 
     Raises:
-        ValueError: a throughput that is not positive and finite, or fewer
-            than 1 replica.
+        ValueError: a throughput not positive and finite, or fewer than 1 replica.
 
     Example:
 
     ```python
     from keras_scaling.throughput import speedup
-    speedup(1800.0, 1000.0, num_replicas=2)
-    # Speedup(speedup=1.8, ideal_speedup=2.0, efficiency=0.9)
+    speedup(1800.0, 1000.0, num_replicas=2)   # Speedup(speedup=1.8, ideal_speedup=2.0, efficiency=0.9)
     ```
     """
-    samples_per_sec = _validation.positive_number(
-        samples_per_sec, "samples_per_sec", unit="samples/sec"
-    )
-    baseline_samples_per_sec = _validation.positive_number(
-        baseline_samples_per_sec, "baseline_samples_per_sec", unit="samples/sec"
-    )
+    rate, unit = _validation.positive_number, "samples/sec"
+    samples_per_sec = rate(samples_per_sec, "samples_per_sec", unit=unit)
+    baseline_samples_per_sec = rate(baseline_samples_per_sec, "baseline_samples_per_sec", unit=unit)
     num_replicas = _validation.positive_int(num_replicas, "num_replicas")
     baseline_num_replicas = _validation.positive_int(baseline_num_replicas, "baseline_num_replicas")
     ratio = samples_per_sec / baseline_samples_per_sec
@@ -338,8 +321,8 @@ def auto_update_freq(
 ) -> int:
     """Steps between counter reads so that reading costs at most `max_share` of training.
 
-    Rounded up to 1, 2 or 5 times a power of ten, at least `floor_steps`;
-    with `run_steps`, at most `spacing_for_points(run_steps, steps_per_execution)`.
+    Rounded up to 1, 2 or 5 times a power of ten, at least `floor_steps`; with
+    `run_steps`, at most `spacing_for_points(run_steps, steps_per_execution)`.
 
     Args:
         step_time_s: float, seconds per optimizer step.
@@ -376,21 +359,13 @@ def auto_update_freq(
     return steps
 
 
-# A chart of fewer points than this does not read as a series.
-POINTS_PER_RUN = 12
-
-
-def spacing_for_points(
-    run_steps: int, steps_per_execution: int = 1, points: int = POINTS_PER_RUN
-) -> int:
-    """The widest spacing of reads giving a run of `run_steps` about `points` points.
-
-    Whole calls of the train function, at least one.
+def spacing_for_points(run_steps: int, steps_per_execution: int = 1, points: int = 12) -> int:
+    """The widest spacing of reads, in whole calls of the train function, giving `points` points.
 
     Args:
         run_steps: int, the optimizer steps the run will take.
         steps_per_execution: int, steps of one call of the train function.
-        points: int, the points wanted, default 12.
+        points: int, the points wanted; fewer than 12 do not read as a series.
 
     Returns:
         int, steps between reads, a multiple of `steps_per_execution`.
@@ -415,10 +390,9 @@ def spacing_for_points(
 class ReadSchedule:
     """When to read the step counter next, counting calls of the train function in between.
 
-    A read is due at the next multiple of `every_steps` (or the end of a
-    warm-up), or at `epoch_end_iterations` when set and sooner. Each call
-    counts as `steps_per_execution` steps. Used before `restart`, it raises
-    `RuntimeError`.
+    A read is due at the next multiple of `every_steps` (or the end of a warm-up),
+    or at `epoch_end_iterations` when set and sooner; before `restart`, methods
+    raise `RuntimeError`.
 
     Args:
         every_steps: int, steps between reads; may be changed at any time.
@@ -429,7 +403,6 @@ class ReadSchedule:
     ```python
     from keras_scaling.throughput import ReadSchedule
     schedule = ReadSchedule(every_steps=10)
-    # The counter just read 3: due at step 10.
     schedule.restart(iterations=3)
     [schedule.count_execution() for _ in range(7)]   # [False, False, False, False, False, False, True]
     schedule.restart(iterations=10, warmup_steps=5)
@@ -448,14 +421,10 @@ class ReadSchedule:
 
     def restart(self, iterations: int, warmup_steps: int = 0) -> None:
         """Counts from a read of the counter at `iterations`."""
-        self._upper_bound = iterations
-        if warmup_steps:
-            self.next_read_iterations = iterations + warmup_steps
-        else:
-            self.next_read_iterations = (iterations // self.every_steps + 1) * self.every_steps
+        self._upper_bound, every = iterations, self.every_steps
+        due = iterations + warmup_steps if warmup_steps else (iterations // every + 1) * every
         end = self.epoch_end_iterations
-        if end is not None and iterations < end < self.next_read_iterations:
-            self.next_read_iterations = end
+        self.next_read_iterations = end if end is not None and iterations < end < due else due
 
     def count_execution(self) -> bool:
         """Counts one call of the train function; True when a read is due."""
@@ -471,7 +440,6 @@ class ReadSchedule:
     def _due(self, method: str) -> int:
         if self.next_read_iterations is None:
             raise RuntimeError(
-                f"ReadSchedule.{method} called before restart: restart it at a read of the "
-                "step counter first"
+                f"ReadSchedule.{method} called before restart: restart it at a read of the step counter first"
             )
         return self.next_read_iterations

@@ -1,8 +1,4 @@
-"""Throughput baselines, and the public names of the run record `throughput.json`.
-
-A baseline is the throughput of one replica with the same per-replica batch;
-speedup is measured against it. See the throughput guide's "Baselines".
-"""
+"""Throughput baselines (one replica, same per-replica batch), and the names of `throughput.json`."""
 
 import dataclasses
 import logging
@@ -55,8 +51,7 @@ class Baseline:
     """Where a run's baseline comes from, and its value once known.
 
     Args:
-        mode: `"number"`, `"file"`, `"measure"` or `"auto"`; `"self"` once
-            `"auto"` found one replica, which is its own baseline.
+        mode: `"number"`, `"file"`, `"measure"`, `"auto"`, or `"self"`: one replica.
         samples_per_sec: float, or None until measured.
         source: str, where the figure comes from, as shown to the user.
         num_replicas: int, the replicas the baseline ran on.
@@ -108,17 +103,15 @@ def resolve_baseline(
     """Checks a `baseline` argument and says where the figure will come from.
 
     Args:
-        baseline: a positive number (samples/sec of one replica), a path to an
-            earlier run's `log_dir` or `throughput.json`, `"measure"`,
-            `"auto"`, or None (no baseline).
+        baseline: samples/sec of one replica, an earlier run's `log_dir` or
+            `throughput.json`, `"measure"`, `"auto"`, or None (no baseline).
         parameter: the argument name to use in error messages.
 
     Returns:
         A `Baseline`, or None for `baseline=None`.
 
     Raises:
-        ValueError: a number <= 0, or a path that does not exist or holds no
-            throughput record.
+        ValueError: a number <= 0, or a path without a measured throughput record.
         TypeError: any other type.
 
     Example:
@@ -131,13 +124,9 @@ def resolve_baseline(
     """
     if baseline is None:
         return None
-    if isinstance(baseline, bool):
-        raise TypeError(f"{parameter} must not be a bool, got {baseline!r}")
-    if isinstance(baseline, numbers.Real):
-        samples_per_sec = _validation.positive_number(
-            baseline, parameter, unit="samples/sec of one replica"
-        )
-        return Baseline(mode="number", samples_per_sec=samples_per_sec, source="given")
+    if isinstance(baseline, numbers.Real):  # a bool too: refused as not a number
+        rate = _validation.positive_number(baseline, parameter, unit="samples/sec of one replica")
+        return Baseline(mode="number", samples_per_sec=rate, source="given")
     if isinstance(baseline, str) and baseline in ("measure", "auto"):
         return Baseline(mode=baseline)
     if isinstance(baseline, (str, os.PathLike)):
@@ -145,19 +134,12 @@ def resolve_baseline(
         if os.path.isdir(path):
             path = os.path.join(path, THROUGHPUT_JSON)
         record = read_throughput_json(path, parameter=parameter)
-        samples_per_sec = measured_samples_per_sec(
-            record, f"{parameter}={path!r}", "train that run for more steps"
-        )
-        return Baseline(
-            mode="file",
-            samples_per_sec=samples_per_sec,
-            source=path,
-            num_replicas=int(record["num_replicas"]),
-            record=record,
-        )
+        where, remedy = f"{parameter}={path!r}", "train that run for more steps"
+        samples_per_sec = measured_samples_per_sec(record, where, remedy)
+        replicas = int(record["num_replicas"])
+        return Baseline("file", samples_per_sec, path, num_replicas=replicas, record=record)
     raise TypeError(
-        f"{parameter} must be a positive number, a path, 'measure', 'auto' or "
-        f"None, got {type(baseline).__name__}: {baseline!r}"
+        f"{parameter} must be a positive number, a path, 'measure', 'auto' or None, got {type(baseline).__name__}: {baseline!r}"
     )
 
 
@@ -177,35 +159,30 @@ def for_run(
 ) -> tuple[Baseline | None, str | None]:
     """The baseline of a run once its set-up is known, and what its speedup means.
 
-    A file whose set-up differs warns, naming each difference. `"auto"` with
-    one replica is the run itself; `"auto"` with several and `"measure"` time
-    a copy of `model` alone on `device` where `measures` (the chief), once
-    per model, batch spec and device in a process. A failure of that timing
-    (out of memory, say) warns once and leaves the run without a baseline.
+    A file of another set-up warns, naming each difference. `"auto"` with one
+    replica is the run itself; `"auto"` with several and `"measure"` time a copy
+    of `model` alone on `device` where `measures` (the chief), once per model,
+    batch spec and device in a process; a failure of that timing (out of
+    memory, say) warns once and leaves the run without a baseline.
 
     Args:
         baseline: a `Baseline` from `resolve_baseline`, or None.
-        setup: dict with `num_replicas`, `per_replica_batch_size`,
-            `dtype_policy` and `device_kind`.
+        setup: dict with `num_replicas`, `per_replica_batch_size`, `dtype_policy`, `device_kind`.
         model, one_replica_spec, device: what `measure_samples_per_sec` times.
         measures: bool, whether this process times the copy.
-        shared_cores: bool, whether the replicas are logical CPUs sharing
-            the cores the copy had to itself.
+        shared_cores: bool, whether the replicas are logical CPUs sharing the copy's cores.
 
     Returns:
-        `(Baseline or None, note or None)`: the note, logged once here, says
-        why there is no baseline or what the speedup means.
+        `(Baseline or None, note or None)`: the note, logged here, says why
+        there is no baseline or what the speedup means.
 
     Example:
 
     ```python
     from keras_scaling import baseline
-    resolved, note = baseline.for_run(
-        baseline.resolve_baseline("auto"),
-        {"num_replicas": 1, "per_replica_batch_size": 32,
-         "dtype_policy": "float32", "device_kind": "CPU"},
-        model=None, one_replica_spec=None, device="/device:CPU:0",
-    )
+    setup = dict(num_replicas=1, per_replica_batch_size=32, dtype_policy="float32", device_kind="CPU")
+    auto = baseline.resolve_baseline("auto")
+    resolved, note = baseline.for_run(auto, setup, model=None, one_replica_spec=None, device="/device:CPU:0")
     resolved.mode   # 'self'
     ```
     """
@@ -215,27 +192,19 @@ def for_run(
         return None, None
     if baseline.mode == "file":
         assert baseline.record is not None  # a file's baseline holds its record
-        differences = setup_differences(
-            baseline.record,
-            per_replica_batch_size=setup["per_replica_batch_size"],
-            dtype_policy=setup["dtype_policy"],
-            device_kind=setup["device_kind"],
-        )
+        keys = ("per_replica_batch_size", "dtype_policy", "device_kind")
+        differences = setup_differences(baseline.record, **{key: setup[key] for key in keys})
         if baseline.num_replicas != 1:
             differences.append(f"the baseline ran on {baseline.num_replicas} replicas, not 1")
         if differences:
             logger.warning(
-                "ThroughputLogger: the baseline %s was measured with another set-up, so "
-                "speedup compares unlike runs: %s",
-                baseline.source,
-                "; ".join(differences),
+                f"ThroughputLogger: the baseline {baseline.source} was measured with another set-up, so speedup compares unlike runs: {'; '.join(differences)}"
             )
         return baseline, None
     if baseline.mode == "auto" and setup["num_replicas"] == 1:
         return Baseline(mode="self", source="this run (one replica is its own baseline)"), None
     if baseline.mode not in ("auto", "measure") or not measures:
         return baseline, None
-    note: str | None
     measured = _MEASURED.setdefault(model, {})
     key = (repr(one_replica_spec), str(device), setup["dtype_policy"])
     measure_time_s = None
@@ -244,17 +213,15 @@ def for_run(
         try:
             measured[key] = measure_samples_per_sec(model, one_replica_spec, device)
         except ValueError as error:
-            note = f"baseline={baseline.mode!r} failed, training goes on without it: {error}"
-            logger.warning("ThroughputLogger: %s; no scaling/ tags", note)
-            return None, note
+            failure = f"baseline={baseline.mode!r} failed, training goes on without it: {error}"
+            logger.warning("ThroughputLogger: %s; no scaling/ tags", failure)
+            return None, failure
         measure_time_s = time.perf_counter() - start_s
         logger.info(
-            "ThroughputLogger: timing the baseline took %.1f s, before the first step",
-            measure_time_s,
+            f"ThroughputLogger: timing the baseline took {measure_time_s:.1f} s, before the first step"
         )
-    note = None
-    if shared_cores:
-        note = _advice.shared_cores_baseline(setup["num_replicas"])
+    note = _advice.shared_cores_baseline(setup["num_replicas"]) if shared_cores else None
+    if note is not None:
         logger.warning("ThroughputLogger: %s", note)
     resolved = baseline.with_value(
         measured[key], f"measured: a copy of the model alone on {device}"
@@ -280,9 +247,8 @@ def setup_differences(
 
     ```python
     from keras_scaling.baseline import setup_differences
-    setup_differences({"per_replica_batch_size": 32, "dtype_policy": "float32",
-                       "device_kind": "GPU"}, per_replica_batch_size=64,
-                      dtype_policy="float32", device_kind="GPU")
+    run = {"per_replica_batch_size": 32, "dtype_policy": "float32", "device_kind": "GPU"}
+    setup_differences(run, per_replica_batch_size=64, dtype_policy="float32", device_kind="GPU")
     # ['per-replica batch 32 in the baseline, 64 here']
     ```
     """
@@ -307,18 +273,15 @@ def measure_samples_per_sec(
     max_steps: int = 10_000,
     clock: Callable[[], float] = time.perf_counter,
 ) -> float:
-    """Times a copy of `model` training alone on one device.
+    """Times a copy of `model` training alone on one device, on synthetic batches.
 
-    The copy (`keras.models.clone_model`, compiled with the model's compile
-    config) trains on synthetic batches of `element_spec` in a thread of its
-    own, outside the training strategy: one untimed `fit` traces it, then
-    whole `fit` calls of growing length are timed until one lasts
-    `duration_s`. The model's own weights and optimizer are not touched.
+    The copy (`keras.models.clone_model`) runs in a thread of its own, outside
+    the training strategy; `model`'s weights and optimizer are not touched.
+    How it is timed: the throughput guide's "Baselines".
 
     Args:
         model: a compiled Keras model.
-        element_spec: one replica's batch, a structure of `tf.TensorSpec`
-            with static shapes.
+        element_spec: one replica's batch, `tf.TensorSpec`s of static shape.
         device: str, the device to run on, such as `"/device:GPU:0"`.
         duration_s: float, seconds the timed `fit` lasts at least.
         min_steps, max_steps: int, bounds on the timed steps.
@@ -328,14 +291,12 @@ def measure_samples_per_sec(
         float, samples per second of the copy.
 
     Raises:
-        ValueError: the spec has unknown dimensions, the model cannot be
-            copied, or the copy's training failed (out of memory, say).
+        ValueError: a dimension unknown, a model that cannot be copied, or
+            the copy's training failed (out of memory, say).
 
     Example:
 
     ```python
-    import keras
-    import tensorflow as tf
     from keras_scaling import baseline
     model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
     model.compile(optimizer="sgd", loss="mse")
@@ -350,8 +311,7 @@ def measure_samples_per_sec(
     for spec in specs:
         if not isinstance(spec, tf.TensorSpec) or not spec.shape.is_fully_defined():
             raise ValueError(
-                f"baseline='measure' needs batches of static shape to time one replica, "
-                f"got {spec}; {_FIX}"
+                f"baseline='measure' needs batches of static shape to time one replica, got {spec}; {_FIX}"
             )
 
     def train_copy():
@@ -361,15 +321,9 @@ def measure_samples_per_sec(
                 copy.compile_from_config(model.get_compile_config())
             except Exception as error:
                 raise ValueError(
-                    "baseline='measure' could not copy the model with keras.models."
-                    f"clone_model ({type(error).__name__}: {error}); {_FIX}"
+                    f"baseline='measure' could not copy the model with keras.models.clone_model ({type(error).__name__}: {error}); {_FIX}"
                 ) from error
-            batch = tf.nest.map_structure(
-                lambda s: (
-                    tf.fill(s.shape, "") if s.dtype == tf.string else tf.zeros(s.shape, s.dtype)
-                ),
-                element_spec,
-            )
+            batch = tf.nest.map_structure(lambda s: tf.zeros(s.shape, s.dtype), element_spec)
             dataset = tf.data.Dataset.from_tensors(batch).repeat()
             per_call = int(copy.steps_per_execution or 1)
 
@@ -380,12 +334,10 @@ def measure_samples_per_sec(
 
             fit_s(2 * per_call)  # traces
             steps = per_call * math.ceil(min_steps / per_call)
-            while True:
-                elapsed_s = fit_s(steps)
-                if elapsed_s >= duration_s or steps >= max_steps:
-                    return steps * specs[0].shape[0] / elapsed_s
+            while (elapsed_s := fit_s(steps)) < duration_s and steps < max_steps:
                 wanted = max(2 * steps, math.ceil(1.1 * steps * duration_s / max(elapsed_s, 1e-6)))
                 steps = per_call * math.ceil(min(wanted, max_steps) / per_call)
+            return steps * specs[0].shape[0] / elapsed_s
 
     def run():
         try:
@@ -405,7 +357,5 @@ def measure_samples_per_sec(
 def _first_line(error):
     """The line of a TensorFlow error that says what went wrong (the allocator's, for an OOM)."""
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    for line in lines:
-        if "OOM" in line or "out of memory" in line.lower():
-            return line
-    return lines[0] if lines else type(error).__name__
+    oom = [line for line in lines if "OOM" in line or "out of memory" in line.lower()]
+    return (oom or lines or [type(error).__name__])[0]
