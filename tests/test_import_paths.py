@@ -7,6 +7,7 @@ very object of its new home (a copy would miss a fix, and `isinstance` and
 """
 
 import importlib
+import json
 import subprocess
 import sys
 
@@ -204,29 +205,59 @@ def test_a_module_of_0_1_still_lists_every_name_it_listed(module_name):
     assert set(PATHS_OF_0_1[module_name]) <= set(getattr(module, "__all__", ())), module_name
 
 
-@pytest.mark.parametrize(
-    "statement",
-    [
-        "import keras_scaling.baseline",
-        "from keras_scaling.callbacks.throughput import ThroughputLogger",
-        "from keras_scaling.callbacks.replica_sync import ReplicaSyncCheck",
-        "from keras_scaling.callbacks.backup_and_restore import BackupAndRestore",
-        "from keras_scaling.replica_state import compare_copies",
-        "from keras_scaling.flops import training_flops_per_sample",
-        "from keras_scaling.peak_flops import PEAK_FLOPS",
-        "from keras_scaling.utilization import utilization",
-        "from keras_scaling.throughput import ThroughputWindow",
-        "from keras_scaling.devices import use_logical_cpus",
-        "from keras_scaling.launcher import launch",
-    ],
-)
-def test_a_0_1_import_statement_runs_in_a_fresh_process(statement):
-    # In a process of its own: in this one, an earlier import of the new home
-    # would make the statement pass whatever the old path does.
+STATEMENTS_OF_0_1 = [
+    "import keras_scaling.baseline",
+    "from keras_scaling.callbacks.throughput import ThroughputLogger",
+    "from keras_scaling.callbacks.replica_sync import ReplicaSyncCheck",
+    "from keras_scaling.callbacks.backup_and_restore import BackupAndRestore",
+    "from keras_scaling.replica_state import compare_copies",
+    "from keras_scaling.flops import training_flops_per_sample",
+    "from keras_scaling.peak_flops import PEAK_FLOPS",
+    "from keras_scaling.utilization import utilization",
+    "from keras_scaling.throughput import ThroughputWindow",
+    "from keras_scaling.devices import use_logical_cpus",
+    "from keras_scaling.launcher import launch",
+]
+
+# Runs each statement with no module of keras_scaling imported: the first in
+# a fresh process, each other after every keras_scaling module is forgotten,
+# so that none finds the new home of its names imported before it. Prints
+# `{statement: None or the traceback}`.
+_RUN_EACH_ALONE = """
+import json, sys, traceback
+
+errors = {}
+for statement in json.loads(sys.argv[1]):
+    for name in [name for name in sys.modules if name.split(".")[0] == "keras_scaling"]:
+        del sys.modules[name]
+    try:
+        exec(statement, {})
+        errors[statement] = None
+    except BaseException:
+        errors[statement] = traceback.format_exc()[-2000:]
+print(json.dumps(errors))
+"""
+
+
+@pytest.fixture(scope="module")
+def errors_of_0_1_statements():
+    # Not in this process: here an earlier import of the new home would make
+    # a statement pass whatever its old path does.
     result = subprocess.run(
-        [sys.executable, "-c", statement], capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", _RUN_EACH_ALONE, json.dumps(STATEMENTS_OF_0_1)],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 0, result.stderr[-2000:]
+    return json.loads(result.stdout.splitlines()[-1])
+
+
+@pytest.mark.parametrize("statement", STATEMENTS_OF_0_1)
+def test_a_0_1_import_statement_runs_with_no_module_of_keras_scaling_imported(
+    statement, errors_of_0_1_statements
+):
+    assert errors_of_0_1_statements[statement] is None, errors_of_0_1_statements[statement]
 
 
 def test_the_launcher_path_of_0_1_loads_no_tensorflow():
