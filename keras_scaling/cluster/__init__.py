@@ -96,16 +96,11 @@ def tf_config_cluster(env: Mapping[str, str]) -> ClusterSpec | None:
     if not outside and not 0 <= task_index < len(known[task_type]):
         message = f"TF_CONFIG's task is {task_type} {task_index}, but its cluster has {len(known[task_type])} {task_type} task(s)"
         raise ValueError(message)
-    parts = [_count(len(chief), "chief")] if chief else []
-    parts.append(_count(len(workers), "worker"))
-    if evaluator:
-        parts.append(_count(len(evaluator), "evaluator"))
+    parts = [_count(len(tasks), job) for job, tasks in known.items() if tasks or job == "worker"]
     origin = f"TF_CONFIG: {', '.join(parts)}; this is {task_type} {task_index}"
-    if outside:
-        origin += ", outside the training cluster"
+    origin += ", outside the training cluster" if outside else ""
     source = "launch" if env.get(LAUNCHED_ENV) else "tf_config"
-    if env.get(LAUNCHED_ENV):
-        origin += ", set by keras-scaling launch"
+    origin += ", set by keras-scaling launch" if source == "launch" else ""
     return ClusterSpec(
         source, origin, workers, task_type, task_index, chief, evaluator, port_source="TF_CONFIG"
     )

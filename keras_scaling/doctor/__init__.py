@@ -141,8 +141,10 @@ def run_checks(
     from keras_scaling.doctor import _collectives
     from keras_scaling.internals import _versions
 
-    size_mb = _validation.positive_number(size_mb, "size_mb", unit="MB", fix="Pass 102.2, say.")
-    rounds = _validation.positive_int(rounds, "rounds", fix="Pass 3, say.")
+    size_mb = _validation.positive_number(
+        size_mb, "size_mb", unit="MB", fix="Pass one such as 102.2."
+    )
+    rounds = _validation.positive_int(rounds, "rounds", fix="Pass a count such as 3.")
 
     def say(text: str) -> None:
         if out is not None:

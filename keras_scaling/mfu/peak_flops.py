@@ -143,8 +143,7 @@ def lookup(
     Example:
 
     ```python
-    lookup("A100", "float32", compute_capability=(8, 0)).source
-    # 'datasheet: A100, tf32'
+    lookup("A100", "float32", compute_capability=(8, 0)).source   # 'datasheet: A100, tf32'
     ```
     """
     figures, dtype = PEAK_FLOPS.get(key, {}), str(compute_dtype)
