@@ -10,20 +10,7 @@ from keras_scaling.cli._errors import UsageError
 def main(argv=None):
     """Runs `keras-scaling` with `argv` (default `sys.argv[1:]`); returns the exit status.
 
-    Bad input prints a message on stderr and returns 2, without a traceback.
-
-    Args:
-        argv: list of str, the arguments after the program's name.
-
-    Returns:
-        int, the exit status: 0 on success, 2 on bad input, 130 on Ctrl-C.
-
-    Example:
-
-    ```python
-    from keras_scaling.cli import main
-    main(["report", "logs/bench"])
-    ```
+    Bad input prints a message on stderr and returns 2, without a traceback; Ctrl-C returns 130.
     """
     parser = argparse.ArgumentParser(
         prog="keras-scaling",

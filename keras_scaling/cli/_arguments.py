@@ -2,6 +2,8 @@
 
 import argparse
 import math
+import os
+import time
 
 from keras_scaling import _validation
 
@@ -43,8 +45,14 @@ def number(unit, low=0.0, high=math.inf, high_text=None, low_included=False):
     return parse
 
 
-def positive_number(unit):
-    return number(unit)
+def log_dir_of(logdir, command):
+    """The absolute `--logdir`, by default `logs/COMMAND-YYYYmmdd-HHMMSS`; raises `UsageError` for a file."""
+    from keras_scaling.cli._errors import UsageError
+
+    log_dir = os.path.abspath(logdir or time.strftime(f"logs/{command}-%Y%m%d-%H%M%S"))
+    if os.path.exists(log_dir) and not os.path.isdir(log_dir):
+        raise UsageError(f"--logdir {log_dir!r} is a file; pass a directory")
+    return log_dir
 
 
 def add_model_options(parser, command, outputs):

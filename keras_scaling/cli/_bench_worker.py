@@ -1,7 +1,4 @@
-"""One replica count of `keras-scaling bench`, in a process of its own: strategies of
-different sizes in one process break each other's all-reduce, and TensorFlow fixes the
-logical CPUs once per process. Stdout carries only `@progress DONE TOTAL` lines.
-"""
+"""One replica count of `keras-scaling bench`, in a process of its own; stdout carries only `@progress DONE TOTAL` lines."""
 
 import argparse
 import json
@@ -13,7 +10,8 @@ from keras_scaling.cli._errors import UsageError
 
 PROGRESS_PREFIX = "@progress "
 USAGE_PREFIX = "keras-scaling bench: error: "
-THREADPOOL_ENV = _worker.THREADPOOL_ENV
+# Gives each logical CPU its own intra-op pool (`keras_scaling.use_logical_cpus`).
+THREADPOOL_ENV = "TF_OVERRIDE_GLOBAL_THREADPOOL"
 # With --explain: what the count measured, for the bench to gather.
 EXPLAIN_FILE = "explain_measurements.json"
 _DISTINCT_BATCHES = 4
@@ -40,8 +38,15 @@ def _parser():
 def _strategy(args):
     import tensorflow as tf
 
+    import keras_scaling
+
     if args.cpu_devices:
-        devices = _worker.use_cpus(args.replicas, args.intra_op_threads, args.inter_op_threads)
+        tf.config.set_visible_devices([], "GPU")
+        devices = keras_scaling.use_logical_cpus(
+            args.replicas,
+            threads_per_device=args.intra_op_threads,
+            inter_op_threads=args.inter_op_threads,
+        )
     else:
         # Only the GPUs this count uses, so the others are left alone.
         tf.config.set_visible_devices(
@@ -94,8 +99,9 @@ def run(args):
     if args.data is not None:
         source, shuffle = _models.load_data(args.data), None
     else:
-        num_samples = global_batch_size * _DISTINCT_BATCHES
-        source = _models.synthetic_data(model, num_samples, seed=args.seed)
+        source = _models.synthetic_data(
+            model, global_batch_size * _DISTINCT_BATCHES, seed=args.seed
+        )
         shuffle = False
     dataset = data.distribute(
         source,

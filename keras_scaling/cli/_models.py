@@ -1,7 +1,4 @@
-"""The models of `bench` and `tune`: presets, `package.module:function` specs, synthetic data.
-
-A spec's function takes no arguments, returns a `keras.Model` and is called in the strategy's scope.
-"""
+"""The models of `bench` and `tune`: presets, `package.module:function` specs (called without arguments in the strategy's scope), synthetic data."""
 
 import importlib
 import sys
@@ -16,20 +13,17 @@ _DATA_FIX = (
 )
 
 
-def check_spec(spec):
-    """Raises `UsageError` unless `spec` is a preset or an importable callable."""
-    if spec not in PRESETS and ":" not in spec:
+def check_specs(args):
+    """Raises `UsageError` unless `--model` is a preset or an importable callable, and `--data` one."""
+    if args.model not in PRESETS and ":" not in args.model:
         raise UsageError(
-            f"--model {spec!r} is neither a preset ({', '.join(PRESETS)}) nor "
+            f"--model {args.model!r} is neither a preset ({', '.join(PRESETS)}) nor "
             "package.module:function"
         )
-    if spec not in PRESETS:
-        _import_function(spec)
-
-
-def check_data_spec(spec):
-    """Raises `UsageError` unless `spec` (of `--data`) names an importable callable."""
-    _import_function(spec, option="--data")
+    if args.model not in PRESETS:
+        _import_function(args.model)
+    if args.data is not None:
+        _import_function(args.data, option="--data")
 
 
 def load_data(spec):
@@ -67,26 +61,15 @@ def build_model(spec):
 
     layers = keras.layers
     if spec == "mlp":
-        dense = [layers.Dense(512, activation="relu"), layers.Dense(512, activation="relu")]
+        hidden = [layers.Dense(512, activation="relu"), layers.Dense(512, activation="relu")]
         return keras.Sequential(
-            [keras.Input((784,)), *dense, layers.Dense(_NUM_CLASSES)], name="mlp"
+            [keras.Input((784,)), *hidden, layers.Dense(_NUM_CLASSES)], name=spec
         )
     if spec == "cnn":
-        convolutions = [
-            layer
-            for filters in (32, 64)
-            for layer in (layers.Conv2D(filters, 3, activation="relu"), layers.MaxPooling2D())
-        ]
-        return keras.Sequential(
-            [
-                keras.Input((32, 32, 3)),
-                *convolutions,
-                layers.Flatten(),
-                layers.Dense(128, activation="relu"),
-                layers.Dense(_NUM_CLASSES),
-            ],
-            name="cnn",
-        )
+        hidden = [layers.Conv2D(32, 3, activation="relu"), layers.MaxPooling2D()]
+        hidden += [layers.Conv2D(64, 3, activation="relu"), layers.MaxPooling2D(), layers.Flatten()]
+        hidden += [layers.Dense(128, activation="relu"), layers.Dense(_NUM_CLASSES)]
+        return keras.Sequential([keras.Input((32, 32, 3)), *hidden], name=spec)
     if spec == "resnet50":
         return keras.applications.ResNet50(
             weights=None, input_shape=(32, 32, 3), classes=_NUM_CLASSES

@@ -1,15 +1,8 @@
-"""The bench's charts: speedup against replicas, efficiency against per-replica batch.
-
-`render` draws a `Chart` into a PNG with matplotlib's Agg canvas, imported
-only then (the extra `keras-scaling[plot]`), and reads back what the figure
-holds, so that tests check the picture, not only the file.
-"""
+"""The bench's charts, drawn with matplotlib, imported only then."""
 
 import collections
 import io
 import math
-
-import numpy as np
 
 WIDTH_PX = 640
 HEIGHT_PX = 480
@@ -18,8 +11,8 @@ SMALL_FONT_PX = 18
 # matplotlib's "tab10", written out so that a user's matplotlibrc does not change the charts.
 COLORS = tuple("#1f77b4 #ff7f0e #2ca02c #d62728 #9467bd #8c564b #e377c2 #bcbd22 #17becf".split())
 GREY = "#808080"
-_DPI = 100
-_POINTS_PER_INCH = 72
+DPI = 100
+POINTS_PER_INCH = 72
 # Room above the highest point and right of the last one, for the point labels.
 _HEADROOM = 1.2
 _RIGHT_MARGIN = 0.12
@@ -41,22 +34,16 @@ Chart = collections.namedtuple(
     "title x_label y_label x_ticks x_range y_range lines point_labels x_log2 legend_at",
     defaults=((), (), False, "upper left"),
 )
-# What `render` read back from the figure. Boxes are `(left, top, right,
-# bottom)` in pixels of the PNG from its top left corner; a line's label is
-# "" when it has no legend entry.
-PlacedText = collections.namedtuple("PlacedText", "text role box size_px")
-PlottedLine = collections.namedtuple("PlottedLine", "label points")
-Rendered = collections.namedtuple("Rendered", "png axes_box texts lines y_ticks")
 
 
 def scaling_plot_png(rows, title, by_batch=False):
     """The PNG of `scaling_chart`; raises `MatplotlibMissing`."""
-    return render(scaling_chart(rows, title, by_batch)).png
+    return render(scaling_chart(rows, title, by_batch))[0]
 
 
 def efficiency_plot_png(rows, title, threshold=0.9):
     """The PNG of `efficiency_chart`; raises `MatplotlibMissing`."""
-    return render(efficiency_chart(rows, title, threshold)).png
+    return render(efficiency_chart(rows, title, threshold))[0]
 
 
 def scaling_chart(rows, title, by_batch=False):
@@ -131,8 +118,8 @@ def efficiency_chart(rows, title, threshold=0.9):
     )
 
 
-def render(chart):
-    """Draws `chart`; returns a `Rendered` with a 640 x 480 PNG. Raises `MatplotlibMissing`."""
+def render(chart, inspect=None):
+    """Draws `chart` into a 640 x 480 PNG: `(png, inspect(axes, renderer) or None)`. Raises `MatplotlibMissing`."""
     try:
         import matplotlib.style
         from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -155,34 +142,21 @@ def render(chart):
         "grid.color": "#e2e2e2",
     }
     with matplotlib.style.context(["default", style]):
-        figure = Figure(figsize=(WIDTH_PX / _DPI, HEIGHT_PX / _DPI), dpi=_DPI, layout="constrained")
+        figure = Figure(figsize=(WIDTH_PX / DPI, HEIGHT_PX / DPI), dpi=DPI, layout="constrained")
         canvas = FigureCanvasAgg(figure)
         axes = figure.add_subplot()
         _draw(chart, axes)
         canvas.draw()
-        renderer = canvas.get_renderer()
-        texts = _placed_texts(axes, renderer)
+        inspected = inspect(axes, canvas.get_renderer()) if inspect else None
         buffer = io.BytesIO()
         # No matplotlib version in the metadata: the same chart gives the same bytes.
-        figure.savefig(buffer, format="png", dpi=_DPI, metadata={"Software": None})
-    lines = []
-    for line in axes.get_lines():
-        label = str(line.get_label())
-        points = tuple((float(x), float(y)) for x, y in np.asarray(line.get_xydata()))
-        # matplotlib names the lines without a legend entry "_child0", ...
-        lines.append(PlottedLine("" if label.startswith("_") else label, points))
-    return Rendered(
-        png=buffer.getvalue(),
-        axes_box=_box(axes.get_window_extent(renderer)),
-        texts=texts,
-        lines=tuple(lines),
-        y_ticks=tuple(float(value) for value, _ in _visible_y_ticks(axes)),
-    )
+        figure.savefig(buffer, format="png", dpi=DPI, metadata={"Software": None})
+    return buffer.getvalue(), inspected
 
 
 def _points(size_px):
     """Font and line sizes are in points; ours are in pixels of the 100-dpi PNG."""
-    return size_px * _POINTS_PER_INCH / _DPI
+    return size_px * POINTS_PER_INCH / DPI
 
 
 def _draw(chart, axes):
@@ -217,41 +191,3 @@ def _draw(chart, axes):
     axes.yaxis.set_major_formatter(ticker.StrMethodFormatter("{x:g}"))
     if any(line.label for line in chart.lines):
         axes.legend(loc=chart.legend_at)
-
-
-def _visible_y_ticks(axes):
-    """`(value, label)` of the y ticks inside the axes."""
-    low, high = sorted(axes.get_ylim())
-    ticks = zip(axes.yaxis.get_majorticklocs(), axes.get_yticklabels())
-    return [(value, text) for value, text in ticks if low <= value <= high]
-
-
-def _placed_texts(axes, renderer):
-    legend = axes.get_legend()
-    roles = [
-        ("title", [axes.title]),
-        ("x label", [axes.xaxis.label]),
-        ("y label", [axes.yaxis.label]),
-        ("x tick", axes.get_xticklabels()),
-        ("y tick", [text for _, text in _visible_y_ticks(axes)]),
-        ("point label", axes.texts),
-        ("legend", legend.get_texts() if legend else []),
-    ]
-    return tuple(
-        PlacedText(
-            text=text.get_text(),
-            role=role,
-            box=_box(text.get_window_extent(renderer)),
-            size_px=text.get_fontsize() * _DPI / _POINTS_PER_INCH,
-        )
-        for role, texts in roles
-        for text in texts
-        if text.get_visible() and text.get_text()
-    )
-
-
-def _box(bbox):
-    """matplotlib's box (from the bottom left) as `(left, top, right, bottom)` from the top left."""
-    return tuple(
-        float(value) for value in (bbox.x0, HEIGHT_PX - bbox.y1, bbox.x1, HEIGHT_PX - bbox.y0)
-    )

@@ -1,9 +1,7 @@
 """The scaling table: one row of speedup and efficiency per `throughput.json`.
 
-Speedup is over the 1-replica run when there is exactly one among the runs,
-otherwise over each run's own recorded baseline (no speedup without one).
-Speedup, ideal and efficiency come from `_run_record.speedup_of`, as
-`ThroughputLogger` computes them, so a row shows the figures its logger wrote.
+Speedup is over the 1-replica run when there is exactly one among the runs, otherwise
+over each run's own recorded baseline, computed as `ThroughputLogger` computes it.
 """
 
 import collections
@@ -13,6 +11,7 @@ import re
 
 from keras_scaling.mfu import utilization
 from keras_scaling.throughput import _run_record
+from keras_scaling.tune._report import markdown_table
 
 THROUGHPUT_FILE = _run_record.THROUGHPUT_JSON
 
@@ -62,10 +61,7 @@ def summarize(runs):
     notes = []
     common = single[0].throughput if len(single) == 1 else None
     if common is not None:
-        source = (
-            f"the 1-replica run {single[0].name} "
-            f"({float(common['samples_per_sec']):.1f} samples/sec)"
-        )
+        source = f"the 1-replica run {single[0].name} ({common['samples_per_sec']:.1f} samples/sec)"
     else:
         source = "each run's own recorded baseline (see its throughput.json)"
         if single:
@@ -81,12 +77,12 @@ def summarize(runs):
         figures = _run_record.speedup_of(record, common)
         if figures is None:
             notes.append(f"{run.name} has no baseline, so no speedup")
-        tflops_per_sec = None
-        if record.get("flops_per_sample"):
-            flops = float(record["flops_per_sample"])
-            tflops_per_sec = utilization.utilization(
-                flops, samples_per_sec, replicas
-            ).tflops_per_sec
+        flops = float(record.get("flops_per_sample") or 0)
+        tflops_per_sec = (
+            utilization.utilization(flops, samples_per_sec, replicas).tflops_per_sec
+            if flops
+            else None
+        )
         per_replica = int(record.get("per_replica_batch_size") or global_batch_size // replicas)
         speedup, efficiency, ideal = (
             (figures.speedup, figures.efficiency, figures.ideal_speedup)
@@ -115,9 +111,8 @@ def smallest_efficient_batch(rows, threshold=0.9):
 
 def summary_to_json(summary, **setup):
     """The content of `scaling.json`: the set-up, the baseline and the rows, NaN as null."""
-    nan_as_none = lambda value: None if isinstance(value, float) and math.isnan(value) else value  # noqa: E731
     rows = [
-        {key: nan_as_none(value) for key, value in row._asdict().items()} for row in summary.rows
+        {key: _nan_as_none(value) for key, value in row._asdict().items()} for row in summary.rows
     ]
     return {
         "version": 1,
@@ -152,15 +147,8 @@ def format_table(rows):
     """The Markdown table of `rows`: numbers right-aligned, `-` where there is no figure."""
     cells = [[title for title, _, _ in _COLUMNS]]
     cells += [[_cell(fmt, getattr(row, field)) for _, fmt, field in _COLUMNS] for row in rows]
-    widths = [max(len(line[column]) for line in cells) for column in range(len(_COLUMNS))]
     # Only the run's name is text, aligned left.
-    rule = ["-" * (width - 1) + ":" for width in widths[:-1]] + [":" + "-" * (widths[-1] - 1)]
-    lines = [
-        [text.rjust(width) for text, width in zip(line[:-1], widths)] + [line[-1].ljust(widths[-1])]
-        for line in cells
-    ]
-    lines.insert(1, rule)
-    return "\n".join("| " + " | ".join(line) + " |" for line in lines)
+    return markdown_table(cells, range(len(_COLUMNS) - 1))
 
 
 def _nan_as_none(value):

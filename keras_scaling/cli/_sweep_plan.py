@@ -57,13 +57,11 @@ SweepPoint = collections.namedtuple(
 
 
 def plan_batches(replica_counts, per_replica_batch_size=None, global_batch_size=None):
-    """A `SweepPoint` per count: weak scaling keeps the per-replica batch, strong the global one.
+    """A `SweepPoint` per count: weak scaling keeps `per_replica_batch_size`, strong `global_batch_size`.
 
     Raises:
-        UsageError: not exactly one batch given, or a count that does not divide the global batch.
+        UsageError: a count does not divide the global batch.
     """
-    if (per_replica_batch_size is None) == (global_batch_size is None):
-        raise UsageError("give exactly one of --per-replica-batch and --global-batch")
     if per_replica_batch_size is not None:
         return [
             SweepPoint(count, per_replica_batch_size, per_replica_batch_size * count)
@@ -88,11 +86,7 @@ def available_cores():
 
 @dataclasses.dataclass(frozen=True)
 class CpuThreads:
-    """Each logical CPU replica's own pool: `cores // largest count` threads in every run.
-
-    So N replicas use N times the cores of 1 replica, like N devices, while
-    the largest count is at most the number of cores.
-    """
+    """Each logical CPU replica's own pool of `cores // largest count` threads: N replicas use N times the cores of 1, like N devices."""
 
     cores: int
     threads_per_replica: int

@@ -1,17 +1,7 @@
 """The search of `keras-scaling tune`, in a process of its own.
 
-Run as `python -m keras_scaling.cli._tune_worker ...` by `keras-scaling
-tune`: TensorFlow fixes the number of logical CPUs, its thread pools and the
-strategy's all-reduce once per process. It splits the CPU
-(`keras_scaling.use_logical_cpus` with `--cpu-kwargs`), builds the strategy
-(`keras_scaling.auto_strategy` with `--strategy-kwargs`), the model and the
-data as the bench's worker does (`_models`), then calls `keras_scaling.tune`
-(unless `--serve-only`; with `--serve` it leaves the final side by side to
-the command). With `--serve` it then prints `READY` (`keras_scaling.cli.tune`) and serves rounds:
-each stdin line is the JSON `{"settings": ..., "steps": N}` and gets the
-line `RATE samples_per_sec wall_s`; `quit` or the end of stdin ends it. Bad
-input ends it with exit status 2 and a last stderr line starting with
-`keras_scaling.cli.tune.USAGE_PREFIX`.
+After its search (`--serve`), or at once (`--serve-only`), it prints `READY` and answers
+each stdin line `{"settings": ..., "steps": N}` with `RATE samples_per_sec wall_s` until `QUIT`.
 """
 
 import argparse
@@ -30,21 +20,20 @@ _DISTINCT_BATCHES = 8
 
 def _worker_parser():
     parser = argparse.ArgumentParser(prog="python -m keras_scaling.cli._tune_worker")
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--data")
-    parser.add_argument("--per-replica-batch", type=int, required=True)
-    parser.add_argument("--steps-per-execution", type=int, default=1)
-    parser.add_argument("--budget", type=float, required=True)
-    parser.add_argument("--allow", default="")
-    parser.add_argument("--logdir", required=True)
-    # The command's start (time.time()): the budget counts from there.
-    parser.add_argument("--started-at", type=float, default=None)
-    # Seconds of the budget kept for the candidates in processes of their own.
-    parser.add_argument("--reserve", type=float, default=0.0)
-    parser.add_argument("--strategy-kwargs", default="{}")
-    parser.add_argument("--cpu-kwargs", default="{}")
-    parser.add_argument("--serve", action="store_true")
-    parser.add_argument("--serve-only", action="store_true")
+    add = parser.add_argument
+    add("--model", required=True)
+    add("--data")
+    add("--per-replica-batch", type=int, required=True)
+    add("--steps-per-execution", type=int, default=1)
+    add("--budget", type=float, required=True)
+    add("--allow", default="")
+    add("--logdir", required=True)
+    add("--started-at", type=float, default=time.time())  # the budget's start
+    add("--reserve", type=float, default=0.0)  # seconds kept for the command's own rounds
+    add("--strategy-kwargs", default="{}")
+    add("--cpu-kwargs", default="{}")
+    add("--serve", action="store_true")
+    add("--serve-only", action="store_true")
     return parser
 
 
@@ -77,20 +66,13 @@ def _worker_main(args):
             f"--model {args.model!r} could not be built ({type(error).__name__}: {error}); "
             "fix the function so that it returns a keras.Model with known input shapes"
         ) from None
-    num_replicas = strategy.num_replicas_in_sync
     if args.data is not None:
-        data = _models.load_data(args.data)
-        data_kwargs = {}
+        data, data_kwargs = _models.load_data(args.data), {}
     else:
-        data = _models.synthetic_data(
-            model, args.per_replica_batch * num_replicas * _DISTINCT_BATCHES
-        )
-        data_kwargs = {"shuffle": False}
+        num_samples = args.per_replica_batch * strategy.num_replicas_in_sync * _DISTINCT_BATCHES
+        data, data_kwargs = _models.synthetic_data(model, num_samples), {"shuffle": False}
     if not args.serve_only:
-        budget_s = args.budget
-        if args.started_at is not None:
-            budget_s -= time.time() - args.started_at
-        budget_s -= args.reserve
+        budget_s = args.budget - (time.time() - args.started_at) - args.reserve
         if budget_s < _search.MIN_BUDGET_S:
             raise UsageError(
                 f"--budget {args.budget:g} is too small: this start took "
@@ -119,8 +101,9 @@ def _worker_main(args):
                 f"(this start took {args.budget - args.reserve - budget_s:.0f} s); "
                 f"pass --budget {needed_s} or more"
             ) from None
-        except ValueError as error:
-            raise UsageError(_as_options(str(error))) from None
+        except ValueError as error:  # in the command line's words
+            message = str(error).replace("budget_s=", "--budget ").replace("allow:", "--allow:")
+            raise UsageError(message) from None
     if args.serve or args.serve_only:
         _serve(_measure.Runner(model, strategy, data))
     return 0
@@ -135,11 +118,6 @@ def _serve(runner):
         request = json.loads(line)
         rate, wall_s = runner.round(request["settings"], int(request["steps"]))
         print(f"{RATE}{rate} {wall_s}", flush=True)
-
-
-def _as_options(message):
-    """A message of `keras_scaling.tune` in the command line's words."""
-    return message.replace("budget_s=", "--budget ").replace("allow:", "--allow:")
 
 
 def main(argv=None):

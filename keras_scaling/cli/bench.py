@@ -11,8 +11,8 @@ import subprocess
 import sys
 import time
 
-from keras_scaling.cli import _bench_worker, _models, _plot, _speedup_table, _sweep_plan
-from keras_scaling.cli._arguments import add_model_options, positive_int
+from keras_scaling.cli import _bench_worker, _models, _plot, _speedup_table, _sweep_plan, _worker
+from keras_scaling.cli._arguments import add_model_options, log_dir_of, positive_int
 from keras_scaling.cli._errors import UsageError
 
 _DEFAULT_STEPS = 100
@@ -134,16 +134,13 @@ def run(args):
             notes=tuple(note for s in summaries for note in s.notes),
         )
         efficient_batch, largest = _speedup_table.smallest_efficient_batch(summary.rows, _EFFICIENT)
-        if efficient_batch is None:
-            texts.append(
-                f"No per-replica batch up to {sweep.batch_sweep[-1]} reaches an efficiency of "
-                f"{_EFFICIENT:.2f} at {largest} replicas: try larger batches."
-            )
-        else:
-            texts.append(
-                f"Smallest per-replica batch reaching an efficiency of {_EFFICIENT:.2f} at "
-                f"{largest} replicas: {efficient_batch}."
-            )
+        texts.append(
+            f"No per-replica batch up to {sweep.batch_sweep[-1]} reaches an efficiency of "
+            f"{_EFFICIENT:.2f} at {largest} replicas: try larger batches."
+            if efficient_batch is None
+            else f"Smallest per-replica batch reaching an efficiency of {_EFFICIENT:.2f} at "
+            f"{largest} replicas: {efficient_batch}."
+        )
     text = "\n\n".join(texts)
     print(f"\n{text}")
     written = _write_results(log_dir, summary, text, efficient_batch, args, sweep)
@@ -156,9 +153,7 @@ def run(args):
 
 def _plan_sweep(args):
     """Checks the arguments and plans the sweep; raises `UsageError`."""
-    _models.check_spec(args.model)
-    if args.data is not None:
-        _models.check_data_spec(args.data)
+    _models.check_specs(args)
     if args.cpu_devices:
         num_devices, device_kind = args.cpu_devices, f"{args.cpu_devices} logical CPU(s)"
     else:
@@ -172,7 +167,14 @@ def _plan_sweep(args):
     else:
         replica_counts = _sweep_plan.parse_replica_counts(args.replicas)
         _sweep_plan.check_replica_counts(replica_counts, num_devices, device_kind)
-    _check_peak_flops(args.peak_flops)
+    from keras_scaling.mfu import utilization
+
+    try:
+        utilization.check_peak_flops(
+            _bench_worker.number_or_word(args.peak_flops), parameter="--peak-flops"
+        )
+    except (TypeError, ValueError) as error:
+        raise UsageError(str(error)) from None
     plan = _sweep_plan.plan_batches
     if args.global_batch is not None:
         batches = None
@@ -194,20 +196,9 @@ def _plan_sweep(args):
     return _Sweep(groups, batch_sweep, device_kind, num_devices, scaling_mode, cpu_threads)
 
 
-def _check_peak_flops(text):
-    from keras_scaling.mfu import utilization
-
-    try:
-        utilization.check_peak_flops(_bench_worker.number_or_word(text), parameter="--peak-flops")
-    except (TypeError, ValueError) as error:
-        raise UsageError(str(error)) from None
-
-
 def _prepare_log_dir(log_dir, overwrite):
     """The absolute LOGDIR, emptied of an earlier bench's results with `overwrite`."""
-    log_dir = os.path.abspath(log_dir or time.strftime("logs/bench-%Y%m%d-%H%M%S"))
-    if os.path.exists(log_dir) and not os.path.isdir(log_dir):
-        raise UsageError(f"--logdir {log_dir!r} is a file; pass a directory")
+    log_dir = log_dir_of(log_dir, "bench")
     names = set(os.listdir(log_dir)) if os.path.isdir(log_dir) else set()
     outputs = {"scaling.json", "scaling.png", "efficiency.png", "explain.json"}
     earlier = {name for name in names if _RUN_DIR_PATTERN.fullmatch(name) or name in outputs}
@@ -260,12 +251,13 @@ def _run_point(args, sweep, point, label, log_dir, baseline, prefix):
     # The child's stderr goes to the log; its stdout comes through here, which
     # keeps the progress lines and appends the rest to the same log.
     with open(log_path, "w", encoding="utf-8") as log:
+        env = {"TF_CPP_MIN_LOG_LEVEL": "2", **os.environ}
         process = subprocess.Popen(
             command,
+            stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=log,
-            stdin=subprocess.DEVNULL,
-            env={"TF_CPP_MIN_LOG_LEVEL": "2", **os.environ},
+            env=env,
             text=True,
         )
         assert process.stdout is not None  # a pipe
@@ -294,21 +286,13 @@ def _run_point(args, sweep, point, label, log_dir, baseline, prefix):
         elapsed_s = time.perf_counter() - start_s
         print(f"{label}: {run.throughput['samples_per_sec']:.1f} samples/sec ({elapsed_s:.0f} s)")
         return run
-    with open(log_path, encoding="utf-8", errors="replace") as file:
-        lines = [line.rstrip("\n") for line in file.readlines()[-25:]]
-    usage = [line for line in lines if line.startswith(_bench_worker.USAGE_PREFIX)]
-    if returncode == 2 and usage:
-        raise UsageError(usage[-1][len(_bench_worker.USAGE_PREFIX) :])
     how = f"failed with exit status {returncode}"
     if returncode <= 0:
         how = (
             "wrote no throughput.json" if returncode == 0 else f"was killed by signal {-returncode}"
         )
-    print(
-        f"keras-scaling bench: the run with {point.replicas} replica(s) {how}. "
-        f"Last lines of {log_path}:\n" + "\n".join(f"  {line}" for line in lines),
-        file=sys.stderr,
-    )
+    failed = f"keras-scaling bench: the run with {point.replicas} replica(s) {how}"
+    _worker.report_failure(log_path, returncode, _bench_worker.USAGE_PREFIX, failed)
     return 1
 
 
@@ -335,9 +319,8 @@ class _Progress:
 
     def update(self, done, steps):
         if self._tty:
-            text = (
-                f"{self._label}  [{'#' * (30 * done // max(steps, 1)):-<30}] {done}/{steps} steps"
-            )
+            bar = "#" * (30 * done // max(steps, 1))
+            text = f"{self._label}  [{bar:-<30}] {done}/{steps} steps"
             sys.stdout.write("\r" + text.ljust(self._width))
             sys.stdout.flush()
             self._width = len(text)
@@ -402,13 +385,11 @@ def _explain(log_dir, summary, efficient_batch, args, sweep):
     for row in summary.rows:
         path = os.path.join(log_dir, row.run, _bench_worker.EXPLAIN_FILE)
         with open(path, encoding="utf-8") as file:
-            measured = json.load(file)
+            measured = json.load(file)  # measurements, mfu and mfu_reason
+        measurements = measured.pop("measurements")
         explanations.append(
             _report.explanation(
-                measured["measurements"],
-                mfu=measured["mfu"],
-                mfu_reason=measured["mfu_reason"],
-                efficient_per_replica_batch=efficient_batch,
+                measurements, efficient_per_replica_batch=efficient_batch, **measured
             )
         )
     print("\nExplain: the step split into input, compute, synchronization and host overhead")

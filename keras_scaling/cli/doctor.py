@@ -55,15 +55,9 @@ def add_parser(subparsers):
     add("--size-mb", type=size_mb, default=_DEFAULT_SIZE_MB, metavar="MB", help=size_help)
     rounds_help = "timed all-reduces, the median is shown; default 3"
     add("--rounds", type=positive_int, default=3, metavar="N", help=rounds_help)
-    timeout_s = number("seconds", high=_MAX_TIMEOUT_S, high_text=f"{_MAX_TIMEOUT_S} (a week)")
+    seconds = number("seconds", high=_MAX_TIMEOUT_S, high_text=f"{_MAX_TIMEOUT_S} (a week)")
     timeout_help = f"give up with exit status 1 after SECONDS; default {_DEFAULT_TIMEOUT_S:g}"
-    add(
-        "--timeout",
-        type=timeout_s,
-        default=_DEFAULT_TIMEOUT_S,
-        metavar="SECONDS",
-        help=timeout_help,
-    )
+    add("--timeout", type=seconds, default=_DEFAULT_TIMEOUT_S, metavar="SECONDS", help=timeout_help)
     parser.set_defaults(run=run)
     return parser
 

@@ -1,12 +1,7 @@
 """`keras-scaling tune`: the fastest settings for a model on its devices, by measurement.
 
-The command checks its arguments, then runs the search in a process of its
-own (`keras_scaling.cli._tune_worker`): TensorFlow fixes the number of
-logical CPUs and its thread pools once per process. That process then
-serves rounds while another process, with another all-reduce or other CPU
-thread pools, runs in turns with it: a strategy's all-reduce is fixed when
-it is made, and two MirroredStrategy objects in one process break each
-other's.
+The search runs in `_tune_worker` processes: TensorFlow fixes the logical CPUs,
+their thread pools and a strategy's all-reduce once per process.
 """
 
 import argparse
@@ -15,9 +10,10 @@ import os
 import subprocess
 import sys
 import time
+from subprocess import PIPE
 
-from keras_scaling.cli import _models, _sweep_plan
-from keras_scaling.cli._arguments import add_model_options, positive_int, positive_number
+from keras_scaling.cli import _models, _sweep_plan, _worker
+from keras_scaling.cli._arguments import add_model_options, log_dir_of, number, positive_int
 from keras_scaling.cli._errors import UsageError
 
 _DEFAULT_PER_REPLICA_BATCH = 64
@@ -28,7 +24,6 @@ USAGE_PREFIX = "keras-scaling tune: error: "
 READY = "@ready"
 RATE = "@rate "
 QUIT = "quit"
-_WORKER_LOG = "tune_worker.log"
 # Share of the budget kept for the knobs measured in processes of their own
 # (the all-reduce, the CPU thread pools) and the final side by side.
 _PROCESS_SHARE = 0.35
@@ -44,50 +39,26 @@ _START_MARGIN = 1.2
 _CONFIRM_MARGIN = 1.2
 # Seconds a worker gets to end after it is told to, and then to be killed.
 _END_S = 5.0
-_LOG_TAIL_LINES = 25
 
 _DESCRIPTION = """\
 Find the fastest settings for training a model on this machine's devices,
-by measurement, and write them where one line applies them.
+by measurement, and write them to LOGDIR/tune.json, which
+keras_scaling.tune.load reads back as keyword arguments.
 
 Starts from the model's settings, tries the remedy of what explain finds
-bounds the step first, keeps a change only when its median gain over
-alternating rounds of real model.fit calls exceeds the noise and 5%, and
-confirms the best side by side with the start at the end (docs/guides/tune.md).
+bounds the step first, and keeps a change only when its median gain over
+alternating rounds of real model.fit calls exceeds the noise and 5%; the
+best is confirmed side by side with the start at the end.
 
-Knobs that keep the model's arithmetic, tried by default:
-  steps_per_execution   the same weights, bitwise
-  jit_compile           XLA: other kernels, the same mathematics up to float
-                        rounding (not with several replicas on CPUs)
-  cache                 the input pipeline's cache (--data pipelines; arrays
-                        are in memory already)
-  private_threadpool_size
-                        tf.data's threads: a pool of the pipeline's own
-                        (map parallelism and prefetch are AUTOTUNE already)
-  cross_device_ops      the all-reduce, on several devices of one machine
-  cpu_threads           TensorFlow's CPU thread pools, on logical CPUs
-                        (--cpu-devices): each of these two in a process of
-                        its own, in turns with the first's (35% of the
-                        budget, half from --budget 150 on, the final side
-                        by side included; from --budget 60 on); across
-                        workers nothing is measured
-Knobs that change training, tried only with --allow:
-  batch                 the per-replica batch: scale the learning rate
-  precision             mixed precision (GPUs and TPUs)
+Tried by default, keeping the model's arithmetic: steps_per_execution,
+jit_compile, cache, private_threadpool_size and, each in a process of its
+own from --budget 60 on, cross_device_ops and the CPU thread pools
+(--cpu-devices). Tried only with --allow, as they change training: batch,
+precision. The tune guide says when each applies and what it changes.
 
-Prints the table of every knob tried (samples/sec median and spread, ratio
-to the incumbent and to the start, kept or not and why), writes
-LOGDIR/tune.json and the table into TensorBoard (run "tune", Text tab).
-Apply the result with:
-
-  tuned = keras_scaling.tune.load("LOGDIR/tune.json")
-  keras_scaling.use_logical_cpus(**tuned.cpu_kwargs)   # logical CPUs only
-  strategy = keras_scaling.auto_strategy(**tuned.strategy_kwargs)
-  model.compile(..., **tuned.compile_kwargs)
-  train = keras_scaling.data.distribute(data, strategy=strategy, **tuned.data_kwargs)
-
---model and --data are as for keras-scaling bench: a preset (mlp, cnn,
-resnet50) or package.module:function.
+Prints the table of every knob tried and the lines that apply the best,
+and writes the table into TensorBoard (run "tune", Text tab). --model and
+--data are as for keras-scaling bench.
 """
 
 _EXAMPLE = """\
@@ -110,39 +81,26 @@ def add_parser(subparsers):
     add_model_options(parser, "tune", "tune.json and the TensorBoard run")
     add = parser.add_argument
     batch_help = f"each replica's batch at the start (default {_DEFAULT_PER_REPLICA_BATCH})"
-    add(
-        "--per-replica-batch",
-        type=positive_int,
-        default=_DEFAULT_PER_REPLICA_BATCH,
-        metavar="B",
-        help=batch_help,
-    )
+    add("--per-replica-batch", type=positive_int, metavar="B", help=batch_help)
     budget_help = f"seconds for the whole search (default {_DEFAULT_BUDGET_S:g})"
-    add(
-        "--budget",
-        type=positive_number("seconds"),
-        default=_DEFAULT_BUDGET_S,
-        metavar="SECONDS",
-        help=budget_help,
-    )
+    add("--budget", type=number("seconds"), metavar="SECONDS", help=budget_help)
     allow_help = "knobs that change training, tried only when named: batch, precision"
     add("--allow", default="", metavar="KNOB[,KNOB]", help=allow_help)
-    parser.set_defaults(run=run)
+    parser.set_defaults(
+        run=run, per_replica_batch=_DEFAULT_PER_REPLICA_BATCH, budget=_DEFAULT_BUDGET_S
+    )
     return parser
 
 
 def _check(args):
     """Raises `UsageError` for bad arguments, before any process starts."""
-    _models.check_spec(args.model)
-    if args.data is not None:
-        _models.check_data_spec(args.data)
+    _models.check_specs(args)
     from keras_scaling.tune import _candidates, _search
 
     try:
         _candidates.parse_allow(args.allow)
     except ValueError as error:
         raise UsageError(f"--{error}") from None
-
     if args.budget < _search.MIN_BUDGET_S:
         raise UsageError(
             f"--budget {args.budget:g} is too small to measure one candidate against the "
@@ -155,23 +113,14 @@ class _Worker:
 
     def __init__(self, args, log_dir, started_at, *, name, extra):
         self.serves = "--serve" in extra
-        command = [
-            sys.executable,
-            "-m",
-            "keras_scaling.cli._tune_worker",
-            f"--model={args.model}",
-            f"--per-replica-batch={args.per_replica_batch}",
-            f"--steps-per-execution={args.steps_per_execution}",
-            f"--budget={args.budget}",
-            f"--allow={args.allow}",
-            f"--logdir={log_dir}",
-            f"--started-at={started_at}",
-            *extra,
+        names = ("model", "data", "per_replica_batch", "steps_per_execution", "budget", "allow")
+        options = [(name, getattr(args, name)) for name in names]
+        options += [("logdir", log_dir), ("started_at", started_at)]
+        command = [sys.executable, "-m", "keras_scaling.cli._tune_worker", *extra]
+        command += [
+            f"--{name.replace('_', '-')}={value}" for name, value in options if value is not None
         ]
-        if args.data is not None:
-            command.append(f"--data={args.data}")
-        env = dict(os.environ)
-        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        env = {"TF_CPP_MIN_LOG_LEVEL": "2", **os.environ}
         # The worker's --cpu-kwargs alone decide its thread pools.
         env.pop("TF_OVERRIDE_GLOBAL_THREADPOOL", None)
         os.makedirs(log_dir, exist_ok=True)
@@ -180,12 +129,7 @@ class _Worker:
         self._log = open(self.log_path, "w", encoding="utf-8")  # noqa: SIM115 (closed in finish)
         sys.stdout.flush()
         self.process = subprocess.Popen(
-            command,
-            stdout=subprocess.PIPE,
-            stderr=self._log,
-            stdin=subprocess.PIPE,
-            env=env,
-            text=True,
+            command, stdin=PIPE, stdout=PIPE, stderr=self._log, env=env, text=True
         )
 
     def _lines(self, echo):
@@ -239,20 +183,6 @@ class _Worker:
             self.process.wait()
         self._log.close()
 
-    def failure(self, returncode):
-        """Raises `UsageError` for bad input; otherwise prints the log's tail and returns the status."""
-        with open(self.log_path, encoding="utf-8", errors="replace") as log:
-            lines = [line.rstrip("\n") for line in log.readlines()[-_LOG_TAIL_LINES:]]
-        usage = [line[len(USAGE_PREFIX) :] for line in lines if line.startswith(USAGE_PREFIX)]
-        if returncode == 2 and usage:
-            raise UsageError(usage[-1])
-        print(
-            f"keras-scaling tune: the search failed with exit status {returncode}. "
-            f"Last lines of {self.log_path}:\n" + "\n".join(f"  {line}" for line in lines),
-            file=sys.stderr,
-        )
-        return returncode or 1
-
 
 def _devices(cpu_devices):
     """`(device kind, replicas)` the worker will train on."""
@@ -281,14 +211,12 @@ def _process_candidates(args, device_kind, replicas, start_cpu):
     from keras_scaling.tune import _candidates
 
     candidates, skipped = [], []
-    values, reason = _candidates.all_reduce_values(device_kind, replicas, 1)
-    candidates += [("cross_device_ops", value) for value in values]
-    if reason:
-        skipped.append(("cross_device_ops", reason))
-    values, reason = _candidates.cpu_thread_values(start_cpu, _sweep_plan.available_cores())
-    candidates += [("cpu_threads", value) for value in values]
-    if reason:
-        skipped.append(("cpu_threads", reason))
+    for knob, (values, reason) in (
+        ("cross_device_ops", _candidates.all_reduce_values(device_kind, replicas, 1)),
+        ("cpu_threads", _candidates.cpu_thread_values(start_cpu, _sweep_plan.available_cores())),
+    ):
+        candidates += [(knob, value) for value in values]
+        skipped += [(knob, reason)] if reason else []
     if candidates and args.budget < _PROCESS_MIN_BUDGET_S:
         # Their share would leave the first search too little to measure anything.
         reason = f"--budget {args.budget:g} leaves them no time; pass --budget 60 or more"
@@ -303,10 +231,7 @@ def run(args):
 
     _check(args)
     started_at = time.time()
-    log_dir = args.logdir or os.path.join("logs", time.strftime("tune-%Y%m%d-%H%M%S"))
-    log_dir = os.path.abspath(log_dir)
-    if os.path.exists(log_dir) and not os.path.isdir(log_dir):
-        raise UsageError(f"--logdir {log_dir!r} is a file; pass a directory")
+    log_dir = log_dir_of(args.logdir, "tune")
     device_kind, replicas = _devices(args.cpu_devices)
     start_cpu = _start_cpu(args)
     candidates, skipped = _process_candidates(args, device_kind, replicas, start_cpu)
@@ -320,7 +245,7 @@ def run(args):
         args,
         log_dir,
         started_at,
-        name=_WORKER_LOG,
+        name="tune_worker.log",
         extra=extra + (["--serve"] if candidates else []),
     )
     path = os.path.join(log_dir, "tune.json")
@@ -329,7 +254,9 @@ def run(args):
         if not ready:
             returncode = worker.finish()
             if returncode:
-                return worker.failure(returncode)
+                failed = f"keras-scaling tune: the search failed with exit status {returncode}"
+                _worker.report_failure(worker.log_path, returncode, USAGE_PREFIX, failed)
+                return returncode
         ready_s = time.time() - started_at
         with open(path, encoding="utf-8") as file:
             record = json.load(file)
@@ -348,34 +275,22 @@ def run(args):
     record["elapsed_s"] = time.time() - started_at
     record["budget_s"] = args.budget
     _report.write(log_dir, record)
-    print("\n" + _report.format_table(record["trials"]) + "\n")
-    print("\n".join(_report.summary_lines(record)))
-    print("\nApply it:")
-    print("\n".join(f"  {line}" for line in _report.apply_lines(record, path)))
+    print("\n" + _report.text(record, path))
     return 0
 
 
-def _process_settings(settings):
-    """What a process fixes when it starts: the strategy's and the CPU's settings."""
-    return {"strategy": settings["strategy"], "cpu": settings.get("cpu", {})}
-
-
-def _search_in_processes(
-    args, record, first, candidates, started_at, ready_s, log_dir, device_kind
-):
-    """Each knob a process fixes, against the incumbent, in a process of its own; then the final side by side.
+def _search_in_processes(args, record, first, candidates, started_at, ready_s, log_dir, kind):
+    """Each knob a process fixes, in a process of its own in turns with the incumbent's; then the final side by side.
 
     The first process serves the incumbent's rounds until a candidate is
     kept; the kept candidate's process serves them from then on.
     """
-    from keras_scaling.tune import _candidates, _decision, _search
+    from keras_scaling.tune import _candidates, _decision, _report, _search
 
-    best = record["best"]
+    best, trials = record["best"], record["trials"]
     settings = best["settings"]
-    global_batch = args.per_replica_batch * record["replicas"]
-    if settings["data"].get("per_replica_batch_size"):
-        global_batch = settings["data"]["per_replica_batch_size"] * record["replicas"]
-    step_s = global_batch / best["samples_per_sec"]
+    per_replica_batch = settings["data"].get("per_replica_batch_size") or args.per_replica_batch
+    step_s = per_replica_batch * record["replicas"] / best["samples_per_sec"]
     spe = int(settings["compile"].get("steps_per_execution", 1))
     steps = _decision.steps_per_round(step_s, _search.round_s_for(args.budget), spe)
     # What starting a worker costs: its time to the first round, tune's own search aside.
@@ -384,48 +299,43 @@ def _search_in_processes(
     # The serving runner traces its train function again: its first round
     # is a warm-up; the second gives the cost of a round.
     first.round(settings, steps)
-    _, pair_s = first.round(settings, steps)
-    pair_s *= 2
-    worker = first
-    record.setdefault("timeline_s", {})["processes"] = {
-        "ready_s": ready_s,
-        "start_up_s": start_up_s,
-        "round_pair_s": pair_s,
-    }
+    pair_s = 2 * first.round(settings, steps)[1]
+    timeline = {"ready_s": ready_s, "start_up_s": start_up_s, "round_pair_s": pair_s}
+    record.setdefault("timeline_s", {})["processes"] = timeline
     # The start runs at 1/ratio of the best's speed in the final side by side.
     confirm_reserve_s = (
         _CONFIRM_MARGIN * _decision.MIN_ROUNDS * pair_s / 2 * (1 + best["ratio_to_start"])
     )
-    out_of_budget = False
+
+    def left_s():
+        return args.budget - (time.time() - started_at) - _END_S
+
+    worker, out_of_budget = first, False
     for knob, value in candidates:
         candidate_settings = _candidates.with_value(settings, knob, value)
+        reason = "not measured: the budget is spent" if out_of_budget else "not tried: already so"
         if out_of_budget or candidate_settings == settings:
-            reason = (
-                "not measured: the budget is spent" if out_of_budget else "not tried: already so"
-            )
-            record["trials"].append(_search.trial_record(knob, value, reason=reason))
+            trials.append(_search.trial_record(knob, value, reason=reason))
             continue
-        left_s = args.budget - (time.time() - started_at)
         # Another process starts about as the first did; its tracing is as
         # the first's warm-up; ending the processes takes a few seconds.
         overhead_s = _START_MARGIN * start_up_s + warm_up_s + _END_S
-        rounds = _decision.rounds_affordable(
-            left_s, pair_s, overhead_s, reserve_s=confirm_reserve_s
-        )
+        left = args.budget - (time.time() - started_at)
+        rounds = _decision.rounds_affordable(left, pair_s, overhead_s, reserve_s=confirm_reserve_s)
         if rounds == 0:
             out_of_budget = True
             needed_s = _decision.minimum_cost_s(pair_s, overhead_s) + confirm_reserve_s
             reason = (
-                f"not measured: the budget is spent ({max(0.0, left_s):.0f} s left, "
+                f"not measured: the budget is spent ({max(0.0, left):.0f} s left, "
                 f"about {needed_s:.0f} s needed with the final side by side)"
             )
-            record["trials"].append(_search.trial_record(knob, value, reason=reason))
+            trials.append(_search.trial_record(knob, value, reason=reason))
             continue
         candidate = _Worker(
             args,
             log_dir,
             started_at,
-            name=f"tune_worker_{knob}_{len(record['trials'])}.log",
+            name=f"tune_worker_{knob}_{len(trials)}.log",
             extra=[
                 "--serve-only",
                 f"--strategy-kwargs={json.dumps(candidate_settings['strategy'])}",
@@ -436,128 +346,59 @@ def _search_in_processes(
             if not candidate.wait_ready(echo=False):
                 raise RuntimeError(f"it ended before its first round; see {candidate.log_path}")
             candidate.round(candidate_settings, steps)  # traces
-            comparison, pair_s = _alternate(
+            comparison, slowest_pair_s = _search.alternate(
                 (worker, settings),
                 (candidate, candidate_settings),
                 steps,
                 rounds,
-                args,
-                started_at,
-                pair_s,
+                left_s,
                 reserve_s=confirm_reserve_s,
             )
         except (RuntimeError, OSError, ValueError) as error:
             candidate.kill()
-            record["trials"].append(_search.trial_record(knob, value, reason=f"failed: {error}"))
+            trials.append(_search.trial_record(knob, value, reason=f"failed: {error}"))
             continue
+        pair_s = max(pair_s, slowest_pair_s)
         if len(comparison.ratios) < _decision.MIN_ROUNDS:
             candidate.finish()
             out_of_budget = True
-            record["trials"].append(
-                _search.trial_record(knob, value, reason="not measured: the budget is spent")
-            )
+            reason = "not measured: the budget is spent"
+            trials.append(_search.trial_record(knob, value, reason=reason))
             continue
         if knob == "cross_device_ops" and not any(
-            trial["knob"] == knob and trial["ratio_to_incumbent"] for trial in record["trials"]
+            trial["knob"] == knob and trial["ratio_to_incumbent"] for trial in trials
         ):
             record["notes"].append(
-                f"all-reduce: TensorFlow's choice on {device_kind} is "
-                f"{_candidates.default_all_reduce(device_kind)}; each other one ran in a "
+                f"all-reduce: TensorFlow's choice on {kind} is "
+                f"{_candidates.default_all_reduce(kind)}; each other one ran in a "
                 "process of its own, in turns with it"
             )
-        decision = _decision.decide(comparison)
-        ratio_to_start = best["ratio_to_start"] * comparison.ratio
-        record["trials"].append(
-            _search.trial_record(
-                knob, value, comparison=comparison, decision=decision, ratio_to_start=ratio_to_start
-            )
+        trial = _search.trial_record(
+            knob, value, comparison, incumbent_ratio=best["ratio_to_start"]
         )
-        print(
-            f"  {knob}={_report_value(value)}: {comparison.candidate_median:,.0f} samples/sec, "
-            f"{comparison.ratio:.2f}x the incumbent: "
-            f"{'kept' if decision.kept else 'not kept'} ({decision.reason})",
-            flush=True,
-        )
-        if not decision.kept:
+        trials.append(trial)
+        print(_report.trial_line(trial), flush=True)
+        if not trial["kept"]:
             candidate.finish()
             continue
         if worker is not first:  # the first serves the start's rounds at the end
             worker.finish()
         worker, settings = candidate, candidate_settings
-        best["settings"] = settings
-        best["ratio_to_start"] = ratio_to_start
-        best["samples_per_sec"] = record["start"]["samples_per_sec"] * ratio_to_start
-        best["ratio_source"] = "the product of the kept changes' ratios"
+        best.update(
+            settings=settings,
+            ratio_to_start=trial["ratio_to_start"],
+            samples_per_sec=record["start"]["samples_per_sec"] * trial["ratio_to_start"],
+            ratio_source="the product of the kept changes' ratios",
+        )
         if knob in _candidates.CHANGES_ROUNDING:
             record["notes"].append(_candidates.describe_change(knob, value, settings))
-    _confirm(args, record, first, worker, steps, started_at)
+    if settings != record["start"]["settings"]:
+        start = (first, record["start"]["settings"])
+        rounds = _decision.MAX_ROUNDS
+        comparison, _ = _search.alternate(
+            start, (worker, settings), steps, rounds, left_s, min_rounds=_decision.MIN_ROUNDS
+        )
+        where = "" if worker is first else ", each in a process of its own"
+        _search.confirm(record, comparison, where)
     if worker is not first:
         worker.finish()
-
-
-def _report_value(value):
-    from keras_scaling.tune import _report
-
-    return _report._value(value)
-
-
-def _alternate(incumbent, candidate, steps, rounds, args, started_at, pair_s, **kwargs):
-    """`_search.alternate` over `(worker, settings)` pairs; returns the comparison and the slowest pair's seconds."""
-    from keras_scaling.tune import _search
-
-    comparison, slowest_s = _search.alternate(
-        lambda: incumbent[0].round(incumbent[1], steps)[0],
-        lambda: candidate[0].round(candidate[1], steps)[0],
-        rounds,
-        lambda: args.budget - (time.time() - started_at) - _END_S,
-        **kwargs,
-    )
-    return comparison, max(pair_s, slowest_s)
-
-
-def _confirm(args, record, first, worker, steps, started_at):
-    """The start (in the first process) against the best (in `worker`, maybe the first), side by side.
-
-    A product of ratios measured one knob at a time is no promise: unless
-    this side by side shows a gain beyond the noise, the start is handed back.
-    """
-    from keras_scaling.tune import _decision
-
-    best = record["best"]
-    start = record["start"]
-    if best["settings"] == start["settings"]:
-        return
-    comparison, _ = _alternate(
-        (first, start["settings"]),
-        (worker, best["settings"]),
-        steps,
-        _decision.MAX_ROUNDS,
-        args,
-        started_at,
-        0.0,
-        min_rounds=_decision.MIN_ROUNDS,
-    )
-    decision = _decision.decide(comparison)
-    rounds = len(comparison.ratios)
-    where = "" if worker is first else ", each in a process of its own"
-    start["samples_per_sec"] = comparison.incumbent_median
-    if decision.kept:
-        best["ratio_to_start"] = comparison.ratio
-        best["samples_per_sec"] = comparison.incumbent_median * comparison.ratio
-        best["ratio_source"] = f"best against start, {rounds} alternating rounds{where}"
-        return
-    record["notes"].append(
-        f"the kept changes ran at {comparison.ratio:.2f}x the start side by side "
-        f"({decision.reason}): the start is kept"
-    )
-    best.update(
-        settings=start["settings"],
-        samples_per_sec=comparison.incumbent_median,
-        ratio_to_start=1.0,
-        ratio_source=f"kept changes not faster than the start in {rounds} alternating rounds",
-        trains_the_same=True,
-    )
-    for trial in record["trials"]:
-        if trial["kept"]:
-            trial["kept"] = False
-            trial["reason"] += "; not confirmed against the start"

@@ -1,7 +1,6 @@
-"""The fastest settings for a model on its devices, found by measurement and applied in one line.
+"""The fastest settings for a model on its devices, by measurement (docs/guides/tune.md).
 
 The package is callable: `keras_scaling.tune(...)` is `tune.tune(...)`.
-See docs/guides/tune.md.
 """
 
 import dataclasses
@@ -88,11 +87,7 @@ class TuneResult:
     def __str__(self) -> str:
         from keras_scaling.tune import _report
 
-        if not self.record:
-            return "TuneResult()"
-        lines = [_report.format_table(self.record["trials"]), ""]
-        lines += _report.summary_lines(self.record)
-        return "\n".join(lines)
+        return _report.text(self.record) if self.record else "TuneResult()"
 
 
 def _settings_of(record: dict, which: str) -> TunedSettings:
@@ -233,35 +228,14 @@ def tune(
     result.best.compile_kwargs["steps_per_execution"]
     ```
     """
-    return _tune(
-        model,
-        data,
-        per_replica_batch_size=per_replica_batch_size,
-        data_kwargs=data_kwargs,
-        strategy=strategy,
-        budget_s=budget_s,
-        allow=allow,
-        log_dir=log_dir,
-        verbose=verbose,
-    )
+    return _tune(**locals())
 
 
 def _tune(
-    model,
-    data,
-    *,
-    per_replica_batch_size,
-    data_kwargs,
-    strategy,
-    budget_s,
-    allow,
-    log_dir,
-    verbose,
-    confirm=True,
-    cpu=None,
-):
-    """`tune`, for `keras-scaling tune`'s process: `cpu` is its `use_logical_cpus` settings;
-    `confirm=False` leaves the final side by side to the command, which measures more knobs."""
+    model, data, *, per_replica_batch_size, data_kwargs, strategy, budget_s, allow, log_dir,
+    verbose, confirm=True, cpu=None,
+):  # fmt: skip
+    """`tune`; `cpu` is the process's `use_logical_cpus` settings, `confirm=False` leaves the final side by side to the caller."""
     import tensorflow as tf
 
     from keras_scaling.tune import _candidates, _measure, _report, _search
@@ -307,42 +281,25 @@ def _tune(
         return explain.explain(model, dataset, steps=steps, rounds=2, verbose=False)
 
     try:
-        record = _search.search(
-            runner,
-            start,
-            budget_s=budget_s,
-            allowed=allowed,
-            explain_fn=explain_fn,
-            verbose=verbose,
-            confirm=confirm,
-        )
+        found = _search.search(runner, start, budget_s, allowed, explain_fn, verbose, confirm)
     finally:
         runner.restore()
-    record = _report.to_json(
-        start=record["start"],
-        best=record["best"],
-        trials=record["trials"],
-        notes=record["notes"],
-        setup={
-            "replicas": runner.num_replicas,
-            "workers": runner.num_workers,
-            "device_kind": runner.device_kind,
-            "budget_s": budget_s,
-            "elapsed_s": record["elapsed_s"],
-            "timeline_s": record["timeline"],
-            "explain_bound": record["explain_bound"],
-            "allow": [name for name, knob in _candidates.ALLOWABLE.items() if knob in allowed],
-        },
-    )
-    path = None
-    if log_dir is not None:
-        path = _report.write(os.fspath(log_dir), record)
+    record = {
+        "schema_version": _report.SCHEMA_VERSION,
+        "replicas": runner.num_replicas,
+        "workers": runner.num_workers,
+        "device_kind": runner.device_kind,
+        "budget_s": budget_s,
+        "elapsed_s": found["elapsed_s"],
+        "timeline_s": found["timeline"],
+        "explain_bound": found["explain_bound"],
+        "allow": [name for name, knob in _candidates.ALLOWABLE.items() if knob in allowed],
+        **{key: found[key] for key in ("start", "best", "trials", "notes")},
+    }
+    path = None if log_dir is None else _report.write(os.fspath(log_dir), record)
     result = TuneResult(best=_settings_of(record, "best"), record=record, path=path)
     if verbose:
-        print(str(result))
-        if path is not None:
-            print("\nApply it:")
-            print("\n".join(f"  {line}" for line in _report.apply_lines(record, path)))
+        print(_report.text(record, path))
     return result
 
 

@@ -1,12 +1,8 @@
-"""What `tune` tries, in which order: plain functions of explain's verdict and the settings.
+"""What `tune` tries, in which order, from explain's verdict and the settings.
 
-Settings are four dicts, the keyword arguments of the calls they go to:
-`compile` (`model.compile`), `data` (`keras_scaling.data.distribute`),
-`strategy` (`keras_scaling.auto_strategy`) and `cpu`
-(`keras_scaling.use_logical_cpus`, empty unless the devices are logical CPUs). A knob changes one entry of
-one of them. Knobs that keep the model's arithmetic are tried by default;
-`per_replica_batch_size` and `mixed_precision` change what is trained and
-are tried only when allowed (`allow=("batch", "precision")`).
+Settings are four dicts of keyword arguments: `compile` (`model.compile`), `data`
+(`keras_scaling.data.distribute`), `strategy` (`keras_scaling.auto_strategy`) and `cpu`
+(`keras_scaling.use_logical_cpus`); a knob changes one entry of one of them.
 """
 
 import dataclasses
@@ -61,14 +57,7 @@ LARGEST_STEPS_PER_EXECUTION = 64
 
 
 def parse_allow(allow):
-    """The knob names `allow` opens; raises ValueError on an unknown one.
-
-    Args:
-        allow: names among `ALLOWABLE`, as a sequence or one comma-separated string.
-
-    Example: `parse_allow("batch,precision")` gives
-    `("per_replica_batch_size", "mixed_precision")`.
-    """
+    """The knobs `allow` (names of `ALLOWABLE`, a sequence or a comma-separated string) opens; raises ValueError on an unknown one."""
     if isinstance(allow, str):
         allow = [name for name in allow.split(",") if name.strip()]
     names = []
@@ -85,25 +74,14 @@ def parse_allow(allow):
 
 
 def knob_order(bound, allowed=()):
-    """The knobs in the order to try them, for explain's `bound`.
-
-    An unknown bound (explain could not split the step) takes the host order.
-    Knobs that change training come only when `allowed` names them.
-    """
+    """The knobs to try for explain's `bound` (unknown: the host order), those changing training only when `allowed`."""
     order = list(_ORDER.get(bound, _ORDER["host"]))
     order += [knob for knob in KNOBS if knob not in order]
     return tuple(knob for knob in order if knob not in CHANGES_TRAINING or knob in tuple(allowed))
 
 
 def ladder(current, first, largest):
-    """Values to try in turn, each 4 times the last, from `first` (at least twice `current`) up to `largest`.
-
-    The ladder ends at `largest` itself, so that the search goes as far as
-    the value keeps paying.
-
-    Example: `ladder(1, 4, 64)` gives `(4, 16, 64)`; `ladder(1, 8, 64)` gives
-    `(8, 32, 64)`; `ladder(1, 1024, 64)` gives `(64,)`.
-    """
+    """Values each 4 times the last, from `first` (at least twice `current`), ending at `largest`: `ladder(1, 8, 64)` is `(8, 32, 64)`."""
     value = max(min(int(first), largest), 2 * int(current))
     values = []
     while value <= largest:
@@ -116,15 +94,7 @@ def ladder(current, first, largest):
 
 @dataclasses.dataclass(frozen=True)
 class Context:
-    """What decides whether a knob applies here.
-
-    Args:
-        device_kind: `"CPU"`, `"GPU"` or `"TPU"`.
-        local_replicas: replicas on this worker.
-        pipeline_built: whether tune builds the input pipeline
-            (`keras_scaling.data.distribute`), so its settings can change.
-        arrays: whether the data are arrays, which are in memory already.
-    """
+    """What decides whether a knob applies: `pipeline_built` when tune builds the pipeline, `arrays` when the data are arrays."""
 
     device_kind: str
     local_replicas: int
@@ -158,11 +128,7 @@ def reason_not_tried(knob, context):
 
 
 def values_to_try(knob, settings, *, advised_steps_per_execution=None):
-    """The values of `knob` to try in turn from the incumbent `settings`.
-
-    The search goes on past a value kept, and past one faster within the
-    noise; it stops at the first slower one.
-    """
+    """The values of `knob` to try in turn from the incumbent `settings`."""
     current = settings[SECTION[knob]].get(knob)
     if knob == "steps_per_execution":
         current = int(current or 1)
@@ -222,17 +188,7 @@ _ALL_REDUCE = {
 
 
 def all_reduce_values(device_kind, local_replicas, num_workers):
-    """The `cross_device_ops` to try against TensorFlow's choice, and why none when none.
-
-    Each needs a process of its own: a strategy's all-reduce is fixed when it
-    is made, and a second MirroredStrategy in a process breaks the first's.
-
-    Returns:
-        `(values, reason)`: the names for `keras_scaling.auto_strategy`, or
-        `()` with the reason.
-
-    Example: `all_reduce_values("CPU", 2, 1)` gives `(("hierarchical_copy",), None)`.
-    """
+    """`(cross_device_ops names to try against TensorFlow's choice, None)`, or `((), why none)`."""
     if num_workers > 1:
         return (), (
             "across workers the all-reduce (ring or NCCL, bytes_per_pack) is not "
@@ -251,23 +207,7 @@ def default_all_reduce(device_kind):
 
 
 def cpu_thread_values(cpu, cores):
-    """The CPU thread pools to try against `cpu`, and why none when none.
-
-    Args:
-        cpu: the start's `cpu` settings, the keyword arguments of
-            `keras_scaling.use_logical_cpus` (empty when the devices are not
-            logical CPUs).
-        cores: the host's CPU cores.
-
-    Returns:
-        `(values, reason)`: `cpu` settings to try, each in a process of its
-        own (pools are fixed when TensorFlow makes its devices), or `()` with
-        the reason.
-
-    Example: `cpu_thread_values({"n": 2, "threads_per_device": 1,
-    "inter_op_threads": 2}, 2)` gives TensorFlow's own pools, `{"n": 2}`,
-    then a pool of all 2 cores for each device.
-    """
+    """`(cpu settings to try against the start's `cpu` on `cores` cores, None)`, or `((), why none)`."""
     count = cpu.get("n")
     if not count:
         return (), "the devices are not logical CPUs"

@@ -1,15 +1,7 @@
-"""The TensorFlow side of `tune`: real `fit` calls of the model under each setting, in turns.
+"""The TensorFlow side of `tune`: rounds of real `fit` calls of the model under each setting.
 
-Settings that one process can hold side by side are measured in the user's
-process, on the model itself: each `(steps_per_execution, jit_compile)`
-keeps its own compiled train function, and each data setting its own
-pipeline, so switching between the incumbent and a candidate costs no
-retracing. One round of a setting is `model.fit(..., epochs=EPOCHS)`, timed
-over its whole epochs after the first, from the first's end to the last's:
-the first takes the iterator's start and any tracing, as the first epoch of
-training does. The model trains while it is measured;
-its weights, optimizer state, metrics and compile settings are put back
-afterwards.
+Each `(steps_per_execution, jit_compile)` keeps its own train function and each
+data setting its own pipeline, so switching settings costs no retracing.
 """
 
 import time
@@ -39,57 +31,12 @@ def _timer_callback():
     return EpochTimer()
 
 
-class _SavedModel:
-    """The model's variables, optimizer state and compile settings, to put back."""
-
-    def __init__(self, model):
-        self.model = model
-        self.values = [(variable, variable.numpy()) for variable in model.variables]
-        optimizer = getattr(model, "optimizer", None)
-        self.optimizer_values = (
-            {id(variable): variable.numpy() for variable in optimizer.variables}
-            if optimizer is not None
-            else {}
-        )
-        self.steps_per_execution = model.steps_per_execution
-        self.jit_compile = model.jit_compile
-        self.train_function = model.train_function
-
-    def restore(self):
-        import keras
-        import numpy as np
-
-        for variable, value in self.values:
-            variable.assign(value)
-        optimizer = getattr(self.model, "optimizer", None)
-        if optimizer is not None:
-            for variable in optimizer.variables:
-                saved = self.optimizer_values.get(id(variable))
-                # Slots the first step created start as they were made: zeros.
-                variable.assign(
-                    saved
-                    if saved is not None
-                    else np.zeros(variable.shape, keras.backend.standardize_dtype(variable.dtype))
-                )
-        self.model.steps_per_execution = self.steps_per_execution
-        self.model.jit_compile = self.jit_compile
-        self.model.train_function = self.train_function
-        self.model.reset_metrics()
-
-
 def _frozen(mapping):
     return tuple(sorted((key, repr(value)) for key, value in mapping.items()))
 
 
 class Runner:
-    """Runs rounds of `fit` under given settings on one model and strategy.
-
-    Args:
-        model: the compiled model, built under `strategy`.
-        strategy: its `tf.distribute.Strategy`.
-        data: what the pipeline reads; with `settings["data"]` empty, a
-            `tf.data.Dataset` of global batches used as it is.
-    """
+    """Rounds of `fit` under given settings; with `settings["data"]` empty, `data` is a dataset of global batches."""
 
     def __init__(self, model, strategy, data):
         from keras_scaling import compat
@@ -105,7 +52,13 @@ class Runner:
         self._functions = {}
         self._datasets = {}
         self._global_batch_sizes = {}
-        self._saved = _SavedModel(model)
+        # What `restore` puts back.
+        self._values = [(variable, variable.numpy()) for variable in model.variables]
+        optimizer = getattr(model, "optimizer", None)
+        self._optimizer_values = (
+            {} if optimizer is None else {id(v): v.numpy() for v in optimizer.variables}
+        )
+        self._compiled = (model.steps_per_execution, model.jit_compile, model.train_function)
         compat.enable_for(strategy)
 
     def dataset(self, data_settings):
@@ -161,5 +114,19 @@ class Runner:
         return (EPOCHS - 1) * samples / timer.timed_s, wall_s
 
     def restore(self):
-        """Puts the model back as it was when the runner was made."""
-        self._saved.restore()
+        """Puts the model's variables, optimizer state and compile settings back as they were."""
+        import keras
+        import numpy as np
+
+        for variable, value in self._values:
+            variable.assign(value)
+        optimizer = getattr(self.model, "optimizer", None)
+        for variable in optimizer.variables if optimizer is not None else ():
+            saved = self._optimizer_values.get(id(variable))
+            # Slots the first step created start as they were made: zeros.
+            if saved is None:
+                saved = np.zeros(variable.shape, keras.backend.standardize_dtype(variable.dtype))
+            variable.assign(saved)
+        model = self.model
+        model.steps_per_execution, model.jit_compile, model.train_function = self._compiled
+        model.reset_metrics()

@@ -1,8 +1,4 @@
-"""What `tune` reports: the table of every knob tried, `tune.json`, and the table in TensorBoard.
-
-Pure functions of the trials but for `write`. The schema of `tune.json` is
-in docs/guides/tune.md.
-"""
+"""What `tune` reports: the table of the trials, the outcome, `tune.json` and the table in TensorBoard."""
 
 import json
 import os
@@ -11,30 +7,41 @@ SCHEMA_VERSION = 1
 FILE_NAME = "tune.json"
 # The TensorBoard run, under the log directory, that holds the table.
 RUN = "tune"
-NOTHING_WORTH_CHANGING = "nothing worth changing"
+_COLUMNS = ("knob", "value", "samples/sec", "spread", "vs incumbent", "vs start", "kept", "why")
 
 
-def _rate(value):
-    return "-" if value is None else f"{value:,.0f}"
+def _format(value, spec, before="", after=""):
+    return "-" if value is None else f"{before}{value:{spec}}{after}"
 
 
-def _ratio(value):
-    return "-" if value is None else f"{value:.2f}x"
-
-
-def _spread(value):
-    return "-" if value is None else f"±{value:.0%}"
-
-
-def _value(value):
+def value_text(value):
     if isinstance(value, dict) and "n" in value:
         from keras_scaling.tune import _candidates
 
         return "pools " + _candidates.describe_cpu_threads(value)
-    return json.dumps(value) if not isinstance(value, str) else value
+    return value if isinstance(value, str) else json.dumps(value)
 
 
-_COLUMNS = ("knob", "value", "samples/sec", "spread", "vs incumbent", "vs start", "kept", "why")
+def trial_line(trial):
+    """The line a measured trial prints when it ends."""
+    return (
+        f"  {trial['knob']}={value_text(trial['value'])}: {trial['samples_per_sec']:,.0f} "
+        f"samples/sec, {trial['ratio_to_incumbent']:.2f}x the incumbent: "
+        f"{'kept' if trial['kept'] else 'not kept'} ({trial['reason']})"
+    )
+
+
+def markdown_table(rows, right_aligned):
+    """`rows` (the header first) as a Markdown table; columns in `right_aligned` are numbers."""
+    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
+    right = [column in right_aligned for column in range(len(widths))]
+    rule = ["-" * (w - 1) + ":" if r else ":" + "-" * (w - 1) for w, r in zip(widths, right)]
+    lines = [
+        [cell.rjust(w) if r else cell.ljust(w) for cell, w, r in zip(row, widths, right)]
+        for row in rows
+    ]
+    lines.insert(1, rule)
+    return "\n".join("| " + " | ".join(cells) + " |" for cells in lines)
 
 
 def format_table(trials):
@@ -44,31 +51,16 @@ def format_table(trials):
         rows.append(
             [
                 trial["knob"],
-                "-" if trial["value"] is None else _value(trial["value"]),
-                _rate(trial["samples_per_sec"]),
-                _spread(trial["spread"]),
-                _ratio(trial["ratio_to_incumbent"]),
-                _ratio(trial["ratio_to_start"]),
+                "-" if trial["value"] is None else value_text(trial["value"]),
+                _format(trial["samples_per_sec"], ",.0f"),
+                _format(trial["spread"], ".0%", before="±"),
+                _format(trial["ratio_to_incumbent"], ".2f", after="x"),
+                _format(trial["ratio_to_start"], ".2f", after="x"),
                 "yes" if trial["kept"] else "no",
                 trial["reason"],
             ]
         )
-    widths = [max(len(row[column]) for row in rows) for column in range(len(_COLUMNS))]
-    numeric = {2, 3, 4, 5}
-    lines = []
-    for index, row in enumerate(rows):
-        cells = [
-            cell.rjust(width) if column in numeric else cell.ljust(width)
-            for column, (cell, width) in enumerate(zip(row, widths))
-        ]
-        lines.append("| " + " | ".join(cells) + " |")
-        if index == 0:
-            rules = [
-                "-" * (width - 1) + ":" if column in numeric else ":" + "-" * (width - 1)
-                for column, width in enumerate(widths)
-            ]
-            lines.append("| " + " | ".join(rules) + " |")
-    return "\n".join(lines)
+    return markdown_table(rows, {2, 3, 4, 5})
 
 
 def apply_lines(record, path):
@@ -89,34 +81,28 @@ def apply_lines(record, path):
 
 def summary_lines(record):
     """The outcome in words: the gain, or that nothing was worth changing, and the notes."""
-    ratio = record["best"]["ratio_to_start"]
-    start = record["start"]["samples_per_sec"]
-    best = record["best"]["samples_per_sec"]
-    if record["best"]["settings"] == record["start"]["settings"]:
-        lines = [f"Tune: {NOTHING_WORTH_CHANGING} ({_rate(start)} samples/sec at the start)."]
+    start = _format(record["start"]["samples_per_sec"], ",.0f")
+    best = record["best"]
+    if best["settings"] == record["start"]["settings"]:
+        lines = [f"Tune: nothing worth changing ({start} samples/sec at the start)."]
     else:
         lines = [
-            f"Tune: {_rate(start)} -> {_rate(best)} samples/sec, {ratio:.2f}x the start "
-            f"({record['best']['ratio_source']})."
+            f"Tune: {start} -> {_format(best['samples_per_sec'], ',.0f')} samples/sec, "
+            f"{best['ratio_to_start']:.2f}x the start ({best['ratio_source']})."
         ]
-    lines.extend(f"  note: {note}" for note in record["notes"])
-    return lines
+    return lines + [f"  note: {note}" for note in record["notes"]]
 
 
-def to_json(*, start, best, trials, notes, setup):
-    """The content of `tune.json`."""
-    return {
-        "schema_version": SCHEMA_VERSION,
-        **setup,
-        "start": start,
-        "best": best,
-        "trials": trials,
-        "notes": list(notes),
-    }
+def text(record, path=None):
+    """The table, the outcome and, with `path`, the lines that apply it."""
+    lines = [format_table(record["trials"]), "", *summary_lines(record)]
+    if path is not None:
+        lines += ["", "Apply it:", *(f"  {line}" for line in apply_lines(record, path))]
+    return "\n".join(lines)
 
 
 def write(log_dir, record):
-    """Writes `log_dir/tune.json` and the table as text in the TensorBoard run `tune`; returns the path."""
+    """Writes `log_dir/tune.json` and the table in the TensorBoard run `tune`; returns the path."""
     from keras_scaling.summaries import _tensorboard
 
     os.makedirs(log_dir, exist_ok=True)
@@ -124,13 +110,8 @@ def write(log_dir, record):
     with open(path, "w", encoding="utf-8") as file:
         json.dump(record, file, indent=2)
         file.write("\n")
-    markdown = "\n".join(
-        [
-            format_table(record["trials"]),
-            "",
-            *(f"- {line.strip()}" for line in summary_lines(record)),
-        ]
-    )
+    markdown = format_table(record["trials"]) + "\n\n"
+    markdown += "\n".join(f"- {line.strip()}" for line in summary_lines(record))
     _tensorboard.write_text(log_dir, 0, "tune/table", markdown, run=RUN)
     _tensorboard.flush(log_dir, run=RUN)
     return path

@@ -1,17 +1,8 @@
-"""The search of `tune`: explain's verdict, then each knob against the incumbent, within the budget.
-
-Greedy and in the open: knobs are tried in the order explain's verdict
-gives (`_candidates.knob_order`); each value of a knob runs in turns with
-the incumbent (`_decision`); a value kept becomes the incumbent, and a
-knob's ladder goes on while its values are faster and stops at the first
-slower one. When the best differs from the start, the two run side by side
-once more, in budget kept back for it from the start: that comparison gives
-the reported ratio, and unless its gain exceeds the noise the start is
-handed back.
-"""
+"""The search of `tune`: each knob, in the order of explain's verdict, against the incumbent."""
 
 import logging
 import math
+import statistics
 import time
 
 from keras_scaling.tune import _candidates, _decision, _report
@@ -45,18 +36,13 @@ class BudgetTooSmall(ValueError):
 
 
 def _too_small(budget_s, clock, round_pair_s, warmup_s):
-    """The error for a budget that cannot measure one candidate, with the budget that would."""
-    spent_s = clock.elapsed_s()
-    needed_s = math.ceil(
-        budget_s - clock.left_s() + _decision.minimum_cost_s(round_pair_s, warmup_s)
-    )
-    needed_s = max(needed_s, math.ceil(budget_s) + 1)
+    spent_s, cost_s = clock.elapsed_s(), _decision.minimum_cost_s(round_pair_s, warmup_s)
+    needed_s = max(math.ceil(spent_s + cost_s), math.ceil(budget_s) + 1)
     return BudgetTooSmall(
         needed_s,
         f"budget_s={budget_s:g} is too small to measure one candidate: "
         f"{spent_s:.0f} s went to preparing the start and one candidate needs about "
-        f"{_decision.minimum_cost_s(round_pair_s, warmup_s):.0f} s; "
-        f"pass budget_s={needed_s} or more",
+        f"{cost_s:.0f} s; pass budget_s={needed_s} or more",
     )
 
 
@@ -77,7 +63,9 @@ class _Clock:
         return self.budget_s - self.elapsed_s()
 
 
-def trial_record(knob, value, *, comparison=None, decision=None, ratio_to_start=None, reason=""):
+def trial_record(knob, value, comparison=None, *, incumbent_ratio=1.0, reason=""):
+    """A row of the table and of `tune.json`'s trials: `comparison` decided, or `reason`."""
+    decision = _decision.decide(comparison) if comparison else None
     return {
         "knob": knob,
         "value": value,
@@ -90,30 +78,31 @@ def trial_record(knob, value, *, comparison=None, decision=None, ratio_to_start=
         "incumbent_samples_per_sec": comparison.incumbent_median if comparison else None,
         "ratio_to_incumbent": comparison.ratio if comparison else None,
         "noise": comparison.noise if comparison else None,
-        "ratio_to_start": ratio_to_start,
+        "ratio_to_start": incumbent_ratio * comparison.ratio if comparison else None,
         "rounds": len(comparison.ratios) if comparison else 0,
         "kept": bool(decision and decision.kept),
         "reason": decision.reason if decision else reason,
     }
 
 
-def alternate(run_incumbent, run_candidate, rounds, left_s, *, reserve_s=0.0, min_rounds=1):
-    """Rounds of the two in turns, the first of each pair alternating, while the budget lasts.
+def alternate(incumbent, candidate, steps, rounds, left_s, *, reserve_s=0.0, min_rounds=1):
+    """Rounds of two `(runner, settings)` in turns, the first of each pair alternating, while the budget lasts.
 
     Args:
-        run_incumbent, run_candidate: each runs one round, returning samples/sec.
-        rounds: the most round pairs to run.
+        incumbent, candidate: `(runner, settings)`; `runner.round(settings, steps)` runs one
+            round and returns `(samples/sec, wall seconds)`.
+        steps: the steps of each round's epochs.
+        rounds: the most round pairs to run; fewer once the decision is clear.
         left_s: returns the seconds of the budget left.
         reserve_s: seconds kept back: after `min_rounds`, no pair starts that
             would eat into them.
         min_rounds: round pairs run whatever the budget.
 
     Returns:
-        The `Comparison` of the rounds run (they stop early once the
-        decision is clear) and the slowest pair's seconds.
+        The `Comparison` of the rounds run and the slowest pair's seconds.
     """
     rates: tuple[list[float], list[float]] = ([], [])
-    order = ((run_incumbent, rates[0]), (run_candidate, rates[1]))
+    order = ((incumbent, rates[0]), (candidate, rates[1]))
     slowest_pair_s = 0.0
     for index in range(rounds):
         if index >= min_rounds and left_s() - reserve_s < slowest_pair_s:
@@ -123,49 +112,30 @@ def alternate(run_incumbent, run_candidate, rounds, left_s, *, reserve_s=0.0, mi
         ):
             break
         started_s = time.perf_counter()
-        for run, values in order if index % 2 == 0 else reversed(order):
-            values.append(run())
+        for (runner, settings), values in order if index % 2 == 0 else reversed(order):
+            values.append(runner.round(settings, steps)[0])
         slowest_pair_s = max(slowest_pair_s, time.perf_counter() - started_s)
     return _decision.Comparison(tuple(rates[0]), tuple(rates[1])), slowest_pair_s
 
 
-def _compare(runner, incumbent, candidate, rounds, steps, clock, reserve_s=0.0, min_rounds=1):
-    return alternate(
-        lambda: runner.round(incumbent, steps)[0],
-        lambda: runner.round(candidate, steps)[0],
-        rounds,
-        clock.left_s,
-        reserve_s=reserve_s,
-        min_rounds=min_rounds,
-    )
-
-
-def _steps_for(settings, step_s, round_s, other=None):
-    spe = int(settings["compile"].get("steps_per_execution", 1))
-    if other is not None:
-        spe = max(spe, int(other["compile"].get("steps_per_execution", 1)))
+def _steps_for(step_s, round_s, *settings):
+    """Steps of a round of each of `settings`: a multiple of their largest steps_per_execution."""
+    spe = max(int(each["compile"].get("steps_per_execution", 1)) for each in settings)
     return _decision.steps_per_round(step_s, round_s, spe)
 
 
-def search(runner, start, *, budget_s, allowed, explain_fn, verbose, confirm=True):
-    """Runs the search; returns the record of `tune.json` (without writing it).
+def search(runner, start, budget_s, allowed, explain_fn, verbose, confirm=True):
+    """Runs the search on a `_measure.Runner`; returns what `tune.json` records of it.
 
-    Args:
-        runner: a `_measure.Runner` over the model.
-        start: the start's settings (`compile`, `data`, `strategy`).
-        budget_s: seconds for the whole search.
-        allowed: knob names that change training, from `_candidates.parse_allow`.
-        explain_fn: `explain_fn(dataset, steps)` gives an `Explanation`.
-        verbose: print each trial as it ends.
-        confirm: run the best and the start side by side at the end; False
-            leaves it to the caller, which measures more knobs first.
+    `explain_fn(dataset, steps)` gives an `Explanation`; `confirm=False` leaves
+    the final side by side of best and start to the caller, which measures more knobs.
     """
     clock = _Clock(budget_s)
     round_s = round_s_for(budget_s)
     say = print if verbose else (lambda *args, **kwargs: None)
 
     # Warm-up: traces the start's train function and times a step.
-    steps = _steps_for(start, 0.01, 0.1)
+    steps = _steps_for(0.01, 0.1, start)
     _, warmup_s = runner.round(start, steps)
     rate, call_s = runner.round(start, steps)
     step_s = runner.global_batch_size(start["data"]) / rate
@@ -173,8 +143,7 @@ def search(runner, start, *, budget_s, allowed, explain_fn, verbose, confirm=Tru
     overhead_s = max(0.0, call_s - EPOCHS * steps * step_s)
     timeline = {"warm_up_s": clock.elapsed_s()}
     notes = []
-    bound = None
-    advised = None
+    bound = advised = None
     explain_steps = max(2, min(_EXPLAIN_MAX_STEPS, int(round_s / step_s)))
     # Explain runs 4 variants over 2 rounds after a warm-up of 2 calls each;
     # two of them run at least 2 calls of K = max(16, 4 x steps_per_execution)
@@ -182,49 +151,41 @@ def search(runner, start, *, budget_s, allowed, explain_fn, verbose, confirm=Tru
     amortized = max(16, 4 * int(start["compile"].get("steps_per_execution", 1)))
     explain_steps_total = 6 * explain_steps + 6 * max(explain_steps, 2 * amortized)
     explain_cost_s = explain_steps_total * step_s + _EXPLAIN_WARMUPS * warmup_s
-    # Kept back from the start for the final side by side of the best and
-    # the start: MIN_ROUNDS round pairs at the start's speed at most.
-    confirm_reserve_s = confirm * (
-        _CONFIRM_MARGIN
-        * _decision.MIN_ROUNDS
-        * 2
-        * (EPOCHS * _steps_for(start, step_s, round_s) * step_s + overhead_s)
-    )
-    explanation = None
-    if (clock.left_s() - confirm_reserve_s) * _EXPLAIN_SHARE > explain_cost_s:
+    # Kept back for the final side by side: MIN_ROUNDS round pairs at the start's speed at most.
+    start_round_s = EPOCHS * _steps_for(step_s, round_s, start) * step_s + overhead_s
+    confirm_reserve_s = confirm * (_CONFIRM_MARGIN * _decision.MIN_ROUNDS * 2 * start_round_s)
+    if (clock.left_s() - confirm_reserve_s) * _EXPLAIN_SHARE <= explain_cost_s:
+        notes.append(
+            f"explain's split was left out: it would take about {explain_cost_s:.0f} s, "
+            f"more than {_EXPLAIN_SHARE:.0%} of the budget; the host-bound order was tried"
+        )
+    else:
         try:
             explanation = explain_fn(runner.dataset(start["data"]), explain_steps)
         except Exception as error:  # a model explain cannot copy or time: tune goes on
             logger.warning("tune: explain could not split the step: %s", error)
             notes.append(f"explain could not split the step ({_first_line(error)})")
-    else:
-        notes.append(
-            f"explain's split was left out: it would take about {explain_cost_s:.0f} s, "
-            f"more than {_EXPLAIN_SHARE:.0%} of the budget; the host-bound order was tried"
-        )
-    if explanation is not None:
-        bound = explanation.verdict.bound
-        advised = explanation.record.get("advised_steps_per_execution")
-        say(f"explain: {explanation.verdict.text} ({explanation.verdict.confidence})")
-        notes.append(f"explain's verdict: {explanation.verdict.text}")
-        timeline["explain_s"] = clock.elapsed_s() - timeline["warm_up_s"]
+        else:
+            bound = explanation.verdict.bound
+            advised = explanation.record.get("advised_steps_per_execution")
+            say(f"explain: {explanation.verdict.text} ({explanation.verdict.confidence})")
+            notes.append(f"explain's verdict: {explanation.verdict.text}")
+            timeline["explain_s"] = clock.elapsed_s() - timeline["warm_up_s"]
     context = _candidates.Context(
         device_kind=runner.device_kind,
         local_replicas=runner.local_replicas,
         pipeline_built=bool(start["data"]),
         arrays=_is_arrays(runner.data),
     )
-    incumbent = start
-    incumbent_ratio = 1.0
-    trials = []
+    incumbent, incumbent_ratio, trials = start, 1.0, []
     if context.pipeline_built:
         trials += [
             trial_record(knob, None, reason="not tried: already AUTOTUNE in distribute")
             for knob in _candidates.AUTOTUNED
         ]
-    start_rates = []
+    # The start's rates of the first comparisons: none until one is measured.
+    start_rates: list[float] = []
     out_of_budget = False
-    measured = 0
     for knob in _candidates.knob_order(bound, allowed):
         reason = _candidates.reason_not_tried(knob, context)
         if reason is not None:
@@ -239,133 +200,104 @@ def search(runner, start, *, budget_s, allowed, explain_fn, verbose, confirm=Tru
             trials.append(trial_record(knob, None, reason=f"not tried: already {current}"))
         for value in values:
             candidate = _candidates.with_value(incumbent, knob, value)
-            steps = _steps_for(incumbent, step_s, round_s, other=candidate)
+            steps = _steps_for(step_s, round_s, incumbent, candidate)
             round_pair_s = 2 * (EPOCHS * steps * step_s + overhead_s)
             rounds = _decision.rounds_affordable(
                 clock.left_s(), round_pair_s, warmup_s, reserve_s=confirm_reserve_s
             )
-            if rounds == 0:
-                if measured == 0:
-                    raise _too_small(budget_s, clock, round_pair_s, warmup_s)
-                trials.append(trial_record(knob, value, reason="not measured: the budget is spent"))
-                out_of_budget = True
-                break
-            try:
-                _, candidate_warmup_s = runner.round(candidate, _steps_for(candidate, step_s, 0.05))
-            except Exception as error:  # a setting this model or device cannot run
-                trials.append(trial_record(knob, value, reason=f"failed: {_first_line(error)}"))
-                logger.warning("tune: %s=%r failed: %s", knob, value, error)
-                break
-            # A larger steps_per_execution traces a longer loop: later
-            # candidates are costed with the slowest warm-up seen.
-            warmup_s = max(warmup_s, candidate_warmup_s)
-            rounds = _decision.rounds_affordable(
-                clock.left_s(), round_pair_s, 0.0, reserve_s=confirm_reserve_s
-            )
+            comparison = None
             if rounds:
-                comparison, slowest_pair_s = _compare(
-                    runner, incumbent, candidate, rounds, steps, clock, confirm_reserve_s
+                try:
+                    _, candidate_warmup_s = runner.round(
+                        candidate, _steps_for(step_s, 0.05, candidate)
+                    )
+                except Exception as error:  # a setting this model or device cannot run
+                    trials.append(trial_record(knob, value, reason=f"failed: {_first_line(error)}"))
+                    logger.warning("tune: %s=%r failed: %s", knob, value, error)
+                    break
+                # A larger steps_per_execution traces a longer loop: later
+                # candidates are costed with the slowest warm-up seen.
+                warmup_s = max(warmup_s, candidate_warmup_s)
+                rounds = _decision.rounds_affordable(
+                    clock.left_s(), round_pair_s, 0.0, reserve_s=confirm_reserve_s
+                )
+            if rounds:
+                comparison, slowest_pair_s = alternate(
+                    (runner, incumbent),
+                    (runner, candidate),
+                    steps,
+                    rounds,
+                    clock.left_s,
+                    reserve_s=confirm_reserve_s,
                 )
                 # What a fit call costs beyond its steps, as the rounds showed.
                 overhead_s = max(overhead_s, slowest_pair_s / 2 - EPOCHS * steps * step_s)
-            if not rounds or len(comparison.ratios) < _decision.MIN_ROUNDS:
-                if measured == 0:
+            if comparison is None or len(comparison.ratios) < _decision.MIN_ROUNDS:
+                if not start_rates:
                     raise _too_small(budget_s, clock, round_pair_s, warmup_s)
                 trials.append(trial_record(knob, value, reason="not measured: the budget is spent"))
                 out_of_budget = True
                 break
-            measured += 1
             if incumbent is start:
                 start_rates.extend(comparison.incumbent_samples_per_sec)
-            decision = _decision.decide(comparison)
-            ratio_to_start = incumbent_ratio * comparison.ratio
-            trial = trial_record(
-                knob,
-                value,
-                comparison=comparison,
-                decision=decision,
-                ratio_to_start=ratio_to_start,
-            )
+            trial = trial_record(knob, value, comparison, incumbent_ratio=incumbent_ratio)
             trial["ended_at_s"] = clock.elapsed_s()
             trials.append(trial)
-            say(
-                f"  {knob}={_report._value(value)}: {comparison.candidate_median:,.0f} "
-                f"samples/sec, {comparison.ratio:.2f}x the incumbent: "
-                f"{'kept' if decision.kept else 'not kept'} ({decision.reason})"
-            )
-            if not decision.kept:
+            say(_report.trial_line(trial))
+            if not trial["kept"]:
                 if comparison.ratio <= 1:
                     break
-                # Faster within the noise: the next, larger value may show more.
-                continue
-            incumbent = candidate
-            incumbent_ratio = ratio_to_start
+                continue  # faster within the noise: the next, larger value may show more
+            incumbent, incumbent_ratio = candidate, trial["ratio_to_start"]
             step_s = runner.global_batch_size(incumbent["data"]) / comparison.candidate_median
-            if knob in _candidates.CHANGES_ROUNDING:
+            if knob in _candidates.CHANGES_ROUNDING + _candidates.CHANGES_TRAINING:
                 notes.append(_candidates.describe_change(knob, value, start))
-            if knob in _candidates.CHANGES_TRAINING:
-                notes.append(_candidates.describe_change(knob, value, start))
-    if not start_rates:
-        start_rates.append(rate)
     timeline["knobs_done_s"] = clock.elapsed_s()
     best = incumbent
-    start_samples_per_sec = _median(start_rates)
+    start_samples_per_sec = statistics.median(start_rates or [rate])
+    ratio, source = incumbent_ratio, "the product of the kept changes' ratios"
     if best is start:
-        best_samples_per_sec, ratio, source = start_samples_per_sec, 1.0, "no change kept"
-    elif not confirm:
-        best_samples_per_sec = start_samples_per_sec * incumbent_ratio
-        ratio, source = incumbent_ratio, "the product of the kept changes' ratios"
-    else:
-        best_samples_per_sec = start_samples_per_sec * incumbent_ratio
-        ratio, source = incumbent_ratio, "the product of the kept changes' ratios"
-        steps = _steps_for(start, step_s * incumbent_ratio, round_s, other=best)
+        source = "no change kept"
+    elif confirm:
+        steps = _steps_for(step_s * incumbent_ratio, round_s, start, best)
         round_pair_s = EPOCHS * steps * step_s * (1 + incumbent_ratio) + 2 * overhead_s
         # Its reserve was kept for it: it runs at least MIN_ROUNDS.
         rounds = max(
             _decision.rounds_affordable(clock.left_s(), round_pair_s, 0.0), _decision.MIN_ROUNDS
         )
-        confirmation = None
-        if rounds:
-            confirmation, _ = _compare(
-                runner, start, best, rounds, steps, clock, min_rounds=_decision.MIN_ROUNDS
-            )
-        if confirmation is not None and len(confirmation.ratios) >= _decision.MIN_ROUNDS:
-            rounds = len(confirmation.ratios)
-            start_samples_per_sec = confirmation.incumbent_median
-            ratio = confirmation.ratio
-            source = f"best against start, {rounds} alternating rounds"
-            verdict = _decision.decide(confirmation)
-            if not verdict.kept:
-                # The changes kept one by one did not hold side by side: never
-                # hand back a setting slower than the start, or one whose gain
-                # the noise could explain.
-                notes.append(
-                    f"the kept changes ran at {ratio:.2f}x the start side by side "
-                    f"({verdict.reason}): the start is kept"
-                )
-                best, ratio = start, 1.0
-                source = f"kept changes not faster than the start in {rounds} alternating rounds"
-            best_samples_per_sec = start_samples_per_sec * ratio
-        else:
-            # Unconfirmed, a product of ratios is no promise: hand back the start.
+        confirmation, _ = alternate(
+            (runner, start),
+            (runner, best),
+            steps,
+            rounds,
+            clock.left_s,
+            min_rounds=_decision.MIN_ROUNDS,
+        )
+        rounds = len(confirmation.ratios)
+        start_samples_per_sec, ratio = confirmation.incumbent_median, confirmation.ratio
+        source = f"best against start, {rounds} alternating rounds"
+        verdict = _decision.decide(confirmation)
+        if not verdict.kept:
+            # Never hand back a setting slower than the start, or one whose
+            # gain the noise could explain.
             notes.append(
-                "the budget left no time to run the kept changes side by side with the "
-                "start: the start is kept"
+                f"the kept changes ran at {ratio:.2f}x the start side by side "
+                f"({verdict.reason}): the start is kept"
             )
-            best, ratio, best_samples_per_sec = start, 1.0, start_samples_per_sec
-            source = "kept changes not confirmed against the start within the budget"
+            best, ratio = start, 1.0
+            source = f"kept changes not faster than the start in {rounds} alternating rounds"
     timeline["end_s"] = clock.elapsed_s()
+    trains_the_same = best is start or not any(
+        trial["kept"] and trial["knob"] in _candidates.CHANGES_TRAINING for trial in trials
+    )
     return {
         "start": {"samples_per_sec": start_samples_per_sec, "settings": start},
         "best": {
-            "samples_per_sec": best_samples_per_sec,
+            "samples_per_sec": start_samples_per_sec * ratio,
             "settings": best,
             "ratio_to_start": ratio,
             "ratio_source": source,
-            "trains_the_same": best is start
-            or not any(
-                trial["kept"] and trial["knob"] in _candidates.CHANGES_TRAINING for trial in trials
-            ),
+            "trains_the_same": trains_the_same,
         },
         "trials": trials,
         "notes": notes,
@@ -375,10 +307,32 @@ def search(runner, start, *, budget_s, allowed, explain_fn, verbose, confirm=Tru
     }
 
 
-def _median(values):
-    import statistics
-
-    return statistics.median(values) if values else None
+def confirm(record, comparison, where=""):
+    """Updates `record` with the side by side of start and best: unless its gain exceeds the noise, the start is handed back."""
+    best, start = record["best"], record["start"]
+    decision = _decision.decide(comparison)
+    rounds = len(comparison.ratios)
+    start["samples_per_sec"] = comparison.incumbent_median
+    if decision.kept:
+        best["ratio_to_start"] = comparison.ratio
+        best["samples_per_sec"] = comparison.incumbent_median * comparison.ratio
+        best["ratio_source"] = f"best against start, {rounds} alternating rounds{where}"
+        return
+    record["notes"].append(
+        f"the kept changes ran at {comparison.ratio:.2f}x the start side by side "
+        f"({decision.reason}): the start is kept"
+    )
+    best.update(
+        settings=start["settings"],
+        samples_per_sec=comparison.incumbent_median,
+        ratio_to_start=1.0,
+        ratio_source=f"kept changes not faster than the start in {rounds} alternating rounds",
+        trains_the_same=True,
+    )
+    for trial in record["trials"]:
+        if trial["kept"]:
+            trial["kept"] = False
+            trial["reason"] += "; not confirmed against the start"
 
 
 def _first_line(error):

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 
+import chart_readback
 import numpy as np
 import pytest
 
@@ -448,7 +449,7 @@ def test_the_sweeps_plot_is_the_chart_of_the_figures_in_scaling_json(sweep):
     scaling = _read_json(log_dir / "scaling.json")
     rows = [_speedup_table.Row(**row) for row in scaling["rows"]]
 
-    rendered = _plot.render(_plot.scaling_chart(rows, scaling["title"]))
+    rendered = chart_readback.render(_plot.scaling_chart(rows, scaling["title"]))
 
     # The same chart gives the same bytes: scaling.png plots these points.
     assert rendered.png == (log_dir / "scaling.png").read_bytes()
@@ -461,7 +462,7 @@ def _rendered_scaling_chart():
 
     # Perfect scaling up to 8 replicas: the last label sits at the top right.
     rows = [_row(replicas, 32, 1.0) for replicas in (1, 2, 4, 8)]
-    return _plot.render(_plot.scaling_chart(rows, "mlp, weak scaling on 8 logical CPU(s)"))
+    return chart_readback.render(_plot.scaling_chart(rows, "mlp, weak scaling on 8 logical CPU(s)"))
 
 
 def _inside(box, bounds):

@@ -7,6 +7,7 @@ each line, the ticks, the box of each text) and from the PNG it wrote.
 import io
 import sys
 
+import chart_readback
 import pytest
 
 from keras_scaling.cli import _plot, _speedup_table
@@ -48,7 +49,7 @@ def _read_png(png):
 def test_the_scaling_chart_plots_the_measured_speedups_and_the_ideal():
     rows = [_row(1, 32, 1.0), _row(2, 32, 0.93), _row(4, 32, 0.81), _row(8, 32, 0.7)]
 
-    rendered = _plot.render(_plot.scaling_chart(rows, "mlp"))
+    rendered = chart_readback.render(_plot.scaling_chart(rows, "mlp"))
 
     assert [(line.label, line.points) for line in rendered.lines] == [
         ("ideal (= replicas)", ((1, 1.0), (2, 2.0), (4, 4.0), (8, 8.0))),
@@ -65,7 +66,7 @@ def test_the_scaling_chart_plots_the_measured_speedups_and_the_ideal():
 def test_the_scaling_chart_of_a_batch_sweep_plots_a_line_per_per_replica_batch():
     rows = _batch_sweep_rows()
 
-    rendered = _plot.render(_plot.scaling_chart(rows, "mlp", by_batch=True))
+    rendered = chart_readback.render(_plot.scaling_chart(rows, "mlp", by_batch=True))
 
     assert [(line.label, line.points) for line in rendered.lines] == [
         ("ideal (= replicas)", ((1, 1.0), (2, 2.0), (4, 4.0))),
@@ -90,7 +91,9 @@ def test_the_efficiency_chart_has_a_line_per_replica_count_and_the_threshold_acr
 
 
 def test_the_efficiency_chart_plots_the_measured_efficiencies():
-    rendered = _plot.render(_plot.efficiency_chart(_batch_sweep_rows(), "mlp", threshold=0.9))
+    rendered = chart_readback.render(
+        _plot.efficiency_chart(_batch_sweep_rows(), "mlp", threshold=0.9)
+    )
 
     by_label = {line.label: line.points for line in rendered.lines}
     assert by_label["2 replicas"] == ((8, 0.6), (32, 0.95))
@@ -112,14 +115,14 @@ def test_the_efficiency_chart_plots_the_measured_efficiencies():
 def test_y_ticks_fall_on_round_numbers(replicas, efficiency, ticks):
     rows = [_row(1, 32, 1.0), _row(replicas, 32, efficiency)]
 
-    rendered = _plot.render(_plot.scaling_chart(rows, "mlp"))
+    rendered = chart_readback.render(_plot.scaling_chart(rows, "mlp"))
 
     assert rendered.y_ticks == ticks
 
 
 def test_tick_text_is_as_short_as_exact():
     # Efficiencies up to 0.95: the y axis reaches 1.14, ticks every 0.25.
-    rendered = _plot.render(_plot.efficiency_chart(_batch_sweep_rows(), "mlp"))
+    rendered = chart_readback.render(_plot.efficiency_chart(_batch_sweep_rows(), "mlp"))
 
     y_ticks = [text.text for text in rendered.texts if text.role == "y tick"]
     assert y_ticks == ["0", "0.25", "0.5", "0.75", "1"]
@@ -128,7 +131,7 @@ def test_tick_text_is_as_short_as_exact():
 def test_batches_a_doubling_apart_are_evenly_spaced_on_the_logarithmic_axis():
     rows = [_row(2, batch, 0.9) for batch in (8, 16, 32, 128)]
 
-    rendered = _plot.render(_plot.efficiency_chart(rows, "mlp"))
+    rendered = chart_readback.render(_plot.efficiency_chart(rows, "mlp"))
 
     centres = [(text.box[0] + text.box[2]) / 2 for text in rendered.texts if text.role == "x tick"]
     gaps = [right - left for left, right in zip(centres, centres[1:])]
@@ -137,7 +140,9 @@ def test_batches_a_doubling_apart_are_evenly_spaced_on_the_logarithmic_axis():
 
 
 def test_no_text_of_the_efficiency_chart_is_clipped_or_overlaps_another():
-    rendered = _plot.render(_plot.efficiency_chart(_batch_sweep_rows(), "mlp, weak scaling"))
+    rendered = chart_readback.render(
+        _plot.efficiency_chart(_batch_sweep_rows(), "mlp, weak scaling")
+    )
 
     roles = {text.role for text in rendered.texts}
     assert roles == {"title", "x label", "y label", "x tick", "y tick", "legend"}
@@ -173,12 +178,12 @@ def test_the_same_chart_gives_the_same_png_whatever_the_users_matplotlibrc():
     import matplotlib
 
     chart = _plot.scaling_chart([_row(1, 32, 1.0), _row(2, 32, 0.9)], "mlp")
-    png = _plot.render(chart).png
+    png = chart_readback.render(chart).png
 
     with matplotlib.rc_context(
         {"font.family": "serif", "axes.edgecolor": "red", "figure.facecolor": "black"}
     ):
-        styled = _plot.render(chart).png
+        styled = chart_readback.render(chart).png
 
     assert styled == png
 
