@@ -15,6 +15,7 @@ spread over rounds.
 """
 
 import argparse
+import inspect
 import os
 import statistics
 import sys
@@ -49,16 +50,20 @@ SETUP = {
 
 def write_points(points):
     """(caller seconds per point, process CPU seconds per point) of one writer's fit."""
-    lock = threading.RLock()
     figures = {"startup_time_s": None}
 
     def record():
         return _run_record.build_record(SETUP, startup_time_s=figures["startup_time_s"])
 
-    writer = ThroughputWriter(tempfile.mkdtemp(), record, lock)
+    # Trees of this release take (log_dir, record); earlier ones also a lock,
+    # held while the figures change, and a `start` call.
+    lock = threading.RLock()
+    takes_lock = "lock" in inspect.signature(ThroughputWriter).parameters
+    writer = ThroughputWriter(tempfile.mkdtemp(), record, *([lock] if takes_lock else []))
     cpu_start_s = time.process_time()
     start_s = time.perf_counter()
-    writer.start()
+    if hasattr(writer, "start"):
+        writer.start()
     for step in range(1, points + 1):
         with lock:
             figures["startup_time_s"] = step * 0.001
