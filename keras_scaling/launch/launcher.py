@@ -169,9 +169,6 @@ class _Worker:
         for thread in self.threads:
             thread.start()
 
-    def poll(self):
-        return self.process.poll()
-
     def signal_group(self, signum):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.pgid, signum)
@@ -326,11 +323,10 @@ def _launch_once(
     if network.warning:
         print(f"keras-scaling launch: warning: {network.warning}", file=stderr, flush=True)
 
-    write_lock = threading.Lock()
     workers = []
     with _signals_received() as signals:
         try:
-            streams = (stdout, stderr, write_lock, network.preexec_fn)
+            streams = (stdout, stderr, threading.Lock(), network.preexec_fn)
             for index in range(num_workers):
                 settings = worker_env(env, ports, index, cpu_devices)
                 workers.append(_Worker(index, list(command), settings, *streams))
@@ -369,13 +365,13 @@ def _supervise(workers, grace_period_s, signals):
                 return LaunchResult(EXIT_PREEMPTED, returncodes, interrupted=True, message=message)
             message = f"interrupted by {name}; stopped the workers"
             return LaunchResult(128 + first, returncodes, interrupted=True, message=message)
-        returncodes = [worker.poll() for worker in workers]
+        returncodes = [worker.process.poll() for worker in workers]
         failed = next((w for w, code in zip(workers, returncodes) if code not in (None, 0)), None)
         if failed is not None:
             if failed.process.returncode == EXIT_PREEMPTED:
                 # Its peers saved at the same step and are exiting too.
                 _wait(_all_exited, workers, grace_period_s, signals, len(signals))
-            running = [worker for worker in workers if worker.poll() is None]
+            running = [worker for worker in workers if worker.process.poll() is None]
             _stop(running, [signal.SIGTERM, signal.SIGKILL], grace_period_s, signals)
             code = failed.process.returncode
             message = f"worker {failed.index} exited with {_describe_status(code)}"
@@ -402,12 +398,12 @@ def _wait(condition, workers, timeout_s, signals=None, since=0):
 
 
 def _all_exited(workers):
-    return all(worker.poll() is not None for worker in workers)
+    return all(worker.process.poll() is not None for worker in workers)
 
 
 def _all_gone(workers):
     for worker in workers:
-        worker.poll()  # reaps it
+        worker.process.poll()  # reaps it
     return not any(worker.group_alive() for worker in workers)
 
 
