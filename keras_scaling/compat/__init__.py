@@ -1,11 +1,5 @@
-"""Fixes for Keras 3 defects of `model.fit` under `tf.distribute`.
-
-Each fix (`steps_per_execution`, `symbolic_build`, `scalar_reduce`,
-`multi_worker_epoch`) replaces one function of Keras' TensorFlow trainer,
-only when the installed Keras has the defect; `disable()` puts the original
-back. keras_scaling enables them whenever it meets a strategy with more than
-one replica; `KERAS_SCALING_NO_COMPAT=1` keeps Keras untouched. The compat
-guide lists the defects, their upstream issues and symptoms.
+"""Fixes for Keras 3 defects of `model.fit` under `tf.distribute`, each replacing one function
+of Keras' TensorFlow trainer when the installed Keras has the defect (see the compat guide).
 """
 
 import dataclasses
@@ -59,10 +53,7 @@ def _guard_probe(fix):
         f"compat.{fix.NAME}",
         reaches=f"the Keras code behind {fix.ISSUE} (the {fix.NAME} fix)",
         lost=f"the {fix.NAME} fix stays off ({fix.SUMMARY})",
-        workaround=(
-            "Check keras_scaling.compat.status(), and see 'Supported versions' "
-            "in keras_scaling's README."
-        ),
+        workaround="See keras_scaling.compat.status() and 'Supported versions' in the README.",
         fallback=(False, "the installed Keras could not be read (see the warning)"),
     )(fix.probe)
 
@@ -259,13 +250,12 @@ def disable(name: str | None = None) -> CompatStatus:
 def enable_for(
     strategy: "tf.distribute.Strategy", model: "keras.Model | None" = None
 ) -> CompatStatus:
-    """Apply the fixes a strategy with several replicas needs; cheap, call it whenever one is met.
+    """Apply the fixes a strategy with several replicas needs, but those `disable()` turned off.
 
-    It leaves off the fixes `disable()` turned off. With `model` (from
-    `on_train_begin` or later), a train or test function built without the
-    `steps_per_execution` fix is rebuilt with it, so the `fit` in progress
-    uses it. `symbolic_build` and `multi_worker_epoch` act when `fit` starts,
-    before any callback: enable them before (`auto_strategy()` does).
+    With `model` (from `on_train_begin` or later), a train or test function
+    built without the `steps_per_execution` fix is rebuilt with it.
+    `symbolic_build` and `multi_worker_epoch` act before any callback: enable
+    them before `fit` (`auto_strategy()` does).
 
     Args:
         strategy: a `tf.distribute.Strategy`.
@@ -282,9 +272,7 @@ def enable_for(
     ```python
     class MyCallback(keras.callbacks.Callback):
         def on_train_begin(self, logs=None):
-            keras_scaling.compat.enable_for(
-                self.model.distribute_strategy, model=self.model
-            )
+            keras_scaling.compat.enable_for(self.model.distribute_strategy, model=self.model)
     ```
     """
     _enable_for_quietly(strategy, model)
@@ -313,24 +301,17 @@ def _restore(names):
         restored = []
         for name in [name for name in names if name in _active]:
             owner, attribute, original, replacement = _active.pop(name)
-            if owner.__dict__.get(attribute) is replacement:
-                setattr(owner, attribute, original)
-                restored.append(name)
-            else:
+            if owner.__dict__.get(attribute) is not replacement:
                 logger.warning(
-                    "keras_scaling.compat: %s.%s was replaced by other code after the %s fix; left as it is",
-                    owner.__name__,
-                    attribute,
-                    name,
+                    "keras_scaling.compat: other code replaced the %s fix; left as is", name
                 )
+                continue
+            setattr(owner, attribute, original)
+            restored.append(name)
         if restored:
             logger.info("keras_scaling.compat: restored Keras' own %s", ", ".join(restored))
 
 
-_MULTI_WORKER_METRICS_WARNING = (
-    "keras_scaling.compat: Keras %s reports wrong loss and metric values under "
-    "MultiWorkerMirroredStrategy (the training is right): pip install 'keras>=3.10'"
-)
 _multi_worker_metrics_warned = False
 
 
@@ -340,7 +321,11 @@ def _warn_about_multi_worker_metrics(strategy):
         return
     if _keras_trainer.is_multi_worker_collective(strategy):
         _multi_worker_metrics_warned = True
-        logger.warning(_MULTI_WORKER_METRICS_WARNING, _keras_source.keras_version())
+        logger.warning(
+            "keras_scaling.compat: Keras %s reports wrong loss and metric values under "
+            "MultiWorkerMirroredStrategy (the training is right): pip install 'keras>=3.10'",
+            _keras_source.keras_version(),
+        )
 
 
 def _rebuild_functions_built_without_fix(model):

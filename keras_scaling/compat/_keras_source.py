@@ -1,8 +1,4 @@
-"""Reading the installed Keras' source and version to decide whether a fix applies.
-
-Probes create no tensor, device or strategy, so they are safe before
-`use_logical_cpus` and cannot clash with the user's collectives.
-"""
+"""Reading the installed Keras' source and version (no tensor, device or strategy is created)."""
 
 import inspect
 import re

@@ -1,9 +1,4 @@
-"""Where Keras keeps its TensorFlow trainer: the one place that names it.
-
-The trainer module is private and changes between releases (Keras 3.8 to
-3.15 call the class `TensorFlowTrainer`, the next release `Trainer`); the
-fixes get None here when it cannot be found, and report themselves off.
-"""
+"""Where Keras keeps its TensorFlow trainer (private, renamed between releases): None when not found."""
 
 import importlib
 
@@ -12,39 +7,12 @@ from keras_scaling.internals import _probes
 
 _TRAINER_MODULE = "keras.src.backend.tensorflow.trainer"
 _DATASET_ADAPTER_MODULE = "keras.src.trainers.data_adapters.tf_dataset_adapter"
-# The trainer class's name in each Keras release, newest first.
-_TRAINER_CLASS_NAMES = ("Trainer", "TensorFlowTrainer")
-
-_LOST = (
-    "the keras_scaling.compat fixes (steps_per_execution > 1 on several "
-    "replicas, fit under MultiWorkerMirroredStrategy) cannot be applied"
-)
-_WORKAROUND = (
-    "Use steps_per_execution=1 with several replicas, or a Keras release "
-    "listed under 'Supported versions' in keras_scaling's README."
-)
-
-
-def _find_trainer_class(module):
-    import keras
-
-    for candidate in keras.Model.__mro__:
-        if (
-            candidate.__module__ == module.__name__
-            and module.__dict__.get(candidate.__name__) is candidate
-        ):
-            return candidate
-    raise AttributeError(
-        f"keras.Model inherits from no class of {_TRAINER_MODULE} (Keras 3.8 to "
-        f"3.15 call it {' or '.join(reversed(_TRAINER_CLASS_NAMES))})"
-    )
+_LOST = "the keras_scaling.compat fixes (steps_per_execution > 1, fit on several workers) are off"
+_WORKAROUND = "Use steps_per_execution=1, or a Keras of 'Supported versions' in the README."
 
 
 @_probes.guarded(
-    "keras.trainer_module",
-    reaches=_TRAINER_MODULE,
-    lost=_LOST,
-    workaround=_WORKAROUND,
+    "keras.trainer_module", reaches=_TRAINER_MODULE, lost=_LOST, workaround=_WORKAROUND
 )
 def trainer_module():
     """Keras' TensorFlow trainer module, or None when it is not where it was."""
@@ -58,20 +26,27 @@ def trainer_module():
     workaround=_WORKAROUND,
 )
 def trainer_class():
-    """Keras' TensorFlow trainer class (`TensorFlowTrainer` or `Trainer`), or None."""
+    """The class of the trainer module `keras.Model` inherits from (`TensorFlowTrainer` up to
+    Keras 3.15, `Trainer` since), or None."""
+    import keras
+
     module = trainer_module()
-    return None if module is None else _find_trainer_class(module)
+    if module is None:
+        return None
+    for candidate in keras.Model.__mro__:
+        if (
+            candidate.__module__ == module.__name__
+            and getattr(module, candidate.__name__, None) is candidate
+        ):
+            return candidate
+    raise AttributeError(f"keras.Model inherits from no class of {_TRAINER_MODULE}")
 
 
 @_probes.guarded(
     "keras.tf_dataset_adapter",
     reaches=f"{_DATASET_ADAPTER_MODULE}.TFDatasetAdapter",
-    lost="the multi_worker_epoch fix (whole epochs of a worker's share under "
-    "MultiWorkerMirroredStrategy) cannot be applied",
-    workaround=(
-        "Under MultiWorkerMirroredStrategy, pass steps_per_epoch= to fit "
-        "(the batches of each worker's dataset times the number of workers)."
-    ),
+    lost="the multi_worker_epoch fix (whole epochs on several workers) is off",
+    workaround="Pass fit steps_per_epoch= (a worker's batches times the number of workers).",
 )
 def dataset_adapter_class():
     """Keras' adapter class for `tf.data.Dataset` inputs, or None."""
@@ -91,6 +66,5 @@ def is_multi_worker_collective(strategy):
     keras_test = module_function("_collective_all_reduce_multi_worker")
     if keras_test is not None:
         return keras_test(strategy)
-    return isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) and (
-        _topology.num_workers(strategy) > 1
-    )
+    multi_worker = isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+    return multi_worker and _topology.num_workers(strategy) > 1

@@ -1,12 +1,5 @@
-"""Fix: a whole epoch on every worker for datasets TensorFlow does not shard.
-
-Under `MultiWorkerMirroredStrategy` with `AutoShardPolicy.OFF` (a worker's
-own share, as `keras_scaling.data.distribute` makes it) one batch lasts
-`num_workers` steps, but Keras counts one step per batch (the cardinality)
-and stops each epoch after `1 / num_workers` of the data. The replacement
-`TFEpochIterator.__init__` gives exactly those iterators an adapter whose
-`num_batches` is `num_workers` times the cardinality; all else is Keras'.
-"""
+"""Fix: under `MultiWorkerMirroredStrategy` a batch of a dataset with `AutoShardPolicy.OFF` lasts
+`num_workers` steps, so its epoch is `num_workers` times the cardinality, not the cardinality."""
 
 import functools
 
@@ -48,35 +41,25 @@ def probe():
         )
     num_batches_source, init_source = sources
     if _keras_source.contains(r"auto_shard|num_workers", num_batches_source + init_source):
-        return False, (
-            "Keras now looks at sharding or workers when it counts the steps of a tf.data.Dataset"
-        )
+        return False, "Keras now counts a dataset's steps by its sharding or workers"
     if _keras_source.contains(r"cardinality", num_batches_source):
-        return True, (
-            "TFDatasetAdapter.num_batches is the dataset's cardinality, one "
-            "step per batch, whatever the workers and the sharding"
-        )
+        return True, "TFDatasetAdapter.num_batches is the cardinality, whatever the sharding"
     return False, "TFDatasetAdapter.num_batches no longer reads the cardinality"
 
 
 def steps_per_batch(strategy, dataset):
     """The steps one batch lasts: `num_workers` for a multi-worker strategy with sharding off, else 1."""
-    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) or not isinstance(
-        dataset, tf.data.Dataset
-    ):
-        return 1
-    workers = _topology.num_workers(strategy)
-    if workers < 2:
+    multi_worker = isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+    if not multi_worker or not isinstance(dataset, tf.data.Dataset):
         return 1
     policy = dataset.options().experimental_distribute.auto_shard_policy
     if policy != tf.data.experimental.AutoShardPolicy.OFF:
         return 1
-    return workers
+    return _topology.num_workers(strategy)
 
 
 @functools.cache
 def _worker_share_adapter_class(keras_adapter_class):
-    """A subclass of Keras' dataset adapter whose epoch lasts the steps it takes."""
 
     class _WorkerShareAdapter(keras_adapter_class):  # type: ignore[valid-type, misc]
         def __init__(self, adapter, steps_per_batch):
@@ -99,13 +82,11 @@ def make_replacement(original_init):
         keras_adapter_class = _keras_trainer.dataset_adapter_class()
         if type(adapter) is not keras_adapter_class:
             return
-        factor = steps_per_batch(
-            getattr(self, "_distribute_strategy", None), adapter.get_tf_dataset()
-        )
+        strategy = getattr(self, "_distribute_strategy", None)
+        factor = steps_per_batch(strategy, adapter.get_tf_dataset())
         if factor > 1:
-            self.data_adapter = _worker_share_adapter_class(keras_adapter_class)(  # type: ignore[arg-type]
-                adapter, factor
-            )
+            adapter_class = _worker_share_adapter_class(keras_adapter_class)  # type: ignore[arg-type]
+            self.data_adapter = adapter_class(adapter, factor)
             self._num_batches = self.data_adapter.num_batches
 
     return __init__

@@ -1,9 +1,4 @@
-"""Fix for tensorflow/tensorflow#72388: scalar metrics on several workers.
-
-Keras averages step outputs with `strategy.reduce("MEAN", value, axis=0)`,
-which fails on scalars under `MultiWorkerMirroredStrategy` ("Invalid
-reduction dimension 0 for input with 0 dimensions"); scalars get `axis=None`.
-"""
+"""Fix for tensorflow/tensorflow#72388: scalars are averaged with `axis=None`, not `axis=0`."""
 
 import keras
 
@@ -32,32 +27,21 @@ def probe():
     source = _keras_source.source_of(reduce_per_replica)
     if source is None:
         return _keras_source.by_version("the axis=0 reduction of scalars")
-    if _keras_source.contains(
-        r"strategy\.reduce\(\s*[\"']MEAN[\"']\s*,\s*v\s*,\s*axis=0\s*\)", source
-    ):
-        return True, (
-            "reduce_per_replica averages every output with axis=0 under "
-            "MultiWorkerMirroredStrategy, scalars included"
-        )
-    return False, (
-        "reduce_per_replica no longer reduces with axis=0 under MultiWorkerMirroredStrategy"
-    )
-
-
-def _is_scalar(value, strategy):
-    return _topology.local_copy(value, strategy).shape.rank == 0
+    axis_0 = r"strategy\.reduce\(\s*[\"']MEAN[\"']\s*,\s*v\s*,\s*axis=0\s*\)"
+    if _keras_source.contains(axis_0, source):
+        return True, "reduce_per_replica averages every output with axis=0, scalars included"
+    return False, "reduce_per_replica no longer averages with axis=0"
 
 
 def make_replacement(original_reduce_per_replica):
 
     def reduce_per_replica(values, strategy, reduction):
-        if reduction not in ("auto", "mean") or not (
-            _keras_trainer.is_multi_worker_collective(strategy)
-        ):
+        multi_worker = _keras_trainer.is_multi_worker_collective(strategy)
+        if reduction not in ("auto", "mean") or not multi_worker:
             return original_reduce_per_replica(values, strategy, reduction)
 
         def reduce_one(value):
-            if _is_scalar(value, strategy):
+            if _topology.local_copy(value, strategy).shape.rank == 0:
                 return strategy.reduce("MEAN", value, axis=None)
             return original_reduce_per_replica(value, strategy, reduction)
 

@@ -1,12 +1,5 @@
-"""Fix for keras-team/keras#19246: `steps_per_execution > 1` on several replicas.
-
-Keras runs the fused steps in a `tf.while_loop` that calls the per-step
-`tf.function` inside a `tf.cond`, where it loses its captured inputs under a
-mirrored strategy ("You must feed a value for placeholder tensor
-'while/cond/Placeholder'"). The replacement inlines the step in the loop
-body. Only mirrored strategies with several replicas, in graph mode without
-`jit_compile`, get it; `predict` has no nested loop and is left as it is.
-"""
+"""Fix for keras-team/keras#19246: the per-step `tf.function` that Keras calls inside `tf.cond`
+loses its captured inputs under a mirrored strategy; the step is inlined in the loop instead."""
 
 import tensorflow as tf
 
@@ -36,49 +29,32 @@ def probe():
     source = _keras_source.source_of(trainer._make_function)
     if source is None:
         return _keras_source.by_version("the nested per-step function")
-    nested = _keras_source.contains(
-        r"one_step_on_data\s*=\s*tf\.function\(", source
-    ) and _keras_source.contains(r"tf\.cond\(", source)
-    if nested:
-        return True, (
-            f"{trainer.__name__}._make_function calls the per-step tf.function "
-            "inside tf.cond in its steps_per_execution loop"
-        )
-    return False, (
-        f"{trainer.__name__}._make_function no longer calls a per-step tf.function inside tf.cond"
-    )
+    name = f"{trainer.__name__}._make_function"
+    per_step_function = _keras_source.contains(r"one_step_on_data\s*=\s*tf\.function\(", source)
+    if per_step_function and _keras_source.contains(r"tf\.cond\(", source):
+        return True, f"{name} calls the per-step tf.function inside tf.cond"
+    return False, f"{name} no longer calls a per-step tf.function inside tf.cond"
 
 
 def make_replacement(original_make_function):
 
     def _make_function(self, step_function):
         keras_function = original_make_function(self, step_function)
-        if (
-            self.steps_per_execution == 1
-            or self.run_eagerly
-            or self.jit_compile
-            or not _is_mirrored_with_several_replicas(self.distribute_strategy)
-        ):
-            function = keras_function
-        else:
-            function = _fused_function(self, step_function, keras_function)
+        strategy = self.distribute_strategy
+        mirrored = (tf.distribute.MirroredStrategy, tf.distribute.MultiWorkerMirroredStrategy)
+        function = keras_function
+        if not (self.steps_per_execution == 1 or self.run_eagerly or self.jit_compile):
+            if isinstance(strategy, mirrored) and _topology.num_replicas(strategy) > 1:
+                function = _fused_function(self, step_function, keras_function)
         setattr(function, BUILT_BY_FIX, True)
         return function
 
     return _make_function
 
 
-def _is_mirrored_with_several_replicas(strategy):
-    return _topology.num_replicas(strategy) > 1 and isinstance(
-        strategy,
-        (tf.distribute.MirroredStrategy, tf.distribute.MultiWorkerMirroredStrategy),
-    )
-
-
 def _fused_function(self, step_function, keras_function):
-    """Up to `steps_per_execution` steps per call in one `tf.function`, with Keras' semantics:
-    a partial last execution, the last step's outputs, `StopIteration` without a batch.
-    Not unrolled: each unrolled copy of the step would need a `tf.cond` again."""
+    """Up to `steps_per_execution` steps per call in one `tf.function`, with Keras' semantics
+    (partial last execution, last step's outputs); not unrolled, as each copy would need a tf.cond."""
 
     def one_step_on_data(data):
         outputs = self.distribute_strategy.run(step_function, args=(data,))
@@ -99,10 +75,7 @@ def _fused_function(self, step_function, keras_function):
         empty_outputs = tf.experimental.Optional.empty(None)
 
         def cond(execution_step, optional_outputs, optional_inputs):
-            return tf.logical_and(
-                tf.less(execution_step, steps_per_execution),
-                optional_inputs.has_value(),
-            )
+            return tf.logical_and(execution_step < steps_per_execution, optional_inputs.has_value())
 
         def body(execution_step, optional_outputs, optional_inputs):
             outputs = tf.experimental.Optional.from_value(
@@ -117,15 +90,8 @@ def _fused_function(self, step_function, keras_function):
             )
             return execution_step + 1, outputs, optional_inputs
 
-        _, optional_outputs, _ = tf.while_loop(
-            cond,
-            body,
-            loop_vars=[
-                tf.constant(0),
-                empty_outputs,
-                iterator.get_next_as_optional(),
-            ],
-        )
+        loop_vars = [tf.constant(0), empty_outputs, iterator.get_next_as_optional()]
+        _, optional_outputs, _ = tf.while_loop(cond, body, loop_vars=loop_vars)
         optional_outputs._element_spec = empty_outputs.element_spec
         return optional_outputs
 
