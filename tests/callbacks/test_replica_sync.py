@@ -6,13 +6,7 @@ a layer that assigns to an aggregation-"none" weight in `call`.
 """
 
 import gc
-import json
 import logging
-import os
-import signal
-import subprocess
-import sys
-import textwrap
 import weakref
 
 import keras
@@ -26,8 +20,6 @@ from keras_scaling.replica_sync.replica_sync_check import ReplicaDivergenceError
 from keras_scaling.summaries import _tensorboard
 
 pytestmark = pytest.mark.logical_cpus(2)
-
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.fixture(scope="module", params=["default all-reduce", "ReductionToOneDevice"])
@@ -488,107 +480,3 @@ def test_one_replica_does_nothing_and_says_so_once(caplog):
 def test_check_without_a_model_says_how_to_give_one():
     with pytest.raises(ValueError, match="needs a model"):
         ReplicaSyncCheck().check()
-
-
-# --- several workers ----------------------------------------------------------
-
-_WORKER = textwrap.dedent(
-    """
-    import json, sys
-    import numpy as np
-    import tensorflow as tf
-    import keras
-    import keras_scaling
-    from keras_scaling.replica_sync.replica_sync_check import ReplicaDivergenceError
-
-    strategy = keras_scaling.auto_strategy()
-    index = keras_scaling.describe_strategy(strategy).worker_index
-    out_path = f"{sys.argv[1]}/worker{index}.json"
-    with strategy.scope():
-        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3), keras.layers.Dense(1)])
-        model.compile(optimizer="sgd", loss="mse")
-    check = keras_scaling.ReplicaSyncCheck(every_n_steps=2)
-    check.set_model(model)
-    healthy = check.check()
-    if index == 1:
-        copy = strategy.experimental_local_results(model.layers[1].kernel.value)[0]
-        copy.assign(copy + 1.0)
-    diverged = check.check()
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(64, 4)).astype("float32")
-    dataset = tf.data.Dataset.from_tensor_slices((x, x[:, :1])).batch(8).repeat()
-    options = tf.data.Options()
-    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-    outcome = {
-        "healthy": [v.path for v in healthy.divergences],
-        "diverged": [v.path for v in diverged.divergences],
-        "replicas": list(diverged.divergences[0].difference.differing_replicas),
-        "devices": list(diverged.divergences[0].devices),
-        "num_workers": diverged.num_workers,
-        "num_replicas": diverged.num_replicas,
-    }
-    try:
-        model.fit(dataset.with_options(options), steps_per_epoch=6, callbacks=[check], verbose=0)
-    except ReplicaDivergenceError as error:
-        outcome["raised_at_step"] = error.report.step
-    repair = keras_scaling.ReplicaSyncCheck(every_n_steps=2, on_divergence="resync")
-    model.fit(dataset.with_options(options), steps_per_epoch=4, callbacks=[repair], verbose=0)
-    after = repair.check()
-    outcome["after_resync"] = [v.path for v in after.variables]
-    outcome["steps_after_resync"] = after.step
-    with open(out_path, "w") as file:
-        json.dump(outcome, file)
-    """
-)
-
-
-@pytest.mark.logical_cpus(1)
-@pytest.mark.timeout(240)
-def test_a_divergence_on_one_worker_gives_every_worker_the_same_verdict_and_repair(tmp_path):
-    script = tmp_path / "worker.py"
-    script.write_text(_WORKER)
-    command = [
-        sys.executable,
-        "-m",
-        "keras_scaling",
-        "launch",
-        "--workers",
-        "2",
-        "--cpu-devices",
-        "2",
-        "--grace-period",
-        "2",
-        "--",
-        sys.executable,
-        str(script),
-        str(tmp_path),
-    ]
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO)
-    launcher = subprocess.Popen(
-        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    try:
-        output = launcher.communicate(timeout=180)[0]
-    except subprocess.TimeoutExpired:
-        # The launcher stops its workers on SIGTERM.
-        launcher.send_signal(signal.SIGTERM)
-        output = launcher.communicate(timeout=30)[0]
-        pytest.fail(f"the workers did not finish within 180 s:\n{output[-4000:]}")
-    finally:
-        if launcher.poll() is None:
-            launcher.kill()
-            launcher.wait()
-    assert launcher.returncode == 0, output[-4000:]
-    outcomes = [json.loads((tmp_path / f"worker{i}.json").read_text()) for i in range(2)]
-    for outcome in outcomes:
-        assert outcome["healthy"] == []
-        assert outcome["diverged"] == ["sequential/dense_1/kernel"]
-        # 2 workers x 2 logical CPUs: worker 1's first copy is replica 2.
-        assert outcome["replicas"] == [2]
-        assert outcome["devices"][0].endswith("/task:1/device:CPU:0")
-        assert (outcome["num_workers"], outcome["num_replicas"]) == (2, 4)
-    # Both workers stop at the same step: the check at the start of training.
-    assert outcomes[0]["raised_at_step"] == outcomes[1]["raised_at_step"] == 0
-    # "resync" repairs every worker's copies alike, and training goes on.
-    for outcome in outcomes:
-        assert outcome["after_resync"] == [] and outcome["steps_after_resync"] == 4

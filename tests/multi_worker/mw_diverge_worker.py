@@ -21,11 +21,13 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out-dir", required=True)
     args = parser.parse_args()
+    diverge(keras_scaling.auto_strategy(), args.out_dir)
 
-    strategy = keras_scaling.auto_strategy()
+
+def diverge(strategy, out_dir):
     info = keras_scaling.describe_strategy(strategy)
     name = f"worker{info.worker_index}"
-    mw_common.record_pid(args.out_dir, name)
+    mw_common.record_pid(out_dir, name)
 
     x, y = mw_common.make_data(64)
     train = data.distribute(
@@ -55,7 +57,7 @@ def main():
         )
         print(f"ReplicaDivergenceError at step {outcome['step']}")
     outcome["iterations"] = int(model.optimizer.iterations.numpy())
-    mw_common.write_json(os.path.join(args.out_dir, f"{name}.json"), outcome)
+    mw_common.write_json(os.path.join(out_dir, f"{name}.json"), outcome)
 
 
 if __name__ == "__main__":

@@ -33,21 +33,23 @@ class _EpochSteps(keras.callbacks.Callback):
 
 
 def _count_input_timing_calls():
-    """Counts the advice's timings of the input pipeline (each still runs)."""
+    """Counts the advice's timings of the input pipeline (each still runs) from now on."""
     from keras_scaling.throughput import _input_timing
 
     calls = []
-    timing = _input_timing.input_samples_per_sec
+    timing = getattr(_input_timing.input_samples_per_sec, "__wrapped__", None)
+    timing = timing or _input_timing.input_samples_per_sec
 
     def counted(*args, **kwargs):
         calls.append(1)
         return timing(*args, **kwargs)
 
+    counted.__wrapped__ = timing
     _input_timing.input_samples_per_sec = counted
     return calls
 
 
-def main():
+def parse_args(argv=None):
     parser = argparse.ArgumentParser()
     parser.add_argument("--out-dir", required=True)
     parser.add_argument("--log-dir", required=True)
@@ -62,10 +64,18 @@ def main():
         "low-efficiency advice time the input pipeline",
     )
     parser.add_argument("--update-freq", type=int, default=2)
-    args = parser.parse_args()
-    timing_calls = _count_input_timing_calls()
+    return parser.parse_args(argv)
 
+
+def main():
+    args = parse_args()
     strategy = keras_scaling.auto_strategy()
+    train(strategy, args)
+
+
+def train(strategy, args):
+    """Trains and writes what the worker saw; `args` as `parse_args` gives them."""
+    timing_calls = _count_input_timing_calls()
     info = keras_scaling.describe_strategy(strategy)
     name = f"worker{info.worker_index}"
     mw_common.record_pid(args.out_dir, name)

@@ -1,7 +1,9 @@
 """Training on 2 workers x 2 logical CPUs (4 replicas), started by `keras-scaling launch`.
 
-Each test launches real worker processes on 127.0.0.1 (the scripts beside
-this file), bounded by a timeout, and reads back what every worker wrote.
+The tests launch real worker processes on 127.0.0.1 (the scripts beside
+this file), bounded by a timeout, and read back what every worker wrote.
+Several tests read one launch whose workers run their scenarios in turn
+(`mw_scenarios_worker.py`): each start of TensorFlow costs seconds of CPU.
 """
 
 import glob
@@ -79,7 +81,7 @@ def run_command(command, cwd=REPO, timeout_s=LAUNCH_TIMEOUT_S):
     return process.returncode, out, err
 
 
-def launch(script, *script_args, workers=2, cpu_devices=2):
+def launch(script, *script_args, workers=2, cpu_devices=2, timeout_s=LAUNCH_TIMEOUT_S):
     command = [
         sys.executable,
         "-m",
@@ -96,7 +98,7 @@ def launch(script, *script_args, workers=2, cpu_devices=2):
         os.path.join(HERE, script),
         *script_args,
     ]
-    return run_command(command)
+    return run_command(command, timeout_s=timeout_s)
 
 
 def read_json(path):
@@ -127,23 +129,37 @@ def writer_pid(event_file):
     return int(re.search(r"\.(\d+)\.\d+(?:\.v2)?$", event_file).group(1))
 
 
-# --- fit and evaluate on 2 workers, with the adapter and both callbacks ------
+# --- one launch, its scenarios in turn (mw_scenarios_worker.py) --------------
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    out_dir = str(tmp_path_factory.mktemp("trained"))
-    log_dir = os.path.join(out_dir, "logs")
+def scenarios(tmp_path_factory):
+    """The output directory and stdout of one launch that ran every scenario to the end."""
+    out_dir = str(tmp_path_factory.mktemp("scenarios"))
     try:
         returncode, out, err = launch(
-            "mw_train_worker.py", "--out-dir", out_dir, "--log-dir", log_dir
+            "mw_scenarios_worker.py", out_dir, timeout_s=2 * LAUNCH_TIMEOUT_S
         )
     finally:
         left = kill_recorded_workers(out_dir)
     assert returncode == 0, details(returncode, out, err)
     assert not left, f"worker processes {left} outlived the launcher"
-    workers = [read_json(os.path.join(out_dir, f"worker{i}.json")) for i in (0, 1)]
-    return {"out_dir": out_dir, "log_dir": log_dir, "workers": workers, "out": out}
+    return out_dir, out
+
+
+def scenario_reports(scenarios, name):
+    out_dir, _ = scenarios
+    return [read_json(os.path.join(out_dir, name, f"worker{i}.json")) for i in (0, 1)]
+
+
+# --- fit and evaluate on 2 workers, with the adapter and both callbacks ------
+
+
+@pytest.fixture(scope="module")
+def trained(scenarios):
+    out_dir = os.path.join(scenarios[0], "train")
+    workers = scenario_reports(scenarios, "train")
+    return {"out_dir": out_dir, "log_dir": os.path.join(out_dir, "logs"), "workers": workers}
 
 
 def test_two_workers_with_two_cpus_each_make_four_replicas(trained):
@@ -224,15 +240,9 @@ def test_throughput_is_written_by_the_chief_only(trained):
 # --- a divergence on one worker stops both ------------------------------------
 
 
-def test_a_divergence_on_worker_1_stops_both_workers_at_the_same_step(tmp_path):
-    out_dir = str(tmp_path)
-    try:
-        returncode, out, err = launch("mw_diverge_worker.py", "--out-dir", out_dir)
-    finally:
-        left = kill_recorded_workers(out_dir)
-    assert returncode == 0, details(returncode, out, err)
-    assert not left
-    outcomes = [read_json(os.path.join(out_dir, f"worker{i}.json")) for i in (0, 1)]
+def test_a_divergence_on_worker_1_stops_both_workers_at_the_same_step(scenarios):
+    out = scenarios[1]
+    outcomes = scenario_reports(scenarios, "diverge")
     for outcome in outcomes:
         assert outcome["error"] == "ReplicaDivergenceError", outcome
         assert outcome["step"] is not None
@@ -242,6 +252,47 @@ def test_a_divergence_on_worker_1_stops_both_workers_at_the_same_step(tmp_path):
         assert f"[worker {index}] ReplicaDivergenceError at step" in out
     # The report names the variable that was changed.
     assert all("kernel" in outcome["message"] for outcome in outcomes)
+
+
+# --- the advice's input timing: no sample twice, none left out ----------------
+# Under MultiWorkerMirroredStrategy only the chief times the input pipeline
+# (when ThroughputLogger's efficiency is low). Its timing must not change the
+# order the chief's data draws next, or the chief and the other worker would
+# disagree on the permutation from then on.
+
+TIMED_SAMPLES = 192
+TIMED_EPOCHS = 3
+
+
+def test_every_sample_is_trained_once_per_epoch_when_the_advice_times_the_input(scenarios):
+    workers = scenario_reports(scenarios, "input_timing")
+
+    assert workers[0]["input_timing_calls"] >= 1  # the advice fired on the chief
+    assert workers[1]["input_timing_calls"] == 0
+    for epoch in map(str, range(TIMED_EPOCHS)):
+        ids_0, ids_1 = (worker["ids_by_epoch"][epoch] for worker in workers)
+        assert len(ids_0) == len(set(ids_0)) == TIMED_SAMPLES // 2, epoch
+        assert len(ids_1) == len(set(ids_1)) == TIMED_SAMPLES // 2, epoch
+        assert set(ids_0) | set(ids_1) == set(range(TIMED_SAMPLES)), epoch
+
+
+# --- ReplicaSyncCheck: every worker gets the same verdict and repair ----------
+
+
+def test_a_divergence_on_one_worker_gives_every_worker_the_same_verdict_and_repair(scenarios):
+    outcomes = scenario_reports(scenarios, "resync")
+    for outcome in outcomes:
+        assert outcome["healthy"] == []
+        assert outcome["diverged"] == ["sequential/dense_1/kernel"]
+        # 2 workers x 2 logical CPUs: worker 1's first copy is replica 2.
+        assert outcome["replicas"] == [2]
+        assert outcome["devices"][0].endswith("/task:1/device:CPU:0")
+        assert (outcome["num_workers"], outcome["num_replicas"]) == (2, 4)
+    # Both workers stop at the same step: the check at the start of training.
+    assert outcomes[0]["raised_at_step"] == outcomes[1]["raised_at_step"] == 0
+    # "resync" repairs every worker's copies alike, and training goes on.
+    for outcome in outcomes:
+        assert outcome["after_resync"] == [] and outcome["steps_after_resync"] == 4
 
 
 # --- a killed worker: the launcher stops the others; a relaunch resumes -------
