@@ -16,7 +16,7 @@ def _split_top_level(text: str, parameter: str) -> list[str]:
     entries: list[str] = []
     current, depth = "", 0
     comma_pending = True  # a comma waits for the entry that must follow it
-    for char in text:
+    for char in text + ",":  # the closing comma ends the last entry, and refuses a trailing comma
         if char == "[":
             depth += 1
             if depth > 1:
@@ -37,10 +37,6 @@ def _split_top_level(text: str, parameter: str) -> list[str]:
         current += char
     if depth:
         raise ValueError(f"{parameter}: '[' without ']' in {text!r}")
-    if current:
-        entries.append(current)
-    elif comma_pending:
-        raise ValueError(f"{parameter}: empty entry between commas in {text!r}")
     return entries
 
 

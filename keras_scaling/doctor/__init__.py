@@ -70,10 +70,8 @@ def _tf_config_line(config: dict[str, Any]) -> str:
     return f"TF_CONFIG is set: {len(addresses)} worker address(es) ({shown}); this task is {this}"
 
 
-def _own_port(
-    strategy: "tf.distribute.Strategy", num_workers: int
-) -> tuple[str | None, int | None]:
-    """This worker's host:port and port in the strategy's cluster; None without a server."""
+def _own_port(strategy: "tf.distribute.Strategy", num_workers: int) -> tuple:
+    """This worker's host:port and port in the strategy's cluster; `(None, None)` without a server."""
     resolver = getattr(strategy, "cluster_resolver", None)
     if num_workers < 2 or resolver is None:
         return None, None

@@ -51,11 +51,10 @@ def exchange_reports(strategy, report, num_workers, wait_s):
         return gather_reports(strategy, report)
     prefix = f"keras_scaling/doctor/{next(_exchange_numbers)}"
     store.set_config_key_value(f"{prefix}/report/{report['worker']}", json.dumps(report))
-    reports = []
-    for index in range(num_workers):
-        text = _wait_for_key(store, f"{prefix}/report/{index}", wait_s)
-        if text is not None:
-            reports.append(json.loads(text))
+    texts = [
+        _wait_for_key(store, f"{prefix}/report/{index}", wait_s) for index in range(num_workers)
+    ]
+    reports = [json.loads(text) for text in texts if text is not None]
     if report["worker"] != 0:
         store.set_config_key_value(f"{prefix}/read/{report['worker']}", "1")
     else:
