@@ -32,8 +32,12 @@ def read_one_epoch(strategy, dataset, name):
 
 
 def main():
-    out_dir, data_dir = sys.argv[1], sys.argv[2]
-    strategy = keras_scaling.auto_strategy()
+    wrap(keras_scaling.auto_strategy(), sys.argv[1], sys.argv[2])
+    # Skips TensorFlow's shutdown barrier, which waits ~20 s for the cluster.
+    os._exit(0)
+
+
+def wrap(strategy, out_dir, data_dir):
     info = keras_scaling.describe_strategy(strategy)
     report = {
         "worker_index": info.worker_index,
@@ -71,8 +75,6 @@ def main():
     with open(path + ".partial", "w") as file:
         json.dump(report, file)
     os.replace(path + ".partial", path)
-    # Skips TensorFlow's shutdown barrier, which waits ~20 s for the cluster.
-    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Worker of the tests that share one launch: their scenarios in turn, in one process.
 
 Run under `keras-scaling launch --workers 2 --cpu-devices 2 -- python
-mw_scenarios_worker.py OUT_DIR`. Starting TensorFlow and the cluster costs
+mw_scenarios_worker.py OUT_DIR DATA_DIR`. Starting TensorFlow and the cluster costs
 each process seconds of CPU time, so one strategy serves, in this order:
 
 - `OUT_DIR/train`: training with the adapter and both callbacks
@@ -10,7 +10,9 @@ each process seconds of CPU time, so one strategy serves, in this order:
   baseline so high that the low-efficiency advice times the input pipeline;
 - `OUT_DIR/diverge`: worker 1 alone changes a copy of a kernel before `fit`
   (`mw_diverge_worker.py`);
-- `OUT_DIR/resync`: ReplicaSyncCheck's verdict and repair (`mw_resync_worker.py`).
+- `OUT_DIR/resync`: ReplicaSyncCheck's verdict and repair (`mw_resync_worker.py`);
+- `OUT_DIR/data_wrapping`: every source of `tests/workers/data_wrapping_sources.py`,
+  written to DATA_DIR, read for an epoch and trained on (`mw_data_wrapping_worker.py`).
 
 Each writes what its test reads to its directory.
 """
@@ -19,16 +21,17 @@ import os
 import sys
 
 import mw_common
+import mw_data_wrapping_worker
 import mw_diverge_worker
 import mw_resync_worker
 import mw_train_worker
 
 import keras_scaling
 
-SCENARIOS = ("train", "input_timing", "diverge", "resync")
+SCENARIOS = ("train", "input_timing", "diverge", "resync", "data_wrapping")
 
 
-def main(out_dir):
+def main(out_dir, data_dir):
     strategy = keras_scaling.auto_strategy()
     index = keras_scaling.describe_strategy(strategy).worker_index
     mw_common.record_pid(out_dir, f"worker{index}")
@@ -50,7 +53,8 @@ def main(out_dir):
     )
     mw_diverge_worker.diverge(strategy, directories["diverge"])
     mw_resync_worker.resync(strategy, directories["resync"])
+    mw_data_wrapping_worker.wrap(strategy, directories["data_wrapping"], data_dir)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[2])

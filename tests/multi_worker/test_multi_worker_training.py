@@ -21,6 +21,9 @@ import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(REPO, "tests", "workers"))
+import data_wrapping_sources as sources  # noqa: E402
+
 LAUNCH_TIMEOUT_S = 180
 
 pytestmark = pytest.mark.timeout(2 * LAUNCH_TIMEOUT_S + 60)
@@ -136,9 +139,11 @@ def writer_pid(event_file):
 def scenarios(tmp_path_factory):
     """The output directory and stdout of one launch that ran every scenario to the end."""
     out_dir = str(tmp_path_factory.mktemp("scenarios"))
+    data_dir = str(tmp_path_factory.mktemp("wrapping_data"))
+    sources.write_all(data_dir)
     try:
         returncode, out, err = launch(
-            "mw_scenarios_worker.py", out_dir, timeout_s=2 * LAUNCH_TIMEOUT_S
+            "mw_scenarios_worker.py", out_dir, data_dir, timeout_s=2 * LAUNCH_TIMEOUT_S
         )
     finally:
         left = kill_recorded_workers(out_dir)
@@ -293,6 +298,70 @@ def test_a_divergence_on_one_worker_gives_every_worker_the_same_verdict_and_repa
     # "resync" repairs every worker's copies alike, and training goes on.
     for outcome in outcomes:
         assert outcome["after_resync"] == [] and outcome["steps_after_resync"] == 4
+
+
+# --- the data people already have: every source of data_wrapping_sources ----
+# Each is read for one epoch through the strategy and trained on with `fit`;
+# each test checks one property over both workers' reports.
+
+
+@pytest.fixture(scope="module")
+def reports(scenarios):
+    return scenario_reports(scenarios, "data_wrapping")
+
+
+def _per_source(reports, name):
+    return [report["sources"][name] for report in reports]
+
+
+@pytest.mark.parametrize("name", list(sources.SOURCES))
+def test_every_sample_once_per_epoch_across_two_workers(reports, name):
+    ids = [set(result["ids"]) for result in _per_source(reports, name)]
+    assert not ids[0] & ids[1], "a sample was read by both workers"
+    all_ids = [value for result in _per_source(reports, name) for value in result["ids"]]
+    assert sorted(all_ids) == list(range(sources.SOURCES[name][0]))
+
+
+@pytest.mark.parametrize("name", list(sources.SOURCES))
+def test_global_batch_is_split_over_four_replicas(reports, name):
+    for result in _per_source(reports, name):
+        assert result["per_replica_batch_size"] == sources.SOURCE_BATCH_SIZE
+        assert result["global_batch_size"] == 4 * sources.SOURCE_BATCH_SIZE
+        assert result["replica_batch_sizes"] == [sources.SOURCE_BATCH_SIZE]
+
+
+@pytest.mark.parametrize("name", list(sources.SOURCES))
+def test_every_worker_runs_the_same_planned_steps(reports, name):
+    results = _per_source(reports, name)
+    planned = results[0]["planned_steps"]
+    assert [result["steps"] for result in results] == [planned, planned]
+    assert [result["planned_steps"] for result in results] == [planned, planned]
+
+
+@pytest.mark.parametrize("name", list(sources.SOURCES))
+def test_fit_trains_on_two_workers(reports, name):
+    for result in _per_source(reports, name):
+        assert result["fit_steps"] == result["fit_planned_steps"] > 0
+        assert result["loss"] == result["loss"]  # not NaN
+
+
+def test_files_and_items_are_split_by_source(reports):
+    modes = {
+        name: {result["shard_mode"] for result in _per_source(reports, name)}
+        for name in sources.SOURCES
+    }
+    assert modes["image_dataset_from_directory"] == {"file"}
+    assert modes["text_dataset_from_directory"] == {"file"}
+    assert modes["py_dataset"] == {"item"}
+    assert modes["batched_pipeline"] == {"element"}
+
+
+def test_each_worker_begins_and_ends_its_py_dataset_epochs_in_pairs(reports):
+    # One fit epoch per worker, each on its own PyDataset. Under this strategy
+    # the model is built from a first batch read beforehand; on data this
+    # small that read is a whole pass, so it can count as one more epoch.
+    for result in _per_source(reports, "py_dataset"):
+        assert result["epochs_begun"] == result["epochs_ended"] in (1, 2)
 
 
 # --- a killed worker: the launcher stops the others; a relaunch resumes -------
