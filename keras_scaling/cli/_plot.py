@@ -47,11 +47,7 @@ def efficiency_plot_png(rows, title, threshold=0.9):
 
 
 def scaling_chart(rows, title, by_batch=False):
-    """Measured speedup (each point labelled with its efficiency) and the ideal against replicas.
-
-    The ideal is the table's: replicas over the baseline's replicas. With
-    `by_batch`, one measured line per per-replica batch.
-    """
+    """Speedup (points labelled with their efficiency) and the table's ideal against replicas; with `by_batch`, a line per batch."""
     ideal = sorted(
         {(row.replicas, row.ideal_speedup) for row in rows if not math.isnan(row.ideal_speedup)}
     )

@@ -176,16 +176,12 @@ def tune(
 ) -> TuneResult:
     """Finds faster settings for training `model` on `data`, by measurement.
 
-    Each knob's values run in alternating rounds of real `model.fit` calls
-    with the incumbent, and a change is kept only when its median gain
-    exceeds the rounds' noise and 5%; at the end the best runs side by side
-    with the start once more, and unless that gain too exceeds the noise the
-    start is handed back. The knobs and what each changes in training are
-    in the tune guide. The model trains while it is measured; its weights,
-    optimizer state and compile settings are put back afterwards. The
-    all-reduce and the CPU thread pools are fixed when a process makes its
-    strategy and devices, so only `keras-scaling tune` measures them; here
-    `strategy_kwargs` and `cpu_kwargs` stay empty.
+    A change is kept only when its median gain over alternating rounds of real
+    `model.fit` calls exceeds the noise and 5%, and the best must beat the start
+    side by side at the end (the tune guide has the knobs). The model trains while
+    it is measured and is put back afterwards. Only `keras-scaling tune` measures
+    the all-reduce and the CPU thread pools: here `strategy_kwargs` and `cpu_kwargs`
+    stay empty.
 
     Args:
         model: a compiled `keras.Model`, built in `strategy`'s scope.

@@ -86,20 +86,10 @@ def trial_record(knob, value, comparison=None, *, incumbent_ratio=1.0, reason=""
 
 
 def alternate(incumbent, candidate, steps, rounds, left_s, *, reserve_s=0.0, min_rounds=1):
-    """Rounds of two `(runner, settings)` in turns, the first of each pair alternating, while the budget lasts.
+    """Up to `rounds` pairs of rounds of two `(runner, settings)`, the first of each pair alternating.
 
-    Args:
-        incumbent, candidate: `(runner, settings)`; `runner.round(settings, steps)` runs one
-            round and returns `(samples/sec, wall seconds)`.
-        steps: the steps of each round's epochs.
-        rounds: the most round pairs to run; fewer once the decision is clear.
-        left_s: returns the seconds of the budget left.
-        reserve_s: seconds kept back: after `min_rounds`, no pair starts that
-            would eat into them.
-        min_rounds: round pairs run whatever the budget.
-
-    Returns:
-        The `Comparison` of the rounds run and the slowest pair's seconds.
+    After `min_rounds`, no pair starts that would eat into `reserve_s` of `left_s()`, and the
+    pairs stop once the decision is clear. Returns the `Comparison` and the slowest pair's seconds.
     """
     rates: tuple[list[float], list[float]] = ([], [])
     order = ((incumbent, rates[0]), (candidate, rates[1]))
