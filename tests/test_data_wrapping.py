@@ -263,10 +263,10 @@ def test_unknown_length_is_counted_once_and_logged(caplog):
 
 
 def test_counting_time_is_estimated_from_the_pace_of_the_first_elements():
-    from keras_scaling.data import _counting
+    from keras_scaling.data import _sources
 
-    assert _counting.estimated_seconds(2.0, 1024, 10_240) == 18.0
-    assert _counting.estimated_seconds(2.0, 1024, -2) is None  # unknown total
+    assert _sources.estimated_seconds(2.0, 1024, 10_240) == 18.0
+    assert _sources.estimated_seconds(2.0, 1024, -2) is None  # unknown total
 
 
 def test_num_samples_saves_the_count_of_a_generator():

@@ -85,19 +85,6 @@ def test_tf_config_worker_count_counts_chief_and_workers(monkeypatch):
     assert strategies._tf_config_worker_count() == 3
 
 
-def test_only_cpu_work_is_done_when_a_call_returns_and_only_under_synchronous_execution():
-    from keras_scaling.devices import _topology
-
-    assert _topology.work_done_on_return("CPU")
-    assert not _topology.work_done_on_return("GPU")
-    assert not _topology.work_done_on_return("TPU")
-    tf.config.experimental.set_synchronous_execution(False)
-    try:
-        assert not _topology.work_done_on_return("CPU")
-    finally:
-        tf.config.experimental.set_synchronous_execution(True)
-
-
 def test_read_int_reads_a_step_counter_and_a_tensor_without_a_handle():
     import keras
 

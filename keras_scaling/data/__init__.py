@@ -9,7 +9,7 @@ from typing import Any
 import tensorflow as tf
 
 from keras_scaling import _validation, devices
-from keras_scaling.data import _input_plan, _keras_epochs, _pipeline, _sources
+from keras_scaling.data import _input_plan, _passes, _pipeline, _sources
 from keras_scaling.data._input_plan import InputPlan
 
 __all__ = ["InputPlan", "describe", "distribute", "global_batch_size", "plan_of"]
@@ -133,27 +133,16 @@ def distribute(
 
     compat.enable_for(strategy)
     pipeline_options = dict(
-        prefetch_batches=prefetch_batches,
-        private_threadpool_size=private_threadpool_size,
+        prefetch_batches=prefetch_batches, private_threadpool_size=private_threadpool_size,
         max_intra_op_parallelism=max_intra_op_parallelism,
-    )
+    )  # fmt: skip
     for name, value in pipeline_options.items():
         pipeline_options[name] = _validation.optional_positive_int(value, name)
     return _distribute_for(
-        data,
-        info,
-        per_replica_batch_size=per_replica_batch_size,
-        global_batch_size=global_batch_size,
-        shuffle=shuffle,
-        seed=seed,
-        last_batch=last_batch,
-        shard=shard,
-        cache=cache,
-        parse_fn=parse_fn,
-        num_samples=num_samples,
-        output_signature=output_signature,
-        pipeline_options=pipeline_options,
-    )
+        data, info, per_replica_batch_size=per_replica_batch_size, global_batch_size=global_batch_size,
+        shuffle=shuffle, seed=seed, last_batch=last_batch, shard=shard, cache=cache, parse_fn=parse_fn,
+        num_samples=num_samples, output_signature=output_signature, pipeline_options=pipeline_options,
+    )  # fmt: skip
 
 
 def _distribute_for(data, info, *, pipeline_options=None, **kwargs):
@@ -162,7 +151,7 @@ def _distribute_for(data, info, *, pipeline_options=None, **kwargs):
     for message in plan.warnings:
         logger.warning("%s", message)
     logger.info("%s", plan)
-    if not _keras_epochs.install() and plan.shuffle and plan.num_workers > 1:
+    if not _passes.install() and plan.shuffle and plan.num_workers > 1:
         logger.warning("%s", UNNUMBERED_PASSES_WARNING)
     cache = kwargs.get("cache", False)
     build = functools.partial(
@@ -239,20 +228,10 @@ def plan_of(dataset: tf.data.Dataset) -> InputPlan | None:
 
 
 def _make_plan(
-    data,
-    info,
-    *,
-    per_replica_batch_size=None,
-    global_batch_size=None,
-    shuffle=None,
-    seed=None,
-    last_batch="drop",
-    shard="auto",
-    cache=False,
-    parse_fn=None,
-    num_samples=None,
+    data, info, *, per_replica_batch_size=None, global_batch_size=None, shuffle=None, seed=None,
+    last_batch="drop", shard="auto", cache=False, parse_fn=None, num_samples=None,
     output_signature=None,
-):
+):  # fmt: skip
     # TPUs need the same shapes on every step.
     static_shapes = info.device_kind == "TPU" or info.kind.startswith("TPU")
     _input_plan.check_last_batch(
@@ -294,36 +273,24 @@ def _make_plan(
     schedule = _input_plan.schedule_epoch(worker_sizes, global_size, last_batch)
     shuffle = source.default_shuffle if shuffle is None else shuffle
     small_batch = _input_plan.small_batch_warning(per_replica, info.device_kind)
-    return (
-        InputPlan(
-            num_examples=source.num_examples,
-            num_replicas=info.num_replicas,
-            num_workers=info.num_workers,
-            worker_index=info.worker_index,
-            per_replica_batch_size=per_replica,
-            global_batch_size=global_size,
-            steps_per_epoch=schedule.steps_per_epoch,
-            last_batch=last_batch,
-            shard_mode=shard_mode,
-            shard_reason=shard_reason,
-            samples_dropped_per_epoch=schedule.samples_dropped,
-            samples_padded_per_epoch=schedule.samples_padded,
-            worker_examples=schedule.examples_per_worker[info.worker_index],
-            shuffle=shuffle,
-            seed=DEFAULT_SEED if seed is None else int(seed),
-            num_files=source.num_files,
-            worker_files=len(file_assignment[info.worker_index]) if file_assignment else None,
-            device_kind=info.device_kind,
-            strategy=info.kind,
-            warnings=tuple(message for message in (shard_warning, small_batch) if message),
-            source_kind=source.kind,
-            notes=_source_notes(source, shuffle, sizes, per_replica),
-            file_unit=unit,
-        ),
-        source,
-        schedule,
-        file_assignment,
-    )
+    plan = InputPlan(
+        num_examples=source.num_examples, num_replicas=info.num_replicas,
+        num_workers=info.num_workers, worker_index=info.worker_index,
+        per_replica_batch_size=per_replica, global_batch_size=global_size,
+        steps_per_epoch=schedule.steps_per_epoch, last_batch=last_batch,
+        shard_mode=shard_mode, shard_reason=shard_reason,
+        samples_dropped_per_epoch=schedule.samples_dropped,
+        samples_padded_per_epoch=schedule.samples_padded,
+        worker_examples=schedule.examples_per_worker[info.worker_index],
+        shuffle=shuffle, seed=DEFAULT_SEED if seed is None else int(seed),
+        num_files=source.num_files,
+        worker_files=len(file_assignment[info.worker_index]) if file_assignment else None,
+        device_kind=info.device_kind, strategy=info.kind,
+        warnings=tuple(message for message in (shard_warning, small_batch) if message),
+        source_kind=source.kind, notes=_source_notes(source, shuffle, sizes, per_replica),
+        file_unit=unit,
+    )  # fmt: skip
+    return plan, source, schedule, file_assignment
 
 
 def _source_notes(source, shuffle, sizes_given, per_replica):

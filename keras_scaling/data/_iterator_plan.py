@@ -25,28 +25,21 @@ def global_batch_size(given, iterator, element_spec, num_replicas):
     """
     from keras_scaling import data
 
+    specs = tf.nest.flatten(element_spec, expand_composites=True)
     sizes = {
         spec.shape[0]
-        for spec in tf.nest.flatten(element_spec, expand_composites=True)
+        for spec in specs
         if getattr(spec, "shape", None) is not None and spec.shape.rank
     }
-    per_replica = sizes.pop() if len(sizes) == 1 else None
-    if given is not None:
-        if per_replica is not None and per_replica * num_replicas != given:
-            logger.warning(
-                "ThroughputLogger: global_batch_size=%d, but the data's batches hold %d samples per replica x %d replicas = %d",
-                given,
-                per_replica,
-                num_replicas,
-                per_replica * num_replicas,
-            )
-        size = given
-    else:
-        dataset = distributed_dataset(iterator)
-        plan = None if dataset is None else data.plan_of(dataset)
-        size = None if plan is None else plan.global_batch_size
-    if size is None and per_replica is not None:
-        size = per_replica * num_replicas
+    static = sizes.pop() * num_replicas if len(sizes) == 1 and None not in sizes else None
+    if given is not None and static is not None and static != given:
+        logger.warning(
+            "ThroughputLogger: global_batch_size=%d, but the data's batches hold %d samples over %d replicas",
+            given, static, num_replicas,
+        )  # fmt: skip
+    plan = None if given is not None else data.plan_of(distributed_dataset(iterator))
+    size = given if plan is None else plan.global_batch_size
+    size = static if size is None else size
     if size is None:
         raise GlobalBatchSizeUnknown(
             f"ThroughputLogger cannot tell the global batch size: the training data's batch dimension is not static (element_spec: {element_spec}). Pass ThroughputLogger(global_batch_size=<samples per step over all replicas>), or batch with drop_remainder=True (as keras_scaling.data.distribute does)."
@@ -68,8 +61,7 @@ def distribute_dataset_behind(dataset):
     """The dataset of `distribute` among `dataset` and those it was made from, or None."""
     from keras_scaling import data
 
-    pending = [dataset]
-    seen = set()
+    pending, seen = [dataset], set()
     while pending:
         dataset = pending.pop()
         if not isinstance(dataset, tf.data.Dataset) or id(dataset) in seen:

@@ -10,17 +10,12 @@ SHUFFLE_BUFFER_ELEMENTS = 10_000
 
 
 def build(
-    source,
-    plan,
-    schedule,
-    file_assignment,
-    parse_fn,
-    cache,
-    prefetch_batches=None,
-    private_threadpool_size=None,
-    max_intra_op_parallelism=None,
+    source, plan, schedule, file_assignment, parse_fn, cache, prefetch_batches=None, **threading
 ):
-    """The batched, prefetched dataset of this worker, with a pass counter of its own."""
+    """The batched, prefetched dataset of this worker, with a pass counter of its own.
+
+    `threading`: `tf.data.Options().threading` settings, such as `private_threadpool_size`.
+    """
     counter = _passes.PassCounter()
     if isinstance(source, _sources.ArraySource) and parse_fn is None:
         dataset = _batched_array_rows(source, plan, schedule, counter)
@@ -35,10 +30,9 @@ def build(
     # The split between workers is done above; TensorFlow must not split again
     # (AUTO would read every file on every worker: tensorflow#49048).
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-    if private_threadpool_size is not None:
-        options.threading.private_threadpool_size = private_threadpool_size
-    if max_intra_op_parallelism is not None:
-        options.threading.max_intra_op_parallelism = max_intra_op_parallelism
+    for name, value in threading.items():
+        if value is not None:
+            setattr(options.threading, name, value)
     dataset = dataset.with_options(options).prefetch(prefetch_batches or tf.data.AUTOTUNE)
     setattr(dataset, _passes.COUNTER_ATTRIBUTE, counter)
     return dataset
@@ -101,6 +95,7 @@ def _batched_elements(source, plan, schedule, file_assignment, parse_fn, cache, 
     load = _loader(source, parse_fn)
     raw, raw_size = _raw_elements(source, plan, file_assignment)
     raw_of_pass = raw if callable(raw) else lambda pass_index: raw
+    first_pass = tf.constant(0, tf.int64)
     buffer_size = min(raw_size, SHUFFLE_BUFFER_ELEMENTS)
     if plan.shuffle and not cache:
         # The same order of the whole data on every worker, each keeping its positions.
@@ -108,7 +103,7 @@ def _batched_elements(source, plan, schedule, file_assignment, parse_fn, cache, 
             counter, lambda index: _shuffle(raw_of_pass(index), plan, buffer_size, index)
         )
     else:
-        stream = raw_of_pass(None)
+        stream = raw_of_pass(first_pass)
     if plan.shard_mode == "element":
         stream = stream.shard(plan.num_workers, plan.worker_index)
     stream = stream.map(load, num_parallel_calls=tf.data.AUTOTUNE)
@@ -125,7 +120,7 @@ def _batched_elements(source, plan, schedule, file_assignment, parse_fn, cache, 
         if isinstance(source, _py_dataset.PyDatasetSource):
             first = tf.data.Dataset.from_tensors(source.first_sample)
         else:
-            first = raw_of_pass(None).take(1).map(load)
+            first = raw_of_pass(first_pass).take(1).map(load)
         padding = first.map(lambda *element: (_py_dataset.unpack(element), 0.0))
     read_to_end = isinstance(source, _py_dataset.PyDatasetSource)
     stream = _keep_or_pad(stream, schedule, plan, padding, read_to_end=read_to_end)
@@ -136,8 +131,7 @@ def _batched_elements(source, plan, schedule, file_assignment, parse_fn, cache, 
 
 
 def _raw_elements(source, plan, file_assignment):
-    """`(elements, count)`: this worker's unparsed elements, a dataset or a function of the pass
-    index (None: pass 0's order)."""
+    """`(elements, count)`: this worker's unparsed elements, a dataset or a function of the pass."""
     if isinstance(source, _sources.ArraySource):
         return tf.data.Dataset.from_tensor_slices(source.arrays), source.num_examples
     if isinstance(source, _sources.DatasetSource):
@@ -149,7 +143,7 @@ def _raw_elements(source, plan, file_assignment):
 
         def samples_of_pass(pass_index):
             return _py_dataset.sample_stream(
-                source, items, shuffle=plan.shuffle, seed=plan.seed, pass_index=_or_0(pass_index)
+                source, items, shuffle=plan.shuffle, seed=plan.seed, pass_index=pass_index
             )
 
         return samples_of_pass, sum(source.item_sizes[index] for index in items)
@@ -171,7 +165,7 @@ def _raw_elements(source, plan, file_assignment):
     def records_of_pass(pass_index):
         ordered = files
         if plan.shuffle and len(paths) > 1:
-            ordered = _shuffle(files, plan, len(paths), _or_0(pass_index))
+            ordered = _shuffle(files, plan, len(paths), pass_index)
         return ordered.interleave(
             tf.data.TFRecordDataset,
             cycle_length=min(len(paths), 8),
@@ -180,10 +174,6 @@ def _raw_elements(source, plan, file_assignment):
         )
 
     return records_of_pass, count
-
-
-def _or_0(pass_index):
-    return tf.constant(0, tf.int64) if pass_index is None else pass_index
 
 
 def _in_path_order(source):
@@ -198,11 +188,8 @@ def _in_path_order(source):
 
 
 def _select(elements, positions, num_elements):
-    keep = tf.scatter_nd(
-        tf.constant([[position] for position in positions], tf.int64),
-        tf.ones([len(positions)], tf.bool),
-        [num_elements],
-    )
+    chosen = set(positions)
+    keep = tf.constant([position in chosen for position in range(num_elements)])
     chosen = elements.enumerate().filter(lambda position, _: keep[position]).map(lambda _, e: e)
     return chosen.apply(tf.data.experimental.assert_cardinality(len(positions))), len(positions)
 

@@ -39,10 +39,10 @@ def as_fit_layout(item):
     """`item` as a tuple `(x,)`, `(x, y)` or `(x, y, sample_weight)`, without trailing `None`s."""
     if not isinstance(item, tuple):
         return (item,)
-    items = list(item)
-    while items and items[-1] is None:
-        items.pop()
-    return tuple(items)
+    item = tuple(item)
+    while item and item[-1] is None:
+        item = item[:-1]
+    return item
 
 
 def unpack(element):

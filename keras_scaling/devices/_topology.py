@@ -13,16 +13,13 @@ def _local_devices(strategy: tf.distribute.Strategy) -> tuple[str, ...]:
     except RuntimeError:
         # The default strategy has no device list: it runs where TensorFlow
         # places ops, the first GPU if there is one.
-        gpus = tf.config.list_logical_devices("GPU")
-        cpus = tf.config.list_logical_devices("CPU")
-        return ((gpus or cpus)[0].name,)
+        devices = tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("CPU")
+        return (devices[0].name,)
 
 
 def _device_kind(device_names: Iterable[str]) -> str:
-    for kind in ("TPU", "GPU"):
-        if any(f"{kind}:" in name.upper() for name in device_names):
-            return kind
-    return "CPU"
+    names = " ".join(device_names).upper()
+    return next((kind for kind in ("TPU", "GPU") if f"{kind}:" in names), "CPU")
 
 
 def _is_multi_worker(strategy: tf.distribute.Strategy) -> bool:
@@ -85,8 +82,7 @@ def is_chief(strategy: tf.distribute.Strategy) -> bool:
     Example:
 
     ```python
-    if keras_scaling.devices.is_chief(tf.distribute.get_strategy()):
-        print("this worker writes the logs")
+    keras_scaling.devices.is_chief(tf.distribute.get_strategy())   # True
     ```
     """
     return not _is_multi_worker(strategy) or bool(strategy.extended.should_checkpoint)
@@ -147,11 +143,6 @@ def read_int(variable: Any) -> int:
         except (TypeError, ValueError, AttributeError):
             pass  # not a plain resource variable: read it the usual way
     return int(variable.numpy())
-
-
-def work_done_on_return(device_kind: str) -> bool:
-    """Whether a `tf.function` call returns with its work done: on CPUs under synchronous execution."""
-    return device_kind == "CPU" and tf.config.experimental.get_synchronous_execution()
 
 
 def replica_device_names(strategy: tf.distribute.Strategy) -> list[str]:

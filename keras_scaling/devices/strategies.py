@@ -26,7 +26,6 @@ from keras_scaling.devices._topology import (
 from keras_scaling.internals import _probes
 from keras_scaling.launch._environment import CPU_DEVICES_ENV as _CPU_DEVICES_ENV
 
-# The package's names, each defined or re-exported here.
 __all__ = list(devices.__all__)
 
 logger = logging.getLogger("keras_scaling")
@@ -111,8 +110,7 @@ def tf_config() -> dict[str, Any]:
     """The parsed `TF_CONFIG` environment variable (a cluster and this task in it), or `{}`.
 
     Returns:
-        dict, such as `{"cluster": {"worker": [...]}, "task": {"type": "worker",
-        "index": 0}}`, or `{}` when unset or empty.
+        dict, such as `{"cluster": {"worker": [...]}, "task": {"type": "worker", "index": 0}}`.
 
     Raises:
         ValueError: `TF_CONFIG` is not valid JSON, or not a JSON object.
@@ -123,9 +121,7 @@ def tf_config() -> dict[str, Any]:
     workers = keras_scaling.devices.tf_config().get("cluster", {}).get("worker", [])
     ```
     """
-    raw = os.environ.get("TF_CONFIG")
-    if not raw:
-        return {}
+    raw = os.environ.get("TF_CONFIG") or "{}"
     try:
         config = json.loads(raw)
     except json.JSONDecodeError as error:
@@ -196,8 +192,8 @@ def auto_strategy(
     spec = cluster.resolve_cluster()
     if _trains_with_others(spec) and spec.source in ("slurm", "kubernetes"):
         _cluster_tf.check_addresses(spec)
-    if _trains_with_others(spec) and spec.source == "slurm":
-        _cluster_tf.bind_task_gpus(spec)
+        if spec.source == "slurm":
+            _cluster_tf.bind_task_gpus(spec)
     _apply_cpu_devices_from_env(spec)
     strategy, reason = _choose_strategy(spec, _cross_device_ops(cross_device_ops), options)
     if spec is not None:
@@ -248,13 +244,11 @@ def _cross_device_ops(name: str | None) -> Any:
     choices = {"reduction_to_one_device": tf.distribute.ReductionToOneDevice}
     choices["hierarchical_copy"] = tf.distribute.HierarchicalCopyAllReduce
     choices["nccl"] = tf.distribute.NcclAllReduce
-    if name is None:
-        return None
-    if name not in choices:
+    if name is not None and name not in choices:
         raise ValueError(
             f"cross_device_ops must be one of {', '.join(sorted(choices))} or None, got {name!r}"
         )
-    return choices[name]()
+    return None if name is None else choices[name]()
 
 
 def _communication_options(communication: str | None, bytes_per_pack: int | None) -> Any:
@@ -279,9 +273,7 @@ def _communication_options(communication: str | None, bytes_per_pack: int | None
 
 
 def _choose_strategy(
-    spec: "cluster.ClusterSpec | None" = None,
-    cross_device_ops: Any = None,
-    communication_options: Any = None,
+    spec: "cluster.ClusterSpec | None", cross_device_ops: Any, communication_options: Any
 ) -> tuple[tf.distribute.Strategy, str]:
     tpu = _tpu_address()
     if tpu is not None:
@@ -296,9 +288,8 @@ def _choose_strategy(
             # Device files such as /dev/vfio/N also exist on hosts that pass
             # other hardware through to virtual machines.
             logger.warning(
-                "auto_strategy: accelerator device files suggest a TPU, but none could be initialised (%s); looking for other devices",
-                error,
-            )
+                "auto_strategy: accelerator device files suggest a TPU, but none could be initialised (%s); looking for other devices", error
+            )  # fmt: skip
     if _trains_with_others(spec):
         own = spec.source in ("tf_config", "launch")
         resolver = None if own else _cluster_tf.cluster_resolver(spec)
@@ -384,11 +375,8 @@ class StrategyInfo:
     Example:
 
     ```python
-    keras_scaling.use_logical_cpus(2)
-    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
-    info = keras_scaling.describe_strategy(strategy)
-    print(info)          # MirroredStrategy: 1 worker, 2 replicas on CPU ...
-    info.num_replicas    # 2
+    info = keras_scaling.describe_strategy(tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]))
+    info.num_replicas, info.device_kind   # (2, 'CPU')
     ```
     """
 
@@ -434,9 +422,7 @@ def describe_strategy(strategy: tf.distribute.Strategy | None = None) -> Strateg
     Example:
 
     ```python
-    keras_scaling.use_logical_cpus(2)
-    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
-    print(keras_scaling.describe_strategy(strategy))
+    print(keras_scaling.describe_strategy(tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])))
     # MirroredStrategy: 1 worker, 2 replicas on CPU (/job:localhost/.../CPU:0, ...)
     ```
     """
@@ -447,15 +433,9 @@ def describe_strategy(strategy: tf.distribute.Strategy | None = None) -> Strateg
         )
     devices = _local_devices(strategy)
     return StrategyInfo(
-        kind=strategy_kind(strategy),
-        num_workers=num_workers(strategy),
-        worker_index=worker_index(strategy),
-        is_chief=is_chief(strategy),
-        num_replicas=num_replicas(strategy),
-        local_devices=devices,
-        device_kind=_device_kind(devices),
-        cluster_origin=_cluster_origin(strategy),
-    )
+        strategy_kind(strategy), num_workers(strategy), worker_index(strategy), is_chief(strategy),
+        num_replicas(strategy), devices, _device_kind(devices), _cluster_origin(strategy),
+    )  # fmt: skip
 
 
 def _cluster_origin(strategy: tf.distribute.Strategy) -> str:
