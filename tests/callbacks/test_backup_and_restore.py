@@ -1,9 +1,11 @@
 """BackupAndRestore: exact resume after SIGTERM, atomic saves, clear errors.
 
 The resume tests run `tests/workers/backup_worker.py` in processes of their
-own (2 logical CPUs each): one run never stopped, one that sends itself
-SIGTERM after a chosen optimizer step (exit status 75), and the same command
-again, which resumes. The other tests train in this process on one device.
+own (2 logical CPUs each): one run never stopped, runs that send themselves
+SIGTERM after a chosen optimizer step (exit status 75), and the same
+arguments again, which resume. Each stopped run ends a process that began
+with the training before it (`--then`): a start of TensorFlow serves two.
+The other tests train in this process on one device.
 """
 
 import json
@@ -13,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+import types
 
 import keras
 import numpy as np
@@ -27,26 +30,54 @@ from keras_scaling.summaries import _tensorboard
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WORKER = os.path.join(REPO, "tests", "workers", "backup_worker.py")
 RUN_TIMEOUT_S = 240
+# Where the worker's stderr says a training begins (backup_worker.RUN_MARK).
+RUN_MARK = "backup_worker: run "
 
 # 640 samples, 8 per replica on 2 replicas: 40 steps per epoch, 120 in all.
 STEPS_PER_EPOCH = 40
 TOTAL_STEPS = 120
+# A process trains twice at most (`--then`), each training within this.
+PROCESS_TIMEOUT_S = 2 * RUN_TIMEOUT_S
+# The fixture's five processes, and a test's own reading.
+CHAIN_TIMEOUT_S = 5 * PROCESS_TIMEOUT_S + 60
 
 
-def run_worker(tmp_path, name, *extra, backup="backup"):
-    out = tmp_path / f"{name}.npz"
-    command = [
-        sys.executable,
-        WORKER,
+def run_args(directory, name, *extra, backup="backup"):
+    """The worker's arguments for one training writing `directory/name.npz`."""
+    return [
         "--backup-dir",
-        str(tmp_path / backup),
+        str(directory / backup),
         "--out",
-        str(out),
+        str(directory / f"{name}.npz"),
         *extra,
     ]
+
+
+def run_chain(*runs):
+    """Runs the trainings `runs` (lists of arguments) in turn in one worker process.
+
+    Returns one result per training, with its `returncode` (0 for those the
+    next one followed, the process's status for the last) and its `stderr`.
+    """
+    command = [sys.executable, WORKER]
+    for number, run in enumerate(runs):
+        command += ["--then"] * (number > 0) + run
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    result = subprocess.run(command, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=env)
-    return result, out
+    result = subprocess.run(
+        command, capture_output=True, text=True, timeout=PROCESS_TIMEOUT_S, env=env
+    )
+    parts = result.stderr.split(RUN_MARK)
+    parts = [parts[0] + parts[1], *parts[2:]] if len(parts) > 1 else parts
+    if len(parts) < len(runs):
+        pytest.fail(
+            f"the worker stopped before training {len(runs)} times:\n{result.stderr[-3000:]}"
+        )
+    return [
+        types.SimpleNamespace(
+            returncode=result.returncode if number == len(runs) - 1 else 0, stderr=part
+        )
+        for number, part in enumerate(parts)
+    ]
 
 
 def load_result(out):
@@ -68,95 +99,110 @@ def assert_bitwise_equal(values, reference):
         assert value.tobytes() == expected.tobytes(), f"variable {index} differs"
 
 
-def stop_and_resume(tmp_path, *extra, sigterm_at):
-    stopped, _ = run_worker(tmp_path, "resumed", *extra, "--sigterm-at", str(sigterm_at))
-    assert stopped.returncode == EXIT_PREEMPTED, stopped.stderr[-3000:]
-    resumed, out = run_worker(tmp_path, "resumed", *extra)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    return stopped, resumed, out
+# In the order the fixture runs them.
+VARIANTS = ("main", "advice", "steps_per_execution", "arrays")
 
 
 @pytest.fixture(scope="module")
-def sigterm_at_50(tmp_path_factory):
-    """One run never stopped and one stopped by SIGTERM after step 50 and resumed.
+def stopped_and_resumed(tmp_path_factory):
+    """A run never stopped, and runs stopped by SIGTERM then resumed, each in a directory.
 
-    Both log with ThroughputLogger and ReplicaSyncCheck; the backup the
-    stopped run left is read before the resumed run deletes it.
+    `main`: stopped after step 50 and resumed, both logging with
+    ThroughputLogger and ReplicaSyncCheck, as the run never stopped does; the
+    backup it left is read before the resumed run deletes it. `advice`: the
+    same with a baseline far above what 2 CPU replicas reach, so that the
+    low-efficiency advice times the input pipeline in the first epoch of each
+    run. `steps_per_execution`: four steps per call, stopped after step 52.
+    `arrays`: other data (NumPy arrays, whose position is not saved). Each
+    stopped run ends its process, which begins by resuming the run before it.
     """
-    directory = tmp_path_factory.mktemp("sigterm_at_50")
-    reference, reference_out = run_worker(
-        directory,
-        "reference",
-        "--log-dir",
-        str(directory / "reference_logs"),
-        backup="reference_backup",
-    )
-    assert reference.returncode == 0, reference.stderr[-3000:]
-    log_dir = directory / "logs"
-    stopped, _ = run_worker(directory, "resumed", "--log-dir", str(log_dir), "--sigterm-at", "50")
-    assert stopped.returncode == EXIT_PREEMPTED, stopped.stderr[-3000:]
-    header, _ = _backup.read(directory / "backup")
-    resumed, out = run_worker(directory, "resumed", "--log-dir", str(log_dir))
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    return {
-        "reference_out": reference_out,
-        "stopped": stopped,
-        "stopped_header": header,
-        "resumed": resumed,
-        "resumed_out": out,
-        "log_dir": log_dir,
+    root = tmp_path_factory.mktemp("stopped_and_resumed")
+    variants = {
+        "main": ["--log-dir", str(root / "main" / "logs")],
+        "advice": ["--log-dir", str(root / "advice" / "logs"), "--baseline", "1e9"],
+        "steps_per_execution": ["--steps-per-execution", "4"],
+        "arrays": ["--data", "arrays"],
     }
+    sigterm_at = {"main": 50, "advice": 50, "steps_per_execution": 52, "arrays": 50}
+    runs = {"reference_out": root / "reference.npz"}
+    previous = [
+        *run_args(root, "reference", backup="reference_backup"),
+        *["--log-dir", str(root / "reference_logs")],
+    ]
+    assert tuple(variants) == VARIANTS
+    for name, extra in variants.items():
+        directory = root / name
+        directory.mkdir()
+        resumed = run_args(directory, "resumed", *extra)
+        stopped = [*resumed, "--sigterm-at", str(sigterm_at[name])]
+        runs[f"{name}_before"], runs[name] = run_chain(previous, stopped)
+        if name == "main":
+            runs["main_header"], _ = _backup.read(directory / "backup")
+        previous = resumed
+    (runs["last_resumed"],) = run_chain(previous)
+    return root, runs
 
 
-@pytest.mark.timeout(4 * RUN_TIMEOUT_S)
+def variant(stopped_and_resumed, name):
+    """The stopped and the resumed run of variant `name`, and the resumed run's output file."""
+    root, runs = stopped_and_resumed
+    following = VARIANTS[VARIANTS.index(name) + 1 :]
+    resumed = runs[f"{following[0]}_before"] if following else runs["last_resumed"]
+    stopped = runs[name]
+    assert stopped.returncode == EXIT_PREEMPTED, stopped.stderr[-3000:]
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    return stopped, resumed, root / name / "resumed.npz"
+
+
+@pytest.mark.timeout(CHAIN_TIMEOUT_S)
 def test_sigterm_mid_epoch_then_resume_is_bitwise_identical_to_a_run_never_stopped(
-    sigterm_at_50,
+    stopped_and_resumed,
 ):
     # Step 50 is step 10 of the second epoch.
-    values, iterations = load_result(sigterm_at_50["resumed_out"])
-    reference_values, reference_iterations = load_result(sigterm_at_50["reference_out"])
-    assert start_iterations(sigterm_at_50["resumed_out"]) == 51
+    _, _, resumed_out = variant(stopped_and_resumed, "main")
+    values, iterations = load_result(resumed_out)
+    reference_values, reference_iterations = load_result(stopped_and_resumed[1]["reference_out"])
+    assert start_iterations(resumed_out) == 51
     assert iterations == reference_iterations == TOTAL_STEPS
     assert_bitwise_equal(values, reference_values)
 
 
-@pytest.mark.timeout(4 * RUN_TIMEOUT_S)
-def test_resume_is_bitwise_identical_when_the_advice_times_the_input(tmp_path, sigterm_at_50):
-    # A baseline far above what 2 CPU replicas reach: the low-efficiency
-    # advice times the input pipeline in the first epoch of each run. The
-    # reference is the run never stopped, whose advice timed nothing.
-    common = ("--log-dir", str(tmp_path / "logs"), "--baseline", "1e9")
-    stop_and_resume(tmp_path, *common, sigterm_at=50)
+@pytest.mark.timeout(CHAIN_TIMEOUT_S)
+def test_resume_is_bitwise_identical_when_the_advice_times_the_input(stopped_and_resumed):
+    # The reference is the run never stopped, whose advice timed nothing.
+    _, _, resumed_out = variant(stopped_and_resumed, "advice")
+    reference_out = stopped_and_resumed[1]["reference_out"]
 
-    values, iterations = load_result(tmp_path / "resumed.npz")
-    reference_values, reference_iterations = load_result(sigterm_at_50["reference_out"])
-    with open(tmp_path / "resumed.npz.json") as file:
+    values, iterations = load_result(resumed_out)
+    reference_values, reference_iterations = load_result(reference_out)
+    with open(f"{resumed_out}.json") as file:
         assert json.load(file)["input_timing_calls"] >= 1
-    with open(f"{sigterm_at_50['reference_out']}.json") as file:
+    with open(f"{reference_out}.json") as file:
         assert json.load(file)["input_timing_calls"] == 0
     assert iterations == reference_iterations == TOTAL_STEPS
     assert_bitwise_equal(values, reference_values)
 
 
-@pytest.mark.timeout(4 * RUN_TIMEOUT_S)
-def test_resume_is_bitwise_identical_with_steps_per_execution(tmp_path, sigterm_at_50):
+@pytest.mark.timeout(CHAIN_TIMEOUT_S)
+def test_resume_is_bitwise_identical_with_steps_per_execution(stopped_and_resumed):
     # Four steps per call train the same steps as one: the reference is the
     # run never stopped, at one step per call.
-    stop_and_resume(tmp_path, "--steps-per-execution", "4", sigterm_at=52)
+    _, _, resumed_out = variant(stopped_and_resumed, "steps_per_execution")
 
-    values, iterations = load_result(tmp_path / "resumed.npz")
-    reference_values, reference_iterations = load_result(sigterm_at_50["reference_out"])
+    values, iterations = load_result(resumed_out)
+    reference_values, reference_iterations = load_result(stopped_and_resumed[1]["reference_out"])
     # Signalled after the call that ended at step 52: saved after the next call.
-    assert start_iterations(tmp_path / "resumed.npz") == 56
+    assert start_iterations(resumed_out) == 56
     assert iterations == reference_iterations == TOTAL_STEPS
     assert_bitwise_equal(values, reference_values)
 
 
-@pytest.mark.timeout(4 * RUN_TIMEOUT_S)
+@pytest.mark.timeout(CHAIN_TIMEOUT_S)
 def test_preempted_run_exits_75_and_leaves_a_backup_at_the_end_of_the_step_in_progress(
-    sigterm_at_50,
+    stopped_and_resumed,
 ):
-    stopped, header = sigterm_at_50["stopped"], sigterm_at_50["stopped_header"]
+    stopped, _, _ = variant(stopped_and_resumed, "main")
+    header = stopped_and_resumed[1]["main_header"]
 
     assert stopped.returncode == EXIT_PREEMPTED == 75
     assert header["reason"] == "preemption"
@@ -167,27 +213,25 @@ def test_preempted_run_exits_75_and_leaves_a_backup_at_the_end_of_the_step_in_pr
     assert "Preemption notice (SIGTERM)" in stopped.stderr
 
 
-@pytest.mark.timeout(4 * RUN_TIMEOUT_S)
-def test_a_resume_says_once_at_the_default_log_level_where_it_resumed(sigterm_at_50):
+@pytest.mark.timeout(CHAIN_TIMEOUT_S)
+def test_a_resume_says_once_at_the_default_log_level_where_it_resumed(stopped_and_resumed):
     # The worker configures no logging: what it prints, a user sees.
-    stderr = sigterm_at_50["resumed"].stderr
-    backup_file = os.path.join(
-        os.path.dirname(sigterm_at_50["resumed_out"]), "backup", "backup.npz"
-    )
+    stopped, resumed, resumed_out = variant(stopped_and_resumed, "main")
+    stderr = resumed.stderr
+    backup_file = os.path.join(os.path.dirname(resumed_out), "backup", "backup.npz")
     assert stderr.count("BackupAndRestore: resuming from") == 1, stderr[-3000:]
     assert (
         f"BackupAndRestore: resuming from {backup_file} (saved at optimizer step 51): "
         f"epoch 2/3, after its step 11 of {STEPS_PER_EPOCH}." in stderr
     )
-    assert "resuming from" not in sigterm_at_50["stopped"].stderr
+    assert "resuming from" not in stopped.stderr
 
 
-@pytest.mark.timeout(3 * RUN_TIMEOUT_S)
-def test_other_data_resumes_at_the_start_of_the_saved_epoch_and_says_so(tmp_path):
-    arrays = ("--data", "arrays")
-    _, resumed, out = stop_and_resume(tmp_path, *arrays, sigterm_at=50)
+@pytest.mark.timeout(CHAIN_TIMEOUT_S)
+def test_other_data_resumes_at_the_start_of_the_saved_epoch_and_says_so(stopped_and_resumed):
+    _, resumed, resumed_out = variant(stopped_and_resumed, "arrays")
 
-    _, iterations = load_result(out)
+    _, iterations = load_result(resumed_out)
     # Saved after step 51: the second epoch's 11 steps before it are trained again.
     assert iterations == TOTAL_STEPS + 11
     assert resumed.stderr.count("resuming at the start of epoch 2") == 1
@@ -200,9 +244,10 @@ def _scalar_steps(log_dir, tag):
     return [step for step, _ in points.get(tag, [])]
 
 
-@pytest.mark.timeout(4 * RUN_TIMEOUT_S)
-def test_replica_sync_check_and_throughput_logger_continue_across_a_resume(sigterm_at_50):
-    log_dir, resumed = sigterm_at_50["log_dir"], sigterm_at_50["resumed"]
+@pytest.mark.timeout(CHAIN_TIMEOUT_S)
+def test_replica_sync_check_and_throughput_logger_continue_across_a_resume(stopped_and_resumed):
+    _, resumed, _ = variant(stopped_and_resumed, "main")
+    log_dir = stopped_and_resumed[0] / "main" / "logs"
 
     throughput_steps = _scalar_steps(log_dir, "throughput/samples_per_sec")
     sync_steps = _scalar_steps(log_dir, "replica_sync/max_abs_diff")

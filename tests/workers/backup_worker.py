@@ -5,18 +5,26 @@ is one worker of a `MultiWorkerMirroredStrategy` job. `--sigterm-at N` makes
 worker `--sigterm-worker` send itself SIGTERM after optimizer step N (a real
 signal, at a step the test chooses). At the end it writes every model and
 optimizer variable to `--out` (from worker 0), with the step count.
+
+`ARGS --then ARGS...` runs one training after the other in this process, on
+one strategy, each from the same seed, saying on stderr where each begins
+(`RUN_MARK` and its number): starting TensorFlow costs seconds of CPU time.
+A run that SIGTERM stops ends the process (status 75), so it comes last.
 """
 
 import argparse
 import json
 import os
 import signal
+import sys
 import time
 
 import numpy as np
 
+RUN_MARK = "backup_worker: run "
 
-def parse_args():
+
+def parse_args(argv):
     parser = argparse.ArgumentParser()
     parser.add_argument("--backup-dir", required=True)
     parser.add_argument("--out", required=True)
@@ -51,14 +59,20 @@ def parse_args():
         action="store_true",
         help="the chief reads a batch of the training data before fit, the others do not",
     )
-    return parser.parse_args()
+    return parser.parse_args(argv)
 
 
 def main():
-    args = parse_args()
-    if args.pid_dir:
-        os.makedirs(args.pid_dir, exist_ok=True)
-        with open(os.path.join(args.pid_dir, f"{os.getpid()}.pid"), "w") as file:
+    groups = [[]]
+    for arg in sys.argv[1:]:
+        if arg == "--then":
+            groups.append([])
+        else:
+            groups[-1].append(arg)
+    runs = [parse_args(group) for group in groups]
+    if runs[0].pid_dir:
+        os.makedirs(runs[0].pid_dir, exist_ok=True)
+        with open(os.path.join(runs[0].pid_dir, f"{os.getpid()}.pid"), "w") as file:
             file.write(str(os.getpid()))
     import keras_scaling
     from keras_scaling.throughput import _input_timing
@@ -73,13 +87,23 @@ def main():
     _input_timing.input_samples_per_sec = counted_timing
 
     if "TF_CONFIG" not in os.environ:
-        keras_scaling.use_logical_cpus(args.cpus)
-    import keras
+        keras_scaling.use_logical_cpus(runs[0].cpus)
     import tensorflow as tf
 
     tf.config.experimental.enable_op_determinism()
-    keras.utils.set_random_seed(0)
     strategy = keras_scaling.auto_strategy()
+    for number, args in enumerate(runs):
+        print(f"{RUN_MARK}{number}", file=sys.stderr, flush=True)
+        timing_calls.clear()
+        train(args, strategy, timing_calls)
+
+
+def train(args, strategy, timing_calls):
+    import keras
+
+    import keras_scaling
+
+    keras.utils.set_random_seed(0)
     index = keras_scaling.devices.worker_index(strategy)
 
     rng = np.random.default_rng(0)
