@@ -165,64 +165,99 @@ print(json.dumps({"kind": info.kind, "num_workers": info.num_workers,
                   "is_chief": info.is_chief, "cluster_origin": info.cluster_origin}))
 """
 
+# Where `_DESCRIBE_EACH`'s output for one TF_CONFIG begins, on stdout and stderr.
+_TASK_MARK = "--- task "
 
-def test_evaluator_task_trains_alone_and_says_why(tmp_path):
-    config = {
-        "cluster": {
-            "chief": ["127.0.0.1:1"],
-            "worker": ["127.0.0.1:2"],
-            "evaluator": ["127.0.0.1:3"],
-        },
-        "task": {"type": "evaluator", "index": 0},
-    }
-    ((returncode, out, err),) = _run_together(
-        [{**_base_env(), "TF_CONFIG": json.dumps(config)}], ["-c", _DESCRIBE]
-    )
-    assert returncode == 0, err[-4000:]
-    info = json.loads(out.strip().splitlines()[-1])
-    assert info["kind"] != "MultiWorkerMirroredStrategy"
-    assert info["num_workers"] == 1
-    assert info["cluster_origin"].endswith("this is evaluator 0")
-    assert "makes this task the evaluator, which evaluates alone" in err
+# `_DESCRIBE` for each TF_CONFIG of a JSON list in turn, in one process (no
+# strategy of these starts a server), saying where each begins (argv[2] and its
+# number); for each, stdout's last line is the JSON above or {"error": "..."}.
+_DESCRIBE_EACH = """
+import json, logging, os, sys, traceback
+import keras_scaling
+logging.basicConfig(level=logging.INFO)
+for number, config in enumerate(json.loads(sys.argv[1])):
+    for stream in (sys.stdout, sys.stderr):
+        print(f"{sys.argv[2]}{number}", file=stream, flush=True)
+    os.environ["TF_CONFIG"] = json.dumps(config)
+    try:
+        info = keras_scaling.describe_strategy(keras_scaling.auto_strategy())
+    except Exception as error:
+        traceback.print_exc()
+        print(json.dumps({"error": f"{type(error).__name__}: {error}"}), flush=True)
+        continue
+    print(json.dumps({"kind": info.kind, "num_workers": info.num_workers,
+                      "is_chief": info.is_chief, "cluster_origin": info.cluster_origin}),
+          flush=True)
+"""
 
-
-def test_evaluator_left_out_of_its_cluster_evaluates_alone(tmp_path):
-    # Kubeflow's TFJob and AI Platform: the evaluator's TF_CONFIG lists the
-    # training cluster only.
-    config = {
-        "cluster": {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"]},
-        "task": {"type": "evaluator", "index": 0},
-    }
-    ((returncode, out, err),) = _run_together(
-        [{**_base_env(), "TF_CONFIG": json.dumps(config)}], ["-c", _DESCRIBE]
-    )
-    assert returncode == 0, err[-4000:]
-    info = json.loads(out.strip().splitlines()[-1])
-    assert info["kind"] != "MultiWorkerMirroredStrategy"
-    assert info["num_workers"] == 1
-    assert info["cluster_origin"].endswith("this is evaluator 0, outside the training cluster")
-    assert "makes this task the evaluator, which evaluates alone" in err
-
+_EVALUATOR_IN_ITS_CLUSTER = {
+    "cluster": {
+        "chief": ["127.0.0.1:1"],
+        "worker": ["127.0.0.1:2"],
+        "evaluator": ["127.0.0.1:3"],
+    },
+    "task": {"type": "evaluator", "index": 0},
+}
+# Kubeflow's TFJob and AI Platform: the evaluator's TF_CONFIG lists the
+# training cluster only.
+_EVALUATOR_OUTSIDE_ITS_CLUSTER = {
+    "cluster": {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"]},
+    "task": {"type": "evaluator", "index": 0},
+}
+_PARAMETER_SERVER_TASKS = [
+    {"type": "chief", "index": 0},
+    {"type": "worker", "index": 0},
+    {"type": "ps", "index": 0},
+]
 
 # Importing TensorFlow takes seconds on a busy machine; the refusal comes
 # before any network wait (before, the chief and the worker waited > 90 s).
 PARAMETER_SERVER_TIMEOUT_S = 120
 
 
-def test_tf_config_with_parameter_servers_fails_on_every_task_naming_the_strategy(tmp_path):
+@pytest.fixture(scope="module")
+def described():
+    """`[(stdout's last line as JSON, stderr)]` of `_DESCRIBE_EACH` for each task below, in order.
+
+    The evaluator in its cluster, the evaluator outside it, then the chief,
+    the worker and the ps task of a cluster with a parameter server.
+    """
     chief, worker, ps = (f"127.0.0.1:{port}" for port in _consecutive_free_ports(3))
     cluster = {"chief": [chief], "worker": [worker], "ps": [ps]}
-    envs = [
-        {**_base_env(), "TF_CONFIG": json.dumps({"cluster": cluster, "task": task})}
-        for task in (
-            {"type": "chief", "index": 0},
-            {"type": "worker", "index": 0},
-            {"type": "ps", "index": 0},
-        )
-    ]
-    results = _run_together(envs, ["-c", _DESCRIBE], timeout_s=PARAMETER_SERVER_TIMEOUT_S)
-    for returncode, _, err in results:
-        assert returncode != 0
+    configs = [_EVALUATOR_IN_ITS_CLUSTER, _EVALUATOR_OUTSIDE_ITS_CLUSTER]
+    configs += [{"cluster": cluster, "task": task} for task in _PARAMETER_SERVER_TASKS]
+    ((returncode, out, err),) = _run_together(
+        [_base_env()],
+        ["-c", _DESCRIBE_EACH, json.dumps(configs), _TASK_MARK],
+        timeout_s=PARAMETER_SERVER_TIMEOUT_S + 60,
+    )
+    assert returncode == 0, err[-4000:]
+    outs, errs = (text.split(_TASK_MARK)[1:] for text in (out, err))
+    assert len(outs) == len(errs) == len(configs), err[-4000:]
+    return [(json.loads(o.strip().splitlines()[-1]), e) for o, e in zip(outs, errs)]
+
+
+def test_evaluator_task_trains_alone_and_says_why(described):
+    info, err = described[0]
+    assert "error" not in info, err[-4000:]
+    assert info["kind"] != "MultiWorkerMirroredStrategy"
+    assert info["num_workers"] == 1
+    assert info["cluster_origin"].endswith("this is evaluator 0")
+    assert "makes this task the evaluator, which evaluates alone" in err
+
+
+def test_evaluator_left_out_of_its_cluster_evaluates_alone(described):
+    info, err = described[1]
+    assert "error" not in info, err[-4000:]
+    assert info["kind"] != "MultiWorkerMirroredStrategy"
+    assert info["num_workers"] == 1
+    assert info["cluster_origin"].endswith("this is evaluator 0, outside the training cluster")
+    assert "makes this task the evaluator, which evaluates alone" in err
+
+
+def test_tf_config_with_parameter_servers_fails_on_every_task_naming_the_strategy(described):
+    for info, err in described[2:]:
+        assert info.get("error", "").startswith("ValueError: TF_CONFIG names a parameter server")
         assert "ValueError: TF_CONFIG names a parameter server" in err, err[-4000:]
         assert "trains with all-reduce" in err
         assert "tf.distribute.ParameterServerStrategy" in err
