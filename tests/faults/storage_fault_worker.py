@@ -6,16 +6,21 @@ process: so the worker itself reads back what is left (the backup, the
 throughput record) and writes a JSON report to `--report`, outside them.
 `--fill-after-step N` fills the file system of `--fill-dir` after optimizer
 step N, leaving `--leave-bytes` free.
+
+`ARGS --then ARGS...` trains once per group of arguments, in turn, in this
+process (starting TensorFlow costs seconds of CPU time), each from the same
+seed and writing its own report.
 """
 
 import argparse
 import json
 import os
+import sys
 import time
 import traceback
 
 
-def parse_args():
+def parse_args(argv):
     parser = argparse.ArgumentParser()
     parser.add_argument("--report", required=True)
     parser.add_argument("--backup-dir", default=None)
@@ -27,7 +32,7 @@ def parse_args():
     parser.add_argument("--fill-dir", default=None)
     parser.add_argument("--fill-after-step", type=int, default=None)
     parser.add_argument("--leave-bytes", type=int, default=0)
-    return parser.parse_args()
+    return parser.parse_args(argv)
 
 
 def fill(directory, leave_bytes):
@@ -46,7 +51,17 @@ def fill(directory, leave_bytes):
 
 
 def main():
-    args = parse_args()
+    groups = [[]]
+    for arg in sys.argv[1:]:
+        if arg == "--then":
+            groups.append([])
+        else:
+            groups[-1].append(arg)
+    for group in groups:
+        train(parse_args(group))
+
+
+def train(args):
     import keras
     import numpy as np
     import tensorflow as tf

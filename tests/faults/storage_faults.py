@@ -41,18 +41,26 @@ def read_only(directory):
     )
 
 
-def run_worker(mounts, report, *worker_args):
-    """Runs the worker after `mounts` in a private mount namespace; its report."""
-    command = shlex.join([sys.executable, WORKER, "--report", str(report), *map(str, worker_args)])
+def run_workers(runs):
+    """Runs each `(mounts, report, worker arguments)` in turn in one worker, in a private mount
+    namespace made with all the mounts; their reports."""
+    mounts, arguments = [], [sys.executable, WORKER]
+    for number, (run_mounts, report, worker_args) in enumerate(runs):
+        mounts += run_mounts
+        arguments += ["--then"] * (number > 0) + ["--report", str(report), *map(str, worker_args)]
+    command = shlex.join(arguments)
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     result = subprocess.run(
         ["unshare", "-m", "sh", "-c", f"{' && '.join(mounts)} && exec {command}"],
         capture_output=True,
         text=True,
-        timeout=RUN_TIMEOUT_S,
+        timeout=RUN_TIMEOUT_S * len(runs),
         env=env,
         check=False,
     )
     assert result.returncode == 0, result.stderr[-4000:]
-    with open(report) as file:
-        return json.load(file)
+    reports = []
+    for _, report, _ in runs:
+        with open(report) as file:
+            reports.append(json.load(file))
+    return reports

@@ -8,33 +8,37 @@ read-only bind mount of itself in a private mount namespace (see
 import pytest
 import storage_faults
 
-pytestmark = pytest.mark.timeout(storage_faults.RUN_TIMEOUT_S + 60)
+pytestmark = pytest.mark.timeout(2 * storage_faults.RUN_TIMEOUT_S + 60)
+
+CASES = [
+    # BackupAndRestore checks when fit starts: the OSError of the write.
+    ("--backup-dir", "backup_dir", ("OSError",)),
+    # ThroughputLogger checks when it is made (ValueError) and again when
+    # fit starts (OSError), for a directory made read-only in between.
+    ("--log-dir", "log_dir", ("ValueError", "OSError")),
+]
 
 
-@pytest.mark.parametrize(
-    "option, parameter, expected_errors",
-    [
-        # BackupAndRestore checks when fit starts: the OSError of the write.
-        ("--backup-dir", "backup_dir", ("OSError",)),
-        # ThroughputLogger checks when it is made (ValueError) and again when
-        # fit starts (OSError), for a directory made read-only in between.
-        ("--log-dir", "log_dir", ("ValueError", "OSError")),
-    ],
-)
-def test_a_read_only_directory_fails_before_the_first_step(
-    tmp_path, option, parameter, expected_errors
-):
+@pytest.fixture(scope="module")
+def read_only_runs(tmp_path_factory):
+    """`{option: (read-only directory, report)}`, one worker training once per case in turn."""
     storage_faults.skip_without_mount_namespaces()
-    directory = tmp_path / "read_only"
-    report = storage_faults.run_worker(
-        [storage_faults.read_only(directory)],
-        tmp_path / "report.json",
-        option,
-        directory,
-        "--epochs",
-        "1",
+    tmp_path = tmp_path_factory.mktemp("read_only_runs")
+    directories = {option: tmp_path / option.strip("-") for option, _, _ in CASES}
+    reports = storage_faults.run_workers(
+        [
+            ([storage_faults.read_only(path)], f"{path}.json", [option, path, "--epochs", "1"])
+            for option, path in directories.items()
+        ]
     )
+    return {option: (directories[option], found) for option, found in zip(directories, reports)}
 
+
+@pytest.mark.parametrize("option, parameter, expected_errors", CASES)
+def test_a_read_only_directory_fails_before_the_first_step(
+    read_only_runs, option, parameter, expected_errors
+):
+    directory, report = read_only_runs[option]
     error = report["error"]
     assert error is not None, report
     assert report["iterations"] == 0  # not one step was trained
