@@ -289,3 +289,15 @@ def test_several_inputs_as_a_list_stay_separate_and_fit_trains():
 def test_other_bad_arguments_are_named(argument, value, message):
     with pytest.raises(TypeError, match=message):
         data.distribute(np.arange(4), global_batch_size=2, **{argument: value})
+
+
+@pytest.mark.parametrize("last_batch", ["drop", "pad"])
+def test_a_cache_file_path_is_written_in_the_first_epoch_and_read_back(tmp_path, last_batch):
+    source = tf.data.Dataset.range(11)  # one sample dropped or padded
+    dataset = data.distribute(
+        source, global_batch_size=5, last_batch=last_batch, cache=tmp_path / "c"
+    )
+    assert _ids(dataset)[:2] == [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]
+    # tf.data keeps a cache file only when the pass reads it to the end.
+    assert list(tmp_path.glob("c.*"))
+    assert _ids(dataset)[:2] == [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]

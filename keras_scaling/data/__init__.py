@@ -1,4 +1,7 @@
-"""Distributed input: shard per worker, batch globally, prefetch, static shapes (the input guide)."""
+"""Distributed input: shard per worker, batch globally, prefetch, static shapes.
+
+The guide `docs/guides/input.md` gives the rules of sharding, shuffling and the last batch.
+"""
 
 import functools
 import logging
@@ -20,7 +23,6 @@ logger = logging.getLogger("keras_scaling")
 DEFAULT_SEED = 1234
 
 _PLAN_ATTRIBUTE = "_keras_scaling_input_plan"
-# Builds the same pipeline again, with a pass counter of its own.
 _REBUILD_ATTRIBUTE = "_keras_scaling_rebuild"
 
 UNNUMBERED_PASSES_WARNING = "keras_scaling.data: Keras' epochs cannot number the passes here (see the warning above, or KERAS_SCALING_NO_COMPAT=1), so a batch read outside fit on one worker alone makes the workers read different samples: read the dataset only through fit, evaluate and predict, the same on every worker."
@@ -87,9 +89,8 @@ def distribute(
         shuffle: bool; `None` (default) shuffles arrays and files, not
             datasets, as `fit` does. `False` for `evaluate` and `predict`.
         seed: int, the shuffle seed, the same on every worker; `None` is 1234.
-        last_batch: `"drop"` (default), `"pad"` (zero-weight rows, so
-            `weighted_metrics` count each sample once) or `"partial"` (one
-            worker, not TPU).
+        last_batch: `"drop"` (default), `"pad"` (zero-weight rows: `weighted_metrics`
+            count each sample once) or `"partial"` (one worker, not TPU).
         shard: `"auto"` (default: by file with at least as many files as
             workers, else by element), `"file"` or `"element"`.
         cache: `False` (default), `True` (in memory) or a file path: cache
@@ -120,10 +121,7 @@ def distribute(
     x = np.random.rand(1000, 8).astype("float32")
     train = keras_scaling.data.distribute((x, x[:, :1]), strategy=strategy, per_replica_batch_size=32)
     keras_scaling.data.plan_of(train).global_batch_size   # 64
-    with strategy.scope():
-        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
-        model.compile(optimizer="adam", loss="mse")
-    model.fit(train, epochs=2)
+    next(iter(train))[0].shape   # TensorShape([64, 8])
     ```
     """
     devices.warn_if_keras_distribution_set()
@@ -183,8 +181,7 @@ def describe(data: Any, **kwargs: Any) -> InputPlan:
         An `InputPlan`; `print(plan)` shows it as a short table.
 
     Raises:
-        ValueError: a dataset of `distribute` given with arguments; otherwise
-            as `distribute`.
+        ValueError: a dataset of `distribute` with arguments; else as `distribute`.
 
     Example:
 
@@ -234,13 +231,11 @@ def _make_plan(
 ):  # fmt: skip
     # TPUs need the same shapes on every step.
     static_shapes = info.device_kind == "TPU" or info.kind.startswith("TPU")
-    _input_plan.check_last_batch(
-        last_batch, num_workers=info.num_workers, static_shapes_required=static_shapes
-    )
+    _input_plan.check_last_batch(last_batch, info.num_workers, static_shapes)
     _validation.one_of(shard, "shard", _input_plan.SHARD_MODES)
     shuffle = _validation.optional_boolean(shuffle, "shuffle")
     seed = _validation.optional_integer(seed, "seed")
-    if not (cache is False or cache is True or isinstance(cache, str)):
+    if not (cache is False or cache is True or isinstance(cache, (str, os.PathLike))):
         raise TypeError(f"cache must be False, True (in memory) or a file path, got {cache!r}.")
     num_samples = _validation.optional_positive_int(
         num_samples, "num_samples", fix="Pass the samples in one pass, or None to count them."
@@ -249,9 +244,7 @@ def _make_plan(
     if per_replica_batch_size is not None or global_batch_size is not None:
         # Wrong sizes are reported before any data is read or counted.
         _input_plan.resolve_batch_sizes(info.num_replicas, **sizes)
-    source = _sources.inspect_data(
-        data, parse_fn, num_samples=num_samples, output_signature=output_signature
-    )
+    source = _sources.inspect_data(data, parse_fn, num_samples, output_signature)
     per_replica, global_size = _input_plan.resolve_batch_sizes(
         info.num_replicas, **sizes, data_batch_size=source.batch_size
     )

@@ -4,6 +4,7 @@ import dataclasses
 import math
 
 from keras_scaling import _validation
+from keras_scaling._validation import positive_int
 
 LAST_BATCH_MODES = ("drop", "pad", "partial")
 SHARD_MODES = ("auto", "file", "element")
@@ -17,12 +18,8 @@ def resolve_batch_sizes(
 ):
     """`(per_replica_batch_size, global_batch_size)` from either, or from the data's batch.
 
-    With 3 replicas, `per_replica_batch_size=32` and `global_batch_size=96`
-    both give `(32, 96)`; `global_batch_size=100` is refused (99 or 102).
-
-    Raises:
-        ValueError: no size (nor the data's), a size not a positive integer,
-            a global batch not divisible by the replicas, or sizes that disagree.
+    With 3 replicas, `per_replica_batch_size=32` and `global_batch_size=96` both give `(32, 96)`;
+    `global_batch_size=100` is refused (99 or 102), as are sizes that disagree or none at all.
     """
     if per_replica_batch_size is None and global_batch_size is None:
         if data_batch_size is not None:
@@ -32,13 +29,11 @@ def resolve_batch_sizes(
         )
     fix = "Pass for example 32."
     if per_replica_batch_size is not None:
-        per_replica_batch_size = _validation.positive_int(
+        per_replica_batch_size = positive_int(
             per_replica_batch_size, "per_replica_batch_size", fix=fix
         )
     if global_batch_size is not None:
-        global_batch_size = _validation.positive_int(
-            global_batch_size, "global_batch_size", fix=fix
-        )
+        global_batch_size = positive_int(global_batch_size, "global_batch_size", fix=fix)
         if global_batch_size % num_replicas:
             lower = global_batch_size // num_replicas * num_replicas
             options = f"{lower} or " if lower else ""
@@ -55,7 +50,7 @@ def resolve_batch_sizes(
     return per_replica_batch_size, derived
 
 
-def check_last_batch(last_batch, *, num_workers=1, static_shapes_required=False):
+def check_last_batch(last_batch, num_workers=1, static_shapes_required=False):
     """Validates `last_batch`: `"partial"` is refused under TPUs and with several workers."""
     _validation.one_of(last_batch, "last_batch", LAST_BATCH_MODES)
     fix = "Use last_batch='pad' (every sample counted once, padding has weight 0) or 'drop'."
@@ -71,11 +66,8 @@ def check_last_batch(last_batch, *, num_workers=1, static_shapes_required=False)
 
 
 def choose_shard_mode(shard, num_workers, num_files=None, unit="files"):
-    """`(shard_mode, shard_reason, warning or None)`: how workers split the data.
-
-    `"none"` on one worker; `"file"` (`"item"` for `unit="items"`) with at least as many files as
-    workers (8 files on 3 workers); else `"element"`, with a warning if there were files.
-    """
+    """`(shard_mode, shard_reason, warning or None)`: `"none"` on one worker; `"file"` (`"item"`
+    for `unit="items"`) with at least as many files as workers; else `"element"` (warns if files)."""
     _validation.one_of(shard, "shard", SHARD_MODES)
     if shard == "file" and num_files is None:
         raise ValueError(
@@ -84,9 +76,7 @@ def choose_shard_mode(shard, num_workers, num_files=None, unit="files"):
     if num_workers == 1:
         return "none", "one worker: nothing to shard", None
     if num_files is not None and num_files >= num_workers and shard != "element":
-        reason = (
-            f"{num_files} {unit} >= {num_workers} workers: each worker reads only its own {unit}"
-        )
+        reason = f"{num_files} {unit} >= {num_workers} workers: each reads only its own {unit}"
         return ("file" if unit == "files" else "item"), reason, None
     if shard == "file":
         raise ValueError(
@@ -109,10 +99,8 @@ def element_share(num_examples, num_workers, worker_index):
 
 
 def assign_files(file_sizes, num_workers):
-    """File indices per worker, balanced by records: largest file first to the least loaded.
-
-    Sizes `[5, 3, 3, 2]` on 2 workers give `[[0, 3], [1, 2]]`: 7 and 6 records.
-    """
+    """File indices per worker, balanced by records (largest file first to the least loaded):
+    sizes `[5, 3, 3, 2]` on 2 workers give `[[0, 3], [1, 2]]`, 7 and 6 records."""
     loads = [0] * num_workers
     assignment: list[list[int]] = [[] for _ in range(num_workers)]
     order = sorted(range(len(file_sizes)), key=lambda i: (-file_sizes[i], i))
@@ -144,10 +132,8 @@ def schedule_epoch(worker_sizes, global_batch_size, last_batch):
     epoch is `k * W` steps: `"drop"` takes `k = min(n_w) // G`, `"pad"`
     `k = ceil(max(n_w) / G)` (zero-weight rows fill the rest), `"partial"` (one
     worker) `ceil(n / G)` steps. 1001 samples on 2 workers with `G = 32`:
-    `"drop"` gives 30 steps, 41 dropped; `"pad"` 32 steps, 11 and 12 padded.
-
-    Raises:
-        ValueError: the data is empty, or `"drop"` leaves no full step.
+    `"drop"` gives 30 steps, 41 dropped; `"pad"` 32 steps, 11 and 12 padded. ValueError when the
+    data is empty, or `"drop"` leaves no full step.
     """
     num_workers, total = len(worker_sizes), sum(worker_sizes)
     if total == 0:
@@ -256,24 +242,21 @@ class InputPlan:
         files = "" if self.num_files is None else f" in {self.num_files} {self.file_unit}"
         own = "" if self.worker_files is None else f" from {self.worker_files} {self.file_unit}"
         rows = {
-            "replicas": f"{self.num_replicas} on {self.num_workers} worker{'s' if several else ''}"
-            + (f" (this is worker {self.worker_index})" if several else ""),
-            "batch": f"{self.per_replica_batch_size} per replica x {replicas} = "
-            f"{self.global_batch_size} global",
+            "replicas": f"{self.num_replicas} on {self.num_workers} worker{'s' * several}"
+            + f" (this is worker {self.worker_index})" * several,
+            "batch": f"{self.per_replica_batch_size} per replica x {replicas} = {self.global_batch_size} global",
             "data": self.source_kind,
             "samples": f"{self.num_examples}{files}",
             "shard": f"{self.shard_mode} ({self.shard_reason})",
             "steps per epoch": self.steps_per_epoch,
-            "last batch": f"{self.last_batch}: {self.samples_dropped_per_epoch} dropped, "
-            f"{self.samples_padded_per_epoch} padded per epoch",
+            "last batch": f"{self.last_batch}: {self.samples_dropped_per_epoch} dropped, {self.samples_padded_per_epoch} padded per epoch",
             "shuffle": f"every epoch, seed {self.seed}" if self.shuffle else "no",
-            "this worker": f"{self.worker_examples} samples{own}, "
-            f"{self.per_worker_batch_size} per step",
         }
-        if not several:
-            del rows["this worker"]
+        if several:
+            rows["this worker"] = (
+                f"{self.worker_examples} samples{own}, {self.per_worker_batch_size} per step"
+            )
         lines = [f"Input plan ({self.strategy}, {self.device_kind}):"]
         lines += [f"  {name + ':':<17} {value}" for name, value in rows.items()]
-        lines += [f"  note: {message}" for message in self.notes]
-        lines += [f"  warning: {message}" for message in self.warnings]
+        lines += [f"  note: {n}" for n in self.notes] + [f"  warning: {w}" for w in self.warnings]
         return "\n".join(lines)

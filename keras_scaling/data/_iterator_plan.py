@@ -1,5 +1,4 @@
-"""The global batch of the data `fit` trains on, found from the iterator its train function gets
-(Keras hands callbacks no handle on `fit`'s data)."""
+"""`fit`'s global batch, found from its train function's iterator (callbacks get no handle on data)."""
 
 import logging
 
@@ -17,20 +16,12 @@ class GlobalBatchSizeUnknown(ValueError):
 
 def global_batch_size(given, iterator, element_spec, num_replicas):
     """Samples per step over all replicas: `given` (warns if the static batches disagree), else
-    the plan behind `iterator`, else the static batch in `element_spec` times `num_replicas`.
-
-    Raises:
-        GlobalBatchSizeUnknown: nothing tells the batch size.
-        ValueError: the global batch does not divide over the replicas.
-    """
+    the plan behind `iterator`, else the static batch in `element_spec` times `num_replicas`;
+    `GlobalBatchSizeUnknown` when nothing tells it."""
     from keras_scaling import data
 
     specs = tf.nest.flatten(element_spec, expand_composites=True)
-    sizes = {
-        spec.shape[0]
-        for spec in specs
-        if getattr(spec, "shape", None) is not None and spec.shape.rank
-    }
+    sizes = {s.shape[0] for s in specs if getattr(s, "shape", None) is not None and s.shape.rank}
     static = sizes.pop() * num_replicas if len(sizes) == 1 and None not in sizes else None
     if given is not None and static is not None and static != given:
         logger.warning(

@@ -1,8 +1,5 @@
-"""The pass index of a `distribute` pipeline, which each pass's shuffle order is a function of.
-
-Keras' epochs (its data adapter's `on_epoch_begin`) number the passes once they start, until then
-a pass's first read does: an order counted by reads would shift on a worker that looked at a batch.
-"""
+"""The pass index of a `distribute` pipeline, of which each pass's shuffle order is a function:
+Keras' epochs number the passes (reads would shift on a worker that looked at a batch first)."""
 
 import functools
 import importlib
@@ -122,10 +119,8 @@ def install() -> bool:
     from keras_scaling import compat
 
     with _install_lock:
-        if _installed:
-            return True
-        if compat._env_disables():
-            return False
+        if _installed or compat._env_disables():
+            return _installed
         epoch_iterator = _epoch_iterator_class()
         if epoch_iterator is None:
             return False

@@ -1,28 +1,24 @@
 """Builds the tf.data pipeline that carries out an input plan."""
 
+import functools
+
 import tensorflow as tf
 
 from keras_scaling.data import _passes, _py_dataset, _sources
 
-# A buffer of every record of a large data set would not fit in memory
-# (arrays get a full permutation of their row indices instead).
+# A buffer of every record would not fit in memory (arrays get a full permutation instead).
 SHUFFLE_BUFFER_ELEMENTS = 10_000
 
 
 def build(
     source, plan, schedule, file_assignment, parse_fn, cache, prefetch_batches=None, **threading
 ):
-    """The batched, prefetched dataset of this worker, with a pass counter of its own.
-
-    `threading`: `tf.data.Options().threading` settings, such as `private_threadpool_size`.
-    """
+    """This worker's batched, prefetched dataset; `threading`: `tf.data.Options().threading`'s."""
     counter = _passes.PassCounter()
     if isinstance(source, _sources.ArraySource) and parse_fn is None:
         dataset = _batched_array_rows(source, plan, schedule, counter)
     else:
-        dataset = _batched_elements(
-            source, plan, schedule, file_assignment, parse_fn, cache, counter
-        )
+        dataset = _parsed_batches(source, plan, schedule, file_assignment, parse_fn, cache, counter)
     # "partial" runs on one worker only.
     batches = tf.data.experimental.assert_cardinality(schedule.steps_per_epoch // plan.num_workers)
     dataset = dataset.apply(batches)
@@ -61,8 +57,7 @@ def _batched_array_rows(source, plan, schedule, counter):
         positions = _shuffled_in_each_pass(positions, plan, source.num_examples, counter)
     if plan.num_workers > 1:
         positions = positions.shard(plan.num_workers, plan.worker_index)
-    padding = tf.data.Dataset.from_tensors(tf.constant(-1, tf.int64))
-    positions = _keep_or_pad(positions, schedule, plan, padding)
+    positions = _keep_or_pad(positions, schedule, plan, tf.data.Dataset.range(-1, 0))
     positions = positions.batch(plan.global_batch_size, drop_remainder=plan.last_batch != "partial")
 
     def gather(indices):
@@ -75,8 +70,7 @@ def _batched_array_rows(source, plan, schedule, counter):
 
 
 def _keep_or_pad(stream, schedule, plan, padding, read_to_end=False):
-    """This worker's real samples, then padding; `read_to_end` reads past those dropped (for
-    a `PyDataset`'s `on_epoch_end`)."""
+    """This worker's samples, then padding; `read_to_end` reads the dropped samples too."""
     if plan.last_batch == "drop":
         kept = schedule.examples_per_worker[plan.worker_index]
         if not read_to_end:
@@ -84,13 +78,11 @@ def _keep_or_pad(stream, schedule, plan, padding, read_to_end=False):
         numbered = stream.enumerate().filter(lambda position, _: position < kept)
         return numbered.map(lambda _, element: element)
     if plan.last_batch == "pad":
-        count = schedule.padding_per_worker[plan.worker_index]
-        if count:
-            stream = stream.concatenate(padding.repeat(count))
+        stream = stream.concatenate(padding.repeat(schedule.padding_per_worker[plan.worker_index]))
     return stream
 
 
-def _batched_elements(source, plan, schedule, file_assignment, parse_fn, cache, counter):
+def _parsed_batches(source, plan, schedule, file_assignment, parse_fn, cache, counter):
     """Shards and shuffles raw elements, then parses this worker's share only."""
     load = _loader(source, parse_fn)
     raw, raw_size = _raw_elements(source, plan, file_assignment)
@@ -108,8 +100,7 @@ def _batched_elements(source, plan, schedule, file_assignment, parse_fn, cache, 
         stream = stream.shard(plan.num_workers, plan.worker_index)
     stream = stream.map(load, num_parallel_calls=tf.data.AUTOTUNE)
     if cache:
-        # A cache replays its first pass: the split is fixed (pass 0's order),
-        # and each worker shuffles its own share after it.
+        # A cache replays pass 0: the split is fixed, and each worker shuffles its own share.
         stream = stream.cache() if cache is True else stream.cache(str(cache))
         if plan.shuffle:
             stream = _shuffled_in_each_pass(stream, plan, buffer_size, counter)
@@ -122,7 +113,8 @@ def _batched_elements(source, plan, schedule, file_assignment, parse_fn, cache, 
         else:
             first = raw_of_pass(first_pass).take(1).map(load)
         padding = first.map(lambda *element: (_py_dataset.unpack(element), 0.0))
-    read_to_end = isinstance(source, _py_dataset.PyDatasetSource)
+    # A PyDataset ends its epoch, and tf.data keeps a cache, only once read to the end.
+    read_to_end = isinstance(source, _py_dataset.PyDatasetSource) or bool(cache)
     stream = _keep_or_pad(stream, schedule, plan, padding, read_to_end=read_to_end)
     stream = stream.batch(plan.global_batch_size, drop_remainder=plan.last_batch != "partial")
     if padded:
@@ -136,30 +128,18 @@ def _raw_elements(source, plan, file_assignment):
         return tf.data.Dataset.from_tensor_slices(source.arrays), source.num_examples
     if isinstance(source, _sources.DatasetSource):
         return source.dataset, source.num_examples
-    if isinstance(source, _py_dataset.PyDatasetSource):
-        items = range(source.num_files)
-        if plan.shard_mode == "item":
-            items = file_assignment[plan.worker_index]
-
-        def samples_of_pass(pass_index):
-            return _py_dataset.sample_stream(
-                source, items, shuffle=plan.shuffle, seed=plan.seed, pass_index=pass_index
-            )
-
-        return samples_of_pass, sum(source.item_sizes[index] for index in items)
+    own = None if file_assignment is None else file_assignment[plan.worker_index]
     if isinstance(source, _sources.DirectorySource):
-        if plan.shard_mode == "element":
-            return _in_path_order(source), source.num_examples
-        if plan.shard_mode != "file":
-            return source.files, source.num_examples
-        positions = source.positions_of(file_assignment[plan.worker_index])
-        return _select(source.files, positions, source.num_files)
-    if plan.shard_mode == "file":
-        indices = file_assignment[plan.worker_index]
-        paths = [source.paths[index] for index in indices]
-        count = sum(source.file_sizes[index] for index in indices)
-    else:
-        paths, count = list(source.paths), source.num_examples
+        if own is not None:
+            return _select(source.files, source.positions_of(own), source.num_files)
+        files = _in_path_order(source) if plan.shard_mode == "element" else source.files
+        return files, source.num_examples
+    own = range(source.num_files) if own is None else own
+    count = sum(source.file_sizes[index] for index in own)
+    if isinstance(source, _py_dataset.PyDatasetSource):
+        read = functools.partial(_py_dataset.sample_stream, source, own, plan.shuffle, plan.seed)
+        return read, count
+    paths = [source.paths[index] for index in own]
     files = tf.data.Dataset.from_tensor_slices(paths)
 
     def records_of_pass(pass_index):

@@ -19,20 +19,16 @@ class PyDatasetSource:
     signature: object
     first_sample: object
     first_item_text: str
-    kind = "keras.utils.PyDataset"
-    unit = "items"
-    default_shuffle = False
-
+    kind, unit, default_shuffle = "keras.utils.PyDataset", "items", False
     batch_size = property(lambda self: self.item_sizes[0])
     num_examples = property(lambda self: sum(self.item_sizes))
     num_files = property(lambda self: len(self.item_sizes))
     file_sizes = property(lambda self: self.item_sizes)
-
-    @property
-    def notes(self):
-        return (
+    notes = property(
+        lambda self: (
             f"{self.num_examples} samples from len() = {len(self.item_sizes)} items of {self.batch_size}, the last with {self.item_sizes[-1]}",
         )
+    )
 
 
 def as_fit_layout(item):
@@ -123,11 +119,10 @@ def inspect_py_dataset(py_dataset, num_samples=None):
     return PyDatasetSource(py_dataset, item_sizes, signature, first_sample, first_text)
 
 
-def sample_stream(source, item_indices, *, shuffle, seed, pass_index):
+def sample_stream(source, item_indices, shuffle, seed, pass_index):
     """The samples of the given items in pass `pass_index` (a tensor), shuffled by `seed` and it."""
     # on_epoch_begin and on_epoch_end come in pairs: a pass given up early (the
     # batch fit reads to build the model) ends no epoch, and the next begins none.
-    item_indices = list(item_indices)
     in_epoch = [False]
 
     def generate(pass_index):

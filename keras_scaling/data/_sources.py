@@ -1,5 +1,4 @@
-"""Recognises and checks what `distribute` was given, and counts its samples (reading data of
-unknown length once, with a progress bar after 1 s)."""
+"""Recognises and checks what `distribute` was given, and counts its samples."""
 
 import dataclasses
 import inspect
@@ -28,9 +27,8 @@ def samples_in(element, batched):
     first = tf.nest.flatten(element)[0]
     if isinstance(first, tf.SparseTensor):
         return tf.cast(first.dense_shape[0], tf.int64)
-    return tf.cast(
-        first.nrows() if isinstance(first, tf.RaggedTensor) else tf.shape(first)[0], tf.int64
-    )
+    rows = first.nrows() if isinstance(first, tf.RaggedTensor) else tf.shape(first)[0]
+    return tf.cast(rows, tf.int64)
 
 
 def estimated_seconds(elapsed_s, elements_read, elements_total):
@@ -44,7 +42,7 @@ def count_samples(dataset, *, batched):
     """Reads a finite `dataset` once; returns its samples (elements, or their first dimensions)."""
     elements_total = int(dataset.cardinality())
     counts = dataset.map(
-        lambda *element: samples_in(element[0] if len(element) == 1 else element, batched),
+        lambda *element: samples_in(_py_dataset.unpack(element), batched),
         num_parallel_calls=tf.data.AUTOTUNE,
     )
     chunks = counts.batch(COUNT_CHUNK_ELEMENTS).map(
@@ -134,7 +132,7 @@ def _is_path_list(value):
     return isinstance(value, (list, tuple)) and len(value) > 0 and all(map(_is_path, value))
 
 
-def inspect_data(data, parse_fn=None, *, num_samples=None, output_signature=None):
+def inspect_data(data, parse_fn=None, num_samples=None, output_signature=None):
     """The `...Source` that describes `data`."""
     if parse_fn is not None and not callable(parse_fn):
         raise TypeError(

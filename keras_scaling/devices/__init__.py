@@ -1,8 +1,5 @@
-"""Devices and strategies: which strategy to train with (`strategies`), and its workers,
-replicas and devices (`_topology`).
-
-Names load on first use: `compat` imports `_topology`, and the strategies enable `compat`.
-"""
+"""Devices and strategies: which strategy to train with (`strategies`), and its workers, replicas
+and devices (`_topology`), loaded lazily: `compat` imports `_topology`, strategies enable it."""
 
 import importlib
 from typing import TYPE_CHECKING, Any

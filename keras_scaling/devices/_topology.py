@@ -1,4 +1,4 @@
-"""Workers, replicas and devices of a strategy; imports nothing of keras_scaling (`compat` uses it)."""
+"""Workers, replicas and devices of a strategy (no keras_scaling imports: `compat` uses it)."""
 
 import re
 from collections.abc import Iterable

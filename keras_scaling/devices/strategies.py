@@ -163,11 +163,10 @@ def auto_strategy(
     Args:
         cross_device_ops: a `MirroredStrategy`'s all-reduce on one machine:
             `"reduction_to_one_device"`, `"hierarchical_copy"` or `"nccl"`.
-        communication: the all-reduce across workers: `"auto"`, `"ring"` or
-            `"nccl"`.
+        communication: the all-reduce across workers: `"auto"`, `"ring"` or `"nccl"`.
         bytes_per_pack: int >= 0, the size of the packs gradients are grouped
-            into across workers. None (or 0) leaves TensorFlow's choice; each
-            option is ignored by the strategies it does not apply to.
+            into across workers. None (default, or 0 here) leaves TensorFlow's
+            choice, and each option is ignored where it does not apply.
 
     Returns:
         A `tf.distribute.Strategy`.
@@ -253,9 +252,7 @@ def _cross_device_ops(name: str | None) -> Any:
 
 def _communication_options(communication: str | None, bytes_per_pack: int | None) -> Any:
     """`CommunicationOptions` of the names given, or None for TensorFlow's choice."""
-    implementation = tf.distribute.experimental.CommunicationImplementation
-    implementations = {"auto": implementation.AUTO, "ring": implementation.RING}
-    implementations["nccl"] = implementation.NCCL
+    implementations = ("auto", "ring", "nccl")
     if communication is not None and communication not in implementations:
         raise ValueError(
             f"communication must be one of {', '.join(implementations)} or None, got {communication!r}"
@@ -266,9 +263,11 @@ def _communication_options(communication: str | None, bytes_per_pack: int | None
         )
     if communication is None and not bytes_per_pack:
         return None
+    implementation = tf.distribute.experimental.CommunicationImplementation[
+        (communication or "auto").upper()
+    ]
     return tf.distribute.experimental.CommunicationOptions(
-        bytes_per_pack=bytes_per_pack or 0,
-        implementation=implementations[communication or "auto"],
+        bytes_per_pack=bytes_per_pack or 0, implementation=implementation
     )
 
 
