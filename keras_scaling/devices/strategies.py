@@ -5,7 +5,6 @@ import glob
 import json
 import logging
 import os
-import weakref
 from typing import Any, TypeGuard
 
 import tensorflow as tf
@@ -29,6 +28,7 @@ from keras_scaling.launch._environment import CPU_DEVICES_ENV as _CPU_DEVICES_EN
 __all__ = list(devices.__all__)
 
 logger = logging.getLogger("keras_scaling")
+_ORIGIN_ATTRIBUTE = "_keras_scaling_cluster_origin"
 
 
 def use_logical_cpus(
@@ -196,7 +196,7 @@ def auto_strategy(
     _apply_cpu_devices_from_env(spec)
     strategy, reason = _choose_strategy(spec, _cross_device_ops(cross_device_ops), options)
     if spec is not None:
-        _cluster_origins[strategy] = spec.origin
+        setattr(strategy, _ORIGIN_ATTRIBUTE, spec.origin)
         reason = f"{reason}; cluster from {spec.origin}"
     logger.info("auto_strategy: %s (%s)", strategy_kind(strategy), reason)
     if num_replicas(strategy) > 1:
@@ -235,10 +235,6 @@ def warn_if_keras_distribution_set() -> bool:
     return True
 
 
-# Weak: a strategy is not kept alive by being described.
-_cluster_origins: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
 def _cross_device_ops(name: str | None) -> Any:
     choices = {"reduction_to_one_device": tf.distribute.ReductionToOneDevice}
     choices["hierarchical_copy"] = tf.distribute.HierarchicalCopyAllReduce
@@ -263,12 +259,9 @@ def _communication_options(communication: str | None, bytes_per_pack: int | None
         )
     if communication is None and not bytes_per_pack:
         return None
-    implementation = tf.distribute.experimental.CommunicationImplementation[
-        (communication or "auto").upper()
-    ]
-    return tf.distribute.experimental.CommunicationOptions(
-        bytes_per_pack=bytes_per_pack or 0, implementation=implementation
-    )
+    experimental = tf.distribute.experimental
+    kind = experimental.CommunicationImplementation[(communication or "auto").upper()]
+    return experimental.CommunicationOptions(bytes_per_pack or 0, implementation=kind)
 
 
 def _choose_strategy(
@@ -290,6 +283,7 @@ def _choose_strategy(
                 "auto_strategy: accelerator device files suggest a TPU, but none could be initialised (%s); looking for other devices", error
             )  # fmt: skip
     if _trains_with_others(spec):
+        # TensorFlow reads TF_CONFIG (which keras-scaling launch writes) itself.
         own = spec.source in ("tf_config", "launch")
         resolver = None if own else _cluster_tf.cluster_resolver(spec)
         strategy = _multi_worker_strategy(resolver, communication_options)
@@ -438,8 +432,9 @@ def describe_strategy(strategy: tf.distribute.Strategy | None = None) -> Strateg
 
 
 def _cluster_origin(strategy: tf.distribute.Strategy) -> str:
-    if strategy in _cluster_origins or not _is_multi_worker(strategy):
-        return _cluster_origins.get(strategy, "")
+    origin = getattr(strategy, _ORIGIN_ATTRIBUTE, None)
+    if origin is not None or not _is_multi_worker(strategy):
+        return origin or ""
     resolver = strategy.cluster_resolver
     if isinstance(resolver, tf.distribute.cluster_resolver.TFConfigClusterResolver):
         try:
