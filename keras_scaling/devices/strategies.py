@@ -64,7 +64,6 @@ def use_logical_cpus(
     n = _validation.positive_int(n, "n", fix="Pass the number of logical CPUs, such as 2.")
     threads_per_device = _validation.optional_positive_int(threads_per_device, "threads_per_device")
     inter_op_threads = _validation.optional_positive_int(inter_op_threads, "inter_op_threads")
-    cpu = tf.config.list_physical_devices("CPU")[0]
     try:
         if threads_per_device is not None:
             # Read when the devices are made (tensorflow/core/common_runtime/local_device.cc).
@@ -73,9 +72,7 @@ def use_logical_cpus(
         if inter_op_threads is not None:
             tf.config.threading.set_inter_op_parallelism_threads(inter_op_threads)
         try:
-            tf.config.set_logical_device_configuration(
-                cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(n)]
-            )
+            _split_cpu(n)
         except RuntimeError:
             if len(tf.config.list_logical_devices("CPU")) != n:
                 raise
@@ -85,6 +82,14 @@ def use_logical_cpus(
             f"use_logical_cpus({n}) was called after TensorFlow initialised its devices ({current} logical CPU(s) now): call it first in the process, before building models, tensors or strategies."
         ) from error
     return [device.name for device in tf.config.list_logical_devices("CPU")]
+
+
+def _split_cpu(count: int) -> None:
+    """Makes `count` logical CPUs of the host's; RuntimeError once TensorFlow made its devices."""
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(
+        cpu, [tf.config.LogicalDeviceConfiguration()] * count
+    )
 
 
 def _apply_cpu_devices_from_env(spec: "cluster.ClusterSpec | None" = None) -> None:
@@ -98,12 +103,9 @@ def _apply_cpu_devices_from_env(spec: "cluster.ClusterSpec | None" = None) -> No
     if _tf_config_worker_count() > 1 or _trains_with_others(spec):
         # MultiWorkerMirroredStrategy configures collective ops before TensorFlow
         # initialises its context, which listing the devices (use_logical_cpus) does.
-        cpu = tf.config.list_physical_devices("CPU")[0]
-        tf.config.set_logical_device_configuration(
-            cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(count)]
-        )
-        return
-    use_logical_cpus(count)
+        _split_cpu(count)
+    else:
+        use_logical_cpus(count)
 
 
 def tf_config() -> dict[str, Any]:
@@ -174,9 +176,8 @@ def auto_strategy(
     Raises:
         keras_scaling.cluster.NotInStepError: a Slurm job of several tasks runs
             this Python outside `srun`.
-        ValueError: an unknown option; a malformed cluster environment,
-            `TF_CONFIG` with `ps` tasks, a Slurm node name that does not
-            resolve, or this task's port in use.
+        ValueError: an unknown option, a malformed cluster environment (`ps`
+            tasks, a Slurm node that does not resolve), or this task's port in use.
 
     Example:
 
@@ -388,16 +389,10 @@ class StrategyInfo:
         return self.num_replicas // self.num_workers
 
     def __str__(self) -> str:
-        text = (
-            f"{self.kind}: {self.num_workers} worker{'s' * (self.num_workers > 1)}, "
-            f"{self.num_replicas} replica{'s' * (self.num_replicas > 1)} on {self.device_kind} "
-            f"({', '.join(self.local_devices)})"
-        )
-        if self.num_workers > 1:
-            text += f"; this is worker {self.worker_index}" + " (chief)" * self.is_chief
-        if self.cluster_origin:
-            text += f"; cluster from {self.cluster_origin}"
-        return text
+        several = self.num_workers > 1
+        text = f"{self.kind}: {self.num_workers} worker{'s' * several}, {self.num_replicas} replica{'s' * (self.num_replicas > 1)} on {self.device_kind} ({', '.join(self.local_devices)})"
+        text += f"; this is worker {self.worker_index}{' (chief)' * self.is_chief}" * several
+        return text + f"; cluster from {self.cluster_origin}" * bool(self.cluster_origin)
 
 
 def describe_strategy(strategy: tf.distribute.Strategy | None = None) -> StrategyInfo:
@@ -458,8 +453,7 @@ def strategy_kind(strategy: tf.distribute.Strategy) -> str:
     Example:
 
     ```python
-    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
-    keras_scaling.devices.strategy_kind(strategy)   # 'MirroredStrategy'
+    keras_scaling.devices.strategy_kind(tf.distribute.MirroredStrategy(["/cpu:0"]))   # 'MirroredStrategy'
     ```
     """
     if _is_multi_worker(strategy):
