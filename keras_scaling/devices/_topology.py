@@ -148,14 +148,12 @@ def read_int(variable: Any) -> int:
 def replica_device_names(strategy: tf.distribute.Strategy) -> list[str]:
     """A device name for every replica, in the order of `all_gather`.
 
-    Other workers' replicas are this worker's devices under their task index,
-    or `"worker W replica R"` when the names carry no task.
-
     Args:
         strategy: a `tf.distribute.Strategy`.
 
     Returns:
-        list of str, `num_replicas(strategy)` names.
+        list of str, `num_replicas(strategy)` names: other workers' are this worker's devices
+        under their task index, or `"worker W replica R"` when the names carry no task.
 
     Example:
 

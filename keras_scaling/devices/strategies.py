@@ -156,11 +156,9 @@ def auto_strategy(
 ) -> tf.distribute.Strategy:
     """Pick the `tf.distribute` strategy that fits this machine, and log why.
 
-    `TPUStrategy` when a TPU is attached; `MultiWorkerMirroredStrategy` when
-    this process is one of several workers (`TF_CONFIG`, a Slurm step, a
-    Kubernetes Indexed Job); `MirroredStrategy` over two or more GPUs or
-    logical CPUs; else the default strategy. With several replicas,
-    `keras_scaling.compat` is enabled. The strategies guide gives the details.
+    `TPUStrategy`, `MultiWorkerMirroredStrategy` (`TF_CONFIG`, a Slurm step, a Kubernetes
+    Indexed Job), `MirroredStrategy` over GPUs or logical CPUs, or the default strategy, as
+    the strategies guide says; with several replicas, `keras_scaling.compat` is enabled.
 
     Args:
         cross_device_ops: a `MirroredStrategy`'s all-reduce on one machine:
