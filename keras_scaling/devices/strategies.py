@@ -144,9 +144,8 @@ def _trains_with_others(spec: "cluster.ClusterSpec | None") -> "TypeGuard[cluste
 
 def _tpu_address() -> str | None:
     """The TPU to resolve, or None: looks only at local signs, never the network."""
-    if os.environ.get("TPU_NAME"):
-        return os.environ["TPU_NAME"]
-    return "local" if glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*") else None
+    local = glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*")
+    return os.environ.get("TPU_NAME") or ("local" if local else None)
 
 
 def auto_strategy(
@@ -227,8 +226,7 @@ def warn_if_keras_distribution_set() -> bool:
     if not _keras_distribution_warned and keras.backend.backend() == "tensorflow":
         _keras_distribution_warned = True
         logger.warning(
-            "keras_scaling: keras.distribution.set_distribution(%s) is set, but on the TensorFlow backend the keras.distribution API (built for JAX) trains on one device. "
-            "Build and compile the model under keras_scaling.auto_strategy().scope(), and call keras.distribution.set_distribution(None).",
+            "keras_scaling: keras.distribution.set_distribution(%s) trains on one device on the TensorFlow backend (the API is built for JAX): build and compile the model under keras_scaling.auto_strategy().scope() and call keras.distribution.set_distribution(None).",
             type(distribution).__name__,
         )
     return True
