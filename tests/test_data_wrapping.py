@@ -3,7 +3,7 @@
 Keras' dataset utilities, a pipeline ending in `.batch()`, a `PyDataset` and
 a generator, on 2 replicas (this file's `logical_cpus(2)` tests) and as each
 of 2 workers would read them (`_distribute_for` with a worker's
-`StrategyInfo`); `tests/multi_worker/test_data_wrapping_multi_worker.py` runs them
+`StrategyInfo`); `tests/multi_worker/test_multi_worker_training.py` runs them
 on 2 real workers. Bad input is checked on one device.
 """
 
