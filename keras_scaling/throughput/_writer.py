@@ -30,7 +30,9 @@ class ThroughputWriter:
         self.log_dir = log_dir
         self._record = record
         self._behind = False
-        self._last_written_step = None  # read back from log_dir at the first point
+        # Read before this writer opens a file: no wait for TensorBoard's thread,
+        # no rereading of its own points.
+        self._last_written_step = _tensorboard.last_step_written(log_dir, dashboard.SCALAR_TAGS)
         self._error = None
         self._saved_at_s = -_RECORD_EVERY_S
         self.last_step = 0
@@ -75,10 +77,6 @@ class ThroughputWriter:
         self._keeping_errors(self._save_record)
 
     def _write_scalars(self, step, scalars):
-        if self._last_written_step is None:
-            self._last_written_step = _tensorboard.last_step_written(
-                self.log_dir, dashboard.SCALAR_TAGS
-            )
         if step > self._last_written_step:
             _tensorboard.write_scalars(self.log_dir, step, scalars)
             self._last_written_step = step
@@ -88,8 +86,7 @@ class ThroughputWriter:
     def _save_record(self):
         record = self._record() if self._behind else None
         if record is not None:
-            if self._last_written_step is None:  # before the first point: log_dir may be missing
-                os.makedirs(_tensorboard.run_dir(self.log_dir), exist_ok=True)
+            os.makedirs(_tensorboard.run_dir(self.log_dir), exist_ok=True)  # before the first point
             _run_record.write_throughput_json(self.log_dir, record)
             self._saved_at_s = time.monotonic()
         self._behind = False  # left True when the write raised
