@@ -2,10 +2,13 @@
 
 The resume tests run `tests/workers/backup_worker.py` in processes of their
 own (2 logical CPUs each): one run never stopped, runs that send themselves
-SIGTERM after a chosen optimizer step (exit status 75), and the same
-arguments again, which resume. Each stopped run ends a process that began
-with the training before it (`--then`): a start of TensorFlow serves two.
-The other tests train in this process on one device.
+SIGTERM after a chosen optimizer step, and the same arguments again, which
+resume. Starting TensorFlow costs seconds of CPU time, so two processes
+train them all, one after the other (`--then`): the first ends with the
+`main` run stopped (exit status 75), which the second resumes, as a new
+process would; the other stopped runs go on in the first process
+(`--preempted-continues`), each resumed there on a model and data built
+anew. The other tests train in this process on one device.
 """
 
 import json
@@ -30,16 +33,16 @@ from keras_scaling.summaries import _tensorboard
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WORKER = os.path.join(REPO, "tests", "workers", "backup_worker.py")
 RUN_TIMEOUT_S = 240
-# Where the worker's stderr says a training begins (backup_worker.RUN_MARK).
+# Where the worker's stderr says a training begins (backup_worker.RUN_MARK),
+# and the status of a preempted run that the next one followed (STOP_MARK).
 RUN_MARK = "backup_worker: run "
+STOP_MARK = "backup_worker: stopped with status "
 
 # 640 samples, 8 per replica on 2 replicas: 40 steps per epoch, 120 in all.
 STEPS_PER_EPOCH = 40
 TOTAL_STEPS = 120
-# A process trains twice at most (`--then`), each training within this.
-PROCESS_TIMEOUT_S = 2 * RUN_TIMEOUT_S
-# The fixture's five processes, and a test's own reading.
-CHAIN_TIMEOUT_S = 5 * PROCESS_TIMEOUT_S + 60
+# The fixture's nine trainings, each within RUN_TIMEOUT_S, and a test's own reading.
+CHAIN_TIMEOUT_S = 9 * RUN_TIMEOUT_S + 60
 
 
 def run_args(directory, name, *extra, backup="backup"):
@@ -56,15 +59,16 @@ def run_args(directory, name, *extra, backup="backup"):
 def run_chain(*runs):
     """Runs the trainings `runs` (lists of arguments) in turn in one worker process.
 
-    Returns one result per training, with its `returncode` (0 for those the
-    next one followed, the process's status for the last) and its `stderr`.
+    Returns one result per training, with its `returncode` (for those the
+    next one followed, the status the worker said they stopped with, else 0;
+    the process's status for the last) and its `stderr`.
     """
     command = [sys.executable, WORKER]
     for number, run in enumerate(runs):
         command += ["--then"] * (number > 0) + run
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     result = subprocess.run(
-        command, capture_output=True, text=True, timeout=PROCESS_TIMEOUT_S, env=env
+        command, capture_output=True, text=True, timeout=len(runs) * RUN_TIMEOUT_S, env=env
     )
     parts = result.stderr.split(RUN_MARK)
     parts = [parts[0] + parts[1], *parts[2:]] if len(parts) > 1 else parts
@@ -72,10 +76,15 @@ def run_chain(*runs):
         pytest.fail(
             f"the worker stopped before training {len(runs)} times:\n{result.stderr[-3000:]}"
         )
+
+    def status(number, part):
+        if number == len(runs) - 1:
+            return result.returncode
+        stopped = part.split(STOP_MARK)
+        return int(stopped[1].split()[0]) if len(stopped) > 1 else 0
+
     return [
-        types.SimpleNamespace(
-            returncode=result.returncode if number == len(runs) - 1 else 0, stderr=part
-        )
+        types.SimpleNamespace(returncode=status(number, part), stderr=part)
         for number, part in enumerate(parts)
     ]
 
@@ -99,10 +108,6 @@ def assert_bitwise_equal(values, reference):
         assert value.tobytes() == expected.tobytes(), f"variable {index} differs"
 
 
-# In the order the fixture runs them.
-VARIANTS = ("main", "advice", "steps_per_execution", "arrays")
-
-
 @pytest.fixture(scope="module")
 def stopped_and_resumed(tmp_path_factory):
     """A run never stopped, and runs stopped by SIGTERM then resumed, each in a directory.
@@ -113,42 +118,50 @@ def stopped_and_resumed(tmp_path_factory):
     same with a baseline far above what 2 CPU replicas reach, so that the
     low-efficiency advice times the input pipeline in the first epoch of each
     run. `steps_per_execution`: four steps per call, stopped after step 52.
-    `arrays`: other data (NumPy arrays, whose position is not saved). Each
-    stopped run ends its process, which begins by resuming the run before it.
+    `arrays`: other data (NumPy arrays, whose position is not saved). The
+    first process trains the run never stopped, then each variant but `main`
+    stopped and resumed, then `main` stopped, which ends it; the second
+    process resumes `main`.
     """
     root = tmp_path_factory.mktemp("stopped_and_resumed")
     variants = {
-        "main": ["--log-dir", str(root / "main" / "logs")],
         "advice": ["--log-dir", str(root / "advice" / "logs"), "--baseline", "1e9"],
         "steps_per_execution": ["--steps-per-execution", "4"],
         "arrays": ["--data", "arrays"],
+        "main": ["--log-dir", str(root / "main" / "logs")],
     }
     sigterm_at = {"main": 50, "advice": 50, "steps_per_execution": 52, "arrays": 50}
-    runs = {"reference_out": root / "reference.npz"}
-    previous = [
-        *run_args(root, "reference", backup="reference_backup"),
-        *["--log-dir", str(root / "reference_logs")],
+    chain = [
+        [
+            *run_args(root, "reference", backup="reference_backup"),
+            *["--log-dir", str(root / "reference_logs")],
+        ]
     ]
-    assert tuple(variants) == VARIANTS
     for name, extra in variants.items():
         directory = root / name
         directory.mkdir()
         resumed = run_args(directory, "resumed", *extra)
         stopped = [*resumed, "--sigterm-at", str(sigterm_at[name])]
-        runs[f"{name}_before"], runs[name] = run_chain(previous, stopped)
         if name == "main":
-            runs["main_header"], _ = _backup.read(directory / "backup")
-        previous = resumed
-    (runs["last_resumed"],) = run_chain(previous)
+            chain.append(stopped)
+            main_resumed = resumed
+        else:
+            chain += [[*stopped, "--preempted-continues"], resumed]
+    first = run_chain(*chain)
+    runs = {"reference_out": root / "reference.npz", "reference": first[0]}
+    for number, name in enumerate(variants):
+        runs[name] = types.SimpleNamespace(stopped=first[1 + 2 * number])
+        if name != "main":
+            runs[name].resumed = first[2 + 2 * number]
+    runs["main_header"], _ = _backup.read(root / "main" / "backup")
+    (runs["main"].resumed,) = run_chain(main_resumed)
     return root, runs
 
 
 def variant(stopped_and_resumed, name):
     """The stopped and the resumed run of variant `name`, and the resumed run's output file."""
     root, runs = stopped_and_resumed
-    following = VARIANTS[VARIANTS.index(name) + 1 :]
-    resumed = runs[f"{following[0]}_before"] if following else runs["last_resumed"]
-    stopped = runs[name]
+    stopped, resumed = runs[name].stopped, runs[name].resumed
     assert stopped.returncode == EXIT_PREEMPTED, stopped.stderr[-3000:]
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     return stopped, resumed, root / name / "resumed.npz"

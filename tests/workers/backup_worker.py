@@ -9,7 +9,10 @@ optimizer variable to `--out` (from worker 0), with the step count.
 `ARGS --then ARGS...` runs one training after the other in this process, on
 one strategy, each from the same seed, saying on stderr where each begins
 (`RUN_MARK` and its number): starting TensorFlow costs seconds of CPU time.
-A run that SIGTERM stops ends the process (status 75), so it comes last.
+A run that SIGTERM stops ends the process (status 75), so it comes last,
+unless it has `--preempted-continues`: then the `SystemExit` that `fit`
+raises is caught, its status said on stderr (`STOP_MARK` and the status),
+and the next run goes on in this process.
 """
 
 import argparse
@@ -22,6 +25,7 @@ import time
 import numpy as np
 
 RUN_MARK = "backup_worker: run "
+STOP_MARK = "backup_worker: stopped with status "
 
 
 def parse_args(argv):
@@ -36,6 +40,11 @@ def parse_args(argv):
     parser.add_argument("--save-every", type=int, default=None)
     parser.add_argument("--sigterm-at", type=int, default=None)
     parser.add_argument("--sigterm-worker", type=int, default=0)
+    parser.add_argument(
+        "--preempted-continues",
+        action="store_true",
+        help="when the preemption stops this run, go on with the next run in this process",
+    )
     parser.add_argument("--data", choices=("distribute", "arrays"), default="distribute")
     parser.add_argument("--units", type=int, default=16)
     parser.add_argument("--log-dir", default=None)
@@ -95,7 +104,12 @@ def main():
     for number, args in enumerate(runs):
         print(f"{RUN_MARK}{number}", file=sys.stderr, flush=True)
         timing_calls.clear()
-        train(args, strategy, timing_calls)
+        try:
+            train(args, strategy, timing_calls)
+        except SystemExit as stop:
+            if not args.preempted_continues:
+                raise
+            print(f"{STOP_MARK}{stop.code}", file=sys.stderr, flush=True)
 
 
 def train(args, strategy, timing_calls):
