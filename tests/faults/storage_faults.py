@@ -17,14 +17,22 @@ WORKER = os.path.join(HERE, "storage_fault_worker.py")
 RUN_TIMEOUT_S = 240
 
 
-def skip_without_mount_namespaces():
+def mount_namespaces_unavailable():
+    """Why private mounts cannot be made here, or None if they can."""
     if os.geteuid() != 0:
-        pytest.skip("private mounts need root (unshare -m, mount)")
+        return "private mounts need root (unshare -m, mount)"
     probe = subprocess.run(
         ["unshare", "-m", "true"], capture_output=True, text=True, timeout=30, check=False
     )
     if probe.returncode != 0:
-        pytest.skip(f"unshare -m is not allowed here: {probe.stderr.strip()}")
+        return f"unshare -m is not allowed here: {probe.stderr.strip()}"
+    return None
+
+
+def skip_without_mount_namespaces():
+    reason = mount_namespaces_unavailable()
+    if reason is not None:
+        pytest.skip(reason)
 
 
 def tmpfs(directory, size):
@@ -43,15 +51,17 @@ def read_only(directory):
 
 def run_workers(runs):
     """Runs each `(mounts, report, worker arguments)` in turn in one worker, in a private mount
-    namespace made with all the mounts; their reports."""
+    namespace made with all the mounts (if any); their reports."""
     mounts, arguments = [], [sys.executable, WORKER]
     for number, (run_mounts, report, worker_args) in enumerate(runs):
         mounts += run_mounts
         arguments += ["--then"] * (number > 0) + ["--report", str(report), *map(str, worker_args)]
-    command = shlex.join(arguments)
+    if mounts:
+        command = shlex.join(arguments)
+        arguments = ["unshare", "-m", "sh", "-c", f"{' && '.join(mounts)} && exec {command}"]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     result = subprocess.run(
-        ["unshare", "-m", "sh", "-c", f"{' && '.join(mounts)} && exec {command}"],
+        arguments,
         capture_output=True,
         text=True,
         timeout=RUN_TIMEOUT_S * len(runs),
