@@ -301,12 +301,23 @@ def test_doctor_with_cpu_devices_sums_over_every_logical_cpu(tmp_path):
         ("--timeout", "1e10"),
     ],
 )
-def test_a_size_or_timeout_that_cannot_work_is_a_usage_error(tmp_path, option, value):
-    result = _run([sys.executable, "-m", "keras_scaling", "doctor", option, value], tmp_path)
-    assert result.returncode == 2, result.stderr[-3000:]
+def test_a_size_or_timeout_that_cannot_work_is_a_usage_error(capsys, option, value):
+    # In this process: the arguments are checked before any check runs.
+    from keras_scaling.cli import main
+
+    status = main(["doctor", option, value])
+    stderr = capsys.readouterr().err
+    assert status == 2, stderr[-3000:]
     unit = "MB" if option == "--size-mb" else "seconds"
-    assert f"argument {option}: must be a number of {unit} above 0 and at most " in result.stderr
-    assert f"got '{value}'" in result.stderr
+    assert f"argument {option}: must be a number of {unit} above 0 and at most " in stderr
+    assert f"got '{value}'" in stderr
+
+
+def test_a_usage_error_of_the_command_exits_2_without_a_traceback(tmp_path):
+    result = _run([sys.executable, "-m", "keras_scaling", "doctor", "--size-mb", "0"], tmp_path)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "argument --size-mb: must be a number of MB above 0 and at most " in result.stderr
+    assert "got '0'" in result.stderr
     assert "Traceback" not in result.stderr
 
 
@@ -412,9 +423,27 @@ def _worker_output(output, index):
     return "\n".join(line[len(prefix) :] for line in output.splitlines() if line.startswith(prefix))
 
 
+@pytest.fixture(scope="module")
+def launch_without_the_key_value_store(tmp_path_factory):
+    """A launched doctor on 2 workers of 2 logical CPUs each, its reports sent by an all-gather.
+
+    Shared by the 2-device case of the launch test and the all-gather test:
+    how the reports travel does not depend on the replica count, and one
+    launch starts 2 TensorFlow processes fewer.
+    """
+    env = _env(KERAS_SCALING_FAIL_PROBES="tf.coordination_key_value_store")
+    cwd = tmp_path_factory.mktemp("without_the_key_value_store")
+    return _run(_launch(*_doctor("--cpu-devices", "2")), cwd, env=env)
+
+
 @pytest.mark.parametrize("cpu_devices", [1, 2])
-def test_doctor_under_launch_passes_on_both_workers_with_the_same_checks(tmp_path, cpu_devices):
-    result = _run(_launch(*_doctor("--cpu-devices", str(cpu_devices))), tmp_path)
+def test_doctor_under_launch_passes_on_both_workers_with_the_same_checks(
+    tmp_path, cpu_devices, request
+):
+    if cpu_devices == 1:
+        result = _run(_launch(*_doctor("--cpu-devices", str(cpu_devices))), tmp_path)
+    else:
+        result = request.getfixturevalue("launch_without_the_key_value_store")
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     for index in (0, 1):
         output = _worker_output(result.stdout, index)
@@ -429,9 +458,10 @@ def test_doctor_under_launch_passes_on_both_workers_with_the_same_checks(tmp_pat
         assert "TensorFlow gRPC server listens on port" in output
 
 
-def test_without_the_key_value_store_the_reports_go_through_an_all_gather(tmp_path):
-    env = _env(KERAS_SCALING_FAIL_PROBES="tf.coordination_key_value_store")
-    result = _run(_launch(*_doctor("--cpu-devices", "2")), tmp_path, env=env)
+def test_without_the_key_value_store_the_reports_go_through_an_all_gather(
+    launch_without_the_key_value_store,
+):
+    result = launch_without_the_key_value_store
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     for index in (0, 1):
         output = _worker_output(result.stdout, index)
