@@ -68,6 +68,15 @@ def _report(*args, env=None):
     )
 
 
+def _report_here(capsys, *args):
+    """`keras-scaling report ARGS` in this process: (exit status, stdout, stderr)."""
+    from keras_scaling.cli import main
+
+    status = main(["report", *map(str, args)])
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
 @pytest.fixture
 def sweep(tmp_path):
     """Runs of 1, 2 and 4 replicas, as a bench leaves them (plus a nested run)."""
@@ -162,13 +171,13 @@ def test_table_prints_every_column_and_a_dash_for_no_speedup(tmp_path):
     assert [cell.strip() for cell in lines[4].strip("|").split("|")][3:5] == ["-", "-"]
 
 
-def test_report_shows_tflops_and_mfu_from_throughput_json(tmp_path):
+def test_report_shows_tflops_and_mfu_from_throughput_json(tmp_path, capsys):
     _write_run(tmp_path / "replicas_1", 1, 1000.0, flops_per_sample=4e9, mfu=0.125)
     _write_run(tmp_path / "replicas_2", 2, 1900.0, flops_per_sample=4e9)
 
-    result = _report(tmp_path, "--output", tmp_path / "plot.png")
+    _, stdout, _ = _report_here(capsys, tmp_path, "--output", tmp_path / "plot.png")
 
-    lines = [line for line in result.stdout.splitlines() if line.startswith("|")]
+    lines = [line for line in stdout.splitlines() if line.startswith("|")]
     cells = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines]
     assert cells[0][6:8] == ["model FLOP/s", "MFU"]
     assert cells[2][6:8] == ["4.00 TFLOP/s", "0.125"]  # 4e9 FLOPs x 1000 samples/sec
@@ -207,15 +216,15 @@ def test_report_without_matplotlib_prints_the_table_and_says_how_to_get_the_plot
     assert not (sweep / "scaling.png").exists()
 
 
-def test_report_skips_unreadable_files_and_says_which(sweep):
+def test_report_skips_unreadable_files_and_says_which(sweep, capsys):
     os.makedirs(sweep / "broken")
     (sweep / "broken" / "throughput.json").write_text("{not json")
 
-    result = _report(sweep, "--output", sweep / "plot.png")
+    status, stdout, stderr = _report_here(capsys, sweep, "--output", sweep / "plot.png")
 
-    assert result.returncode == 0, result.stderr
-    assert "skipped" in result.stderr and "broken" in result.stderr
-    assert "replicas_2" in result.stdout
+    assert status == 0, stderr
+    assert "skipped" in stderr and "broken" in stderr
+    assert "replicas_2" in stdout
     assert (sweep / "plot.png").stat().st_size > 1000
 
 
@@ -240,12 +249,11 @@ def test_report_on_a_directory_without_runs_exits_2(tmp_path):
     assert "Traceback" not in result.stderr
 
 
-def test_report_on_a_missing_directory_exits_2(tmp_path):
-    result = _report(tmp_path / "nowhere")
+def test_report_on_a_missing_directory_exits_2(tmp_path, capsys):
+    status, _, stderr = _report_here(capsys, tmp_path / "nowhere")
 
-    assert result.returncode == 2
-    assert "is not a directory" in result.stderr
-    assert "Traceback" not in result.stderr
+    assert status == 2
+    assert "is not a directory" in stderr
 
 
 def test_report_plots_the_ideal_of_a_multi_replica_baseline():
