@@ -1,11 +1,12 @@
-"""Each worker reads only its own share, once per epoch, in as many steps as the others."""
+"""Each worker reads only its own share, once per epoch, in as many steps as the others.
 
-import io
-import json
+Each worker's dataset is built as that worker would build it
+(`_distribute_for` with its `StrategyInfo`);
+`tests/test_data_pass_order_multi_worker.py` reads and fits on shares on 2
+real workers.
+"""
+
 import logging
-import os
-import sys
-import textwrap
 
 import numpy as np
 import pytest
@@ -13,7 +14,6 @@ import tensorflow as tf
 
 from keras_scaling import data
 from keras_scaling.devices import StrategyInfo
-from keras_scaling.launch import launcher
 
 
 def _worker(num_workers, worker_index, replicas_per_worker=2):
@@ -130,108 +130,6 @@ def test_partial_last_batch_is_refused_with_several_workers():
         data._distribute_for(
             np.arange(10), _worker(2, 0), global_batch_size=4, last_batch="partial"
         )
-
-
-_WORKER_SCRIPT = textwrap.dedent(
-    """
-    import json
-    import os
-    import numpy as np
-    import tensorflow as tf
-    from keras_scaling import data
-
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    ids = np.arange(1001)
-    for last_batch in ("pad", "drop"):
-        dataset = data.distribute((ids, ids), strategy=strategy, per_replica_batch_size=32,
-                                  last_batch=last_batch)
-        plan = data.plan_of(dataset)
-        steps, seen = 0, []
-        for batch in strategy.experimental_distribute_dataset(dataset):
-            steps += 1
-            parts = [strategy.experimental_local_results(part) for part in batch]
-            for replica in range(len(parts[0])):
-                x = parts[0][replica].numpy()
-                if len(parts) == 3:
-                    x = x[parts[2][replica].numpy() > 0]
-                seen.extend(x.tolist())
-        print("RESULT " + json.dumps({
-            "last_batch": last_batch, "worker": plan.worker_index,
-            "num_workers": plan.num_workers, "steps": steps,
-            "planned_steps": plan.steps_per_epoch,
-            "dropped": plan.samples_dropped_per_epoch, "seen": seen}), flush=True)
-
-    import keras
-
-    class CountSteps(keras.callbacks.Callback):
-        steps = 0
-
-        def on_train_batch_end(self, batch, logs=None):
-            CountSteps.steps += 1
-
-    x = np.random.default_rng(0).normal(size=(1001, 4)).astype("float32")
-    train = data.distribute((x, x.sum(axis=1)), strategy=strategy, per_replica_batch_size=32)
-    with strategy.scope():
-        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
-        model.compile(optimizer="sgd", loss="mse")
-    model.fit(train, epochs=1, verbose=0, callbacks=[CountSteps()])
-    print("RESULT " + json.dumps({
-        "last_batch": "fit", "worker": data.plan_of(train).worker_index,
-        "steps": CountSteps.steps,
-        "planned_steps": data.plan_of(train).steps_per_epoch}), flush=True)
-    # Skips TensorFlow's shutdown barrier, which waits ~20 s for the cluster.
-    os._exit(0)
-    """
-)
-
-
-def _run_two_workers(tmp_path):
-    """Runs the worker script as 2 workers of `launch`; returns {last_batch: [result, ...]}."""
-    script = tmp_path / "worker.py"
-    script.write_text(_WORKER_SCRIPT)
-    output = io.StringIO()
-    outcome = launcher.launch(
-        [sys.executable, str(script)],
-        num_workers=2,
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
-        stdout=output,
-        stderr=output,
-    )
-    assert outcome.exit_code == 0, f"{outcome.message}\n{output.getvalue()[-3000:]}"
-    results = {}
-    for line in output.getvalue().splitlines():
-        _, _, payload = line.partition("] ")
-        if payload.startswith("RESULT "):
-            result = json.loads(payload[len("RESULT ") :])
-            results.setdefault(result["last_batch"], []).append(result)
-    assert sorted(results) == ["drop", "fit", "pad"], output.getvalue()[-3000:]
-    assert all(len(both) == 2 for both in results.values()), results
-    return results
-
-
-@pytest.fixture(scope="module")
-def two_worker_results(tmp_path_factory):
-    return _run_two_workers(tmp_path_factory.mktemp("two_workers"))
-
-
-@pytest.mark.timeout(240)
-def test_two_real_workers_read_disjoint_shares_in_equal_steps(two_worker_results):
-    for last_batch in ("pad", "drop"):
-        results = two_worker_results[last_batch]
-        assert sorted(result["worker"] for result in results) == [0, 1]
-        assert {result["num_workers"] for result in results} == {2}
-        assert {result["steps"] for result in results} == {results[0]["planned_steps"]}
-        seen = [value for result in results for value in result["seen"]]
-        assert len(seen) == len(set(seen)), f"{last_batch}: a sample was read by both workers"
-        assert len(seen) == 1001 - results[0]["dropped"]
-        if last_batch == "pad":
-            assert sorted(seen) == list(range(1001))
-
-
-@pytest.mark.timeout(240)
-def test_fit_on_two_real_workers_runs_the_planned_steps(two_worker_results):
-    results = two_worker_results["fit"]
-    assert [result["steps"] for result in results] == [results[0]["planned_steps"]] * 2
 
 
 def test_cached_shares_stay_disjoint_and_are_reshuffled_each_epoch():
