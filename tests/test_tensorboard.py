@@ -434,7 +434,8 @@ def live(tmp_path_factory):
             )
             model.compile(optimizer="adam", loss="mse")
         rng = np.random.default_rng(0)
-        x = rng.normal(size=(4096, 16)).astype("float32")
+        # 96 steps: several points of every tag, each callback's at its own steps.
+        x = rng.normal(size=(1024, 16)).astype("float32")
         dataset = tf.data.Dataset.from_tensor_slices((x, x.sum(axis=1, keepdims=True)))
         model.fit(
             dataset.batch(32, drop_remainder=True),
@@ -500,6 +501,20 @@ def test_a_tensorboard_watching_the_run_serves_every_point_written(live, load_fa
             f"points up to {last_served}, the event files hold {len(points)} up to "
             f"{points[-1]}"
         )
+
+
+@pytest.mark.logical_cpus(2)
+def test_a_tensorboard_serves_the_speedup_at_the_steps_and_values_written(live):
+    servers, written, _ = live
+    (server,) = [server for server in servers if server.load_fast == "false"]
+    expected = written[("scaling", "scaling/speedup")]
+    assert expected
+
+    served = _wait_until_served(server, written)[("scaling", "scaling/speedup")]
+
+    assert [step for step, _ in served] == [step for step, _ in expected]
+    for (_, value), (_, expected_value) in zip(served, expected):
+        assert value == pytest.approx(expected_value, rel=1e-6)
 
 
 @pytest.mark.logical_cpus(2)

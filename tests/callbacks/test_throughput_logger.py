@@ -13,8 +13,6 @@ import sys
 import textwrap
 import time
 import types
-import urllib.parse
-import urllib.request
 import weakref
 
 import keras
@@ -25,7 +23,6 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 import keras_scaling
 from keras_scaling.fit_hooks import _train_function_hook
-from keras_scaling.launch import launcher
 from keras_scaling.summaries import _tensorboard
 from keras_scaling.throughput import baseline as baseline_lib
 
@@ -925,58 +922,6 @@ def test_callback_raising_mid_epoch_writes_throughput_json_at_exit(tmp_path):
     record = _json(tmp_path)
     assert record["steps_measured"] >= 25
     assert max(_steps(tmp_path)) <= 41
-
-
-def test_tensorboard_server_serves_the_speedup(tmp_path):
-    model = _model()
-    model.fit(
-        _dataset(256, 16),
-        verbose=0,
-        callbacks=[keras_scaling.ThroughputLogger(tmp_path, baseline=200.0, update_freq=2)],
-    )
-    expected = _scalars(tmp_path, "scaling/speedup")
-    assert expected
-    tensorboard = os.path.join(os.path.dirname(sys.executable), "tensorboard")
-    (port,) = launcher.free_ports(1)
-    server = subprocess.Popen(
-        [
-            tensorboard,
-            "--logdir",
-            str(tmp_path),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--load_fast",
-            "false",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    run = os.path.relpath(_tensorboard.run_dir(tmp_path), tmp_path)
-    query = urllib.parse.urlencode({"run": run, "tag": "scaling/speedup"})
-    url = f"http://127.0.0.1:{port}/data/plugin/scalars/scalars?{query}"
-    try:
-        deadline = time.monotonic() + 90
-        served = None
-        while served is None:
-            assert server.poll() is None, "tensorboard exited"
-            assert time.monotonic() < deadline, "tensorboard never served the scalars"
-            try:
-                with urllib.request.urlopen(url, timeout=5) as response:
-                    served = json.load(response)
-            except OSError:
-                time.sleep(0.5)
-            else:
-                if len(served) < len(expected):
-                    served = None
-                    time.sleep(0.5)
-    finally:
-        server.kill()
-        server.wait(timeout=30)
-    assert [step for _, step, _ in served] == [step for step, _ in expected]
-    for (_, _, value), (_, expected_value) in zip(served, expected):
-        assert value == pytest.approx(expected_value, rel=1e-6)
 
 
 def test_measure_times_the_baseline_once_per_model_and_batch(tmp_path):
