@@ -16,6 +16,12 @@ the medians, the spread, the independent ratio (median of the paired
 ratios), tune's own ratio and their agreement, and whether the tune kept
 within its budget.
 
+It also measures the ceiling of any setting that keeps the model's
+arithmetic: the model's forward and backward pass alone (no optimizer, no
+all-reduce, no input pipeline), one process per replica with one thread
+each, all running at once, the samples/sec summed. A goal above it cannot be
+met by any such setting on this machine.
+
     python benchmarks/tune.py                   # about 10 minutes
     python benchmarks/tune.py --models mlp --budget 60
     python benchmarks/tune.py --tune-json mlp=logs/tune/tune.json   # confirm only
@@ -46,6 +52,7 @@ def parse_args(argv=None):
     parser.add_argument("--replicas", type=int, default=2, help="logical CPUs (default 2)")
     parser.add_argument("--rounds", type=int, default=_ROUNDS, help=f"default {_ROUNDS}")
     parser.add_argument("--confirm", help=argparse.SUPPRESS)  # the confirming child
+    parser.add_argument("--ceiling", help=argparse.SUPPRESS)  # an arithmetic-ceiling child
     parser.add_argument(
         "--tune-json",
         metavar="MODEL=PATH",
@@ -133,6 +140,57 @@ def confirm(args):
     print(json.dumps({**rates, "steps_per_epoch": steps}))
 
 
+def ceiling(args):
+    """The child: one replica's forward and backward pass on one thread; prints its samples/sec."""
+    import tensorflow as tf
+
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    from keras_scaling.cli import _models
+
+    model = _models.build_model(args.ceiling)
+    _models.compile_for_bench(model, args.ceiling, 1)
+    x, y = _models.synthetic_data(model, args.per_replica_batch)
+    x, y = tf.constant(x), tf.constant(y)
+
+    @tf.function
+    def steps(n):
+        total = tf.constant(0.0)
+        for _ in tf.range(n):
+            with tf.GradientTape() as tape:
+                loss = model.loss(y, model(x, training=True))
+            gradients = tape.gradient(loss, model.trainable_variables)
+            # Kept alive: nothing of the pass may be pruned as unused.
+            total += tf.add_n([tf.reduce_sum(gradient) for gradient in gradients])
+        return total
+
+    steps(tf.constant(2)).numpy()
+    started_s = time.perf_counter()
+    steps(tf.constant(4)).numpy()
+    n = max(4, round(4 * 1.0 / (time.perf_counter() - started_s)))  # about 1 s a round
+    rates = []
+    for _ in range(args.rounds):
+        started_s = time.perf_counter()
+        steps(tf.constant(n)).numpy()
+        rates.append(n * args.per_replica_batch / (time.perf_counter() - started_s))
+    print(json.dumps({"samples_per_sec": statistics.median(rates)}))
+
+
+def _arithmetic_ceiling(model, args):
+    """Samples/sec of `args.replicas` single-thread forward and backward passes at once, summed."""
+    command = [sys.executable, __file__, f"--ceiling={model}", f"--rounds={args.rounds}"]
+    command.append(f"--per-replica-batch={args.per_replica_batch}")
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    processes = [
+        subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env)
+        for _ in range(args.replicas)
+    ]
+    outputs = [process.communicate()[0] for process in processes]
+    if any(process.returncode for process in processes):
+        raise RuntimeError(f"an arithmetic-ceiling process of {model} failed")
+    return sum(json.loads(output.strip().splitlines()[-1])["samples_per_sec"] for output in outputs)
+
+
 def _run_tune(model, args, log_dir):
     command = [
         sys.executable,
@@ -177,6 +235,9 @@ def main(argv=None):
     if args.confirm:
         confirm(args)
         return 0
+    if args.ceiling:
+        ceiling(args)
+        return 0
     results = []
     with tempfile.TemporaryDirectory() as directory:
         earlier = dict(item.split("=", 1) for item in args.tune_json)
@@ -190,6 +251,7 @@ def main(argv=None):
             rates = _confirm(model, record, args, directory)
             start, best = rates["start"], rates["best"]
             ratios = [b / s for s, b in zip(start, best)]
+            rates["ceiling"] = _arithmetic_ceiling(model, args)
             results.append((model, record, wall_s, start, best, statistics.median(ratios), rates))
     print("\n=== tune against an independent fit (medians over alternating rounds) ===")
     for model, record, wall_s, start, best, independent, rates in results:
@@ -206,6 +268,14 @@ def main(argv=None):
             f"(±{_half_range_share(start):.0%}), best {statistics.median(best):,.0f} "
             f"(±{_half_range_share(best):.0%}), ratio {independent:.2f}x "
             f"over {len(start)} rounds of {_EPOCHS - 1} epochs of {rates['steps_per_epoch']} steps"
+        )
+        ceiling_rate, start_rate = rates["ceiling"], statistics.median(start)
+        print(
+            f"  arithmetic ceiling: {ceiling_rate:,.0f} samples/sec (forward and backward alone, "
+            f"{args.replicas} single-thread processes at once); the start is at "
+            f"{start_rate / ceiling_rate:.0%} of it, the best at "
+            f"{statistics.median(best) / ceiling_rate:.0%}; 1.5x the start would be "
+            f"{1.5 * start_rate / ceiling_rate:.0%} of it"
         )
         timeline = {
             key: round(value) if isinstance(value, (int, float)) else value
