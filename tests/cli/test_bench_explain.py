@@ -76,7 +76,13 @@ def test_bench_explain_with_user_data_splits_each_count_and_writes_json_and_tens
     assert "2 replica(s): " in verdict
 
 
-def test_bench_data_that_cannot_be_imported_is_a_usage_error(tmp_path):
-    result = _bench("--cpu-devices", 2, "--data", "no_such_module:load", cwd=tmp_path)
-    assert result.returncode == 2
-    assert "--data 'no_such_module:load': cannot import module" in result.stderr
+def test_bench_data_that_cannot_be_imported_is_a_usage_error(tmp_path, capsys):
+    # In this process: --data is checked before any replica runs.
+    from keras_scaling.cli import main
+
+    args = ["--cpu-devices", "2", "--data", "no_such_module:load", "--logdir", tmp_path / "logs"]
+    status = main(["bench", *map(str, args)])
+
+    assert status == 2
+    assert "--data 'no_such_module:load': cannot import module" in capsys.readouterr().err
+    assert not (tmp_path / "logs").exists()
