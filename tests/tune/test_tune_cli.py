@@ -7,6 +7,12 @@ import pytest
 import keras_scaling
 from keras_scaling.cli import _sweep_plan, main
 
+# From 60 s tune also tries the knobs measured in processes of their own, and
+# it spends about all of its budget. The first process's search has what their
+# share (35%) and its start leave: on a loaded machine a start of 12 s left
+# too little at 60 s for one candidate (its warm-ups and 3 round pairs, ~31 s).
+_BUDGET_S = 90
+
 
 def test_tune_writes_tune_json_that_load_applies(tmp_path, capfd):
     log_dir = tmp_path / "tune"
@@ -16,7 +22,7 @@ def test_tune_writes_tune_json_that_load_applies(tmp_path, capfd):
             "--cpu-devices", "2",
             "--model", "mlp",
             "--per-replica-batch", "32",
-            "--budget", "120",
+            "--budget", str(_BUDGET_S),
             "--logdir", str(log_dir),
         ]
     )  # fmt: skip
@@ -25,14 +31,19 @@ def test_tune_writes_tune_json_that_load_applies(tmp_path, capfd):
     record = json.loads((log_dir / "tune.json").read_text())
     assert record["replicas"] == 2
     assert record["start"]["settings"]["data"] == {"per_replica_batch_size": 32, "shuffle": False}
-    assert record["budget_s"] == 120
+    assert record["budget_s"] == _BUDGET_S
     # The whole command, its processes' start included; a little slack for
     # a loaded machine, where ending a process can take longer.
-    assert record["elapsed_s"] <= 120 * 1.2
+    assert record["elapsed_s"] <= _BUDGET_S * 1.2
     # On two logical CPUs the all-reduce and the thread pools are knobs, each
     # in a process of their own; the start's pools are the bench's.
     knobs = [trial["knob"] for trial in record["trials"]]
     assert "cross_device_ops" in knobs and "cpu_threads" in knobs
+    # Candidates of the search in processes (not left out for the budget):
+    # measured, or not for want of time on a loaded machine.
+    for trial in record["trials"]:
+        if trial["knob"] in ("cross_device_ops", "cpu_threads"):
+            assert trial["rounds"] or trial["reason"].startswith("not measured"), trial
     assert record["start"]["settings"]["cpu"] == {
         "n": 2,
         "threads_per_device": max(1, _sweep_plan.available_cores() // 2),
