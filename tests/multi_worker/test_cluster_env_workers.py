@@ -164,11 +164,13 @@ def test_vertex_chief_and_worker_tf_config_train_one_model(tmp_path):
 
 
 _DESCRIBE = """
-import json, logging, keras_scaling
+import json, logging, os, keras_scaling
 logging.basicConfig(level=logging.INFO)
 info = keras_scaling.describe_strategy(keras_scaling.auto_strategy())
 print(json.dumps({"kind": info.kind, "num_workers": info.num_workers,
-                  "is_chief": info.is_chief, "cluster_origin": info.cluster_origin}))
+                  "is_chief": info.is_chief, "cluster_origin": info.cluster_origin}), flush=True)
+# Skips TensorFlow's shutdown: the answer is printed.
+os._exit(0)
 """
 
 _EVALUATOR_IN_ITS_CLUSTER = {
