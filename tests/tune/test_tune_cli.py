@@ -7,20 +7,45 @@ import pytest
 import keras_scaling
 from keras_scaling.cli import _sweep_plan, main
 
-# From 60 s tune also tries the knobs measured in processes of their own, and
-# it spends about all of its budget. The first process's search has what their
-# share (35%) and its start leave: on a loaded machine a start of 12 s left
-# too little at 60 s for one candidate (its warm-ups and 3 round pairs, ~31 s).
-_BUDGET_S = 90
+# The first process's search has what the knobs measured in processes of
+# their own (35%) and its start leave; on a loaded machine one candidate took
+# ~31 s (its warm-ups and 3 round pairs), which a start of 12 s left no room
+# for at 60 s, nor one of 24 s at 90 s.
+_BUDGET_S = 120
+
+# A step that sleeps 20 ms beside a Dense layer: the rounds last as long, but
+# leave the cores to the rest of the test run (~25 CPU s for the command where
+# the mlp preset took ~50-75).
+_SLEEPING_MODEL = """
+def build():
+    import time
+
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    def sleep():
+        time.sleep(0.02)
+        return np.float32(0)
+
+    class Sleep(keras.layers.Layer):
+        def call(self, x):
+            with tf.control_dependencies([tf.py_function(sleep, [], tf.float32)]):
+                return tf.identity(x)
+
+    return keras.Sequential([keras.Input((8,)), Sleep(), keras.layers.Dense(1)])
+"""
 
 
-def test_tune_writes_tune_json_that_load_applies(tmp_path, capfd):
+def test_tune_writes_tune_json_that_load_applies(tmp_path, monkeypatch, capfd):
+    (tmp_path / "sleeping_models.py").write_text(_SLEEPING_MODEL)
+    monkeypatch.chdir(tmp_path)
     log_dir = tmp_path / "tune"
     status = main(
         [
             "tune",
             "--cpu-devices", "2",
-            "--model", "mlp",
+            "--model", "sleeping_models:build",
             "--per-replica-batch", "32",
             "--budget", str(_BUDGET_S),
             "--logdir", str(log_dir),
