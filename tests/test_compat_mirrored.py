@@ -7,6 +7,8 @@ same inputs, only the loop around the steps differs. The weights are compared
 bitwise.
 """
 
+import functools
+
 import keras
 import numpy as np
 import pytest
@@ -64,6 +66,12 @@ def make_model(strategy, steps_per_execution):
             steps_per_execution=steps_per_execution,
         )
     return model
+
+
+@functools.cache
+def one_device_model():
+    """A model on one device, outside any strategy, built once: its predict function is traced once."""
+    return make_model(tf.distribute.get_strategy(), 1)
 
 
 def train_evaluate_predict(replicas, steps_per_execution):
@@ -125,7 +133,7 @@ def test_predict_returns_one_row_per_sample_in_order(replicas, steps_per_executi
     run = train_evaluate_predict(replicas, steps_per_execution)
     x, _ = make_data()
     # The same weights on one device, outside any strategy.
-    reference = make_model(tf.distribute.get_strategy(), 1)
+    reference = one_device_model()
     reference.set_weights(run["weights"])
 
     assert run["predict"].shape == (NUM_SAMPLES, 1)
