@@ -289,7 +289,10 @@ def _data(global_batch_size=8, num_examples=64):
     )
 
 
-def _backup_of_one_epoch(backup_dir):
+@pytest.fixture(scope="module")
+def one_epoch_backup(tmp_path_factory):
+    """The bytes of the backup one epoch of `_model()` on `_data()` leaves."""
+    backup_dir = tmp_path_factory.mktemp("one_epoch")
     _model().fit(
         _data(),
         epochs=1,
@@ -300,12 +303,22 @@ def _backup_of_one_epoch(backup_dir):
         return file.read()
 
 
+@pytest.fixture
+def backup_of_one_epoch(one_epoch_backup, tmp_path):
+    """That backup, copied into `tmp_path`: one fit serves every test that resumes from it."""
+    with open(_backup.backup_path(tmp_path), "wb") as file:
+        file.write(one_epoch_backup)
+    return one_epoch_backup
+
+
 def _fit_resuming(model, data, backup_dir):
     model.fit(data, epochs=2, verbose=0, callbacks=[keras_scaling.BackupAndRestore(backup_dir)])
 
 
-def test_backup_of_another_model_raises_naming_the_directory_and_overwrites_nothing(tmp_path):
-    saved = _backup_of_one_epoch(tmp_path)
+def test_backup_of_another_model_raises_naming_the_directory_and_overwrites_nothing(
+    tmp_path, backup_of_one_epoch
+):
+    saved = backup_of_one_epoch
 
     with pytest.raises(ValueError, match="another model") as raised:
         _fit_resuming(_model(units=5), _data(), tmp_path)
@@ -315,8 +328,10 @@ def test_backup_of_another_model_raises_naming_the_directory_and_overwrites_noth
     assert open(_backup.backup_path(tmp_path), "rb").read() == saved
 
 
-def test_backup_of_another_global_batch_raises_and_overwrites_nothing(tmp_path):
-    saved = _backup_of_one_epoch(tmp_path)
+def test_backup_of_another_global_batch_raises_and_overwrites_nothing(
+    tmp_path, backup_of_one_epoch
+):
+    saved = backup_of_one_epoch
 
     with pytest.raises(ValueError, match="another data plan") as raised:
         _fit_resuming(_model(), _data(global_batch_size=16), tmp_path)
@@ -337,17 +352,13 @@ def test_corrupt_backup_raises_naming_the_file_and_overwrites_nothing(tmp_path):
     assert open(path, "rb").read() == b"not a backup"
 
 
-def test_training_to_the_end_deletes_the_backup(tmp_path):
-    _backup_of_one_epoch(tmp_path)
-
+def test_training_to_the_end_deletes_the_backup(tmp_path, backup_of_one_epoch):
     _fit_resuming(_model(), _data(), tmp_path)
 
     assert not os.path.exists(_backup.backup_path(tmp_path))
 
 
-def test_a_resume_with_every_epoch_trained_says_so(tmp_path, caplog):
-    _backup_of_one_epoch(tmp_path)
-
+def test_a_resume_with_every_epoch_trained_says_so(tmp_path, caplog, backup_of_one_epoch):
     with caplog.at_level(logging.WARNING, logger="keras_scaling"):
         _model().fit(
             _data(), epochs=1, verbose=0, callbacks=[keras_scaling.BackupAndRestore(tmp_path)]
@@ -359,8 +370,7 @@ def test_a_resume_with_every_epoch_trained_says_so(tmp_path, caplog):
     assert expected in caplog.text
 
 
-def test_resume_at_an_epoch_boundary_continues_with_the_next_epoch(tmp_path):
-    _backup_of_one_epoch(tmp_path)
+def test_resume_at_an_epoch_boundary_continues_with_the_next_epoch(tmp_path, backup_of_one_epoch):
     model = _model()
 
     _fit_resuming(model, _data(), tmp_path)
