@@ -14,8 +14,8 @@ from keras_scaling.cli import _sweep_plan, main
 _BUDGET_S = 120
 
 # A step that sleeps 20 ms beside a Dense layer: the rounds last as long, but
-# leave the cores to the rest of the test run (~25 CPU s for the command where
-# the mlp preset took ~50-75).
+# leave the cores to the rest of the test run (the command took 18-25 CPU s,
+# 48-75 with the mlp preset).
 _SLEEPING_MODEL = """
 def build():
     import time
