@@ -5,8 +5,8 @@ own (2 logical CPUs each): one run never stopped, runs that send themselves
 SIGTERM after a chosen optimizer step, and the same arguments again, which
 resume. Starting TensorFlow costs seconds of CPU time, so two processes
 train them all, one after the other (`--then`): the first ends with the
-`main` run stopped (exit status 75), which the second resumes, as a new
-process would; the other stopped runs go on in the first process
+`main` run stopped (exit status 75), which the second process resumes;
+the other stopped runs go on in the first process
 (`--preempted-continues`), each resumed there on a model and data built
 anew. The other tests train in this process on one device.
 """
@@ -594,23 +594,42 @@ class _BatchesOfEachEpoch(keras.callbacks.Callback):
         self.batches.setdefault(self.epoch, []).append(batch)
 
 
-def _preempted_at_step_4_of_epoch_2(backup_dir, epochs, shuffle=True):
-    # 64 samples in batches of 8: 8 steps per epoch. SIGTERM after optimizer
-    # step 11: the backup is saved at the end of the step in progress, step 12.
-    model, data = _counting_model_and_data(shuffle=shuffle)
-    with pytest.raises(SystemExit):
-        model.fit(
-            data,
-            epochs=epochs,
-            verbose=0,
-            callbacks=[_SigtermAtStep(11), keras_scaling.BackupAndRestore(backup_dir)],
-        )
-    assert _backup.read(backup_dir)[0]["position"]["step_in_epoch"] == 4
+@pytest.fixture(scope="module")
+def preempted_at_step_4_of_epoch_2(tmp_path_factory):
+    """`copy(backup_dir, shuffle=True)`: writes there the backup a preempted fit left.
+
+    64 samples in batches of 8: 8 steps per epoch. SIGTERM after optimizer
+    step 11: the backup is saved at the end of the step in progress, step 12.
+    The backup holds no epoch count: one fit of 3 epochs serves resumes of 2
+    or 3. One fit per order of the data, in the first test that needs it.
+    """
+    saved = {}
+
+    def copy(backup_dir, shuffle=True):
+        if shuffle not in saved:
+            stopped_dir = tmp_path_factory.mktemp("preempted")
+            model, data = _counting_model_and_data(shuffle=shuffle)
+            with pytest.raises(SystemExit):
+                model.fit(
+                    data,
+                    epochs=3,
+                    verbose=0,
+                    callbacks=[_SigtermAtStep(11), keras_scaling.BackupAndRestore(stopped_dir)],
+                )
+            with open(_backup.backup_path(stopped_dir), "rb") as file:
+                saved[shuffle] = file.read()
+        with open(_backup.backup_path(backup_dir), "wb") as file:
+            file.write(saved[shuffle])
+        assert _backup.read(backup_dir)[0]["position"]["step_in_epoch"] == 4
+
+    return copy
 
 
 @pytest.mark.parametrize("shuffle", [True, False], ids=["shuffled", "in order"])
-def test_a_resumed_epoch_keeps_its_length_and_trains_every_other_sample_once(tmp_path, shuffle):
-    _preempted_at_step_4_of_epoch_2(tmp_path, epochs=3, shuffle=shuffle)
+def test_a_resumed_epoch_keeps_its_length_and_trains_every_other_sample_once(
+    tmp_path, shuffle, preempted_at_step_4_of_epoch_2
+):
+    preempted_at_step_4_of_epoch_2(tmp_path, shuffle=shuffle)
 
     # A new process would build both again.
     model, data = _counting_model_and_data(shuffle=shuffle)
@@ -626,8 +645,10 @@ def test_a_resumed_epoch_keeps_its_length_and_trains_every_other_sample_once(tmp
     assert batches.batches == {1: list(range(8)), 2: list(range(8))}
 
 
-def test_batches_read_outside_fit_before_the_resume_change_no_sample_it_trains(tmp_path):
-    _preempted_at_step_4_of_epoch_2(tmp_path, epochs=3)
+def test_batches_read_outside_fit_before_the_resume_change_no_sample_it_trains(
+    tmp_path, preempted_at_step_4_of_epoch_2
+):
+    preempted_at_step_4_of_epoch_2(tmp_path)
 
     model, data = _counting_model_and_data()
     # A look at the data before training, as people do to check shapes.
@@ -641,9 +662,9 @@ def test_batches_read_outside_fit_before_the_resume_change_no_sample_it_trains(t
 
 
 def test_a_backup_inside_an_execution_of_the_new_steps_per_execution_retrains_the_rest_and_says_so(
-    tmp_path, caplog
+    tmp_path, caplog, preempted_at_step_4_of_epoch_2
 ):
-    _preempted_at_step_4_of_epoch_2(tmp_path, epochs=2)
+    preempted_at_step_4_of_epoch_2(tmp_path)
 
     # With 3 steps per call, 3 of the 4 trained steps are skipped and 1 trained again.
     model, data = _counting_model_and_data(steps_per_execution=3)
