@@ -217,7 +217,7 @@ def tune(
     model.compile(optimizer="sgd", loss="mse")
     x, y = np.zeros((512, 8), "float32"), np.zeros((512, 1), "float32")
     result = keras_scaling.tune(
-        model, (x, y), per_replica_batch_size=32, budget_s=30, verbose=False
+        model, (x, y), per_replica_batch_size=32, budget_s=15, verbose=False
     )
     sorted(result.best.compile_kwargs)   # ['jit_compile', 'steps_per_execution']
     # Usually larger than 1: a tiny model's step is mostly the loop's cost.
