@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 # runs the files marked with each N in a process split into N logical CPUs,
 # beside the tests on one device, and fails, naming the file, on an N not
 # listed here (a test that needs 3 replicas uses 3 of the 4). TEST_JOBS:
-# processes for the tests on one device (default: the number of cores).
+# the most processes of one session (default: the number of cores).
 TEST_DEVICE_COUNTS := 2 4
 TEST_JOBS ?=
 export TF_CPP_MIN_LOG_LEVEL ?= 2

@@ -156,29 +156,11 @@ def _check_device_counts(config, items):
         )
 
 
-# The files of the tests on one device that take the longest (wall-clock,
-# measured in `make test` on 2 cores), handed out first. The two that mostly
-# sleep (explain's critical path, the tune command's sleeping model) are
-# placed so that they do not run at the same time: a worker takes its next
-# file when 2 tests of its current one are left. pytest-xdist hands out the
-# files with the most tests first, which left these to run alone at the end
-# (`tests/run_sessions.py` turns that off).
-_LONGEST_FIRST = (
-    "explain/test_explain_critical_path.py",
-    "cli/test_bench.py",
-    "multi_worker/test_multi_worker_training.py",
-    "test_compat_multi_worker.py",
-    "callbacks/test_backup_and_restore.py",
-    "cli/test_doctor.py",
-    "tune/test_tune_cli.py",
-    "test_examples.py",
-    "test_docstring_examples.py",
-    "multi_worker/test_cluster_env_workers.py",
-)
-
-
 def _longest_first(items):
-    rank = {os.path.join(_TESTS_DIR, path): index for index, path in enumerate(_LONGEST_FIRST)}
+    """The files of `run_sessions.LONGEST_FIRST` first, for pytest-xdist's queue."""
+    from run_sessions import LONGEST_FIRST, ROOT
+
+    rank = {os.path.join(ROOT, path): index for index, path in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(str(item.path), len(rank)))
 
 

@@ -5,27 +5,37 @@ TensorFlow fixes its logical devices once per process. So:
 1. the unmarked tests run in one pytest session on one device, spread over
    `--jobs` worker processes a file at a time (pytest-xdist);
 2. beside it, for each count N in turn, largest first, the test files
-   marked `logical_cpus(N)` run in one more session, in one process split
-   into N logical CPUs. Their output is shown when the first session ends. A
-   file marked with a count not in `--device-counts` fails the run, named,
-   before anything runs.
+   marked `logical_cpus(N)`, split into N logical CPUs, in one process per
+   `FILES_PER_PROCESS` of them, up to `--jobs`: each process a pytest
+   session of its own (`split_files` deals the files out, the longest
+   first, and each process runs its share in name order). A file marked
+   with a count not in `--device-counts` fails the run, named, before
+   anything runs;
+3. beside both, the files marked `mostly_waits` (a module-level
+   `pytestmark`: their wall-clock time is mostly sleeps and timers) run on
+   one device, each in a session of its own (up to `--jobs` of them),
+   instead of in the first one, so that their waits hold no worker of it.
+
+The output of 2 and 3 is shown when the first session ends.
 
 Starting TensorFlow costs each process seconds of CPU time, so the files of
-a count share their process (tests/conftest.py keeps their MirroredStrategy
-objects from clashing). Many tests of the first session wait on processes
-of their own or sleep, so `--jobs` defaults to the number of cores and the
-marked sessions take the cores those waits leave idle. The largest count
-runs first: in this suite its session is the shortest, and it ends waiting
-on the iterators it frees; run first, those waits leave a core to the other
-sessions, while run last they left a core idle for about 20 s at the end.
-The run fails when any session failed. Each session's wall-clock and CPU
-time is printed (the CPU time of its processes and of those they waited for):
-on this suite, the CPU time decides the wall-clock time.
+a session share its processes (tests/conftest.py keeps their
+MirroredStrategy objects from clashing). Many tests wait on processes of
+their own, on timers, or on TensorFlow freeing an iterator, so `--jobs`
+defaults to the number of cores and the other sessions take the cores
+those waits leave idle. The largest count runs first: in this suite its
+session is the shortest, and it ends waiting on the iterators it frees; run
+first, those waits leave a core to the other sessions, while run last they
+left a core idle for about 20 s at the end. The run fails when any session
+failed. Each session's wall-clock and CPU time is printed (the CPU time of
+its processes and of those they waited for): on this suite, the CPU time
+decides the wall-clock time.
 
 Usage: python tests/run_sessions.py [--jobs N] [--device-counts "2 4"] [PYTEST ARGS...]
 """
 
 import argparse
+import math
 import os
 import re
 import subprocess
@@ -38,22 +48,71 @@ TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(TESTS_DIR)
 # pytest's exit status when a session selects no test.
 NO_TESTS_COLLECTED = 5
+# A session of N logical CPUs takes one process per this many of its files:
+# each process pays TensorFlow's start and its modules' fixtures again.
+FILES_PER_PROCESS = 8
+# The files that take the longest (wall-clock, measured in `make test` on 2
+# cores): handed out first by the sessions of several processes, on one
+# device (tests/conftest.py orders pytest-xdist's queue by it; pytest-xdist's
+# own order, the files with the most tests first, left these to run alone at
+# the end) and on 2 logical CPUs (`split_files`).
+LONGEST_FIRST = (
+    "tests/cli/test_bench.py",
+    "tests/multi_worker/test_multi_worker_training.py",
+    "tests/test_compat_multi_worker.py",
+    "tests/test_examples.py",
+    "tests/cli/test_doctor.py",
+    "tests/callbacks/test_backup_and_restore.py",
+    "tests/multi_worker/test_backup_multi_worker.py",
+    "tests/multi_worker/test_cluster_env_workers.py",
+    "tests/test_docstring_examples.py",
+    "tests/real_models/test_real_models.py",
+    "tests/test_probes_mirrored.py",
+    "tests/callbacks/test_replica_sync.py",
+    "tests/tune/test_tune_mirrored.py",
+    "tests/explain/test_explain_known_answers.py",
+    "tests/test_compat_mirrored.py",
+    "tests/callbacks/test_throughput_logger.py",
+    "tests/test_baseline_failure.py",
+)
+_MOSTLY_WAITS = re.compile(r"^pytestmark = .*\bpytest\.mark\.mostly_waits\b", re.M)
+
+
+def _test_files(tests_dir):
+    """`(path relative to the root, source)` of each test file under `tests_dir`."""
+    for directory, _, names in sorted(os.walk(tests_dir)):
+        for name in sorted(names):
+            if name.startswith("test_") and name.endswith(".py"):
+                path = os.path.join(directory, name)
+                with open(path, encoding="utf-8") as file:
+                    yield os.path.relpath(path, ROOT), file.read()
 
 
 def marked_counts(tests_dir):
     """`{test file: sorted counts N of its logical_cpus(N) marks}`, paths relative to the root."""
     found = {}
-    for directory, _, names in os.walk(tests_dir):
-        for name in names:
-            if name.startswith("test_") and name.endswith(".py"):
-                path = os.path.join(directory, name)
-                with open(path, encoding="utf-8") as file:
-                    counts = {
-                        int(n) for n in re.findall(r"mark\.logical_cpus\((\d+)\)", file.read())
-                    }
-                if counts:
-                    found[os.path.relpath(path, ROOT)] = sorted(counts)
+    for path, source in _test_files(tests_dir):
+        counts = {int(n) for n in re.findall(r"mark\.logical_cpus\((\d+)\)", source)}
+        if counts:
+            found[path] = sorted(counts)
     return found
+
+
+def waiting_files(tests_dir):
+    """The test files whose module-level `pytestmark` holds `mostly_waits`, relative to the root."""
+    return [path for path, source in _test_files(tests_dir) if _MOSTLY_WAITS.search(source)]
+
+
+def processes_for(files, jobs):
+    """Processes for a session of `files`: one per `FILES_PER_PROCESS`, at least 1, at most `jobs`."""
+    return max(1, min(jobs, math.ceil(len(files) / FILES_PER_PROCESS)))
+
+
+def split_files(files, processes):
+    """`files` dealt out to `processes` lists in turn, those of `LONGEST_FIRST` first; each list in name order."""
+    rank = {path: index for index, path in enumerate(LONGEST_FIRST)}
+    dealt = sorted(files, key=lambda path: (rank.get(path, len(rank)), path))
+    return [sorted(dealt[start::processes]) for start in range(processes)]
 
 
 def logical_cpu_sessions(marked, device_counts):
@@ -144,26 +203,40 @@ def main(argv=None):
     except ValueError as error:
         print(f"make test: {error}", file=sys.stderr)
         return 2
+    waiting = waiting_files(TESTS_DIR)
+    one_device = ["--logical-cpus=1", f"--device-counts={args.device_counts}"]
     failed = []
     run_start_s = time.monotonic()
 
-    marked = [
-        (f"tests on {count} logical CPUs", [*files, f"--logical-cpus={count}", "-q"])
-        for count, files in reversed(marked_sessions)
-    ]
-    marked_results, stop = [], threading.Event()
-    marked_lane = threading.Thread(
-        target=_run_in_turn, args=(marked, pytest_args, marked_results, stop), daemon=True
-    )
-    marked_lane.start()
+    # Lane k runs the k-th process of each session in turn.
+    lanes = [[] for _ in range(args.jobs)]
+    for count, files in reversed(marked_sessions):
+        groups = split_files(files, processes_for(files, args.jobs))
+        for index, group in enumerate(groups):
+            part = f" ({index + 1} of {len(groups)})" if len(groups) > 1 else ""
+            name = f"tests on {count} logical CPUs{part}"
+            lanes[index].append((name, [*group, f"--logical-cpus={count}", "-q"]))
+    for group in split_files(waiting, min(args.jobs, len(waiting))) if waiting else []:
+        name = f"tests on 1 device that mostly wait ({', '.join(group)})"
+        lanes.append([(name, [*group, *one_device, "-q"])])
+    lanes = [sessions for sessions in lanes if sessions]
+    stop = threading.Event()
+    threads = []
+    for sessions in lanes:
+        results = []
+        thread = threading.Thread(
+            target=_run_in_turn, args=(sessions, pytest_args, results, stop), daemon=True
+        )
+        thread.start()
+        threads.append((thread, sessions, results))
     name = "tests on 1 device"
     print(f"== {name} ==", flush=True)
     try:
         returncode, duration_s, cpu_s = _pytest(
             [
                 "tests",
-                "--logical-cpus=1",
-                f"--device-counts={args.device_counts}",
+                *one_device,
+                *(f"--ignore={path}" for path in waiting),
                 *_workers(args.jobs),
             ],
             pytest_args,
@@ -172,17 +245,19 @@ def main(argv=None):
         total_cpu_s = cpu_s
         if not _passed(returncode):
             failed.append(name)
-        marked_lane.join()
+        for thread, _, _ in threads:
+            thread.join()
     finally:
         stop.set()
-    for name, returncode, duration_s, cpu_s, output in marked_results:
-        print(f"== {name} ==\n{output}", flush=True)
-        print(f"== {name} took {duration_s:.0f} s, {cpu_s:.0f} s of CPU ==", flush=True)
-        total_cpu_s += cpu_s
-        if not _passed(returncode):
-            failed.append(name)
-    # A session the lane did not finish (it raised) fails the run too.
-    failed += [name for name, _ in marked[len(marked_results) :]]
+    for _, sessions, results in threads:
+        for name, returncode, duration_s, cpu_s, output in results:
+            print(f"== {name} ==\n{output}", flush=True)
+            print(f"== {name} took {duration_s:.0f} s, {cpu_s:.0f} s of CPU ==", flush=True)
+            total_cpu_s += cpu_s
+            if not _passed(returncode):
+                failed.append(name)
+        # A session the lane did not finish (it raised) fails the run too.
+        failed += [name for name, _ in sessions[len(results) :]]
 
     took = f"{time.monotonic() - run_start_s:.0f} s, {total_cpu_s:.0f} s of CPU"
     if failed:

@@ -96,3 +96,48 @@ def test_make_test_runs_a_marked_file_once_per_count_in_a_session_per_count(tmp_
     assert [
         (count, sorted(os.path.basename(path) for path in files)) for count, files in sessions
     ] == [(2, ["test_marked.py"]), (4, ["test_also_marked.py", "test_marked.py"])]
+
+
+def test_files_marked_mostly_waits_at_module_level_get_a_session_of_their_own(tmp_path):
+    run_sessions = _run_sessions_module()
+    (tmp_path / "test_sleeps.py").write_text(
+        "import pytest\n\npytestmark = pytest.mark.mostly_waits\n\n\ndef test_a():\n    pass\n"
+    )
+    (tmp_path / "test_sleeps_too.py").write_text(
+        "import pytest\n\npytestmark = [pytest.mark.timeout(9), pytest.mark.mostly_waits]\n"
+    )
+    # A mark on one test would still send its file's other tests to the waiting session.
+    (tmp_path / "test_one_sleeps.py").write_text(
+        "import pytest\n\n\n@pytest.mark.mostly_waits\ndef test_a():\n    pass\n"
+    )
+    (tmp_path / "test_busy.py").write_text("def test_a():\n    pass\n")
+
+    found = [os.path.basename(path) for path in run_sessions.waiting_files(tmp_path)]
+
+    assert found == ["test_sleeps.py", "test_sleeps_too.py"]
+
+
+@pytest.mark.parametrize(
+    "files, jobs, processes",
+    [(0, 2, 1), (5, 2, 1), (8, 2, 1), (9, 2, 2), (21, 2, 2), (21, 4, 3), (21, 1, 1)],
+)
+def test_a_session_takes_a_process_per_eight_files_up_to_the_jobs(files, jobs, processes):
+    run_sessions = _run_sessions_module()
+
+    assert run_sessions.processes_for([f"test_{n}.py" for n in range(files)], jobs) == processes
+
+
+def test_a_sessions_files_are_dealt_out_longest_first_and_each_process_runs_them_in_name_order():
+    run_sessions = _run_sessions_module()
+    first, second, third = run_sessions.LONGEST_FIRST[:3]
+    files = ["tests/test_a.py", third, "tests/test_b.py", first, second, "tests/test_c.py"]
+
+    dealt = run_sessions.split_files(files, 2)
+
+    assert dealt == [
+        sorted([first, third, "tests/test_b.py"]),
+        sorted([second, "tests/test_a.py", "tests/test_c.py"]),
+    ]
+    assert run_sessions.split_files(files, 1) == [sorted(files)]
+    for path in run_sessions.LONGEST_FIRST:
+        assert os.path.exists(os.path.join(run_sessions.ROOT, path)), path

@@ -45,5 +45,5 @@ def write(log_dir, explanations, **setup):
         _tensorboard.write_scalars(log_dir, item.record["replicas"], scalars(item), run=RUN)
     verdicts = _report.format_report(explanations, markdown=True)
     _tensorboard.write_text(log_dir, 0, "explain/verdict", verdicts, run=RUN)
-    _tensorboard.flush(log_dir, run=RUN)
+    _tensorboard.close(log_dir, run=RUN)
     return path

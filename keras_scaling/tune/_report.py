@@ -113,5 +113,5 @@ def write(log_dir, record):
     markdown = format_table(record["trials"]) + "\n\n"
     markdown += "\n".join(f"- {line.strip()}" for line in summary_lines(record))
     _tensorboard.write_text(log_dir, 0, "tune/table", markdown, run=RUN)
-    _tensorboard.flush(log_dir, run=RUN)
+    _tensorboard.close(log_dir, run=RUN)
     return path

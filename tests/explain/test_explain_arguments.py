@@ -100,3 +100,17 @@ def test_a_log_dir_that_cannot_be_written_is_refused_before_any_measurement(monk
         keras_scaling.explain(
             _model(), _ARRAYS, per_replica_batch_size=4, log_dir=str(blocker / "logs")
         )
+
+
+def test_with_log_dir_it_writes_its_run_and_leaves_no_event_file_open(tmp_path):
+    from keras_scaling.summaries import _tensorboard
+
+    keras_scaling.explain(
+        _model(), _ARRAYS, per_replica_batch_size=4, steps=2, rounds=2, log_dir=str(tmp_path),
+        verbose=False,
+    )  # fmt: skip
+
+    run = tmp_path / "explain"
+    assert "explain/verdict" in _tensorboard.read_summaries(run)
+    # Closed when explain returns: no writer thread of TensorBoard's is left behind.
+    assert str(run) not in _tensorboard.open_event_files()

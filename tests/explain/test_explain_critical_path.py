@@ -15,6 +15,9 @@ import pytest
 
 import keras_scaling
 
+# Mostly sleeps: make test runs this file beside the others.
+pytestmark = pytest.mark.mostly_waits
+
 _BATCH = 8
 _WIDTH = 4
 

@@ -7,6 +7,9 @@ import pytest
 import keras_scaling
 from keras_scaling.cli import _sweep_plan, main
 
+# Mostly the search's sleeping steps: make test runs this file beside the others.
+pytestmark = pytest.mark.mostly_waits
+
 # The first process's search has what the knobs measured in processes of
 # their own (35%) and its start leave; on a loaded machine one candidate took
 # ~31 s (its warm-ups and 3 round pairs), which a start of 12 s left no room

@@ -139,6 +139,8 @@ def test_the_table_is_in_tensorboard(tuned):
     summaries = _tensorboard.read_summaries(os.path.join(log_dir, "tune"))
     texts = [point for tag, points in summaries.items() if tag == "tune/table" for point in points]
     assert texts and "steps_per_execution" in str(texts[0].value)
+    # Closed when tune returns: no writer thread of TensorBoard's is left behind.
+    assert os.path.abspath(os.path.join(log_dir, "tune")) not in _tensorboard.open_event_files()
 
 
 def test_load_gives_the_best_settings_back_as_keyword_arguments(tuned, strategy):
