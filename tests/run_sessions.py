@@ -38,6 +38,7 @@ import argparse
 import math
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -48,6 +49,13 @@ TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(TESTS_DIR)
 # pytest's exit status when a session selects no test.
 NO_TESTS_COLLECTED = 5
+# A session still running after this long has hung (a pytest-xdist
+# controller waits for ever for a worker that crashed), and fails the run
+# with this status instead of holding it until CI's own limit.
+SESSION_TIMEOUT_S = 20 * 60
+SESSION_TIMED_OUT = 124
+# The process groups of the sessions running now (stopped if make test is).
+_running = set()
 # A session of N logical CPUs takes one process per this many of its files:
 # each process pays TensorFlow's start and its modules' fixtures again.
 FILES_PER_PROCESS = 8
@@ -152,27 +160,58 @@ def _workers(jobs):
     return ["-n", str(jobs), "--dist", "loadfile", "--no-loadscope-reorder"] if jobs > 1 else []
 
 
-def _pytest(arguments, extra, output=None):
+def _pytest(arguments, extra, output=None, timeout_s=None):
     """Runs a pytest session; returns its exit status, wall time and CPU time in s.
 
     The CPU time is that of the session's processes and of the processes they
     waited for: the figure that decides the suite's time on a busy machine.
+    A session still running after `timeout_s` (default `SESSION_TIMEOUT_S`)
+    has hung: its processes are killed and the status is `SESSION_TIMED_OUT`.
     """
+    timeout_s = SESSION_TIMEOUT_S if timeout_s is None else timeout_s
     start_s = time.monotonic()
+    # A process group of its own: stopping the session stops its workers too.
     process = subprocess.Popen(
         [sys.executable, "-m", "pytest", *arguments, *extra],
         cwd=ROOT,
         stdout=output,
         stderr=subprocess.STDOUT if output is not None else None,
+        start_new_session=True,
     )
+    _running.add(process.pid)
+    timed_out = threading.Event()
+
+    def stop():
+        timed_out.set()
+        _stop_group(process.pid)
+
+    timer = threading.Timer(timeout_s, stop)
+    timer.daemon = True
+    timer.start()
     try:
         _, status, usage = os.wait4(process.pid, 0)
-    except BaseException:
-        process.kill()
-        process.wait()
-        raise
+    finally:
+        timer.cancel()
+        _stop_group(process.pid)  # what the session left running; all of it when interrupted
+        _running.discard(process.pid)
     process.returncode = os.waitstatus_to_exitcode(status)
+    if timed_out.is_set():
+        message = f"make test: the session did not end within {timeout_s:.0f} s; its processes were stopped\n"
+        if output is not None:
+            output.write(message)
+            output.flush()
+        else:
+            print(message, end="", flush=True)
+        process.returncode = SESSION_TIMED_OUT
     return process.returncode, time.monotonic() - start_s, usage.ru_utime + usage.ru_stime
+
+
+def _stop_group(pid):
+    """Kills the process group `pid` leads, if any of it is left."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def _run_in_turn(sessions, extra, results, stop):
@@ -247,6 +286,10 @@ def main(argv=None):
             failed.append(name)
         for thread, _, _ in threads:
             thread.join()
+    except BaseException:  # interrupted: the lanes' sessions stop too
+        for pid in list(_running):
+            _stop_group(pid)
+        raise
     finally:
         stop.set()
     for _, sessions, results in threads:

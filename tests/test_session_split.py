@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -141,3 +142,30 @@ def test_a_sessions_files_are_dealt_out_longest_first_and_each_process_runs_them
     assert run_sessions.split_files(files, 1) == [sorted(files)]
     for path in run_sessions.LONGEST_FIRST:
         assert os.path.exists(os.path.join(run_sessions.ROOT, path)), path
+
+
+def test_a_session_that_hangs_is_stopped_with_its_processes_and_fails(tmp_path):
+    run_sessions = _run_sessions_module()
+    pid_file = tmp_path / "child.pid"
+    (tmp_path / "test_hangs.py").write_text(
+        "import subprocess, sys, time\n\n\n"
+        "def test_hangs():\n"
+        "    child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+        f"    open({str(pid_file)!r}, 'w').write(str(child.pid))\n"
+        "    time.sleep(600)\n"
+    )
+    with open(tmp_path / "output", "w+", encoding="utf-8") as output:
+        status, duration_s, _ = run_sessions._pytest(
+            [str(tmp_path / "test_hangs.py"), "-p", "no:cacheprovider"], [], output, timeout_s=8
+        )
+        output.seek(0)
+        text = output.read()
+
+    assert status == run_sessions.SESSION_TIMED_OUT
+    assert duration_s < 60
+    assert "did not end within 8 s; its processes were stopped" in text
+    child = int(pid_file.read_text())
+    with pytest.raises(ProcessLookupError):  # the test's own child went with the session
+        for _ in range(50):
+            os.kill(child, 0)
+            time.sleep(0.1)
