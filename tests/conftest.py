@@ -54,8 +54,7 @@ def _runs_tests(config):
 
 # Tests that need a cluster engine (a throw-away Slurm, a local Ray), run by
 # `make test-cluster`: collected only when named on the command line.
-_TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
-_CLUSTER_TESTS = os.path.join(_TESTS_DIR, "cluster")
+_CLUSTER_TESTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cluster")
 
 
 def pytest_ignore_collect(collection_path, config):
