@@ -3,7 +3,7 @@
 import argparse
 import sys
 
-from keras_scaling.cli import bench, doctor, launch, report, tune
+from keras_scaling.cli import _worker, bench, doctor, launch, report, tune
 from keras_scaling.cli._errors import UsageError
 
 
@@ -12,6 +12,8 @@ def main(argv=None):
 
     Bad input prints a message on stderr and returns 2, without a traceback; Ctrl-C returns 130.
     """
+    if argv is None:  # the process's own command line: the process is the command's
+        _worker.end_without_final_collection()
     parser = argparse.ArgumentParser(
         prog="keras-scaling",
         description="Measure and show data-parallel Keras training on tf.distribute.",

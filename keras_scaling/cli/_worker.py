@@ -1,5 +1,7 @@
 """Start-up shared by the worker processes of `keras-scaling bench` and `tune`."""
 
+import atexit
+import gc
 import sys
 
 from keras_scaling.cli._errors import UsageError
@@ -12,6 +14,7 @@ def main(parser, run, usage_prefix, argv=None):
     """
     args = parser.parse_args(argv)
     _die_with_parent()
+    end_without_final_collection()
     try:
         return run(args)
     except UsageError as error:
@@ -28,6 +31,16 @@ def report_failure(log_path, returncode, usage_prefix, failed):
         raise UsageError(usage[-1])
     tail = "\n".join(f"  {line}" for line in lines)
     print(f"{failed}. Last lines of {log_path}:\n{tail}", file=sys.stderr)
+
+
+def end_without_final_collection():
+    """Lets a process of keras_scaling's own end without the interpreter's last walk over its objects.
+
+    Registered before anything else registers an exit handler, so it runs
+    last, once every handler has written what it holds. With TensorFlow
+    loaded, the walk costs about 0.6 s of CPU time per process.
+    """
+    atexit.register(gc.freeze)
 
 
 def _die_with_parent():

@@ -106,4 +106,7 @@ def main():
 
 
 if __name__ == "__main__":
+    from keras_scaling.cli._worker import end_without_final_collection
+
+    end_without_final_collection()
     main()

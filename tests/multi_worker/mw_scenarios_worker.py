@@ -57,4 +57,7 @@ def main(out_dir, data_dir):
 
 
 if __name__ == "__main__":
+    from keras_scaling.cli._worker import end_without_final_collection
+
+    end_without_final_collection()
     main(sys.argv[1], sys.argv[2])

@@ -149,4 +149,7 @@ def train(strategy, args):
 
 
 if __name__ == "__main__":
+    from keras_scaling.cli._worker import end_without_final_collection
+
+    end_without_final_collection()
     main()

@@ -1,7 +1,7 @@
 """tune on two replicas: what it writes, what it gives back, and that its knobs change no weight.
 
-One real tune (a tiny model, a small budget) runs once for the module; the
-other tests read its result. The knobs it tries by default are then
+One real tune (a tiny model whose steps sleep, a small budget) runs once for
+the module; the other tests read its result. The knobs it tries by default are then
 checked to train bitwise the same weights as the start, with the replicas
 equal throughout.
 """
@@ -26,16 +26,33 @@ def _arrays():
     return x, x.sum(axis=1, keepdims=True)
 
 
-def _model(strategy, steps_per_execution=1, weights=None):
+def _sleep_layer():
+    """A layer that sleeps 20 ms a step: tune's rounds last as long but leave the cores to other tests."""
+    import time
+
+    import keras
+    import tensorflow as tf
+
+    def sleep():
+        time.sleep(0.02)
+        return np.float32(0)
+
+    class Sleep(keras.layers.Layer):
+        def call(self, x):
+            with tf.control_dependencies([tf.py_function(sleep, [], tf.float32)]):
+                return tf.identity(x)
+
+    return Sleep()
+
+
+def _model(strategy, steps_per_execution=1, weights=None, sleeping=False):
     import keras
 
     with strategy.scope():
         model = keras.Sequential(
-            [
-                keras.Input((_FEATURES,)),
-                keras.layers.Dense(32, activation="relu"),
-                keras.layers.Dense(1),
-            ]
+            [keras.Input((_FEATURES,))]
+            + ([_sleep_layer()] if sleeping else [])
+            + [keras.layers.Dense(32, activation="relu"), keras.layers.Dense(1)]
         )
         model.compile(
             optimizer=keras.optimizers.SGD(0.01, momentum=0.9),
@@ -57,13 +74,15 @@ def strategy():
 @pytest.fixture(scope="module")
 def tuned(strategy, tmp_path_factory):
     log_dir = tmp_path_factory.mktemp("tune")
-    model = _model(strategy)
+    model = _model(strategy, sleeping=True)
     before = [weight.copy() for weight in model.get_weights()]
     result = keras_scaling.tune(
         model,
         _arrays(),
         per_replica_batch_size=16,
-        budget_s=40,
+        # Under a full test run one candidate of the sleeping model took ~18 s
+        # and the start 6 s: 40 s was refused as too small once.
+        budget_s=60,
         log_dir=str(log_dir),
         verbose=False,
     )

@@ -195,4 +195,7 @@ def train(args, strategy, timing_calls):
 
 
 if __name__ == "__main__":
+    from keras_scaling.cli._worker import end_without_final_collection
+
+    end_without_final_collection()
     main()

@@ -173,6 +173,9 @@ def multi_worker_devices(out_dir):
 
 
 if __name__ == "__main__":
+    from keras_scaling.cli._worker import end_without_final_collection
+
+    end_without_final_collection()
     with WarningCollector() as collector:
         result = multi_worker_devices(sys.argv[1])
     result["warnings"] = collector.messages
