@@ -1,6 +1,7 @@
 """`keras-scaling tune` through `keras_scaling.cli.main`: a short real search, and bad input with exit 2."""
 
 import json
+import pathlib
 
 import pytest
 
@@ -16,32 +17,14 @@ pytestmark = pytest.mark.mostly_waits
 # for at 60 s, nor one of 24 s at 90 s.
 _BUDGET_S = 120
 
-# A step that sleeps 20 ms beside a Dense layer: the rounds last as long, but
-# leave the cores to the rest of the test run (the command took 18-25 CPU s,
-# 48-75 with the mlp preset).
-_SLEEPING_MODEL = """
-def build():
-    import time
-
-    import keras
-    import numpy as np
-    import tensorflow as tf
-
-    def sleep():
-        time.sleep(0.02)
-        return np.float32(0)
-
-    class Sleep(keras.layers.Layer):
-        def call(self, x):
-            with tf.control_dependencies([tf.py_function(sleep, [], tf.float32)]):
-                return tf.identity(x)
-
-    return keras.Sequential([keras.Input((8,)), Sleep(), keras.layers.Dense(1)])
-"""
+# The steps of tests/tune/sleeping_models.py sleep: the rounds last as long,
+# but leave the cores to the rest of the test run (the command took 18-25 CPU
+# s, 48-75 with the mlp preset).
+_SLEEPING_MODELS = pathlib.Path(__file__).with_name("sleeping_models.py")
 
 
 def test_tune_writes_tune_json_that_load_applies(tmp_path, monkeypatch, capfd):
-    (tmp_path / "sleeping_models.py").write_text(_SLEEPING_MODEL)
+    (tmp_path / "sleeping_models.py").write_text(_SLEEPING_MODELS.read_text())
     monkeypatch.chdir(tmp_path)
     log_dir = tmp_path / "tune"
     status = main(

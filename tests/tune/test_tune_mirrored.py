@@ -11,6 +11,7 @@ import os
 
 import numpy as np
 import pytest
+from sleeping_models import sleep_layer
 
 import keras_scaling
 
@@ -26,32 +27,13 @@ def _arrays():
     return x, x.sum(axis=1, keepdims=True)
 
 
-def _sleep_layer():
-    """A layer that sleeps 20 ms a step: tune's rounds last as long but leave the cores to other tests."""
-    import time
-
-    import keras
-    import tensorflow as tf
-
-    def sleep():
-        time.sleep(0.02)
-        return np.float32(0)
-
-    class Sleep(keras.layers.Layer):
-        def call(self, x):
-            with tf.control_dependencies([tf.py_function(sleep, [], tf.float32)]):
-                return tf.identity(x)
-
-    return Sleep()
-
-
 def _model(strategy, steps_per_execution=1, weights=None, sleeping=False):
     import keras
 
     with strategy.scope():
         model = keras.Sequential(
             [keras.Input((_FEATURES,))]
-            + ([_sleep_layer()] if sleeping else [])
+            + ([sleep_layer()] if sleeping else [])
             + [keras.layers.Dense(32, activation="relu"), keras.layers.Dense(1)]
         )
         model.compile(
