@@ -7,7 +7,6 @@ import textwrap
 _SCRIPT = textwrap.dedent(
     """
     import atexit
-    import sys
 
     from keras_scaling.cli import _worker
 
@@ -46,4 +45,5 @@ def test_exit_handlers_run_and_the_last_collection_is_skipped():
 
 
 def test_a_collection_before_the_end_still_frees_cycles():
+    # The cycle is garbage a collection finds: the test above would fail without the freeze.
     assert _run("import gc; gc.collect()") == ["collected", "handler", "ran"]
