@@ -1,9 +1,9 @@
 """tune on two replicas: what it writes, what it gives back, and that its knobs change no weight.
 
 One real tune (a tiny model whose steps sleep, a small budget) runs once for
-the module; the other tests read its result. The knobs it tries by default are then
-checked to train bitwise the same weights as the start, with the replicas
-equal throughout.
+the module; the other tests read its result. The knobs it tries by default
+are then checked to train bitwise the same weights as the start, with the
+replicas equal throughout.
 """
 
 import json
