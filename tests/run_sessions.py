@@ -63,8 +63,11 @@ FILES_PER_PROCESS = 8
 # cores): handed out first by the sessions of several processes, on one
 # device (tests/conftest.py orders pytest-xdist's queue by it; pytest-xdist's
 # own order, the files with the most tests first, left these to run alone at
-# the end) and on 2 logical CPUs (`split_files`).
+# the end), on 2 logical CPUs and among the files that mostly wait, whose two
+# longest go to sessions of their own (`split_files`).
 LONGEST_FIRST = (
+    "tests/explain/test_explain_critical_path.py",
+    "tests/tune/test_tune_cli.py",
     "tests/cli/test_bench.py",
     "tests/multi_worker/test_multi_worker_training.py",
     "tests/test_compat_multi_worker.py",

@@ -2,7 +2,9 @@
 
 Runs pytest on a copy of `tests/conftest.py` and one marked test file, as a
 plain pytest session with `--device-counts`, and asks `tests/run_sessions.py`
-(what `make test` runs) for its sessions.
+(what `make test` runs) for its sessions. A session that hangs waits for
+its timeout, so `make test` runs this file in a session of its own
+(`mostly_waits`).
 """
 
 import importlib.util
@@ -17,6 +19,7 @@ import pytest
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 CONFTEST = os.path.join(TESTS_DIR, "conftest.py")
 TIMEOUT_S = 120
+pytestmark = pytest.mark.mostly_waits
 
 
 def run_first_session(tmp_path, device_count):

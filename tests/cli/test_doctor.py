@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 
+import doctor_commands as commands
 import pytest
 
 from keras_scaling.doctor._checks import (
@@ -29,7 +30,6 @@ from keras_scaling.doctor._checks import (
 )
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TIMEOUT_S = 300
 CHECK_NAMES = ("versions", "devices", "all-reduce", "first collective", "bandwidth", "server")
 
 SAME = {"python": "3.11.7", "tensorflow": "2.21.0", "keras": "3.15.1", "keras_scaling": "0.1.0"}
@@ -214,64 +214,10 @@ def test_server_note_without_a_server():
 # ---- the command, in real processes ----
 
 
-def _env(**extra):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    env.pop("TF_CONFIG", None)
-    env.pop("KERAS_SCALING_CPU_DEVICES", None)
-    env.update(extra)
-    return env
-
-
-def _run(args, tmp_path, env=None):
-    return subprocess.run(
-        args,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-        env=env or _env(),
-    )
-
-
-def _doctor(*args):
-    return [
-        sys.executable,
-        "-m",
-        "keras_scaling",
-        "doctor",
-        "--size-mb",
-        "1",
-        "--rounds",
-        "1",
-        *args,
-    ]
-
-
-def _launch(*command, workers=2):
-    return [
-        sys.executable,
-        "-m",
-        "keras_scaling",
-        "launch",
-        "--workers",
-        str(workers),
-        "--",
-        *command,
-    ]
-
-
-def _check_lines(output):
-    """{check name: "ok"/"FAIL"} of the check lines in `output`."""
-    found = {}
-    for status, name in re.findall(r"^(?:\[worker \d\] )?(ok|FAIL) +([a-z -]+):", output, re.M):
-        found[name] = status
-    return found
-
-
 def test_doctor_alone_passes_every_check_on_one_worker(tmp_path):
-    result = _run(_doctor(), tmp_path)
+    result = commands.run(commands.doctor(), tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
-    assert _check_lines(result.stdout) == {name: "ok" for name in CHECK_NAMES}
+    assert commands.check_lines(result.stdout) == {name: "ok" for name in CHECK_NAMES}
     assert "this is worker 0 of 1" in result.stdout
     assert "TF_CONFIG is not set" in result.stdout
     assert "all 6 checks passed" in result.stdout
@@ -280,7 +226,7 @@ def test_doctor_alone_passes_every_check_on_one_worker(tmp_path):
 
 
 def test_doctor_with_cpu_devices_sums_over_every_logical_cpu(tmp_path):
-    result = _run(_doctor("--cpu-devices", "3"), tmp_path)
+    result = commands.run(commands.doctor("--cpu-devices", "3"), tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     assert "MirroredStrategy: 1 worker, 3 replicas on CPU" in result.stdout
     assert "summing r + 1 over 3 replicas gave 6" in result.stdout
@@ -314,36 +260,13 @@ def test_a_size_or_timeout_that_cannot_work_is_a_usage_error(capsys, option, val
 
 
 def test_a_usage_error_of_the_command_exits_2_without_a_traceback(tmp_path):
-    result = _run([sys.executable, "-m", "keras_scaling", "doctor", "--size-mb", "0"], tmp_path)
+    result = commands.run(
+        [sys.executable, "-m", "keras_scaling", "doctor", "--size-mb", "0"], tmp_path
+    )
     assert result.returncode == 2, result.stderr[-3000:]
     assert "argument --size-mb: must be a number of MB above 0 and at most " in result.stderr
     assert "got '0'" in result.stderr
     assert "Traceback" not in result.stderr
-
-
-def _free_port():
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def test_a_worker_whose_peers_never_join_gives_up_after_the_timeout(tmp_path):
-    # TF_CONFIG names two workers; the second is never started.
-    addresses = [f"127.0.0.1:{_free_port()}", f"127.0.0.1:{_free_port()}"]
-    tf_config = {"cluster": {"worker": addresses}, "task": {"type": "worker", "index": 0}}
-    result = _run(_doctor("--timeout", "20"), tmp_path, env=_env(TF_CONFIG=json.dumps(tf_config)))
-    output = result.stdout + result.stderr[-3000:]
-    assert result.returncode == 1, output
-    assert f"TF_CONFIG is set: 2 worker address(es) ({', '.join(addresses)})" in result.stdout
-    assert "joins the other workers" in result.stdout, output
-    assert not _check_lines(result.stdout), output
-    # Where TensorFlow waits holding the interpreter's lock (building the
-    # strategy), the message cannot be printed; faulthandler's traceback,
-    # 5 s later, says where it waited instead.
-    assert (
-        "the checks did not finish within 20 s" in result.stdout
-        or "Timeout (0:00:25)!" in result.stderr
-    ), output
 
 
 class _TimedProcess:
@@ -389,18 +312,18 @@ MISMATCH_VERDICT_S = 30
 
 
 def test_workers_that_disagree_on_devices_all_fail_fast_naming_each_workers_devices(tmp_path):
-    addresses = [f"127.0.0.1:{_free_port()}", f"127.0.0.1:{_free_port()}"]
+    addresses = [f"127.0.0.1:{commands.free_port()}", f"127.0.0.1:{commands.free_port()}"]
     workers = []
     for index, cpu_devices in enumerate((2, 1)):
         tf_config = {"cluster": {"worker": addresses}, "task": {"type": "worker", "index": index}}
         workers.append(
             _TimedProcess(
-                _doctor("--cpu-devices", str(cpu_devices), "--timeout", "240"),
-                env=_env(TF_CONFIG=json.dumps(tf_config)),
+                commands.doctor("--cpu-devices", str(cpu_devices), "--timeout", "240"),
+                env=commands.clean_env(TF_CONFIG=json.dumps(tf_config)),
                 cwd=tmp_path,
             )
         )
-    returncodes = [worker.wait(TIMEOUT_S) for worker in workers]
+    returncodes = [worker.wait(commands.TIMEOUT_S) for worker in workers]
     host = socket.gethostname()
     expected = (
         f"FAIL  devices: the workers' devices differ: worker 0 ({host}, {addresses[0]}) has 2 "
@@ -431,9 +354,9 @@ def launch_without_the_key_value_store(tmp_path_factory):
     how the reports travel does not depend on the replica count, and one
     launch starts 2 TensorFlow processes fewer.
     """
-    env = _env(KERAS_SCALING_FAIL_PROBES="tf.coordination_key_value_store")
+    env = commands.clean_env(KERAS_SCALING_FAIL_PROBES="tf.coordination_key_value_store")
     cwd = tmp_path_factory.mktemp("without_the_key_value_store")
-    return _run(_launch(*_doctor("--cpu-devices", "2")), cwd, env=env)
+    return commands.run(commands.launch(*commands.doctor("--cpu-devices", "2")), cwd, env=env)
 
 
 @pytest.mark.parametrize("cpu_devices", [1, 2])
@@ -441,13 +364,15 @@ def test_doctor_under_launch_passes_on_both_workers_with_the_same_checks(
     tmp_path, cpu_devices, request
 ):
     if cpu_devices == 1:
-        result = _run(_launch(*_doctor("--cpu-devices", str(cpu_devices))), tmp_path)
+        result = commands.run(
+            commands.launch(*commands.doctor("--cpu-devices", str(cpu_devices))), tmp_path
+        )
     else:
         result = request.getfixturevalue("launch_without_the_key_value_store")
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     for index in (0, 1):
         output = _worker_output(result.stdout, index)
-        assert _check_lines(output) == {name: "ok" for name in CHECK_NAMES}, output
+        assert commands.check_lines(output) == {name: "ok" for name in CHECK_NAMES}, output
         assert f"this is worker {index} of 2" in output
         assert "TF_CONFIG is set: 2 worker address(es) (127.0.0.1:" in output
         replicas = 2 * cpu_devices
@@ -465,7 +390,7 @@ def test_without_the_key_value_store_the_reports_go_through_an_all_gather(
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     for index in (0, 1):
         output = _worker_output(result.stdout, index)
-        assert _check_lines(output) == {name: "ok" for name in CHECK_NAMES}, output
+        assert commands.check_lines(output) == {name: "ok" for name in CHECK_NAMES}, output
         assert "2 workers, 2 CPU replicas each: 4 replicas in all" in output
     assert "keras-scaling doctor sends the workers' reports through an all-gather" in (
         result.stdout + result.stderr
@@ -497,7 +422,7 @@ def test_a_worker_importing_another_keras_scaling_version_fails_and_is_named(tmp
     init.write_text(text.replace('__version__ = "0.1.0"', '__version__ = "0.1.0+other"'))
     command = [sys.executable, "-c", _SPLIT_VERSIONS, str(other)]
     command += ["doctor", "--size-mb", "1", "--rounds", "1"]
-    result = _run(_launch(*command), tmp_path)
+    result = commands.run(commands.launch(*command), tmp_path)
     assert result.returncode == 1, result.stdout + result.stderr[-3000:]
     for index in (0, 1):
         output = _worker_output(result.stdout, index)
