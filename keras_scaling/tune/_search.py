@@ -175,6 +175,7 @@ def search(runner, start, budget_s, allowed, explain_fn, verbose, confirm=True):
         ]
     # The start's rates of the first comparisons: none until one is measured.
     start_rates: list[float] = []
+    kept_comparisons = []
     out_of_budget = False
     for knob in _candidates.knob_order(bound, allowed):
         reason = _candidates.reason_not_tried(knob, context)
@@ -192,8 +193,13 @@ def search(runner, start, budget_s, allowed, explain_fn, verbose, confirm=True):
             candidate = _candidates.with_value(incumbent, knob, value)
             steps = _steps_for(step_s, round_s, incumbent, candidate)
             round_pair_s = 2 * (EPOCHS * steps * step_s + overhead_s)
+            # The first candidate is measured against the start itself: kept
+            # alone, its own rounds are the side by side, so it needs no
+            # reserve, and once begun it runs MIN_ROUNDS rather than fail.
+            first = not start_rates
+            reserve_s = 0.0 if first else confirm_reserve_s
             rounds = _decision.rounds_affordable(
-                clock.left_s(), round_pair_s, warmup_s, reserve_s=confirm_reserve_s
+                clock.left_s(), round_pair_s, warmup_s, reserve_s=reserve_s
             )
             comparison = None
             if rounds:
@@ -209,7 +215,7 @@ def search(runner, start, budget_s, allowed, explain_fn, verbose, confirm=True):
                 # candidates are costed with the slowest warm-up seen.
                 warmup_s = max(warmup_s, candidate_warmup_s)
                 rounds = _decision.rounds_affordable(
-                    clock.left_s(), round_pair_s, 0.0, reserve_s=confirm_reserve_s
+                    clock.left_s(), round_pair_s, 0.0, reserve_s=reserve_s
                 )
             if rounds:
                 comparison, slowest_pair_s = alternate(
@@ -218,12 +224,13 @@ def search(runner, start, budget_s, allowed, explain_fn, verbose, confirm=True):
                     steps,
                     rounds,
                     clock.left_s,
-                    reserve_s=confirm_reserve_s,
+                    reserve_s=reserve_s,
+                    min_rounds=_decision.MIN_ROUNDS if first else 1,
                 )
                 # What a fit call costs beyond its steps, as the rounds showed.
                 overhead_s = max(overhead_s, slowest_pair_s / 2 - EPOCHS * steps * step_s)
             if comparison is None or len(comparison.ratios) < _decision.MIN_ROUNDS:
-                if not start_rates:
+                if first:
                     raise _too_small(budget_s, clock, round_pair_s, warmup_s)
                 trials.append(trial_record(knob, value, reason="not measured: the budget is spent"))
                 out_of_budget = True
@@ -239,6 +246,7 @@ def search(runner, start, budget_s, allowed, explain_fn, verbose, confirm=True):
                     break
                 continue  # faster within the noise: the next, larger value may show more
             incumbent, incumbent_ratio = candidate, trial["ratio_to_start"]
+            kept_comparisons.append(comparison)
             step_s = runner.global_batch_size(incumbent["data"]) / comparison.candidate_median
             if knob in _candidates.CHANGES_ROUNDING + _candidates.CHANGES_TRAINING:
                 notes.append(_candidates.describe_change(knob, value, start))
@@ -251,21 +259,26 @@ def search(runner, start, budget_s, allowed, explain_fn, verbose, confirm=True):
     elif confirm:
         steps = _steps_for(step_s * incumbent_ratio, round_s, start, best)
         round_pair_s = EPOCHS * steps * step_s * (1 + incumbent_ratio) + 2 * overhead_s
-        # Its reserve was kept for it: it runs at least MIN_ROUNDS.
-        rounds = max(
-            _decision.rounds_affordable(clock.left_s(), round_pair_s, 0.0), _decision.MIN_ROUNDS
-        )
-        confirmation, _ = alternate(
-            (runner, start),
-            (runner, best),
-            steps,
-            rounds,
-            clock.left_s,
-            min_rounds=_decision.MIN_ROUNDS,
-        )
+        rounds = _decision.rounds_affordable(clock.left_s(), round_pair_s, 0.0)
+        if not rounds and len(kept_comparisons) == 1:
+            # The one kept change took what the reserve would have held; its
+            # own rounds against the start are the side by side.
+            confirmation = kept_comparisons[0]
+            source = "its own trial against the start, {} alternating rounds (no time was left to confirm it)"
+        else:
+            # Its reserve was kept for it: it runs at least MIN_ROUNDS.
+            confirmation, _ = alternate(
+                (runner, start),
+                (runner, best),
+                steps,
+                max(rounds, _decision.MIN_ROUNDS),
+                clock.left_s,
+                min_rounds=_decision.MIN_ROUNDS,
+            )
+            source = "best against start, {} alternating rounds"
         rounds = len(confirmation.ratios)
         start_samples_per_sec, ratio = confirmation.incumbent_median, confirmation.ratio
-        source = f"best against start, {rounds} alternating rounds"
+        source = source.format(rounds)
         verdict = _decision.decide(confirmation)
         if not verdict.kept:
             # Never hand back a setting slower than the start, or one whose

@@ -1,0 +1,85 @@
+"""How tune's search spends a small budget, on a runner whose rounds are timed sleeps.
+
+The runner stands in for `fit` only: each round sleeps as long as its steps and
+a fixed cost per call would take at the rate its settings are given, so the
+search's own budgeting is what runs. Steps per execution of 4 or more run
+twice as fast as the start.
+"""
+
+import time
+
+import numpy as np
+import pytest
+import tensorflow  # noqa: F401  (the search imports it: not to be timed as the start's preparation)
+
+from keras_scaling.tune import _search
+from keras_scaling.tune._measure import EPOCHS
+
+pytestmark = pytest.mark.mostly_waits
+
+_GLOBAL_BATCH = 32
+
+
+class SleepingRunner:
+    device_kind = "CPU"
+    local_replicas = 2
+
+    def __init__(self, step_s, call_s):
+        self.step_s, self.call_s = step_s, call_s
+        self.data = (np.zeros((64, 4), "float32"), np.zeros((64, 1), "float32"))
+
+    def global_batch_size(self, data_settings):
+        return _GLOBAL_BATCH
+
+    def dataset(self, data_settings):
+        return None
+
+    def round(self, settings, steps):
+        fast = settings["compile"]["steps_per_execution"] >= 4
+        step_s = self.step_s / 2 if fast else self.step_s
+        wall_s = self.call_s + EPOCHS * steps * step_s
+        time.sleep(wall_s)
+        return _GLOBAL_BATCH / step_s, wall_s
+
+
+_START = {
+    "compile": {"steps_per_execution": 1, "jit_compile": False},
+    "data": {"per_replica_batch_size": 16},
+    "strategy": {},
+    "cpu": {},
+}
+
+
+def _no_explain(dataset, steps):
+    raise AssertionError("the budget leaves no room for explain's split")
+
+
+def test_the_first_candidate_needs_no_reserve_and_its_own_rounds_confirm_it():
+    runner = SleepingRunner(step_s=0.005, call_s=0.15)
+    started_s = time.perf_counter()
+    record = _search.search(runner, _START, 7.0, (), _no_explain, verbose=False)
+    elapsed_s = time.perf_counter() - started_s
+
+    measured = [trial for trial in record["trials"] if trial["rounds"]]
+    assert [(trial["knob"], trial["value"], trial["kept"]) for trial in measured] == [
+        ("steps_per_execution", 4, True)
+    ]
+    assert measured[0]["rounds"] >= 3
+    assert record["best"]["settings"]["compile"]["steps_per_execution"] == 4
+    assert record["best"]["ratio_source"].startswith("its own trial against the start, ")
+    assert record["best"]["ratio_to_start"] == pytest.approx(measured[0]["ratio_to_start"])
+    assert 1.8 < record["best"]["ratio_to_start"] < 2.2
+    # Only the first round pair may run past the budget, and a pair is about 1.2 s.
+    assert elapsed_s < 7.0 + 1.5
+
+
+def test_a_budget_too_small_for_the_first_candidate_names_one_that_holds_it():
+    runner = SleepingRunner(step_s=0.005, call_s=0.15)
+    with pytest.raises(_search.BudgetTooSmall, match=r"pass budget_s=\d+ or more") as error:
+        _search.search(runner, _START, 3.0, (), _no_explain, verbose=False)
+    needed_s = error.value.needed_s
+    assert 4 <= needed_s <= 9, str(error.value)
+
+    record = _search.search(runner, _START, needed_s, (), _no_explain, verbose=False)
+    assert record["trials"][2]["knob"] == "steps_per_execution"
+    assert record["trials"][2]["rounds"] >= 3, record["trials"]
