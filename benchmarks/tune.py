@@ -85,11 +85,15 @@ def confirm(args):
     keras_scaling.use_logical_cpus(args.replicas)
     model_name = record["model"]
     settings = {which: record[which]["settings"] for which in ("start", "best")}
-    models, datasets = {}, {}
+    models, datasets, strategies = {}, {}, {}
     for which, setting in settings.items():
-        # As the user applies it: the all-reduce by name (both reduce without
-        # collectives, so the two strategies share the process).
-        strategy = keras_scaling.auto_strategy(**setting["strategy"])
+        # As the user applies it: the all-reduce by name. TensorFlow's own is
+        # collective, and two collective strategies in one process break each
+        # other's all-reduce: equal settings share one strategy.
+        key = json.dumps(setting["strategy"], sort_keys=True)
+        if key not in strategies:
+            strategies[key] = keras_scaling.auto_strategy(**setting["strategy"])
+        strategy = strategies[key]
         with strategy.scope():
             # Compiled as the bench and tune compile it, with the setting's own.
             model = _models.build_model(model_name)

@@ -36,6 +36,21 @@ def test_the_all_reduce_tune_tries_on_logical_cpus_keeps_the_replicas_equal():
         assert history.history["loss"][-1] < history.history["loss"][0]
 
 
+def test_the_all_reduce_named_as_tensorflows_choice_is_the_one_mirrored_strategy_builds():
+    import tensorflow as tf
+
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    built = strategy.extended._cross_device_ops
+    assert type(built).__name__ == "CollectiveAllReduce"
+    implementation = built._options.implementation
+    assert implementation == tf.distribute.experimental.CommunicationImplementation.RING
+    assert _candidates.default_all_reduce("CPU") == "the collective all-reduce (ring)"
+    # What tune tries on CPUs is never what TensorFlow picks by itself.
+    for value in _candidates.all_reduce_values("CPU", 2, 1)[0]:
+        tried = keras_scaling.auto_strategy(cross_device_ops=value).extended._cross_device_ops
+        assert type(tried).__name__ != "CollectiveAllReduce"
+
+
 def test_an_unknown_all_reduce_is_refused_with_the_known_ones():
     with pytest.raises(ValueError, match="cross_device_ops must be one of hierarchical_copy"):
         keras_scaling.auto_strategy(cross_device_ops="ring")
