@@ -41,36 +41,40 @@ def _records_checked_by_tensorflow(run_dir):
     return count
 
 
-def test_threads_writing_with_a_concurrent_flush_lose_no_record(tmp_path):
+def test_threads_writing_with_a_concurrent_close_lose_no_record(tmp_path):
     num_threads, writes_per_thread = 3, 300
-    stop_flushing = threading.Event()
+    stop_closing = threading.Event()
+    closes = [0]
 
     def write(thread_index):
         for step in range(writes_per_thread):
             _tensorboard.write_scalars(tmp_path, step, {f"stress/thread_{thread_index}": step})
 
-    def keep_flushing():
-        while not stop_flushing.is_set():
-            _tensorboard.flush(tmp_path)
+    def keep_closing():  # as a SIGTERM handler ending a fit may
+        while not stop_closing.wait(0.001):
+            _tensorboard.close(tmp_path)
+            closes[0] += 1
 
-    flusher = threading.Thread(target=keep_flushing)
+    closer = threading.Thread(target=keep_closing)
     writers = [threading.Thread(target=write, args=(i,)) for i in range(num_threads)]
-    flusher.start()
+    closer.start()
     for thread in writers:
         thread.start()
     for thread in writers:
         thread.join(timeout=120)
-    stop_flushing.set()
-    flusher.join(timeout=120)
+    stop_closing.set()
+    closer.join(timeout=120)
     _tensorboard.close(tmp_path)
 
     scalars = _tensorboard.read_scalars(_tensorboard.run_dir(tmp_path))
     for i in range(num_threads):
         expected = [(step, float(step)) for step in range(writes_per_thread)]
         assert scalars[f"stress/thread_{i}"] == expected
-    # The file version event, then one event per write.
+    # Each file's version event, then one event per write, every record whole.
     run_dir = _tensorboard.run_dir(tmp_path)
-    assert _records_checked_by_tensorflow(run_dir) == 1 + num_threads * writes_per_thread
+    files = [name for name in os.listdir(run_dir) if name.startswith("events.out.tfevents.")]
+    assert len(files) > 1 and closes[0] > 0
+    assert _records_checked_by_tensorflow(run_dir) == len(files) + num_threads * writes_per_thread
 
 
 def test_close_closes_the_file_and_a_later_write_opens_another(tmp_path):
@@ -142,41 +146,41 @@ def _both_callbacks(log_dir, every_step=False):
 
 
 @pytest.mark.logical_cpus(2)
-def test_both_callbacks_writing_at_every_step_with_a_concurrent_flush_lose_no_record(
-    strategy, tmp_path
-):
+def test_both_callbacks_writing_at_every_step_are_read_whole_while_fit_runs(strategy, tmp_path):
     log_dir = str(tmp_path)
+    run_dir = _tensorboard.run_dir(log_dir)
     model = _model(strategy)
-    stop_flushing = threading.Event()
+    stop_reading = threading.Event()
+    seen = []
 
-    def keep_flushing():
-        # A flush every millisecond, many within each step: spinning instead
-        # cost seconds of CPU time and tested nothing more.
-        while not stop_flushing.wait(0.001):
-            _tensorboard.flush(log_dir)
+    def keep_reading():  # as TensorBoard, watching the run
+        while not stop_reading.wait(0.01):
+            seen.append(_tensorboard.read_scalars(run_dir).get("replica_sync/max_abs_diff", []))
 
-    flusher = threading.Thread(target=keep_flushing)
-    flusher.start()
+    reader = threading.Thread(target=keep_reading)
+    reader.start()
     try:
         model.fit(
             *_data(), batch_size=16, epochs=2, verbose=0, callbacks=_both_callbacks(log_dir, True)
         )
     finally:
-        stop_flushing.set()
-        flusher.join(timeout=120)
+        stop_reading.set()
+        reader.join(timeout=120)
 
     steps = int(model.optimizer.iterations.numpy())
-    scalars = _tensorboard.read_scalars(_tensorboard.run_dir(log_dir))
+    scalars = _tensorboard.read_scalars(run_dir)
     # A check at the start (step 0) and after every step, each written once.
-    assert [step for step, _ in scalars["replica_sync/max_abs_diff"]] == list(range(steps + 1))
+    written = scalars["replica_sync/max_abs_diff"]
+    assert [step for step, _ in written] == list(range(steps + 1))
+    # Read while fit ran: always the first points written, in order.
+    assert any(0 < len(points) < len(written) for points in seen)
+    assert all(points == written[: len(points)] for points in seen)
     assert {value for _, value in scalars["replica_sync/diverged_variables"]} == {0.0}
     throughput_steps = [step for step, _ in scalars["throughput/samples_per_sec"]]
     assert len(throughput_steps) >= steps - 4
     assert throughput_steps == sorted(set(throughput_steps))
     assert _open_handles_under(log_dir) == []
-    assert _records_checked_by_tensorflow(_tensorboard.run_dir(log_dir)) >= (
-        1 + (steps + 1) + len(throughput_steps)
-    )
+    assert _records_checked_by_tensorflow(run_dir) >= (1 + (steps + 1) + len(throughput_steps))
 
 
 @pytest.mark.logical_cpus(2)
@@ -188,7 +192,6 @@ def test_the_event_file_is_open_during_fit_and_closed_when_it_returns(strategy, 
 
     class NoteHandles(keras.callbacks.Callback):
         def on_epoch_end(self, epoch, logs=None):
-            _tensorboard.flush(log_dir)
             handles_during_fit.append(len(_open_handles_under(log_dir)))
 
     _model(strategy).fit(

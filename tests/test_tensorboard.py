@@ -56,7 +56,6 @@ def test_scalars_text_image_and_layout_share_one_event_file(tmp_path):
     _tensorboard.write_scalars(log_dir, 1, {"throughput/samples_per_sec": 10.0})
     _tensorboard.write_scalars(log_dir, 2, {"throughput/samples_per_sec": 20.0})
     _tensorboard.write_image(log_dir, 0, "scaling/speedup_vs_replicas", _png())
-    _tensorboard.flush(log_dir)
 
     assert os.listdir(log_dir) == ["scaling"]
     assert len(_event_files(log_dir / "scaling")) == 1
@@ -68,7 +67,6 @@ def test_every_summary_reads_back_as_written(tmp_path):
     _tensorboard.write_text(tmp_path, 3, "throughput/setup", "| strategy | Mirrored |")
     _tensorboard.write_image(tmp_path, 0, "scaling/speedup_vs_replicas", png)
     _tensorboard.write_scalars(tmp_path, 5, {"scaling/speedup": 1.5})
-    _tensorboard.flush(tmp_path)
 
     summaries = _tensorboard.read_summaries(_tensorboard.run_dir(tmp_path))
 
@@ -119,7 +117,6 @@ def test_scalar_events_are_the_events_protobuf_builds(tmp_path):
     _tensorboard.write_scalars(tmp_path, 7, first)
     _tensorboard.write_scalars(tmp_path, 300, later)
     _tensorboard.write_scalars(tmp_path, 2**40 + 3, {"my/tag": 1.0})
-    _tensorboard.flush(tmp_path)
 
     header, *events = _records(_tensorboard.run_dir(tmp_path))
     parsed = [event_pb2.Event.FromString(record) for record in events]
@@ -149,7 +146,6 @@ def write(log_dir, png):
     _tensorboard.write_text(log_dir, 3, "throughput/setup", "| strategy | Mirrored |")
     _tensorboard.write_image(log_dir, 0, "scaling/speedup_vs_replicas", png)
     _tensorboard.write_scalars(log_dir, 5, {"scaling/speedup": 1.5})
-    _tensorboard.flush(log_dir)
 
 
 if __name__ == "__main__":
@@ -175,7 +171,7 @@ def _without_wall_time(record):
 
 
 def test_a_process_without_tensorflow_writes_the_same_events_without_loading_it(tmp_path):
-    import tensorflow as tf  # noqa: F401 - this process writes with TensorFlow's writer
+    import tensorflow as tf  # noqa: F401 - this process has TensorFlow loaded, the other not
 
     png = _png()
     (tmp_path / "plot.png").write_bytes(png)
@@ -220,7 +216,6 @@ def test_a_tag_carries_its_description_on_its_first_event_only(tmp_path):
 
     for step in (1, 2):
         _tensorboard.write_scalars(tmp_path, step, {"replica_sync/max_abs_diff": 0.0})
-    _tensorboard.flush(tmp_path)
     (name,) = _event_files(_tensorboard.run_dir(tmp_path))
     path = os.path.join(_tensorboard.run_dir(tmp_path), name)
 
@@ -250,41 +245,44 @@ def test_replica_sync_descriptions_say_what_zero_and_non_zero_mean():
         assert "above 0" in description and "diverged" in description
 
 
-def test_points_reach_the_file_within_the_flush_interval_without_a_flush(tmp_path, monkeypatch):
-    import tensorflow  # noqa: F401 - a training process's writer: TensorBoard's, with its thread
+def test_every_point_is_whole_in_the_file_when_its_write_returns(tmp_path):
+    import tensorflow  # noqa: F401 - a training process's writer
 
-    monkeypatch.setattr(_tensorboard._EventFile, "_FLUSH_EVERY_S", 0.0)
     log_dir = tmp_path / "logs"
-
-    _tensorboard.write_scalars(log_dir, 1, {"throughput/samples_per_sec": 1.0})
-    _tensorboard.write_scalars(log_dir, 2, {"throughput/samples_per_sec": 2.0})
-
-    # No flush(): the writer flushed by itself.
-    def points():
-        scalars = _tensorboard.read_scalars(_tensorboard.run_dir(log_dir))
-        return scalars.get("throughput/samples_per_sec")
-
+    run_dir = _tensorboard.run_dir(log_dir)
     try:
-        deadline_s = time.monotonic() + 30
-        while points() != [(1, 1.0), (2, 2.0)] and time.monotonic() < deadline_s:
-            time.sleep(0.05)
-        assert points() == [(1, 1.0), (2, 2.0)]
+        for step in (1, 2):
+            _tensorboard.write_scalars(log_dir, step, {"throughput/samples_per_sec": float(step)})
+            # Neither a flush nor a close: what TensorBoard, watching, reads now.
+            scalars = _tensorboard.read_scalars(run_dir)
+            expected = [(s, float(s)) for s in range(1, step + 1)]
+            assert scalars["throughput/samples_per_sec"] == expected
+        assert _records_checked_by_tensorflow(run_dir) == 3
     finally:
-        # Its thread flushes every 0 s: left open, it kept a core busy for the
-        # rest of the session.
         _tensorboard.close(log_dir)
+
+
+def _records_checked_by_tensorflow(run_dir):
+    (name,) = _event_files(run_dir)
+    return _records_checked_by_tensorflow_in(run_dir, name)
+
+
+def _records_checked_by_tensorflow_in(run_dir, name):
+    import tensorflow as tf
+
+    # Raises DataLossError on a torn record.
+    return sum(1 for _ in tf.data.TFRecordDataset(os.path.join(run_dir, name)))
 
 
 def test_last_step_written_is_the_largest_step_of_the_given_tags(tmp_path):
     _tensorboard.write_scalars(tmp_path, 4, {"throughput/samples_per_sec": 1.0})
     _tensorboard.write_scalars(tmp_path, 9, {"replica_sync/max_abs_diff": 0.0})
-    _tensorboard.flush(tmp_path)
 
     assert _tensorboard.last_step_written(tmp_path, {"throughput/samples_per_sec"}) == 4
     assert _tensorboard.last_step_written(tmp_path, {"scaling/speedup"}) == -1
 
 
-def test_last_step_written_counts_unflushed_writes_and_the_files_of_earlier_runs(tmp_path):
+def test_last_step_written_counts_the_open_file_and_the_files_of_earlier_runs(tmp_path):
     _tensorboard.write_scalars(tmp_path, 12, {"throughput/samples_per_sec": 1.0})
     _tensorboard.close(tmp_path)  # as an earlier run leaves its file
     tags = {"throughput/samples_per_sec"}
@@ -292,7 +290,7 @@ def test_last_step_written_counts_unflushed_writes_and_the_files_of_earlier_runs
     _tensorboard.write_scalars(tmp_path, 4, {"throughput/samples_per_sec": 1.0})
     assert _tensorboard.last_step_written(tmp_path, tags) == 12
     _tensorboard.write_scalars(tmp_path, 15, {"throughput/samples_per_sec": 1.0})
-    assert _tensorboard.last_step_written(tmp_path, tags) == 15  # not flushed yet
+    assert _tensorboard.last_step_written(tmp_path, tags) == 15  # the file still open
 
 
 def test_a_log_dir_is_checked_without_being_made_then_made(tmp_path):
@@ -563,3 +561,51 @@ def test_writing_from_another_thread_imports_no_tensorboard_module(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip() == "[]"
     assert _tensorboard.read_scalars(tmp_path / "logs" / "scaling")
+
+
+# Writes points under a file size limit until one fails, then writes one more
+# without it; prints the error's errno and message.
+_WRITE_PAST_A_SIZE_LIMIT = """
+import json, resource, signal, sys
+
+from keras_scaling.summaries import _tensorboard
+
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
+_, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+resource.setrlimit(resource.RLIMIT_FSIZE, (700, hard))
+log_dir, error = sys.argv[1], None
+for step in range(1, 100):
+    try:
+        _tensorboard.write_scalars(log_dir, step, {"throughput/samples_per_sec": float(step)})
+    except OSError as caught:
+        error = caught
+        break
+resource.setrlimit(resource.RLIMIT_FSIZE, (hard, hard))
+_tensorboard.write_scalars(log_dir, 1000, {"throughput/samples_per_sec": 1000.0})
+_tensorboard.close(log_dir)
+print(json.dumps({"errno": error.errno, "message": str(error), "failed_step": step}))
+"""
+
+
+def test_a_failed_write_names_the_file_and_a_later_write_starts_a_whole_one(tmp_path):
+    import errno
+
+    (tmp_path / "write.py").write_text(_WRITE_PAST_A_SIZE_LIMIT)
+    result = subprocess.run(
+        [sys.executable, "write.py", str(tmp_path / "logs")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    run_dir = _tensorboard.run_dir(tmp_path / "logs")
+    first, second = sorted(_event_files(run_dir), key=lambda name: int(name.split(".")[-1]))
+
+    assert report["errno"] == errno.EFBIG
+    assert os.path.join(run_dir, first) in report["message"]
+    # The failed point is not in the file; every point before it is, then the later one.
+    points = _tensorboard.read_scalars(run_dir)["throughput/samples_per_sec"]
+    assert points == [(s, float(s)) for s in range(1, report["failed_step"])] + [(1000, 1000.0)]
+    assert _records_checked_by_tensorflow_in(run_dir, second) == 2

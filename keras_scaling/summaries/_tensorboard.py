@@ -6,16 +6,15 @@ to a directory's newest file and never rereads the others (docs/reference/tensor
 
 import atexit
 import collections
+import contextlib
 import errno
 import glob
 import itertools
 import os
 import socket
 import struct
-import sys
 import threading
 import time
-import types
 
 # Imported with this module, not at the first write: TensorBoard's modules
 # imported on two threads at once (Keras' TensorBoard callback loads them
@@ -26,7 +25,6 @@ from tensorboard.plugins.custom_scalar import metadata as custom_scalar_metadata
 from tensorboard.plugins.image import metadata as image_metadata
 from tensorboard.plugins.scalar import metadata as scalar_metadata
 from tensorboard.plugins.text import metadata as text_metadata
-from tensorboard.summary.writer.event_file_writer import EventFileWriter
 from tensorboard.summary.writer.record_writer import RecordWriter
 from tensorboard.util import tensor_util
 
@@ -110,14 +108,14 @@ def write_scalars(log_dir, step, scalars, run=RUN):
     _write(log_dir, run, step, values, scalar_metadata.create_summary_metadata)
 
 
-def write_text(log_dir, step, tag, markdown, run=RUN, flush=True):
-    """Writes a Markdown text summary; `flush=False` leaves the flush to a later `flush`."""
+def write_text(log_dir, step, tag, markdown, run=RUN):
+    """Writes a Markdown text summary."""
     tensor = _tensor(types_pb2.DT_STRING, [], string_val=[markdown.encode("utf-8")])
-    _write(log_dir, run, step, [(tag, tensor)], text_metadata.create_summary_metadata, flush)
+    _write(log_dir, run, step, [(tag, tensor)], text_metadata.create_summary_metadata)
 
 
 def write_image(log_dir, step, tag, png_bytes, run=RUN):
-    """Writes one PNG image (its encoded bytes) and flushes; `ValueError` if it is not a PNG."""
+    """Writes one PNG image (its encoded bytes); `ValueError` if it is not a PNG."""
     if not isinstance(png_bytes, (bytes, bytearray)) or png_bytes[:8] != b"\x89PNG\r\n\x1a\n":
         raise ValueError(
             f"png_bytes must be the bytes of a PNG file, got {type(png_bytes).__name__} starting {bytes(png_bytes[:8])!r}"
@@ -125,16 +123,14 @@ def write_image(log_dir, step, tag, png_bytes, run=RUN):
     width, height = struct.unpack(">II", png_bytes[16:24])  # from the IHDR chunk
     strings = [str(width).encode(), str(height).encode(), bytes(png_bytes)]
     tensor = _tensor(types_pb2.DT_STRING, [3], string_val=strings)
-    _write(log_dir, run, step, [(tag, tensor)], image_metadata.create_summary_metadata, True)
+    _write(log_dir, run, step, [(tag, tensor)], image_metadata.create_summary_metadata)
 
 
-def write_custom_scalars_layout(log_dir, layout, run=RUN, flush=True):
+def write_custom_scalars_layout(log_dir, layout, run=RUN):
     """Writes a Custom Scalars dashboard layout (a `layout_pb2.Layout`) at step 0."""
     tensor = _tensor(types_pb2.DT_STRING, [], string_val=[layout.SerializeToString()])
     values = [(custom_scalar_metadata.CONFIG_SUMMARY_TAG, tensor)]
-    _write(
-        log_dir, run, 0, values, lambda **_: custom_scalar_metadata.create_summary_metadata(), flush
-    )
+    _write(log_dir, run, 0, values, lambda **_: custom_scalar_metadata.create_summary_metadata())
 
 
 def _tensor(dtype, shape=None, **values):
@@ -143,22 +139,15 @@ def _tensor(dtype, shape=None, **values):
     return tensor_pb2.TensorProto(dtype=dtype, tensor_shape=shape_proto, **values)
 
 
-def flush(log_dir, run=RUN):
-    """Flushes this process's event file of `log_dir/run`, if it has one open."""
-    with _lock:
-        if (event_file := _files.get(_key(log_dir, run))) is not None:
-            event_file.writer.flush()
-
-
 def close(log_dir, run=RUN):
-    """Flushes and closes this process's event file of `log_dir/run`; a later write opens a new one."""
+    """Closes this process's event file of `log_dir/run`; a later write opens a new one."""
     with _lock:
         if (event_file := _files.pop(_key(log_dir, run), None)) is not None:
-            event_file.writer.close()
+            event_file.close()
 
 
 def close_all():
-    """Flushes and closes every event file this process has open (also run at exit)."""
+    """Closes every event file this process has open (also run at exit)."""
     for key in list(_files):
         close(key, run="")
 
@@ -172,7 +161,7 @@ def _key(log_dir, run):
     return os.path.abspath(run_dir(log_dir, run))
 
 
-def _write(log_dir, run, step, values, create_metadata, flush=False):
+def _write(log_dir, run, step, values, create_metadata):
     """Writes `[(tag, TensorProto)]` as one event; a tag's first in the file carries its metadata."""
     key = _key(log_dir, run)
     with _lock:
@@ -185,37 +174,58 @@ def _write(log_dir, run, step, values, create_metadata, flush=False):
                     create_metadata(display_name=None, description=TAG_DESCRIPTIONS.get(tag))
                 )
                 event_file.described.add(tag)
-        event = event_pb2.Event(wall_time=time.time(), step=int(step), summary=summary)
-        event_file.writer.add_event(event)
-        if flush:
-            event_file.writer.flush()
+        try:
+            event_file.write(
+                event_pb2.Event(wall_time=time.time(), step=int(step), summary=summary)
+            )
+        except OSError:
+            # A full disk, say: the file may end in a torn record, so a later write starts another.
+            _files.pop(key, None)
+            with contextlib.suppress(OSError):
+                event_file.close()
+            raise
 
 
 class _EventFile:
-    """A run directory's new event file, written by TensorBoard's `EventFileWriter`.
+    """A run directory's new event file: TensorBoard's `RecordWriter`, flushed at each event.
 
-    Without TensorFlow loaded (`keras-scaling bench`'s parent), the same records are written
-    synchronously with `RecordWriter`: `EventFileWriter` would load TensorFlow, taking seconds.
+    Written on the caller's thread. TensorBoard's `EventFileWriter` hands each
+    event to a thread of its own, whose wake-ups cost a short `fit` about 4%
+    (`benchmarks/throughput_overhead.py`); a flushed record is one system call.
     """
-
-    _FLUSH_EVERY_S = 2.0
 
     def __init__(self, directory):
         os.makedirs(directory, exist_ok=True)
         self.described = set()
-        if "tensorflow" in sys.modules:
-            self.writer = EventFileWriter(directory, 100, flush_secs=self._FLUSH_EVERY_S)
-            return
         name = f"events.out.tfevents.{time.time():010.0f}.{socket.gethostname()}.{os.getpid()}"
-        records = RecordWriter(open(os.path.join(directory, f"{name}.{next(_numbers)}"), "wb"))
-        self.writer = types.SimpleNamespace(
-            add_event=lambda event: records.write(event.SerializeToString()),
-            flush=records.flush,
-            close=records.close,
-        )
-        source = event_pb2.SourceMetadata(writer="tensorboard.summary.writer.event_file_writer")
+        self.path = os.path.join(directory, f"{name}.{next(_numbers)}")
+        self.records = RecordWriter(open(self.path, "wb"))
+        source = event_pb2.SourceMetadata(writer="tensorboard.summary.writer.record_writer")
         header = dict(file_version="brain.Event:2", source_metadata=source)
-        self.writer.add_event(event_pb2.Event(wall_time=time.time(), **header))
+        try:
+            self.write(event_pb2.Event(wall_time=time.time(), **header))
+        except OSError:
+            with contextlib.suppress(OSError):
+                self.close()
+            raise
+
+    def write(self, event):
+        try:
+            self.records.write(event.SerializeToString())
+            self.records.flush()
+        except OSError as error:
+            raise self._error(error) from error
+
+    def close(self):
+        try:
+            self.records.close()
+        except OSError as error:
+            raise self._error(error) from error
+
+    def _error(self, error):
+        return OSError(
+            error.errno, f"Could not write the event file {self.path} ({error.strerror})"
+        )
 
 
 # `value`: a float (scalars), str (text) or bytes (image, layout).
@@ -270,8 +280,7 @@ def read_scalars(run_dir):
 
 
 def last_step_written(log_dir, tags, run=RUN):
-    """The largest step at which any of `tags` was written in `log_dir/run` (this process's file flushed first), or -1."""
-    flush(log_dir, run)
+    """The largest step at which any of `tags` was written in `log_dir/run`, or -1."""
     scalars = read_scalars(run_dir(log_dir, run))
     return max((step for tag in tags for step, _ in scalars.get(tag, ())), default=-1)
 

@@ -15,8 +15,8 @@ _RECORD_EVERY_S = 2.0
 class ThroughputWriter:
     """Writes one logger's points, texts and `throughput.json`.
 
-    Points are queued for TensorBoard's `EventFileWriter`, whose thread writes
-    and flushes them; `throughput.json` is rewritten (atomically) at a point
+    Points, texts and the layout go to the event file as they come;
+    `throughput.json` is rewritten (atomically) at a point
     when the figures changed and the last rewrite is 2 s old, at `save` and
     at `stop`. A write that fails during `fit` (a full disk) does not stop
     training: `stop` raises its error.
@@ -30,8 +30,7 @@ class ThroughputWriter:
         self.log_dir = log_dir
         self._record = record
         self._behind = False
-        # Read before this writer opens a file: no wait for TensorBoard's thread,
-        # no rereading of its own points.
+        # Read once, before this writer opens a file: no rereading of its own points.
         self._last_written_step = _tensorboard.last_step_written(log_dir, dashboard.SCALAR_TAGS)
         self._error = None
         self._saved_at_s = -_RECORD_EVERY_S
@@ -57,23 +56,15 @@ class ThroughputWriter:
         self._keeping_errors(self._write_scalars, step, scalars)
 
     def text(self, step, tag, markdown):
-        self._keeping_errors(
-            _tensorboard.write_text, self.log_dir, step, tag, markdown, flush=False
-        )
+        self._keeping_errors(_tensorboard.write_text, self.log_dir, step, tag, markdown)
 
     def layout(self, **charts):
         """Writes the Custom Scalars layout of `_dashboard.custom_scalars_layout(**charts)`."""
         layout = dashboard.custom_scalars_layout(**charts)
-        self._keeping_errors(
-            _tensorboard.write_custom_scalars_layout, self.log_dir, layout, flush=False
-        )
+        self._keeping_errors(_tensorboard.write_custom_scalars_layout, self.log_dir, layout)
 
     def save(self):
-        """Rewrites `throughput.json` if behind, keeping a failure for `stop` (training goes on).
-
-        The event file is not flushed: waiting for TensorBoard's thread would
-        stall training, and that thread flushes every 2 s.
-        """
+        """Rewrites `throughput.json` if behind, keeping a failure for `stop` (training goes on)."""
         self._keeping_errors(self._save_record)
 
     def _write_scalars(self, step, scalars):
