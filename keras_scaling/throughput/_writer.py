@@ -16,10 +16,10 @@ class ThroughputWriter:
     """Writes one logger's points, texts and `throughput.json`.
 
     Points, texts and the layout go to the event file as they come;
-    `throughput.json` is rewritten (atomically) at a point
-    when the figures changed and the last rewrite is 2 s old, at `save` and
-    at `stop`. A write that fails during `fit` (a full disk) does not stop
-    training: `stop` raises its error.
+    `throughput.json` is rewritten (atomically) at a point when the figures
+    changed and the last rewrite is 2 s old, at `save` and at `stop`. A write
+    that fails during `fit` (a full disk) does not stop training: `stop`
+    raises its error.
 
     Args:
         log_dir: str, the run's log directory.
