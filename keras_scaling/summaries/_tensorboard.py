@@ -190,7 +190,7 @@ class _EventFile:
     """A run directory's new event file: TensorBoard's `RecordWriter`, flushed at each event.
 
     Written on the caller's thread. TensorBoard's `EventFileWriter` hands each
-    event to a thread of its own, whose wake-ups cost a short `fit` about 4%
+    event to a thread of its own, whose wake-ups cost a short `fit` 3 to 4%
     (`benchmarks/throughput_overhead.py`); a flushed record is one system call.
     """
 
