@@ -179,10 +179,7 @@ def _write(log_dir, run, step, values, create_metadata):
                 event_pb2.Event(wall_time=time.time(), step=int(step), summary=summary)
             )
         except OSError:
-            # A full disk, say: the file may end in a torn record, so a later write starts another.
-            _files.pop(key, None)
-            with contextlib.suppress(OSError):
-                event_file.close()
+            _files.pop(key, None)  # closed by the failed write: a later write starts another
             raise
 
 
@@ -202,18 +199,16 @@ class _EventFile:
         self.records = RecordWriter(open(self.path, "wb"))
         source = event_pb2.SourceMetadata(writer="tensorboard.summary.writer.record_writer")
         header = dict(file_version="brain.Event:2", source_metadata=source)
-        try:
-            self.write(event_pb2.Event(wall_time=time.time(), **header))
-        except OSError:
-            with contextlib.suppress(OSError):
-                self.close()
-            raise
+        self.write(event_pb2.Event(wall_time=time.time(), **header))
 
     def write(self, event):
+        """Writes and flushes `event`; a failed write (a full disk) closes the file, which may end in a torn record."""
         try:
             self.records.write(event.SerializeToString())
             self.records.flush()
         except OSError as error:
+            with contextlib.suppress(OSError):
+                self.records.close()
             raise self._error(error) from error
 
     def close(self):
