@@ -292,6 +292,27 @@ def test_other_bad_arguments_are_named(argument, value, message):
 
 
 @pytest.mark.parametrize("last_batch", ["drop", "pad"])
+def test_unshuffled_arrays_cache_their_batches_in_the_first_epoch(tmp_path, last_batch):
+    rows = np.arange(11)
+    kwargs = {"global_batch_size": 5, "shuffle": False, "last_batch": last_batch}
+    plain = _ids(data.distribute(rows, **kwargs))
+    cached = data.distribute(rows, cache=tmp_path / "c", **kwargs)
+    assert _ids(cached) == plain
+    assert list(tmp_path.glob("c.*"))
+    assert _ids(cached) == plain
+
+
+def test_shuffled_arrays_are_reshuffled_every_epoch_and_nothing_is_cached(tmp_path):
+    rows = np.arange(40)
+    plain = data.distribute(rows, global_batch_size=8, seed=3)
+    cached = data.distribute(rows, global_batch_size=8, seed=3, cache=tmp_path / "c")
+    epochs = [_ids(plain), _ids(plain)]
+    assert epochs[0] != epochs[1]
+    assert [_ids(cached), _ids(cached)] == epochs
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("last_batch", ["drop", "pad"])
 def test_a_cache_file_path_is_written_in_the_first_epoch_and_read_back(tmp_path, last_batch):
     source = tf.data.Dataset.range(11)  # one sample dropped or padded
     dataset = data.distribute(

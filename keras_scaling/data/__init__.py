@@ -94,7 +94,9 @@ def distribute(
         shard: `"auto"` (default: by file with at least as many files as
             workers, else by element), `"file"` or `"element"`.
         cache: `False` (default), `True` (in memory) or a file path: cache
-            this worker's parsed share after the first epoch.
+            this worker's parsed share after the first epoch; for arrays,
+            their batches when not shuffled (shuffled arrays are in memory
+            already, and it changes nothing).
         parse_fn: function from one element (a serialized record) to a sample.
         num_samples: int, the samples in one pass of data of unknown length.
         output_signature: a generator function's `tf.TensorSpec` structure.

@@ -16,7 +16,7 @@ def build(
     """This worker's batched, prefetched dataset; `threading`: `tf.data.Options().threading`'s."""
     counter = _passes.PassCounter()
     if isinstance(source, _sources.ArraySource) and parse_fn is None:
-        dataset = _batched_array_rows(source, plan, schedule, counter)
+        dataset = _batched_array_rows(source, plan, schedule, counter, cache)
     else:
         dataset = _parsed_batches(source, plan, schedule, file_assignment, parse_fn, cache, counter)
     # "partial" runs on one worker only.
@@ -50,8 +50,12 @@ def _shuffled_in_each_pass(dataset, plan, buffer_size, counter):
     return _passes.each_pass(counter, lambda index: _shuffle(dataset, plan, buffer_size, index))
 
 
-def _batched_array_rows(source, plan, schedule, counter):
-    """Shuffles, shards and pads row indices (-1: a padding row), then gathers whole batches."""
+def _batched_array_rows(source, plan, schedule, counter, cache):
+    """Shuffles, shards and pads row indices (-1: a padding row), then gathers whole batches.
+
+    Unshuffled, every pass gathers the same batches: `cache` keeps them. Shuffled,
+    the rows are in memory already and the batches differ in each pass.
+    """
     positions = tf.data.Dataset.range(source.num_examples)
     if plan.shuffle:
         positions = _shuffled_in_each_pass(positions, plan, source.num_examples, counter)
@@ -66,7 +70,10 @@ def _batched_array_rows(source, plan, schedule, counter):
             return rows
         return _with_padding_weights(rows, tf.cast(indices >= 0, tf.float32))
 
-    return positions.map(gather, num_parallel_calls=tf.data.AUTOTUNE)
+    batches = positions.map(gather, num_parallel_calls=tf.data.AUTOTUNE)
+    if cache and not plan.shuffle:
+        return batches.cache() if cache is True else batches.cache(str(cache))
+    return batches
 
 
 def _keep_or_pad(stream, schedule, plan, padding, read_to_end=False):

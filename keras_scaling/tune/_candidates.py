@@ -94,12 +94,20 @@ def ladder(current, first, largest):
 
 @dataclasses.dataclass(frozen=True)
 class Context:
-    """What decides whether a knob applies: `pipeline_built` when tune builds the pipeline, `arrays` when the data are arrays."""
+    """What decides whether a knob applies.
+
+    `pipeline_built` when tune builds the pipeline; `arrays` when the data are
+    arrays, `shuffled` when their order changes every epoch, `array_bytes`
+    their size and `free_bytes` the memory available (None: unknown).
+    """
 
     device_kind: str
     local_replicas: int
     pipeline_built: bool
     arrays: bool = False
+    shuffled: bool = True
+    array_bytes: int = 0
+    free_bytes: int | None = None
 
 
 def reason_not_tried(knob, context):
@@ -113,7 +121,17 @@ def reason_not_tried(knob, context):
             "per_replica_batch_size so tune builds the pipeline"
         )
     if knob == "cache" and context.arrays:
-        return "arrays are read from memory already"
+        if context.shuffled:
+            return (
+                "shuffled arrays are read from memory already, in other batches "
+                "every epoch (a cache keeps the batches of arrays with shuffle=False)"
+            )
+        # The cache holds a second copy of the arrays; half the free memory at most.
+        if context.free_bytes is not None and 2 * context.array_bytes > context.free_bytes:
+            return (
+                f"a copy of the arrays ({context.array_bytes / 2**30:.1f} GiB) would take "
+                f"more than half the free memory ({context.free_bytes / 2**30:.1f} GiB)"
+            )
     if knob == "jit_compile" and context.device_kind == "CPU" and context.local_replicas > 1:
         return "XLA cannot reach the other logical CPUs' variables"
     if knob == "mixed_precision":

@@ -1,5 +1,6 @@
 """The search of `tune`: each knob, in the order of explain's verdict, against the incumbent."""
 
+import collections
 import logging
 import math
 import statistics
@@ -161,11 +162,16 @@ def search(runner, start, budget_s, allowed, explain_fn, verbose, confirm=True):
             say(f"explain: {explanation.verdict.text} ({explanation.verdict.confidence})")
             notes.append(f"explain's verdict: {explanation.verdict.text}")
             timeline["explain_s"] = clock.elapsed_s() - timeline["warm_up_s"]
+    array_bytes = _array_bytes(runner.data)
     context = _candidates.Context(
         device_kind=runner.device_kind,
         local_replicas=runner.local_replicas,
         pipeline_built=bool(start["data"]),
-        arrays=_is_arrays(runner.data),
+        arrays=array_bytes is not None,
+        # distribute shuffles arrays unless told not to.
+        shuffled=start["data"].get("shuffle") is not False,
+        array_bytes=array_bytes or 0,
+        free_bytes=_free_bytes(),
     )
     incumbent, incumbent_ratio, trials = start, 1.0, []
     if context.pipeline_built:
@@ -177,19 +183,33 @@ def search(runner, start, budget_s, allowed, explain_fn, verbose, confirm=True):
     start_rates: list[float] = []
     kept_comparisons = []
     out_of_budget = False
+    # Each knob's first value in turn, then the rest of each ladder still
+    # paying: one knob's ladder does not spend the budget of the others.
+    queue: collections.deque[tuple[str, tuple | None]] = collections.deque()
     for knob in _candidates.knob_order(bound, allowed):
         reason = _candidates.reason_not_tried(knob, context)
         if reason is not None:
             trials.append(trial_record(knob, None, reason=f"not tried: {reason}"))
-            continue
+        else:
+            queue.append((knob, None))
+    while queue:
+        knob, rest = queue.popleft()
         if out_of_budget:
-            trials.append(trial_record(knob, None, reason="not measured: the budget is spent"))
+            value = rest[0] if rest else None
+            trials.append(trial_record(knob, value, reason="not measured: the budget is spent"))
             continue
-        values = _candidates.values_to_try(knob, incumbent, advised_steps_per_execution=advised)
+        values = (
+            rest
+            if rest is not None
+            else _candidates.values_to_try(knob, incumbent, advised_steps_per_execution=advised)
+        )
         if not values:
             current = incumbent[_candidates.SECTION[knob]].get(knob)
             trials.append(trial_record(knob, None, reason=f"not tried: already {current}"))
-        for value in values:
+        for index, value in enumerate(values):
+            if index == 1 and rest is None:
+                queue.append((knob, values[1:]))
+                break
             candidate = _candidates.with_value(incumbent, knob, value)
             steps = _steps_for(step_s, round_s, incumbent, candidate)
             round_pair_s = 2 * (EPOCHS * steps * step_s + overhead_s)
@@ -343,9 +363,27 @@ def _first_line(error):
     return f"{type(error).__name__}: {text[0] if text else ''}"[:200]
 
 
-def _is_arrays(data):
+def _array_bytes(data):
+    """The size of `data` when it is arrays (NumPy or tensors), else None."""
     import numpy as np
     import tensorflow as tf
 
     leaves = tf.nest.flatten(data) if isinstance(data, (tuple, list, dict)) else [data]
-    return all(isinstance(leaf, (np.ndarray, tf.Tensor)) for leaf in leaves)
+    if not all(isinstance(leaf, (np.ndarray, tf.Tensor)) for leaf in leaves):
+        return None
+    return sum(
+        leaf.nbytes if isinstance(leaf, np.ndarray) else leaf.shape.num_elements() * leaf.dtype.size
+        for leaf in leaves
+    )
+
+
+def _free_bytes():
+    """The memory available for new data (Linux's MemAvailable), or None when unknown."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as file:
+            for line in file:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None

@@ -145,10 +145,30 @@ def test_xla_is_not_tried_on_several_logical_cpus():
 def test_data_knobs_need_a_pipeline_tune_builds():
     context = _candidates.Context(device_kind="GPU", local_replicas=2, pipeline_built=False)
     assert "global batches" in _candidates.reason_not_tried("cache", context)
-    arrays = _candidates.Context(
+    shuffled = _candidates.Context(
         device_kind="GPU", local_replicas=2, pipeline_built=True, arrays=True
     )
-    assert "memory already" in _candidates.reason_not_tried("cache", arrays)
+    assert "memory already" in _candidates.reason_not_tried("cache", shuffled)
+
+
+def test_a_cache_of_arrays_is_tried_unshuffled_when_their_copy_fits_in_half_the_free_memory():
+    def context(array_bytes, free_bytes):
+        return _candidates.Context(
+            device_kind="CPU",
+            local_replicas=2,
+            pipeline_built=True,
+            arrays=True,
+            shuffled=False,
+            array_bytes=array_bytes,
+            free_bytes=free_bytes,
+        )
+
+    assert _candidates.reason_not_tried("cache", context(2**30, 2**31)) is None
+    assert _candidates.reason_not_tried("cache", context(2**30, None)) is None
+    reason = _candidates.reason_not_tried("cache", context(2**30 + 1, 2**31))
+    assert reason == (
+        "a copy of the arrays (1.0 GiB) would take more than half the free memory (2.0 GiB)"
+    )
 
 
 def test_a_larger_batch_states_the_learning_rate_scaling():

@@ -3,10 +3,12 @@
 The runner stands in for `fit` only: each round sleeps as long as its steps and
 a fixed cost per call would take at the rate its settings are given, so the
 search's own budgeting is what runs. Steps per execution of 4 or more run
-twice as fast as the start.
+twice as fast as the start, and a cache of the batches a third faster again.
 """
 
+import os
 import time
+import types
 
 import numpy as np
 import pytest
@@ -37,6 +39,8 @@ class SleepingRunner:
     def round(self, settings, steps):
         fast = settings["compile"]["steps_per_execution"] >= 4
         step_s = self.step_s / 2 if fast else self.step_s
+        if settings["data"].get("cache"):
+            step_s *= 2 / 3
         wall_s = self.call_s + EPOCHS * steps * step_s
         time.sleep(wall_s)
         return _GLOBAL_BATCH / step_s, wall_s
@@ -81,5 +85,29 @@ def test_a_budget_too_small_for_the_first_candidate_names_one_that_holds_it():
     assert 4 <= needed_s <= 9, str(error.value)
 
     record = _search.search(runner, _START, needed_s, (), _no_explain, verbose=False)
-    assert record["trials"][2]["knob"] == "steps_per_execution"
-    assert record["trials"][2]["rounds"] >= 3, record["trials"]
+    measured = [trial for trial in record["trials"] if trial["rounds"]]
+    assert measured[0]["knob"] == "steps_per_execution"
+    assert measured[0]["rounds"] >= 3, record["trials"]
+
+
+def test_each_knob_is_measured_once_before_a_ladder_goes_on():
+    runner = SleepingRunner(step_s=0.005, call_s=0.15)
+    start = {**_START, "data": {"per_replica_batch_size": 16, "shuffle": False}}
+
+    def host_bound(dataset, steps):
+        verdict = types.SimpleNamespace(bound="host", text="host-bound", confidence="sure")
+        return types.SimpleNamespace(verdict=verdict, record={})
+
+    record = _search.search(runner, start, 30.0, (), host_bound, verbose=False)
+
+    tried = [trial for trial in record["trials"] if not trial["reason"].startswith("not tried")]
+    order = [(trial["knob"], trial["value"]) for trial in tried]
+    assert order[:4] == [
+        ("steps_per_execution", 4),
+        ("cache", True),
+        ("private_threadpool_size", os.cpu_count()),
+        ("steps_per_execution", 16),
+    ], record["trials"]
+    kept = [(trial["knob"], trial["value"]) for trial in tried if trial["kept"]]
+    assert kept[:2] == [("steps_per_execution", 4), ("cache", True)], record["trials"]
+    assert record["best"]["settings"]["data"]["cache"] is True
