@@ -73,9 +73,14 @@ class Runner:
                 dataset = data_module.distribute(self.data, strategy=self.strategy, **data_settings)
             else:
                 dataset = self.data
-            batch = next(iter(dataset))
-            worker_batch = int(tf.nest.flatten(batch)[0].shape[0])
-            self._global_batch_sizes[key] = worker_batch * self.num_workers
+            # From distribute's plan: a batch read here would leave its cache partly filled.
+            plan = data_module.plan_of(dataset)
+            if plan is not None:
+                self._global_batch_sizes[key] = plan.global_batch_size
+            else:
+                batch = next(iter(dataset))
+                worker_batch = int(tf.nest.flatten(batch)[0].shape[0])
+                self._global_batch_sizes[key] = worker_batch * self.num_workers
             self._datasets[key] = dataset.repeat()
         return self._datasets[key]
 
