@@ -52,6 +52,7 @@ class Runner:
         self._functions = {}
         self._datasets = {}
         self._global_batch_sizes = {}
+        self._plans = {}
         # What `restore` puts back.
         self._values = [(variable, variable.numpy()) for variable in model.variables]
         optimizer = getattr(model, "optimizer", None)
@@ -74,7 +75,7 @@ class Runner:
             else:
                 dataset = self.data
             # From distribute's plan: a batch read here would leave its cache partly filled.
-            plan = data_module.plan_of(dataset)
+            plan = self._plans[key] = data_module.plan_of(dataset)
             if plan is not None:
                 self._global_batch_sizes[key] = plan.global_batch_size
             else:
@@ -83,6 +84,11 @@ class Runner:
                 self._global_batch_sizes[key] = worker_batch * self.num_workers
             self._datasets[key] = dataset.repeat()
         return self._datasets[key]
+
+    def plan(self, data_settings):
+        """The `InputPlan` of the pipeline `distribute` builds for `data_settings`, or None without one."""
+        self.dataset(data_settings)
+        return self._plans[_frozen(data_settings)]
 
     def global_batch_size(self, data_settings):
         self.dataset(data_settings)

@@ -163,13 +163,13 @@ def search(runner, start, budget_s, allowed, explain_fn, verbose, confirm=True):
             notes.append(f"explain's verdict: {explanation.verdict.text}")
             timeline["explain_s"] = clock.elapsed_s() - timeline["warm_up_s"]
     array_bytes = _array_bytes(runner.data)
+    plan = runner.plan(start["data"]) if start["data"] else None
     context = _candidates.Context(
         device_kind=runner.device_kind,
         local_replicas=runner.local_replicas,
-        pipeline_built=bool(start["data"]),
+        pipeline_built=plan is not None,
         arrays=array_bytes is not None,
-        # distribute shuffles arrays unless told not to.
-        shuffled=start["data"].get("shuffle") is not False,
+        shuffled=plan is None or plan.shuffle,
         array_bytes=array_bytes or 0,
         free_bytes=_free_bytes(),
     )

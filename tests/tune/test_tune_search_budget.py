@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import tensorflow  # noqa: F401  (the search imports it: not to be timed as the start's preparation)
 
+from keras_scaling import data
 from keras_scaling.tune import _search
 from keras_scaling.tune._measure import EPOCHS
 
@@ -35,6 +36,9 @@ class SleepingRunner:
 
     def dataset(self, data_settings):
         return None
+
+    def plan(self, data_settings):
+        return data.plan_of(data.distribute(self.data, **data_settings))
 
     def round(self, settings, steps):
         fast = settings["compile"]["steps_per_execution"] >= 4
