@@ -58,7 +58,12 @@ def _git(*arguments, cwd=ROOT):
 
 def check_out(ref, directory):
     """A worktree of `ref` at `directory`; returns the commit's short name."""
-    commit = _git("rev-parse", "--short", ref)
+    try:
+        commit = _git("rev-parse", "--short", "--verify", f"{ref}^{{commit}}")
+    except subprocess.CalledProcessError:
+        raise SystemExit(
+            f"{ref!r} is not a commit of this repository: pass a commit or branch"
+        ) from None
     _git("worktree", "add", "--detach", "--force", directory, commit)
     return commit
 
@@ -106,11 +111,11 @@ def main(argv=None):
     args = parse_args(argv)
     scratch = tempfile.mkdtemp(prefix="suite_time_")
     trees = {name: os.path.join(scratch, name) for name in ("base", "head")}
-    commits = {
-        name: check_out(ref, trees[name])
-        for name, ref in (("base", args.base), ("head", args.head))
-    }
     try:
+        commits = {
+            name: check_out(ref, trees[name])
+            for name, ref in (("base", args.base), ("head", args.head))
+        }
         print(f"base {commits['base']}, head {commits['head']}, in {scratch}", flush=True)
         set_up(trees["head"])
         constraints = os.path.join(scratch, "constraints.txt")
