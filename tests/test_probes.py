@@ -46,6 +46,7 @@ PROBES_TESTED_IN = {
     "keras.epoch_iterator_passes": "test_data_pass_order_multi_worker",
     "keras.epoch_loop_errors": "callbacks/test_throughput_logger",
     "tf.coordination_key_value_store": "cli/test_doctor",
+    "tf.distribute.communication_options": "tune/test_tune_all_reduce",
 }
 
 
@@ -56,6 +57,7 @@ def registered_probes():
     import keras_scaling.devices.strategies  # noqa: F401
     import keras_scaling.doctor._collectives  # noqa: F401
     import keras_scaling.fit_hooks._fit_end  # noqa: F401
+    import keras_scaling.internals._communication  # noqa: F401
     import keras_scaling.mfu.flops  # noqa: F401
     import keras_scaling.preemption.backup_and_restore  # noqa: F401
     import keras_scaling.replica_sync.replica_state  # noqa: F401

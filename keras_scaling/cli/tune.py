@@ -56,6 +56,11 @@ own from --budget 60 on, cross_device_ops and the CPU thread pools
 (--cpu-devices). Tried only with --allow, as they change training: batch,
 precision. The tune guide says when each applies and what it changes.
 
+Under a cluster (keras-scaling launch, TF_CONFIG, a Slurm step), run it on
+every worker: the workers search in step, on the chief's figures, and also
+try the all-reduce across workers (bytes_per_pack, and on GPUs ring or
+NCCL); the chief writes tune.json.
+
 Prints the table of every knob tried and the lines that apply the best,
 and writes the table into TensorBoard (run "tune", Text tab). --model and
 --data are as for keras-scaling bench.
@@ -66,6 +71,7 @@ examples:
   keras-scaling tune --cpu-devices 2 --model mlp --per-replica-batch 128
   keras-scaling tune --model my.models:build --data my.data:load --budget 600
   keras-scaling tune --cpu-devices 2 --model cnn --allow batch --logdir logs/tune
+  keras-scaling launch --workers 2 -- keras-scaling tune --model mlp --logdir logs/tune
 """
 
 
@@ -111,8 +117,10 @@ def _check(args):
 class _Worker:
     """A `_tune_worker` process: its output to the terminal until it is ready, then rounds on request."""
 
-    def __init__(self, args, log_dir, started_at, *, name, extra):
-        self.serves = "--serve" in extra
+    def __init__(self, args, log_dir, started_at, *, name, extra, shows_table=False):
+        # The table and the outcome come once: from this command when it
+        # writes them, with the knobs measured in processes of their own.
+        self.hides_table = not shows_table
         names = ("model", "data", "per_replica_batch", "steps_per_execution", "budget", "allow")
         options = [(name, getattr(args, name)) for name in names]
         options += [("logdir", log_dir), ("started_at", started_at)]
@@ -137,9 +145,7 @@ class _Worker:
         for line in self.process.stdout:
             if line.startswith(RATE) or line.strip() == READY:
                 yield line.strip()
-            elif line.startswith("| knob") and self.serves:
-                # The table and the outcome come once, from here, when the
-                # all-reduce has been measured too.
+            elif line.startswith("| knob") and self.hides_table:
                 echo = False
             elif echo:
                 sys.stdout.write(line)
@@ -185,7 +191,10 @@ class _Worker:
 
 
 def _devices(cpu_devices):
-    """`(device kind, replicas)` the worker will train on."""
+    """`(device kind, replicas)` the worker will train on (its logical CPUs may come from `keras-scaling launch`)."""
+    from keras_scaling.launch._environment import CPU_DEVICES_ENV
+
+    cpu_devices = cpu_devices or int(os.environ.get(CPU_DEVICES_ENV) or 0)
     if cpu_devices:
         return "CPU", cpu_devices
     import tensorflow as tf
@@ -206,14 +215,32 @@ def _start_cpu(args):
     }
 
 
-def _process_candidates(args, device_kind, replicas, start_cpu):
+def _cluster():
+    """`(workers, writes)`: the workers of the cluster this command is a task of, and whether it is the chief."""
+    from keras_scaling import cluster
+
+    try:
+        spec = cluster.resolve_cluster()
+    except ValueError:  # the worker's auto_strategy says what is wrong
+        return 1, True
+    if spec is None or spec.num_workers < 2:
+        return 1, True
+    chief = spec.task_type == "chief" or (not spec.chief and spec.task_index == 0)
+    return spec.num_workers, chief
+
+
+def _process_candidates(args, device_kind, replicas, start_cpu, workers=1):
     """`([(knob, value)], [(knob, reason)])`: what runs in processes of its own, and what not, why."""
     from keras_scaling.tune import _candidates
 
+    if workers > 1:
+        cpu_threads = (), "across workers, other pools would need the whole cluster restarted"
+    else:
+        cpu_threads = _candidates.cpu_thread_values(start_cpu, _sweep_plan.available_cores())
     candidates, skipped = [], []
     for knob, (values, reason) in (
-        ("cross_device_ops", _candidates.all_reduce_values(device_kind, replicas, 1)),
-        ("cpu_threads", _candidates.cpu_thread_values(start_cpu, _sweep_plan.available_cores())),
+        ("cross_device_ops", _candidates.all_reduce_values(device_kind, replicas, workers)),
+        ("cpu_threads", cpu_threads),
     ):
         candidates += [(knob, value) for value in values]
         skipped += [(knob, reason)] if reason else []
@@ -234,7 +261,10 @@ def run(args):
     log_dir = log_dir_of(args.logdir, "tune")
     device_kind, replicas = _devices(args.cpu_devices)
     start_cpu = _start_cpu(args)
-    candidates, skipped = _process_candidates(args, device_kind, replicas, start_cpu)
+    # Under a cluster (TF_CONFIG, Slurm, launch), every task runs this command
+    # and its worker searches in step with the others, the chief writing.
+    workers, writes = _cluster()
+    candidates, skipped = _process_candidates(args, device_kind, replicas, start_cpu, workers)
     # Kept back from the search in the first process: the share of the
     # knobs measured in processes of their own and of the final side by
     # side, and the seconds the processes take to end.
@@ -245,8 +275,9 @@ def run(args):
         args,
         log_dir,
         started_at,
-        name="tune_worker.log",
+        name="tune_worker.log" if writes else f"tune_worker_{os.getpid()}.log",
         extra=extra + (["--serve"] if candidates else []),
+        shows_table=not writes,
     )
     path = os.path.join(log_dir, "tune.json")
     try:
@@ -258,6 +289,8 @@ def run(args):
                 _worker.report_failure(worker.log_path, returncode, USAGE_PREFIX, failed)
                 return returncode
         ready_s = time.time() - started_at
+        if not writes:  # the worker printed the table; the chief's writes it
+            return worker.finish() if ready else 0
         with open(path, encoding="utf-8") as file:
             record = json.load(file)
         record["trials"] += [

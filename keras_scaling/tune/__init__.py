@@ -179,9 +179,13 @@ def tune(
     A change is kept only when its median gain over alternating rounds of real
     `model.fit` calls exceeds the noise and 5%, and the best must beat the start
     side by side at the end (the tune guide has the knobs). The model trains while
-    it is measured and is put back afterwards. Only `keras-scaling tune` measures
-    the all-reduce and the CPU thread pools: here `strategy_kwargs` and `cpu_kwargs`
-    stay empty.
+    it is measured and is put back afterwards. On one machine only `keras-scaling
+    tune` measures the all-reduce and the CPU thread pools, and here
+    `strategy_kwargs` and `cpu_kwargs` stay empty. Under
+    `MultiWorkerMirroredStrategy`, call it on every worker alike: each round's
+    figures and the clock are the chief's, so every worker takes the same
+    decisions; the all-reduce across workers (`communication`, `bytes_per_pack`)
+    is searched too, and only the chief writes `log_dir`.
 
     Args:
         model: a compiled `keras.Model`, built in `strategy`'s scope.
@@ -197,7 +201,8 @@ def tune(
         allow: knobs that change training, tried only when named here:
             `"batch"` (the per-replica batch).
         log_dir: str, where to write `tune.json` and the TensorBoard run
-            `tune` (Text tab); None writes nothing.
+            `tune` (Text tab); None writes nothing, nor does a worker other
+            than the chief.
         verbose: bool, print the trials, the table and the outcome.
 
     Returns:
@@ -234,6 +239,7 @@ def _tune(
     """`tune`; `cpu` is the process's `use_logical_cpus` settings, `confirm=False` leaves the final side by side to the caller."""
     import tensorflow as tf
 
+    from keras_scaling.devices import is_chief
     from keras_scaling.tune import _candidates, _measure, _report, _search
 
     budget_s = _validation.positive_number(budget_s, "budget_s", unit="seconds")
@@ -270,6 +276,7 @@ def _tune(
         "cpu": dict(cpu or {}),
     }
     runner = _measure.Runner(model, strategy, data)
+    start["strategy"] = runner.start_strategy_settings()
 
     def explain_fn(dataset, steps):
         from keras_scaling import explain
@@ -292,7 +299,9 @@ def _tune(
         "allow": [name for name, knob in _candidates.ALLOWABLE.items() if knob in allowed],
         **{key: found[key] for key in ("start", "best", "trials", "notes")},
     }
-    path = None if log_dir is None else _report.write(os.fspath(log_dir), record)
+    # Every worker took the same decisions: the chief writes them.
+    writes = log_dir is not None and is_chief(strategy)
+    path = _report.write(os.fspath(log_dir), record) if writes else None
     result = TuneResult(best=_settings_of(record, "best"), record=record, path=path)
     if verbose:
         print(_report.text(record, path))

@@ -6,6 +6,7 @@ Settings are four dicts of keyword arguments: `compile` (`model.compile`), `data
 """
 
 import dataclasses
+import math
 import os
 
 # The knobs `allow` opens, by the name users pass.
@@ -14,7 +15,14 @@ ALLOWABLE = {"batch": "per_replica_batch_size", "precision": "mixed_precision"}
 # Which knob first, by what explain found bounds the step: the remedy of the
 # bound, then the rest by how often they pay off.
 _ORDER = {
-    "host": ("steps_per_execution", "cache", "jit_compile", "per_replica_batch_size"),
+    "host": (
+        "steps_per_execution",
+        "bytes_per_pack",
+        "communication",
+        "cache",
+        "jit_compile",
+        "per_replica_batch_size",
+    ),
     "input": (
         "cache",
         "private_threadpool_size",
@@ -23,10 +31,19 @@ _ORDER = {
         "per_replica_batch_size",
     ),
     "compute": ("jit_compile", "mixed_precision", "steps_per_execution", "cache"),
-    "synchronization": ("per_replica_batch_size", "steps_per_execution", "cache", "jit_compile"),
+    "synchronization": (
+        "per_replica_batch_size",
+        "bytes_per_pack",
+        "communication",
+        "steps_per_execution",
+        "cache",
+        "jit_compile",
+    ),
 }
 KNOBS = (
     "steps_per_execution",
+    "bytes_per_pack",
+    "communication",
     "cache",
     "jit_compile",
     "private_threadpool_size",
@@ -44,13 +61,23 @@ SECTION = {
     "private_threadpool_size": "data",
     "per_replica_batch_size": "data",
     "cross_device_ops": "strategy",
+    "communication": "strategy",
+    "bytes_per_pack": "strategy",
     "cpu_threads": "cpu",
 }
+# The all-reduce across workers: searched in the process itself, as
+# `MultiWorkerMirroredStrategy` traces its options into each train function.
+ACROSS_WORKERS = ("communication", "bytes_per_pack")
 # Knobs after which the weights differ from the start's.
 CHANGES_TRAINING = ("per_replica_batch_size", "mixed_precision")
 # Knobs that keep the mathematics but not the float rounding: other
-# kernels, or sums split over another number of threads.
-CHANGES_ROUNDING = ("jit_compile", "cpu_threads")
+# kernels, sums split over another number of threads, or over 3 replicas
+# and more, added in another order.
+CHANGES_ROUNDING = ("jit_compile", "cpu_threads", "communication", "bytes_per_pack")
+# Packs of a quarter of the gradients' bytes, a sixteenth, a sixty-fourth:
+# the first two that split them otherwise than one pack and each other.
+_PACK_DIVISORS = (4, 16, 64)
+_MOST_PACK_SIZES = 2
 # The largest steps_per_execution tried: beyond it the host's per-call cost
 # is far below noise, and the epoch must hold whole calls.
 LARGEST_STEPS_PER_EXECUTION = 64
@@ -98,7 +125,10 @@ class Context:
 
     `pipeline_built` when tune builds the pipeline; `arrays` when the data are
     arrays, `shuffled` when their order changes every epoch, `array_bytes`
-    their size and `free_bytes` the memory available (None: unknown).
+    their size and `free_bytes` the memory available (None: unknown);
+    `cores` the machine's; `workers` those of the strategy,
+    `communication_settable` when their all-reduce options can be set, and
+    `gradient_sizes` the bytes of each gradient a step all-reduces.
     """
 
     device_kind: str
@@ -108,6 +138,10 @@ class Context:
     shuffled: bool = True
     array_bytes: int = 0
     free_bytes: int | None = None
+    cores: int = dataclasses.field(default_factory=lambda: os.cpu_count() or 1)
+    workers: int = 1
+    communication_settable: bool = False
+    gradient_sizes: tuple[int, ...] = ()
 
 
 def reason_not_tried(knob, context):
@@ -132,6 +166,19 @@ def reason_not_tried(knob, context):
                 f"a copy of the arrays ({context.array_bytes / 2**30:.1f} GiB) would take "
                 f"more than half the free memory ({context.free_bytes / 2**30:.1f} GiB)"
             )
+    if knob in ACROSS_WORKERS:
+        if not context.communication_settable:
+            return (
+                "this TensorFlow keeps the strategy's all-reduce options where tune cannot "
+                "set them: compare runs of auto_strategy(communication=..., bytes_per_pack=...)"
+            )
+        if knob == "communication" and context.device_kind != "GPU":
+            return f"between {context.device_kind}s the all-reduce is a ring; NCCL needs GPUs"
+    if knob == "jit_compile" and context.workers > 1:
+        return (
+            "a worker whose XLA compile failed would leave the others waiting in the "
+            "all-reduce: compare jit_compile=True by hand"
+        )
     if knob == "jit_compile" and context.device_kind == "CPU" and context.local_replicas > 1:
         return "XLA cannot reach the other logical CPUs' variables"
     if knob == "mixed_precision":
@@ -145,8 +192,8 @@ def reason_not_tried(knob, context):
     return None
 
 
-def values_to_try(knob, settings, *, advised_steps_per_execution=None):
-    """The values of `knob` to try in turn from the incumbent `settings`."""
+def values_to_try(knob, settings, context=None, *, advised_steps_per_execution=None):
+    """The values of `knob` to try in turn from the incumbent `settings` in `context` (a `Context`)."""
     current = settings[SECTION[knob]].get(knob)
     if knob == "steps_per_execution":
         current = int(current or 1)
@@ -161,7 +208,23 @@ def values_to_try(knob, settings, *, advised_steps_per_execution=None):
     if knob == "private_threadpool_size":
         # A pool of the pipeline's own, one thread per core: the pipeline's
         # maps then do not wait behind the training step's ops.
-        return () if current else (os.cpu_count() or 1,)
+        return () if current else ((context.cores if context else os.cpu_count()) or 1,)
+    if knob == "communication":
+        # What "auto" picks on GPUs.
+        effective = current or "nccl"
+        return tuple(name for name in ("nccl", "ring") if name != effective)
+    if knob == "bytes_per_pack":
+        if current:  # back to one pack of all the gradients
+            return (0,)
+        gradients = context.gradient_sizes if context else ()
+        values, packings = [], {1}
+        for divisor in _PACK_DIVISORS:
+            size = math.ceil(sum(gradients) / divisor)
+            packs = pack_count(gradients, size)
+            if size > 0 and packs not in packings:
+                values.append(size)
+                packings.add(packs)
+        return tuple(values[:_MOST_PACK_SIZES])
     raise ValueError(f"unknown knob {knob!r}")
 
 
@@ -174,6 +237,22 @@ def with_value(settings, knob, value):
     else:
         changed[section][knob] = value
     return changed
+
+
+def pack_count(gradient_sizes, bytes_per_pack):
+    """How many packs TensorFlow's all-reduce across workers makes of gradients of `gradient_sizes` bytes.
+
+    As `cross_device_utils.group_by_size` groups them, last gradient first: a
+    pack takes gradients until it holds more than `bytes_per_pack` (0: one pack).
+    """
+    if not bytes_per_pack or not gradient_sizes:
+        return 1
+    packs, last_pack_bytes = 0, 0
+    for size in reversed(gradient_sizes):
+        if not packs or last_pack_bytes > bytes_per_pack:
+            packs, last_pack_bytes = packs + 1, 0
+        last_pack_bytes += size
+    return packs
 
 
 def describe_change(knob, value, settings):
@@ -191,6 +270,12 @@ def describe_change(knob, value, settings):
         return (
             f"CPU thread pools {describe_cpu_threads(value)}: the same mathematics, "
             "sums split over other threads may round differently"
+        )
+    if knob in ACROSS_WORKERS:
+        return (
+            f"{knob} {current or ('auto' if knob == 'communication' else 0)} -> {value}: the "
+            "same mathematics; over 3 replicas or more the all-reduce may add in another "
+            "order and round differently"
         )
     return f"{knob} {current} -> {value}"
 
@@ -216,8 +301,8 @@ def all_reduce_values(device_kind, local_replicas, num_workers):
     """`(cross_device_ops names to try against TensorFlow's choice, None)`, or `((), why none)`."""
     if num_workers > 1:
         return (), (
-            "across workers the all-reduce (ring or NCCL, bytes_per_pack) is not "
-            "searched yet: compare runs of keras-scaling launch"
+            "one machine's all-reduce; across workers the search tries communication "
+            "and bytes_per_pack instead"
         )
     if local_replicas < 2:
         return (), "one replica: nothing to combine"

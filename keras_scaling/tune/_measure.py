@@ -1,9 +1,14 @@
 """The TensorFlow side of `tune`: rounds of real `fit` calls of the model under each setting.
 
-Each `(steps_per_execution, jit_compile)` keeps its own train function and each
-data setting its own pipeline, so switching settings costs no retracing.
+Each `(steps_per_execution, jit_compile, all-reduce options)` keeps its own train
+function and each data setting its own pipeline, so switching settings costs no
+retracing. Across workers every worker runs the same rounds, and each round's
+figures and the clock are the chief's, sent to all: every worker takes the same
+decisions, so their `fit` calls and all-reduces stay paired.
 """
 
+import copy
+import math
 import time
 
 from keras_scaling import devices
@@ -61,6 +66,73 @@ class Runner:
         )
         self._compiled = (model.steps_per_execution, model.jit_compile, model.train_function)
         compat.enable_for(strategy)
+        # The all-reduce options across workers, when tune can set them.
+        self._start_options = None
+        if self.num_workers > 1:
+            from keras_scaling.internals import _communication
+
+            self._start_options = _communication.communication_options(strategy)
+        self._broadcast = _chief_broadcast(strategy) if self.num_workers > 1 else None
+        self._now_s = self.agree(time.perf_counter())
+
+    @property
+    def communication_settable(self):
+        """Whether the all-reduce across workers (`communication`, `bytes_per_pack`) can be searched."""
+        return self._start_options is not None
+
+    def start_strategy_settings(self):
+        """The start's all-reduce options across workers as `auto_strategy` keywords (empty: TensorFlow's)."""
+        options = self._start_options
+        if options is None:
+            return {}
+        settings = {}
+        if options.implementation.name != "AUTO":
+            settings["communication"] = options.implementation.name.lower()
+        if options.bytes_per_pack:
+            settings["bytes_per_pack"] = int(options.bytes_per_pack)
+        return settings
+
+    def apply_strategy_settings(self, strategy_settings):
+        """Makes `communication` and `bytes_per_pack` of `strategy_settings` those of the train functions traced from now on."""
+        if self.communication_settable:
+            from keras_scaling.internals import _communication
+
+            options = self._options_of(strategy_settings)
+            _communication.set_communication_options(self.strategy, options)
+
+    def gradient_sizes(self):
+        """Bytes of each gradient a step all-reduces, in the order of the trainable variables."""
+        import numpy as np
+
+        return tuple(
+            math.prod(variable.shape) * np.dtype(variable.dtype).itemsize
+            for variable in self.model.trainable_variables
+        )
+
+    def _options_of(self, strategy_settings):
+        """The start's `CommunicationOptions` with `auto_strategy`'s `communication` and `bytes_per_pack` of `strategy_settings`."""
+        import tensorflow as tf
+
+        options = copy.deepcopy(self._start_options)
+        assert options is not None  # called only when communication_settable
+        name = strategy_settings.get("communication") or "auto"
+        options.implementation = tf.distribute.experimental.CommunicationImplementation[
+            name.upper()
+        ]
+        options.bytes_per_pack = int(strategy_settings.get("bytes_per_pack") or 0)
+        return options
+
+    def agree(self, *values):
+        """`values` (floats) as the chief has them, on every worker; one value alone is returned alone."""
+        if self._broadcast is not None:
+            import tensorflow as tf
+
+            values = tuple(float(v) for v in self._broadcast(tf.constant(values, tf.float64)))
+        return values[0] if len(values) == 1 else values
+
+    def clock_s(self):
+        """Seconds of a clock every worker reads alike: across workers, the chief's at the last round."""
+        return time.perf_counter() if self._broadcast is None else self._now_s
 
     def dataset(self, data_settings):
         """The repeated pipeline of `data_settings` (built once per setting)."""
@@ -94,11 +166,12 @@ class Runner:
         self.dataset(data_settings)
         return self._global_batch_sizes[_frozen(data_settings)]
 
-    def _use(self, compile_settings):
+    def _use(self, compile_settings, strategy_settings):
         model = self.model
         steps_per_execution = int(compile_settings.get("steps_per_execution", 1))
         jit_compile = bool(compile_settings.get("jit_compile", False))
-        key = (steps_per_execution, jit_compile)
+        key = (steps_per_execution, jit_compile, _frozen(strategy_settings))
+        self.apply_strategy_settings(strategy_settings)
         model.steps_per_execution = steps_per_execution
         model.jit_compile = jit_compile
         if key not in self._functions:
@@ -109,7 +182,7 @@ class Runner:
     def round(self, settings, steps):
         """One round: `fit` of `EPOCHS` epochs of `steps` steps; returns (samples/sec after the first, wall seconds)."""
         dataset = self.dataset(settings["data"])
-        self._use(settings["compile"])
+        self._use(settings["compile"], settings.get("strategy", {}))
         timer = _timer_callback()
         started_s = time.perf_counter()
         self.model.fit(
@@ -122,13 +195,18 @@ class Runner:
         )
         wall_s = time.perf_counter() - started_s
         samples = steps * self.global_batch_size(settings["data"])
-        return (EPOCHS - 1) * samples / timer.timed_s, wall_s
+        rate = (EPOCHS - 1) * samples / timer.timed_s
+        if self._broadcast is None:
+            return rate, wall_s
+        rate, wall_s, self._now_s = self.agree(rate, wall_s, time.perf_counter())
+        return rate, wall_s
 
     def restore(self):
         """Puts the model's variables, optimizer state and compile settings back as they were."""
         import keras
         import numpy as np
 
+        self.apply_strategy_settings(self.start_strategy_settings())
         for variable, value in self._values:
             variable.assign(value)
         optimizer = getattr(self.model, "optimizer", None)
@@ -141,3 +219,20 @@ class Runner:
         model = self.model
         model.steps_per_execution, model.jit_compile, model.train_function = self._compiled
         model.reset_metrics()
+
+
+def _chief_broadcast(strategy):
+    """A function of a float64 vector that returns, on every worker, the chief's."""
+    import tensorflow as tf
+
+    @tf.function
+    def broadcast(values):
+        def chiefs_only(values):
+            context = tf.distribute.get_replica_context()
+            first = tf.equal(context.replica_id_in_sync_group, 0)
+            return context.all_reduce("SUM", tf.where(first, values, tf.zeros_like(values)))
+
+        result = strategy.run(chiefs_only, args=(values,))
+        return strategy.experimental_local_results(result)[0]
+
+    return broadcast

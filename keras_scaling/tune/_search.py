@@ -3,6 +3,7 @@
 import collections
 import logging
 import math
+import os
 import statistics
 import time
 
@@ -53,12 +54,15 @@ def round_s_for(budget_s):
 
 
 class _Clock:
-    def __init__(self, budget_s):
+    """The budget's clock; `now_s` is the runner's, which every worker reads alike."""
+
+    def __init__(self, budget_s, now_s=time.perf_counter):
         self.budget_s = budget_s
-        self.started_s = time.perf_counter()
+        self.now_s = now_s
+        self.started_s = now_s()
 
     def elapsed_s(self):
-        return time.perf_counter() - self.started_s
+        return self.now_s() - self.started_s
 
     def left_s(self):
         return self.budget_s - self.elapsed_s()
@@ -90,7 +94,8 @@ def alternate(incumbent, candidate, steps, rounds, left_s, *, reserve_s=0.0, min
     """Up to `rounds` pairs of rounds of two `(runner, settings)`, the first of each pair alternating.
 
     After `min_rounds`, no pair starts that would eat into `reserve_s` of `left_s()`, and the
-    pairs stop once the decision is clear. Returns the `Comparison` and the slowest pair's seconds.
+    pairs stop once the decision is clear. Returns the `Comparison` and the slowest pair's seconds
+    (the sum of its rounds' as the runners report them: across workers, the chief's).
     """
     rates: tuple[list[float], list[float]] = ([], [])
     order = ((incumbent, rates[0]), (candidate, rates[1]))
@@ -102,10 +107,12 @@ def alternate(incumbent, candidate, steps, rounds, left_s, *, reserve_s=0.0, min
             _decision.Comparison(tuple(rates[0]), tuple(rates[1]))
         ):
             break
-        started_s = time.perf_counter()
+        pair_s = 0.0
         for (runner, settings), values in order if index % 2 == 0 else reversed(order):
-            values.append(runner.round(settings, steps)[0])
-        slowest_pair_s = max(slowest_pair_s, time.perf_counter() - started_s)
+            rate, wall_s = runner.round(settings, steps)
+            values.append(rate)
+            pair_s += wall_s
+        slowest_pair_s = max(slowest_pair_s, pair_s)
     return _decision.Comparison(tuple(rates[0]), tuple(rates[1])), slowest_pair_s
 
 
@@ -121,7 +128,9 @@ def search(runner, start, budget_s, allowed, explain_fn, verbose, confirm=True):
     `explain_fn(dataset, steps)` gives an `Explanation`; `confirm=False` leaves
     the final side by side of best and start to the caller, which measures more knobs.
     """
-    clock = _Clock(budget_s)
+    # Across workers, the chief's budget: each worker's start took its own time.
+    budget_s = runner.agree(budget_s)
+    clock = _Clock(budget_s, runner.clock_s)
     round_s = round_s_for(budget_s)
     say = print if verbose else (lambda *args, **kwargs: None)
 
@@ -145,7 +154,11 @@ def search(runner, start, budget_s, allowed, explain_fn, verbose, confirm=True):
     # Kept back for the final side by side: MIN_ROUNDS round pairs at the start's speed at most.
     start_round_s = EPOCHS * _steps_for(step_s, round_s, start) * step_s + overhead_s
     confirm_reserve_s = confirm * (_CONFIRM_MARGIN * _decision.MIN_ROUNDS * 2 * start_round_s)
-    if (clock.left_s() - confirm_reserve_s) * _EXPLAIN_SHARE <= explain_cost_s:
+    if runner.num_workers > 1:
+        # Its rounds would have to run alike on every worker; the rounds of
+        # the search decide anyway.
+        notes.append("explain's split was left out across workers; the host-bound order was tried")
+    elif (clock.left_s() - confirm_reserve_s) * _EXPLAIN_SHARE <= explain_cost_s:
         notes.append(
             f"explain's split was left out: it would take about {explain_cost_s:.0f} s, "
             f"more than {_EXPLAIN_SHARE:.0%} of the budget; the host-bound order was tried"
@@ -162,16 +175,23 @@ def search(runner, start, budget_s, allowed, explain_fn, verbose, confirm=True):
             say(f"explain: {explanation.verdict.text} ({explanation.verdict.confidence})")
             notes.append(f"explain's verdict: {explanation.verdict.text}")
             timeline["explain_s"] = clock.elapsed_s() - timeline["warm_up_s"]
-    array_bytes = _array_bytes(runner.data)
     plan = runner.plan(start["data"]) if start["data"] else None
+    # What decides the knobs, as the chief sees it (-1: unknown).
+    array_bytes, free_bytes, cores = runner.agree(
+        _or_minus_one(_array_bytes(runner.data)), _or_minus_one(_free_bytes()), os.cpu_count() or 1
+    )
     context = _candidates.Context(
         device_kind=runner.device_kind,
         local_replicas=runner.local_replicas,
         pipeline_built=plan is not None,
-        arrays=array_bytes is not None,
+        arrays=array_bytes >= 0,
         shuffled=plan is None or plan.shuffle,
-        array_bytes=array_bytes or 0,
-        free_bytes=_free_bytes(),
+        array_bytes=max(0, int(array_bytes)),
+        free_bytes=None if free_bytes < 0 else int(free_bytes),
+        cores=int(cores),
+        workers=runner.num_workers,
+        communication_settable=runner.communication_settable,
+        gradient_sizes=runner.gradient_sizes(),
     )
     incumbent, incumbent_ratio, trials = start, 1.0, []
     if context.pipeline_built:
@@ -187,6 +207,8 @@ def search(runner, start, budget_s, allowed, explain_fn, verbose, confirm=True):
     # paying: one knob's ladder does not spend the budget of the others.
     queue: collections.deque[tuple[str, tuple | None]] = collections.deque()
     for knob in _candidates.knob_order(bound, allowed):
+        if knob in _candidates.ACROSS_WORKERS and context.workers == 1:
+            continue  # one machine's all-reduce is `cross_device_ops`
         reason = _candidates.reason_not_tried(knob, context)
         if reason is not None:
             trials.append(trial_record(knob, None, reason=f"not tried: {reason}"))
@@ -201,7 +223,9 @@ def search(runner, start, budget_s, allowed, explain_fn, verbose, confirm=True):
         values = (
             rest
             if rest is not None
-            else _candidates.values_to_try(knob, incumbent, advised_steps_per_execution=advised)
+            else _candidates.values_to_try(
+                knob, incumbent, context, advised_steps_per_execution=advised
+            )
         )
         if not values:
             current = incumbent[_candidates.SECTION[knob]].get(knob)
@@ -361,6 +385,10 @@ def confirm(record, comparison, where=""):
 def _first_line(error):
     text = str(error).strip().splitlines()
     return f"{type(error).__name__}: {text[0] if text else ''}"[:200]
+
+
+def _or_minus_one(value):
+    return -1 if value is None else value
 
 
 def _array_bytes(data):

@@ -12,7 +12,9 @@ each process seconds of CPU time, so one strategy serves, in this order:
   (`mw_diverge_worker.py`);
 - `OUT_DIR/resync`: ReplicaSyncCheck's verdict and repair (`mw_resync_worker.py`);
 - `OUT_DIR/data_wrapping`: every source of `tests/workers/data_wrapping_sources.py`,
-  written to DATA_DIR, read for an epoch and trained on (`mw_data_wrapping_worker.py`).
+  written to DATA_DIR, read for an epoch and trained on (`mw_data_wrapping_worker.py`);
+- `OUT_DIR/tune`: `keras_scaling.tune` on both workers, then each all-reduce
+  packing it tried, trained (`mw_tune_worker.py`).
 
 Each writes what its test reads to its directory.
 """
@@ -25,10 +27,11 @@ import mw_data_wrapping_worker
 import mw_diverge_worker
 import mw_resync_worker
 import mw_train_worker
+import mw_tune_worker
 
 import keras_scaling
 
-SCENARIOS = ("train", "input_timing", "diverge", "resync", "data_wrapping")
+SCENARIOS = ("train", "input_timing", "diverge", "resync", "data_wrapping", "tune")
 
 
 def main(out_dir, data_dir):
@@ -54,6 +57,7 @@ def main(out_dir, data_dir):
     mw_diverge_worker.diverge(strategy, directories["diverge"])
     mw_resync_worker.resync(strategy, directories["resync"])
     mw_data_wrapping_worker.wrap(strategy, directories["data_wrapping"], data_dir)
+    mw_tune_worker.tune(strategy, directories["tune"])
 
 
 if __name__ == "__main__":

@@ -300,6 +300,53 @@ def test_a_divergence_on_one_worker_gives_every_worker_the_same_verdict_and_repa
         assert outcome["after_resync"] == [] and outcome["steps_after_resync"] == 4
 
 
+# --- tune on 2 workers: the same decisions, and the all-reduce searched -----
+
+
+@pytest.fixture(scope="module")
+def tuned(scenarios):
+    return scenario_reports(scenarios, "tune")
+
+
+def test_tune_takes_the_same_decisions_on_both_workers_and_the_chief_writes_them(scenarios, tuned):
+    from keras_scaling.tune import _decision
+
+    record = tuned[0]["record"]
+    # Every figure and every decision is the chief's, on both workers.
+    assert tuned[1]["record"] == record
+    assert (record["workers"], record["replicas"]) == (2, 4)
+    path = os.path.join(scenarios[0], "tune", "logs", "tune.json")
+    assert tuned[0]["path"] == path and tuned[1]["path"] is None
+    assert read_json(path) == record
+    assert record["elapsed_s"] <= record["budget_s"]
+    assert record["start"]["settings"]["strategy"] == {}
+    reasons = {trial["knob"]: trial["reason"] for trial in record["trials"]}
+    assert "NCCL needs GPUs" in reasons["communication"]
+    assert "waiting in the all-reduce" in reasons["jit_compile"]
+    assert any("explain's split was left out across workers" in note for note in record["notes"])
+    (packing,) = [trial for trial in record["trials"] if trial["knob"] == "bytes_per_pack"]
+    assert packing["value"] > 0
+    assert packing["rounds"] >= _decision.MIN_ROUNDS or packing["reason"].startswith(
+        "not measured"
+    ), packing
+    # A kept change is the settings tune hands back, for auto_strategy.
+    assert set(record["best"]["settings"]["strategy"]) <= {"bytes_per_pack", "communication"}
+
+
+def test_each_packing_tune_tries_is_the_one_tensorflow_traces_and_keeps_replicas_equal(tuned):
+    from keras_scaling.tune import _candidates
+
+    for worker in tuned:
+        one_pack, *tried = worker["packings"]
+        # Each fit ran under ReplicaSyncCheck, which raises when a copy differs.
+        assert one_pack["bytes_per_pack"] == 0 and one_pack["packs"] == [1]
+        assert tried
+        for packing in tried:
+            expected = _candidates.pack_count(packing["sizes"], packing["bytes_per_pack"])
+            assert expected > 1
+            assert packing["packs"] == [expected], packing
+
+
 # --- the data people already have: every source of data_wrapping_sources ----
 # Each is read for one epoch through the strategy and trained on with `fit`;
 # each test checks one property over both workers' reports.

@@ -64,3 +64,32 @@ def test_one_replica_or_several_workers_have_no_all_reduce_to_search():
         "hierarchical_copy",
         "reduction_to_one_device",
     )
+
+
+def test_without_its_reach_the_all_reduce_across_workers_is_not_tried_and_says_why(
+    monkeypatch, caplog
+):
+    import logging
+
+    import tensorflow as tf
+
+    from keras_scaling.internals import _communication, _probes
+
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    options = _communication.communication_options(strategy)
+    assert options.bytes_per_pack == 0
+    _probes._warned.clear()
+    monkeypatch.setenv(_probes.FAIL_PROBES_ENV, "tf.distribute.communication_options")
+    with caplog.at_level(logging.WARNING, logger="keras_scaling"):
+        assert _communication.communication_options(strategy) is None
+    monkeypatch.delenv(_probes.FAIL_PROBES_ENV)
+    _probes._warned.clear()
+    probe = _communication.communication_options.probe
+    (message,) = [r.getMessage() for r in caplog.records if probe.reaches in r.getMessage()]
+    assert probe.lost in message and probe.workaround in message
+    context = _candidates.Context(
+        device_kind="GPU", local_replicas=1, pipeline_built=True, workers=2
+    )
+    for knob in _candidates.ACROSS_WORKERS:
+        reason = _candidates.reason_not_tried(knob, context)
+        assert "auto_strategy(communication=..., bytes_per_pack=...)" in reason

@@ -1,7 +1,10 @@
 """`keras-scaling tune` through `keras_scaling.cli.main`: a short real search, and bad input with exit 2."""
 
 import json
+import os
 import pathlib
+import subprocess
+import sys
 
 import pytest
 
@@ -92,3 +95,27 @@ def test_a_model_that_cannot_be_built_exits_2_naming_it(tmp_path, monkeypatch, c
     err = capfd.readouterr().err
     assert "--model 'broken_models:build' could not be built" in err
     assert "no weights file" in err
+
+
+def test_under_launch_every_worker_searches_in_step_and_the_chief_writes(tmp_path):
+    (tmp_path / "sleeping_models.py").write_text(_SLEEPING_MODELS.read_text())
+    log_dir = tmp_path / "tune"
+    tune = [sys.executable, "-m", "keras_scaling", "tune", "--model", "sleeping_models:build",
+            "--per-replica-batch", "16", "--budget", "40", "--logdir", str(log_dir)]  # fmt: skip
+    launch = [sys.executable, "-m", "keras_scaling", "launch", "--workers", "2", "--cpu-devices", "1"]  # fmt: skip
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    result = subprocess.run(
+        [*launch, "--", *tune], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    record = json.loads((log_dir / "tune.json").read_text())
+    assert (record["workers"], record["replicas"]) == (2, 2)
+    assert record["elapsed_s"] <= 40 * 1.2
+    reasons = {trial["knob"]: trial["reason"] for trial in record["trials"]}
+    assert "bytes_per_pack" in reasons
+    assert "across workers the search tries communication" in reasons["cross_device_ops"]
+    assert "whole cluster restarted" in reasons["cpu_threads"]
+    # Each task prints the table once; only the chief writes tune.json.
+    tables = [line.split("]")[0] for line in result.stdout.splitlines() if "| knob " in line]
+    assert sorted(tables) == ["[worker 0", "[worker 1"]
+    assert sorted(path.name for path in log_dir.glob("**/tune.json")) == ["tune.json"]

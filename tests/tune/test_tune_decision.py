@@ -176,3 +176,50 @@ def test_a_larger_batch_states_the_learning_rate_scaling():
     assert "scale the learning rate by 2" in _candidates.describe_change(
         "per_replica_batch_size", 128, settings
     )
+
+
+@pytest.mark.parametrize("bytes_per_pack", [0, 1, 41, 161, 641, 10**6])
+def test_pack_count_is_the_number_of_packs_tensorflow_groups_the_gradients_into(bytes_per_pack):
+    import tensorflow as tf
+    from tensorflow.python.distribute import cross_device_utils
+
+    sizes = (2048, 256, 256, 4, 4096, 36)
+    gradients = [tf.zeros((size // 4,)) for size in sizes]
+    # The all-reduce across workers packs the gradients last first.
+    packs = cross_device_utils.group_by_size(gradients[::-1], bytes_per_pack)
+    assert _candidates.pack_count(sizes, bytes_per_pack) == len(packs)
+
+
+def test_bytes_per_pack_is_tried_at_the_sizes_that_split_the_gradients_otherwise():
+    context = _candidates.Context(
+        device_kind="CPU",
+        local_replicas=2,
+        pipeline_built=True,
+        workers=2,
+        communication_settable=True,
+        gradient_sizes=(2048, 256, 256, 4),
+    )
+    settings = {"compile": {}, "data": {}, "strategy": {}}
+    # A quarter (641 bytes) leaves one pack, a sixty-fourth the same 3 as a sixteenth.
+    assert _candidates.values_to_try("bytes_per_pack", settings, context) == (161,)
+    settings["strategy"]["bytes_per_pack"] = 161
+    assert _candidates.values_to_try("bytes_per_pack", settings, context) == (0,)
+    assert _candidates.reason_not_tried("bytes_per_pack", context) is None
+
+
+def test_the_communication_across_workers_is_tried_on_gpus_only_against_what_auto_picks():
+    def context(kind):
+        return _candidates.Context(
+            device_kind=kind, local_replicas=1, pipeline_built=True, workers=2,
+            communication_settable=True,
+        )  # fmt: skip
+
+    settings = {"compile": {}, "data": {}, "strategy": {}}
+    assert _candidates.reason_not_tried("communication", context("GPU")) is None
+    assert _candidates.values_to_try("communication", settings, context("GPU")) == ("ring",)
+    settings["strategy"]["communication"] = "ring"
+    assert _candidates.values_to_try("communication", settings, context("GPU")) == ("nccl",)
+    assert "NCCL needs GPUs" in _candidates.reason_not_tried("communication", context("CPU"))
+    assert "waiting in the all-reduce" in _candidates.reason_not_tried(
+        "jit_compile", context("GPU")
+    )

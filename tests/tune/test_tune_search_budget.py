@@ -26,6 +26,15 @@ _GLOBAL_BATCH = 32
 class SleepingRunner:
     device_kind = "CPU"
     local_replicas = 2
+    num_workers = 1
+    communication_settable = False
+    clock_s = staticmethod(time.perf_counter)
+
+    def agree(self, *values):
+        return values[0] if len(values) == 1 else values
+
+    def gradient_sizes(self):
+        return ()
 
     def __init__(self, step_s, call_s):
         self.step_s, self.call_s = step_s, call_s

@@ -1,0 +1,108 @@
+"""Worker of the tune test on 2 workers: one search on both, then each packing it tried, trained.
+
+`keras_scaling.tune` runs alike on both workers, with a model whose steps
+sleep (`tests/tune/sleeping_models.py`). Then, for one pack of all the
+gradients and for each `bytes_per_pack` the search tried, a fresh model
+trains with `ReplicaSyncCheck` under the all-reduce options tune sets, and
+the worker records how many packs TensorFlow's all-reduce made of the
+gradients (its INFO log at tracing). Writes `worker{i}.json`.
+"""
+
+import logging
+import os
+import sys
+
+import mw_common
+import numpy as np
+
+import keras_scaling
+
+sys.path.insert(
+    0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tune")
+)
+import sleeping_models  # noqa: E402
+
+BUDGET_S = 45
+PER_REPLICA_BATCH = 16
+
+
+def _model(strategy, sleep):
+    import keras
+
+    with strategy.scope():
+        layers = [keras.Input((8,)), keras.layers.Dense(16), keras.layers.Dense(1)]
+        if sleep:
+            layers.insert(1, sleeping_models.sleep_layer())
+        model = keras.Sequential(layers)
+        model.compile(optimizer="sgd", loss="mse")
+    return model
+
+
+class _PackLog(logging.Handler):
+    """The number of packs of each all-reduce of `gradients` tensors that TensorFlow traces."""
+
+    def __init__(self, gradients):
+        super().__init__(logging.INFO)
+        self.prefix = f"Collective all_reduce tensors: {gradients} all_reduces"
+        self.packs = []
+
+    def emit(self, record):
+        message = record.getMessage()
+        if message.startswith(self.prefix):
+            self.packs.append(int(message.rsplit("num_packs = ", 1)[1]))
+
+
+def tune(strategy, out_dir):
+    import tensorflow as tf
+
+    from keras_scaling.tune import _measure
+
+    index = keras_scaling.describe_strategy(strategy).worker_index
+    rng = np.random.default_rng(0)
+    x = rng.random((PER_REPLICA_BATCH * strategy.num_replicas_in_sync * 8, 8), dtype="float32")
+    data = (x, x.sum(axis=1, keepdims=True))
+    result = keras_scaling.tune(
+        _model(strategy, sleep=True),
+        data,
+        per_replica_batch_size=PER_REPLICA_BATCH,
+        data_kwargs={"shuffle": False},
+        budget_s=BUDGET_S,
+        log_dir=os.path.join(out_dir, "logs"),
+        verbose=False,
+    )
+    tried = sorted(
+        {trial["value"] for trial in result.record["trials"] if trial["knob"] == "bytes_per_pack"}
+        - {None}
+    )
+    model = _model(strategy, sleep=False)
+    runner = _measure.Runner(model, strategy, data)
+    logger = tf.get_logger()
+    level = logger.level
+    packings = []
+    for bytes_per_pack in [0, *tried]:
+        runner.apply_strategy_settings({"bytes_per_pack": bytes_per_pack})
+        fresh = _model(strategy, sleep=False)
+        log = _PackLog(len(fresh.trainable_variables))
+        logger.addHandler(log)
+        logger.setLevel(logging.INFO)
+        try:
+            train = keras_scaling.data.distribute(
+                data, strategy=strategy, per_replica_batch_size=PER_REPLICA_BATCH
+            )
+            # Raises ReplicaDivergenceError when a copy of a weight differs.
+            fresh.fit(
+                train,
+                epochs=1,
+                verbose=0,
+                callbacks=[keras_scaling.ReplicaSyncCheck(every_n_steps=2)],
+            )
+        finally:
+            logger.removeHandler(log)
+            logger.setLevel(level)
+        sizes = runner.gradient_sizes()
+        packings.append({"bytes_per_pack": bytes_per_pack, "packs": log.packs, "sizes": sizes})
+    runner.restore()
+    mw_common.write_json(
+        os.path.join(out_dir, f"worker{index}.json"),
+        {"record": result.record, "path": result.path, "packings": packings},
+    )
