@@ -1,4 +1,4 @@
-"""`keras-scaling tune` through `keras_scaling.cli.main`: a short real search, and bad input with exit 2."""
+"""`keras-scaling tune` through `keras_scaling.cli.main` and under `keras-scaling launch`: short real searches, and bad input with exit 2."""
 
 import json
 import os
