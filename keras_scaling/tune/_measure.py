@@ -102,10 +102,10 @@ class Runner:
 
     def gradient_sizes(self):
         """Bytes of each gradient a step all-reduces, in the order of the trainable variables."""
-        import numpy as np
+        import tensorflow as tf
 
         return tuple(
-            math.prod(variable.shape) * np.dtype(variable.dtype).itemsize
+            math.prod(variable.shape) * tf.as_dtype(variable.dtype).size
             for variable in self.model.trainable_variables
         )
 

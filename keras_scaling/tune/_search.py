@@ -191,7 +191,7 @@ def search(runner, start, budget_s, allowed, explain_fn, verbose, confirm=True):
         cores=int(cores),
         workers=runner.num_workers,
         communication_settable=runner.communication_settable,
-        gradient_sizes=runner.gradient_sizes(),
+        gradient_sizes=runner.gradient_sizes() if runner.num_workers > 1 else (),
     )
     incumbent, incumbent_ratio, trials = start, 1.0, []
     if context.pipeline_built:

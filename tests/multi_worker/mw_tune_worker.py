@@ -8,7 +8,6 @@ the worker records how many packs TensorFlow's all-reduce made of the
 gradients (its INFO log at tracing). Writes `worker{i}.json`.
 """
 
-import logging
 import os
 import sys
 
@@ -21,6 +20,7 @@ sys.path.insert(
     0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tune")
 )
 import sleeping_models  # noqa: E402
+from traced_packs import traced_packs  # noqa: E402
 
 BUDGET_S = 45
 PER_REPLICA_BATCH = 16
@@ -38,23 +38,7 @@ def _model(strategy, sleep):
     return model
 
 
-class _PackLog(logging.Handler):
-    """The number of packs of each all-reduce of `gradients` tensors that TensorFlow traces."""
-
-    def __init__(self, gradients):
-        super().__init__(logging.INFO)
-        self.prefix = f"Collective all_reduce tensors: {gradients} all_reduces"
-        self.packs = []
-
-    def emit(self, record):
-        message = record.getMessage()
-        if message.startswith(self.prefix):
-            self.packs.append(int(message.rsplit("num_packs = ", 1)[1]))
-
-
 def tune(strategy, out_dir):
-    import tensorflow as tf
-
     from keras_scaling.tune import _measure
 
     index = keras_scaling.describe_strategy(strategy).worker_index
@@ -76,16 +60,11 @@ def tune(strategy, out_dir):
     )
     model = _model(strategy, sleep=False)
     runner = _measure.Runner(model, strategy, data)
-    logger = tf.get_logger()
-    level = logger.level
     packings = []
     for bytes_per_pack in [0, *tried]:
         runner.apply_strategy_settings({"bytes_per_pack": bytes_per_pack})
         fresh = _model(strategy, sleep=False)
-        log = _PackLog(len(fresh.trainable_variables))
-        logger.addHandler(log)
-        logger.setLevel(logging.INFO)
-        try:
+        with traced_packs(len(fresh.trainable_variables)) as packs:
             train = keras_scaling.data.distribute(
                 data, strategy=strategy, per_replica_batch_size=PER_REPLICA_BATCH
             )
@@ -96,11 +75,8 @@ def tune(strategy, out_dir):
                 verbose=0,
                 callbacks=[keras_scaling.ReplicaSyncCheck(every_n_steps=2)],
             )
-        finally:
-            logger.removeHandler(log)
-            logger.setLevel(level)
         sizes = runner.gradient_sizes()
-        packings.append({"bytes_per_pack": bytes_per_pack, "packs": log.packs, "sizes": sizes})
+        packings.append({"bytes_per_pack": bytes_per_pack, "packs": packs, "sizes": sizes})
     runner.restore()
     mw_common.write_json(
         os.path.join(out_dir, f"worker{index}.json"),

@@ -97,10 +97,10 @@ def test_without_its_reach_the_all_reduce_across_workers_is_not_tried_and_says_w
 
 def test_the_options_tune_sets_are_those_the_next_traced_all_reduce_packs_by():
     import copy
-    import logging
 
     import keras
     import tensorflow as tf
+    from traced_packs import traced_packs
 
     from keras_scaling.internals import _communication
 
@@ -109,19 +109,7 @@ def test_the_options_tune_sets_are_those_the_next_traced_all_reduce_packs_by():
     strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
     start = _communication.communication_options(strategy)
     x = np.random.default_rng(0).random((128, 8), dtype="float32")
-    packs = []
-
-    class PackLog(logging.Handler):
-        def emit(self, record):
-            message = record.getMessage()
-            if message.startswith("Collective all_reduce tensors: 4 all_reduces"):
-                packs.append(int(message.rsplit("num_packs = ", 1)[1]))
-
-    logger, log = tf.get_logger(), PackLog()
-    level = logger.level
-    logger.addHandler(log)
-    logger.setLevel(logging.INFO)
-    try:
+    with traced_packs(4) as packs:
         for bytes_per_pack in (0, 41):
             options = copy.deepcopy(start)
             options.bytes_per_pack = bytes_per_pack
@@ -132,8 +120,5 @@ def test_the_options_tune_sets_are_those_the_next_traced_all_reduce_packs_by():
                 )
                 model.compile(optimizer="sgd", loss="mse")
             model.fit(x, x[:, :1], batch_size=32, epochs=1, verbose=0)
-    finally:
-        logger.removeHandler(log)
-        logger.setLevel(level)
     sizes = [16 * 8 * 4, 16 * 4, 16 * 4, 4]  # the kernels and biases, in bytes
     assert packs == [1, _candidates.pack_count(sizes, 41)] == [1, 3]
