@@ -206,7 +206,10 @@ class Runner:
         import keras
         import numpy as np
 
-        self.apply_strategy_settings(self.start_strategy_settings())
+        if self.communication_settable:
+            from keras_scaling.internals import _communication
+
+            _communication.set_communication_options(self.strategy, self._start_options)
         for variable, value in self._values:
             variable.assign(value)
         optimizer = getattr(self.model, "optimizer", None)
