@@ -9,7 +9,9 @@ import contextlib
 import math
 import os
 import statistics
+import tempfile
 import time
+import warnings
 
 import numpy as np
 import tensorflow as tf
@@ -97,29 +99,54 @@ def _state_restored(model):
             variable.assign(value)
         for variable in optimizer.variables if optimizer is not None else ():
             saved = optimizer_values.get(id(variable))
-            # Variables the first step created start as they were made: zeros.
-            variable.assign(
-                saved if saved is not None else np.zeros(variable.shape, variable.dtype.name)
-            )
+            if saved is not None:
+                variable.assign(saved)
         model.steps_per_execution, model.train_function = steps_per_execution, train_function
         model.reset_metrics()
 
 
+def _built(model, strategy, batch):
+    """Builds what `fit` builds before its first step, if a `fit` has not: the model, its loss and metrics, the optimizer.
+
+    Built inside a train function that is not `fit`'s, their variables would
+    be made in a branch of the traced step, which then fails ("You must feed
+    a value for placeholder tensor"). One `test_on_batch` of `batch` builds
+    them as `fit` does and changes no weight; `_state_restored` resets the
+    metrics it updates.
+    """
+    import keras
+
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is None or optimizer.built:
+        return
+    model.test_on_batch(*keras.utils.unpack_x_y_sample_weight(batch))
+    if not optimizer.built:  # a model made outside any strategy's scope
+        with strategy.scope():
+            optimizer.build(model.trainable_variables)
+
+
 def _one_replica_model(model, device, steps_per_execution):
-    """`(copy, strategy, None)`: `model` alone on `device`, compiled; or `(None, _, reason)`."""
+    """`(copy, strategy, None)`: `model` alone on `device`, compiled; or `(None, _, reason)`.
+
+    The copy is saved and loaded as a `.keras` file, which carries what the
+    weights do not: a lookup layer's vocabulary, a preprocessor's assets.
+    """
+    import keras
+
     strategy = tf.distribute.OneDeviceStrategy(device)
     try:
-        # Read outside the new scope: mirrored variables refuse another strategy.
-        weights, architecture = model.get_weights(), model.get_config()
-        config = model.get_compile_config()
-        with strategy.scope():
-            copy = type(model).from_config(architecture)
-            copy.set_weights(weights)
-            if config:
-                copy.compile_from_config(config)
-            else:
-                copy.compile(optimizer=model.optimizer.__class__(), loss=model.loss)
-            copy.steps_per_execution = steps_per_execution
+        with tempfile.TemporaryDirectory(prefix="keras_scaling_explain_") as directory:
+            path = os.path.join(directory, "model.keras")
+            # Saved outside the new scope: mirrored variables refuse another strategy.
+            model.save(path)
+            # Keras' notes on loading (a custom compile, optimizer variables
+            # skipped) concern this internal copy, not the user's model.
+            with strategy.scope(), warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
+                copy = keras.saving.load_model(path)
+                if not copy.compiled:
+                    copy.compile(optimizer=model.optimizer.__class__(), loss=model.loss)
+        copy.steps_per_execution = steps_per_execution
     except Exception as error:  # a subclassed model without get_config, and the like
         return None, strategy, f"the model could not be copied to one device ({error})"
     return copy, strategy, None
@@ -154,7 +181,14 @@ def measure(model, dataset, strategy, *, steps, rounds, amortized=None, pipeline
     # K: steps per call that make the host's per-call cost small against the step.
     amortized = amortized or max(16, 4 * steps_per_execution)
     dataset = _without_auto_shard(dataset.repeat())
-    batch = next(iter(dataset))
+    raw_batch = next(iter(dataset))
+    _built(model, strategy, raw_batch)
+    # keras-hub's tasks preprocess their data in `fit`, not in their train function.
+    preprocess = getattr(model, "preprocess_samples", None)
+    if callable(preprocess):
+        dataset = dataset.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE)
+        dataset = dataset.prefetch(tf.data.AUTOTUNE)
+    batch = next(iter(dataset)) if callable(preprocess) else raw_batch
     worker_batch_size = int(tf.nest.flatten(batch)[0].shape[0])
     if worker_batch_size % local_replicas:
         message = f"the data's batches hold {worker_batch_size} samples, which {local_replicas} replicas cannot share evenly; batch the data with keras_scaling.data.distribute(..., per_replica_batch_size=...)"
@@ -176,6 +210,8 @@ def measure(model, dataset, strategy, *, steps, rounds, amortized=None, pipeline
             if copy is None:
                 notes.append(f"synchronization is not measured: {reason}")
             else:
+                raw_rows = tf.nest.map_structure(lambda x: x[:per_replica_batch_size], raw_batch)
+                _built(copy, one_strategy, raw_rows)
                 rows = tf.nest.map_structure(lambda x: x[:per_replica_batch_size], batch)
                 one_dataset = one_strategy.experimental_distribute_dataset(_resident_dataset(rows))
                 variants["one_replica"] = _Variant(copy, iter(one_dataset), amortized)

@@ -144,3 +144,39 @@ def test_model_state_is_put_back_after_explain(one_device):
     after = model.get_weights()
     assert all(np.array_equal(a, b) for a, b in zip(before, after))
     assert model.steps_per_execution == 1
+
+
+def _fresh_adam_model(strategy):
+    """A model compiled with Adam and never trained: its optimizer's slots do not exist yet."""
+    import keras
+
+    keras.utils.set_random_seed(3)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8), keras.layers.Dense(1)])
+        model.compile(optimizer="adam", loss="mse", metrics=["mae"])
+    return model
+
+
+def test_a_model_never_trained_is_explained_and_then_trains_as_its_twin_never_explained(
+    mirrored,
+):
+    rng = np.random.default_rng(0)
+    x = rng.random((64, 4), dtype="float32")
+    data = (x, x.sum(axis=1, keepdims=True))
+    explained, twin = _fresh_adam_model(mirrored), _fresh_adam_model(mirrored)
+
+    result = keras_scaling.explain(
+        explained, data, per_replica_batch_size=4, steps=4, rounds=2, verbose=False
+    )
+
+    # The one-replica copy trained too: the synchronization part was measured.
+    assert not any("not measured" in note for note in result.verdict.notes), result
+    for model in (explained, twin):
+        train = keras_scaling.data.distribute(
+            data, strategy=mirrored, per_replica_batch_size=4, shuffle=False
+        )
+        model.fit(train, epochs=2, verbose=0, shuffle=False)
+    for a, b in zip(explained.variables, twin.variables):
+        np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=a.path)
+    for a, b in zip(explained.optimizer.variables, twin.optimizer.variables):
+        np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=a.path)

@@ -137,6 +137,27 @@ def test_throughput_counts_the_global_batch_at_every_step(trained, name):
     assert sum(entry["steps_measured"] for entry in record["epochs"]) == record["steps_measured"]
 
 
+# A keras-hub task preprocesses its data in fit, and a lookup layer's
+# vocabulary is no weight: explain feeds the one, its one-replica copy
+# carries the other.
+@pytest.mark.parametrize("name", ["bert_classifier", "text_vectorization"])
+def test_explain_splits_the_step_of_a_model_never_trained_and_leaves_it_as_it_was(strategy, name):
+    _, make_data, _ = MODELS[name]
+    model = build(name, strategy)
+    before = [np.asarray(v.numpy()) for v in model.variables]
+
+    result = keras_scaling.explain(
+        model, distributed(make_data(), strategy), steps=4, rounds=2, verbose=False
+    )
+
+    assert not any("not measured" in note for note in result.verdict.notes), result
+    after = [np.asarray(v.numpy()) for v in model.variables]
+    assert len(after) == len(before)
+    for value_before, value_after in zip(before, after):
+        np.testing.assert_array_equal(value_before, value_after)
+    assert int(model.optimizer.iterations.numpy()) == 0
+
+
 @pytest.mark.parametrize(
     ("make_model", "make_data"),
     [(make_bert_classifier, bert_data), (make_gpt2_causal_lm, gpt2_data)],
