@@ -223,6 +223,24 @@ def test_measure_counts_samples_of_the_batch_it_times():
     assert large > 4 * small
 
 
+def test_measure_times_a_copy_that_keeps_an_adapted_vocabulary():
+    # keras.io's text classification: the vocabulary TextVectorization adapted
+    # is neither config nor weight, and a copy without it cannot train.
+    words = np.array([["good film"], ["bad plot"], ["good cast"], ["poor film"]])
+    vectorize = keras.layers.TextVectorization(max_tokens=8, output_sequence_length=4)
+    vectorize.adapt(words[:, 0])
+    inputs = keras.Input((1,), dtype="string")
+    hidden = keras.layers.GlobalAveragePooling1D()(keras.layers.Embedding(8, 4)(vectorize(inputs)))
+    model = keras.Model(inputs, keras.layers.Dense(1)(hidden))
+    model.compile(optimizer="adam", loss="mse")
+    spec = (tf.TensorSpec((4, 1), tf.string), tf.TensorSpec((4, 1), tf.float32))
+    samples_per_sec = baseline_lib.measure_samples_per_sec(
+        model, spec, "/device:CPU:0", duration_s=0.2, min_steps=5
+    )
+    assert samples_per_sec > 0
+    assert vectorize.vocabulary_size() == 8
+
+
 def test_measure_refuses_dynamic_shapes():
     model = _compiled_model()
     spec = (tf.TensorSpec((None, 16), tf.float32), tf.TensorSpec((None, 1), tf.float32))

@@ -9,9 +9,7 @@ import contextlib
 import math
 import os
 import statistics
-import tempfile
 import time
-import warnings
 
 import numpy as np
 import tensorflow as tf
@@ -125,27 +123,14 @@ def _built(model, strategy, batch):
             optimizer.build(model.trainable_variables)
 
 
-def _one_replica_model(model, device, steps_per_execution):
-    """`(copy, strategy, None)`: `model` alone on `device`, compiled; or `(None, _, reason)`.
-
-    The copy is saved and loaded as a `.keras` file, which carries what the
-    weights do not: a lookup layer's vocabulary, a preprocessor's assets.
-    """
-    import keras
+def _one_replica_model(model, device, steps_per_execution, rows):
+    """`(copy, strategy, None)`: `model` alone on `device`, compiled and built on `rows`; or `(None, _, reason)`."""
+    from keras_scaling import _model_copy
 
     strategy = tf.distribute.OneDeviceStrategy(device)
     try:
-        with tempfile.TemporaryDirectory(prefix="keras_scaling_explain_") as directory:
-            path = os.path.join(directory, "model.keras")
-            # Saved outside the new scope: mirrored variables refuse another strategy.
-            model.save(path)
-            # Keras' notes on loading (a custom compile, optimizer variables
-            # skipped) concern this internal copy, not the user's model.
-            with strategy.scope(), warnings.catch_warnings():
-                warnings.simplefilter("ignore", UserWarning)
-                copy = keras.saving.load_model(path)
-                if not copy.compiled:
-                    copy.compile(optimizer=model.optimizer.__class__(), loss=model.loss)
+        copy = _model_copy.copy_of(model, strategy.scope)
+        _built(copy, strategy, rows)
         copy.steps_per_execution = steps_per_execution
     except Exception as error:  # a subclassed model without get_config, and the like
         return None, strategy, f"the model could not be copied to one device ({error})"
@@ -183,12 +168,15 @@ def measure(model, dataset, strategy, *, steps, rounds, amortized=None, pipeline
     dataset = _without_auto_shard(dataset.repeat())
     raw_batch = next(iter(dataset))
     _built(model, strategy, raw_batch)
-    # keras-hub's tasks preprocess their data in `fit`, not in their train function.
+    # keras-hub's tasks map `preprocess_samples` over the data in their `fit`,
+    # not in their train function.
     preprocess = getattr(model, "preprocess_samples", None)
-    if callable(preprocess):
+    if preprocess is not None and type(model).fit.__module__.startswith("keras_hub."):
         dataset = dataset.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE)
         dataset = dataset.prefetch(tf.data.AUTOTUNE)
-    batch = next(iter(dataset)) if callable(preprocess) else raw_batch
+        batch = next(iter(dataset))
+    else:
+        batch = raw_batch
     worker_batch_size = int(tf.nest.flatten(batch)[0].shape[0])
     if worker_batch_size % local_replicas:
         message = f"the data's batches hold {worker_batch_size} samples, which {local_replicas} replicas cannot share evenly; batch the data with keras_scaling.data.distribute(..., per_replica_batch_size=...)"
@@ -206,12 +194,11 @@ def measure(model, dataset, strategy, *, steps, rounds, amortized=None, pipeline
             "resident_amortized": _Variant(model, resident_iterator, amortized),
         }
         if num_replicas > 1:
-            copy, one_strategy, reason = _one_replica_model(model, devices[0], amortized)
+            raw_rows = tf.nest.map_structure(lambda x: x[:per_replica_batch_size], raw_batch)
+            copy, one_strategy, reason = _one_replica_model(model, devices[0], amortized, raw_rows)
             if copy is None:
                 notes.append(f"synchronization is not measured: {reason}")
             else:
-                raw_rows = tf.nest.map_structure(lambda x: x[:per_replica_batch_size], raw_batch)
-                _built(copy, one_strategy, raw_rows)
                 rows = tf.nest.map_structure(lambda x: x[:per_replica_batch_size], batch)
                 one_dataset = one_strategy.experimental_distribute_dataset(_resident_dataset(rows))
                 variants["one_replica"] = _Variant(copy, iter(one_dataset), amortized)

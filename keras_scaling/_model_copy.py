@@ -1,0 +1,72 @@
+"""A copy of a Keras model to time alone: what `explain`'s one-replica variant and the measured baseline train."""
+
+import contextlib
+import os
+import tempfile
+import warnings
+
+
+def _layers(layer, seen):
+    """`layer` and every layer its attributes hold, at any depth (a keras-hub task's preprocessor too)."""
+    import keras
+
+    if id(layer) in seen:
+        return
+    seen.add(id(layer))
+    yield layer
+    for value in vars(layer).values():
+        values = value.values() if isinstance(value, dict) else value
+        for item in values if isinstance(values, (list, tuple, type({}.values()))) else (value,):
+            if isinstance(item, keras.layers.Layer):
+                yield from _layers(item, seen)
+
+
+def carries_assets(model):
+    """Whether a layer of `model` keeps state that neither its config nor its weights hold (a tokenizer's vocabulary)."""
+    return any(hasattr(layer, "save_assets") for layer in _layers(model, set()))
+
+
+def copy_of(model, scope=contextlib.nullcontext, *, weights=True):
+    """`model` made again inside `scope()` and compiled as `model` is.
+
+    A model with a layer that keeps assets (an adapted `TextVectorization`
+    or `StringLookup`, a keras-hub preprocessor) is saved and loaded as a
+    `.keras` file, which carries them; any other is rebuilt from its config
+    (as `keras.models.clone_model` does), with `model`'s weights when `weights`.
+
+    Raises:
+        Exception: what Keras raises for a model it cannot rebuild (a
+            subclassed model without `get_config`, say).
+    """
+    import keras
+
+    if not carries_assets(model):
+        # Read outside the new scope: mirrored variables refuse another strategy.
+        config, values = model.get_config(), model.get_weights() if weights else None
+        compile_config = model.get_compile_config()
+        with scope():
+            copy = type(model).from_config(config)
+            if values is not None:
+                copy.set_weights(values)
+            _compile(copy, compile_config, model)
+        return copy
+    with tempfile.TemporaryDirectory(prefix="keras_scaling_copy_") as directory:
+        path = os.path.join(directory, "model.keras")
+        model.save(path)
+        compile_config = model.get_compile_config()
+        # Keras' notes on loading (a custom compile, optimizer variables
+        # skipped) concern this internal copy, not the user's model.
+        with scope(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            copy = keras.saving.load_model(path)
+            if not copy.compiled:
+                _compile(copy, compile_config, model)
+    return copy
+
+
+def _compile(copy, compile_config, model):
+    """Compiles `copy` from `model`'s compile config, or with a fresh optimizer of its class and its loss."""
+    if compile_config:
+        copy.compile_from_config(compile_config)
+    else:
+        copy.compile(optimizer=model.optimizer.__class__(), loss=model.loss)
