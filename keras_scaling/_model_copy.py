@@ -21,18 +21,13 @@ def _layers(layer, seen):
                 yield from _layers(item, seen)
 
 
-def carries_assets(model):
-    """Whether a layer of `model` keeps state that neither its config nor its weights hold (a tokenizer's vocabulary)."""
-    return any(hasattr(layer, "save_assets") for layer in _layers(model, set()))
-
-
 def copy_of(model, scope=contextlib.nullcontext, *, weights=True):
     """`model` made again inside `scope()` and compiled as `model` is.
 
     A model with a layer that keeps assets (an adapted `TextVectorization`
     or `StringLookup`, a keras-hub preprocessor) is saved and loaded as a
-    `.keras` file, which carries them; any other is rebuilt from its config
-    (as `keras.models.clone_model` does), with `model`'s weights when `weights`.
+    `.keras` file, which carries them; any other is rebuilt from its config,
+    with `model`'s weights when `weights`. Custom layers need no registration.
 
     Raises:
         Exception: what Keras raises for a model it cannot rebuild (a
@@ -40,11 +35,14 @@ def copy_of(model, scope=contextlib.nullcontext, *, weights=True):
     """
     import keras
 
-    if not carries_assets(model):
-        # Read outside the new scope: mirrored variables refuse another strategy.
+    layers = list(_layers(model, set()))
+    # Each class under the name its config gives it.
+    classes = {type(layer).__name__: type(layer) for layer in layers}
+    # Read outside the new scope: mirrored variables refuse another strategy.
+    compile_config = model.get_compile_config()
+    if not any(hasattr(layer, "save_assets") for layer in layers):
         config, values = model.get_config(), model.get_weights() if weights else None
-        compile_config = model.get_compile_config()
-        with scope():
+        with scope(), keras.saving.custom_object_scope(classes):
             copy = type(model).from_config(config)
             if values is not None:
                 copy.set_weights(values)
@@ -53,12 +51,11 @@ def copy_of(model, scope=contextlib.nullcontext, *, weights=True):
     with tempfile.TemporaryDirectory(prefix="keras_scaling_copy_") as directory:
         path = os.path.join(directory, "model.keras")
         model.save(path)
-        compile_config = model.get_compile_config()
         # Keras' notes on loading (a custom compile, optimizer variables
         # skipped) concern this internal copy, not the user's model.
         with scope(), warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
-            copy = keras.saving.load_model(path)
+            copy = keras.saving.load_model(path, custom_objects=classes)
             if not copy.compiled:
                 _compile(copy, compile_config, model)
     return copy
