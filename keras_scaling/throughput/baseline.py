@@ -275,10 +275,11 @@ def measure_samples_per_sec(
 ) -> float:
     """Times a copy of `model` training alone on one device, on synthetic batches.
 
-    The copy (`keras.models.clone_model`, or a `.keras` file saved and loaded
-    when a layer keeps assets such as a vocabulary) runs in a thread of its own, outside
-    the training strategy; `model`'s weights and optimizer are not touched.
-    How it is timed: the throughput guide's "Baselines".
+    The copy (rebuilt from the model's config, or saved and loaded as a
+    `.keras` file when a layer keeps assets such as a vocabulary) runs in a
+    thread of its own, outside the training strategy; `model`'s weights and
+    optimizer are not touched. How it is timed: the throughput guide's
+    "Baselines".
 
     Args:
         model: a compiled Keras model.
