@@ -6,21 +6,6 @@ import tempfile
 import warnings
 
 
-def _layers(layer, seen):
-    """`layer` and every layer its attributes hold, at any depth (a keras-hub task's preprocessor too)."""
-    import keras
-
-    if id(layer) in seen:
-        return
-    seen.add(id(layer))
-    yield layer
-    for value in vars(layer).values():
-        values = value.values() if isinstance(value, dict) else value
-        for item in values if isinstance(values, (list, tuple, type({}.values()))) else (value,):
-            if isinstance(item, keras.layers.Layer):
-                yield from _layers(item, seen)
-
-
 def copy_of(model, scope=contextlib.nullcontext, *, weights=True):
     """`model` made again inside `scope()` and compiled as `model` is.
 
@@ -35,7 +20,9 @@ def copy_of(model, scope=contextlib.nullcontext, *, weights=True):
     """
     import keras
 
-    layers = list(_layers(model, set()))
+    from keras_scaling.internals import _keras
+
+    layers = _keras.all_layers(model)
     # Each class under the name its config gives it.
     classes = {type(layer).__name__: type(layer) for layer in layers}
     # Read outside the new scope: mirrored variables refuse another strategy.
