@@ -191,7 +191,9 @@ class BackupAndRestore(keras.callbacks.Callback):
             self._changes.end()
 
     def _variables(self):
-        variables = list(self.model.variables) + list(self.model.optimizer.variables)
+        variables = list(self.model.variables)
+        for optimizer in _step_counter.held_optimizers(self.model).values():
+            variables += optimizer.variables
         return variables, [_backup.variable_spec(v.path, v.shape, v.dtype) for v in variables]
 
     def _mid_epoch_position(self, iterations):
@@ -249,6 +251,18 @@ class BackupAndRestore(keras.callbacks.Callback):
                 optimizer.build(self.model.trainable_variables)
         variables, specs = self._variables()
         differences = _backup.variable_differences(header["variables"], specs)
+        unbuilt = [
+            name
+            for name, held in _step_counter.held_optimizers(self.model).items()
+            if not held.built
+        ]
+        if differences and unbuilt:
+            raise ValueError(
+                f"BackupAndRestore cannot restore model.{unbuilt[0]}: it is not built yet. "
+                f"Build it before fit, in the strategy's scope: model.{unbuilt[0]}.build(<the "
+                "variables it trains>), as a model that steps optimizers of its own must "
+                "under tf.distribute"
+            )
         if differences:
             raise _backup.mismatch_error(self.backup_dir, "model", differences)
         for variable, raw, spec in zip(variables, raw_values, header["variables"]):

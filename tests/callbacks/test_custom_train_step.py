@@ -1,0 +1,210 @@
+"""The callbacks on a keras.io-style GAN: its own `train_step` steps the optimizers it holds.
+
+The model compiles with `super().compile()`, so `model.optimizer` is Keras'
+default and never steps; the critic's optimizer steps twice a batch, the
+generator's once (as in keras.io's WGAN-GP). On 2 logical CPUs, from
+`keras_scaling.data.distribute`: a run never stopped, and a run that crashes
+after step 10 of 16 with a backup at step 8, resumed by a model built anew.
+"""
+
+import json
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras_scaling
+from keras_scaling.preemption import _backup
+
+pytestmark = pytest.mark.logical_cpus(2)
+
+NUM_SAMPLES = 256
+PER_REPLICA_BATCH = 8
+STEPS_PER_EPOCH = NUM_SAMPLES // (2 * PER_REPLICA_BATCH)  # 16
+EPOCHS = 2
+CRITIC_STEPS = 2
+LATENT_DIM = 4
+
+
+class GAN(keras.Model):
+    def __init__(self, discriminator, generator):
+        super().__init__()
+        self.discriminator = discriminator
+        self.generator = generator
+        self.seed_generator = keras.random.SeedGenerator(1337)
+
+    def compile(self, d_optimizer, g_optimizer):
+        super().compile()
+        self.d_optimizer = d_optimizer
+        self.g_optimizer = g_optimizer
+        self.loss_fn = keras.losses.BinaryCrossentropy(from_logits=True)
+
+    def train_step(self, real):
+        batch_size = keras.ops.shape(real)[0]
+        labels = keras.ops.concatenate(
+            [keras.ops.ones((batch_size, 1)), keras.ops.zeros((batch_size, 1))], axis=0
+        )
+        for _ in range(CRITIC_STEPS):
+            z = keras.random.normal((batch_size, LATENT_DIM), seed=self.seed_generator)
+            combined = keras.ops.concatenate([self.generator(z), real], axis=0)
+            with tf.GradientTape() as tape:
+                d_loss = self.loss_fn(labels, self.discriminator(combined))
+            weights = self.discriminator.trainable_weights
+            self.d_optimizer.apply_gradients(zip(tape.gradient(d_loss, weights), weights))
+        z = keras.random.normal((batch_size, LATENT_DIM), seed=self.seed_generator)
+        with tf.GradientTape() as tape:
+            fooled = self.discriminator(self.generator(z))
+            g_loss = self.loss_fn(keras.ops.zeros((batch_size, 1)), fooled)
+        weights = self.generator.trainable_weights
+        self.g_optimizer.apply_gradients(zip(tape.gradient(g_loss, weights), weights))
+        return {"d_loss": d_loss, "g_loss": g_loss}
+
+
+@pytest.fixture(scope="module")
+def strategy():
+    return tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+
+
+def build_gan(strategy):
+    keras.utils.set_random_seed(0)
+    with strategy.scope():
+        discriminator = keras.Sequential(
+            [keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)]
+        )
+        generator = keras.Sequential(
+            [keras.Input((LATENT_DIM,)), keras.layers.Dense(16, activation="relu")]
+            + [keras.layers.Dense(8)]
+        )
+        gan = GAN(discriminator, generator)
+        gan.compile(keras.optimizers.Adam(1e-3), keras.optimizers.Adam(1e-3))
+        # Under tf.distribute an optimizer must be built before the step that uses it.
+        gan.d_optimizer.build(discriminator.trainable_variables)
+        gan.g_optimizer.build(generator.trainable_variables)
+    gan.built = True  # Keras cannot build a model without call() from a batch
+    return gan
+
+
+def gan_data(strategy):
+    x = np.random.default_rng(0).random((NUM_SAMPLES, 8)).astype("float32")
+    return keras_scaling.data.distribute(
+        x, strategy=strategy, per_replica_batch_size=PER_REPLICA_BATCH, shuffle=True, seed=0
+    )
+
+
+def state(gan):
+    """Every weight, seed state and value of both optimizers, as numpy arrays."""
+    variables = gan.variables + gan.d_optimizer.variables + gan.g_optimizer.variables
+    return [np.asarray(v.numpy()) for v in variables]
+
+
+class CrashAfter(keras.callbacks.Callback):
+    def __init__(self, batches):
+        super().__init__()
+        self.batches = batches
+
+    def on_train_batch_end(self, batch, logs=None):
+        if batch + 1 == self.batches:
+            raise RuntimeError("the machine went away")
+
+
+class GeneratorStepAtStart(keras.callbacks.Callback):
+    """The generator optimizer's step when training starts, after the backup's restore."""
+
+    def on_train_begin(self, logs=None):
+        self.step = int(self.model.g_optimizer.iterations.numpy())
+
+
+@pytest.fixture(scope="module")
+def never_stopped(strategy, tmp_path_factory):
+    log_dir = tmp_path_factory.mktemp("gan_logs")
+    gan = build_gan(strategy)
+    callbacks = [
+        keras_scaling.ThroughputLogger(str(log_dir), baseline=None, warmup_steps=2),
+        keras_scaling.BackupAndRestore(str(tmp_path_factory.mktemp("gan_backup"))),
+    ]
+    history = gan.fit(gan_data(strategy), epochs=EPOCHS, callbacks=callbacks, verbose=0)
+    return gan, history, log_dir
+
+
+def steps_measured_of_a_plain_model(strategy, directory):
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
+        model.compile(optimizer="adam", loss="mse")
+    x = np.random.default_rng(0).random((NUM_SAMPLES, 8)).astype("float32")
+    data = keras_scaling.data.distribute(
+        (x, x[:, :1]), strategy=strategy, per_replica_batch_size=PER_REPLICA_BATCH
+    )
+    log_dir = directory / "plain_model"
+    logger = keras_scaling.ThroughputLogger(str(log_dir), baseline=None, warmup_steps=2)
+    model.fit(data, epochs=EPOCHS, callbacks=[logger], verbose=0)
+    return json.loads((log_dir / "throughput.json").read_text())["steps_measured"]
+
+
+def test_the_batches_of_a_model_stepping_its_own_optimizers_are_counted(strategy, never_stopped):
+    gan, history, log_dir = never_stopped
+    assert int(gan.optimizer.iterations.numpy()) == 0  # what counted the batches before
+    assert int(gan.g_optimizer.iterations.numpy()) == EPOCHS * STEPS_PER_EPOCH
+    assert int(gan.d_optimizer.iterations.numpy()) == CRITIC_STEPS * EPOCHS * STEPS_PER_EPOCH
+
+    record = json.loads((log_dir / "throughput.json").read_text())
+    # Measured as the steps of a model whose fit steps model.optimizer.
+    assert record["steps_measured"] == steps_measured_of_a_plain_model(strategy, log_dir.parent)
+    assert record["samples_per_sec"] == pytest.approx(
+        record["steps_per_sec"] * 2 * PER_REPLICA_BATCH
+    )
+    assert all(epoch["steps_measured"] > 0 for epoch in record["epochs"])
+    assert all(np.isfinite(history.history["samples_per_sec"]))
+
+
+def test_a_resume_restores_every_optimizer_and_the_step_it_stopped_at(
+    strategy, never_stopped, tmp_path
+):
+    backup_dir = str(tmp_path / "backup")
+    crashed = build_gan(strategy)
+    with pytest.raises(RuntimeError, match="went away"):
+        crashed.fit(
+            gan_data(strategy),
+            epochs=EPOCHS,
+            callbacks=[
+                keras_scaling.BackupAndRestore(backup_dir, save_every_n_steps=4),
+                CrashAfter(10),
+            ],
+            verbose=0,
+        )
+    header, _ = _backup.read(backup_dir)
+    assert header["position"]["step_in_epoch"] == 8
+
+    resumed = build_gan(strategy)
+    start = GeneratorStepAtStart()
+    resumed.fit(
+        gan_data(strategy),
+        epochs=EPOCHS,
+        callbacks=[keras_scaling.BackupAndRestore(backup_dir), start],
+        verbose=0,
+    )
+
+    assert start.step == 8
+    reference, _, _ = never_stopped
+    for value, expected in zip(state(resumed), state(reference), strict=True):
+        np.testing.assert_array_equal(value, expected)
+
+
+def test_a_held_optimizer_not_built_at_resume_is_named_with_the_fix(strategy, tmp_path):
+    backup_dir = str(tmp_path / "backup")
+    gan = build_gan(strategy)
+    gan.fit(
+        gan_data(strategy).take(2),
+        callbacks=[keras_scaling.BackupAndRestore(backup_dir, delete_checkpoint=False)],
+        verbose=0,
+    )
+    unbuilt = build_gan(strategy)
+    with strategy.scope():
+        unbuilt.compile(keras.optimizers.Adam(1e-3), keras.optimizers.Adam(1e-3))
+
+    with pytest.raises(ValueError, match=r"model\.d_optimizer: it is not built yet.*\.build\("):
+        unbuilt.fit(
+            gan_data(strategy),
+            callbacks=[keras_scaling.BackupAndRestore(backup_dir)],
+            verbose=0,
+        )
