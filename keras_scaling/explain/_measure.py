@@ -86,19 +86,14 @@ def _fetch_s(iterator, fetches=10):
 @contextlib.contextmanager
 def _state_restored(model):
     """Puts back the model's variables, optimizer state, `steps_per_execution`, train function and metrics."""
-    variables = [(v, v.numpy()) for v in model.variables]
-    optimizer = getattr(model, "optimizer", None)
-    optimizer_values = {id(v): v.numpy() for v in optimizer.variables} if optimizer else {}
+    from keras_scaling import _training_state
+
+    values = _training_state.saved(model)
     steps_per_execution, train_function = model.steps_per_execution, model.train_function
     try:
         yield
     finally:
-        for variable, value in variables:
-            variable.assign(value)
-        for variable in optimizer.variables if optimizer is not None else ():
-            saved = optimizer_values.get(id(variable))
-            if saved is not None:
-                variable.assign(saved)
+        _training_state.put_back(model, values)
         model.steps_per_execution, model.train_function = steps_per_execution, train_function
         model.reset_metrics()
 
@@ -117,7 +112,10 @@ def _built(model, strategy, batch):
     optimizer = getattr(model, "optimizer", None)
     if optimizer is None or optimizer.built:
         return
-    model.test_on_batch(*keras.utils.unpack_x_y_sample_weight(batch))
+    # A built model compiled without a loss (a GAN's own train_step computes its
+    # losses, and it may have no call()) needs only the optimizer, as in fit.
+    if not model.built or getattr(model, "loss", None) is not None:
+        model.test_on_batch(*keras.utils.unpack_x_y_sample_weight(batch))
     if not optimizer.built:  # a model made outside any strategy's scope
         with strategy.scope():
             optimizer.build(model.trainable_variables)

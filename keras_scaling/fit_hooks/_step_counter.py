@@ -71,12 +71,16 @@ class BatchCounter:
             self._values = None
         if self._counters[0] is None:
             return None
-        if self._counting is None and self._choose_counting() is None:
-            return self._values[0]
-        return self._base + _topology.read_int(self._counters[self._counting]) - self._start
+        counting = self._counting
+        if counting is None:
+            values = [_topology.read_int(counter) for counter in self._counters]
+            counting = self._choose_counting(values)
+            if counting is None:
+                return values[0]
+        return self._base + _topology.read_int(self._counters[counting]) - self._start
 
-    def _choose_counting(self):
-        values = [_topology.read_int(counter) for counter in self._counters]
+    def _choose_counting(self, values):
+        """The index of the counter that counts, once one advanced since the last read; else None."""
         before, self._values = self._values or values, values
         advanced = [(now - then, index) for index, (now, then) in enumerate(zip(values, before))]
         if advanced[0][0] > 0:

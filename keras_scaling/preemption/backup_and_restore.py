@@ -12,7 +12,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_scaling import _validation
+from keras_scaling import _training_state, _validation
 from keras_scaling.devices import _topology
 from keras_scaling.fit_hooks import _fit_end, _step_counter, _train_function_hook
 from keras_scaling.preemption import _backup, _resume
@@ -191,9 +191,7 @@ class BackupAndRestore(keras.callbacks.Callback):
             self._changes.end()
 
     def _variables(self):
-        variables = list(self.model.variables)
-        for optimizer in _step_counter.held_optimizers(self.model).values():
-            variables += optimizer.variables
+        variables = _training_state.training_variables(self.model)
         return variables, [_backup.variable_spec(v.path, v.shape, v.dtype) for v in variables]
 
     def _mid_epoch_position(self, iterations):

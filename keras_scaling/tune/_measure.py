@@ -11,7 +11,7 @@ import copy
 import math
 import time
 
-from keras_scaling import devices
+from keras_scaling import _training_state, devices
 
 # Epochs of one round's `fit`: the first is not timed.
 EPOCHS = 3
@@ -59,11 +59,7 @@ class Runner:
         self._global_batch_sizes = {}
         self._plans = {}
         # What `restore` puts back.
-        self._values = [(variable, variable.numpy()) for variable in model.variables]
-        optimizer = getattr(model, "optimizer", None)
-        self._optimizer_values = (
-            {} if optimizer is None else {id(v): v.numpy() for v in optimizer.variables}
-        )
+        self._values = _training_state.saved(model)
         self._compiled = (model.steps_per_execution, model.jit_compile, model.train_function)
         compat.enable_for(strategy)
         # The all-reduce options across workers, when tune can set them.
@@ -210,15 +206,14 @@ class Runner:
             from keras_scaling.internals import _communication
 
             _communication.set_communication_options(self.strategy, self._start_options)
-        for variable, value in self._values:
-            variable.assign(value)
-        optimizer = getattr(self.model, "optimizer", None)
-        for variable in optimizer.variables if optimizer is not None else ():
-            saved = self._optimizer_values.get(id(variable))
-            # Slots the first step created start as they were made: zeros.
-            if saved is None:
-                saved = np.zeros(variable.shape, keras.backend.standardize_dtype(variable.dtype))
-            variable.assign(saved)
+        # Slots the first step created start as they were made: zeros.
+        _training_state.put_back(
+            self.model,
+            self._values,
+            lambda variable: np.zeros(
+                variable.shape, keras.backend.standardize_dtype(variable.dtype)
+            ),
+        )
         model = self.model
         model.steps_per_execution, model.jit_compile, model.train_function = self._compiled
         model.reset_metrics()

@@ -1,4 +1,4 @@
-"""The callbacks on a keras.io-style GAN: its own `train_step` steps the optimizers it holds.
+"""The callbacks, explain and tune on a keras.io-style GAN: its own `train_step` steps the optimizers it holds.
 
 The model compiles with `super().compile()`, so `model.optimizer` is Keras'
 default and never steps; the critic's optimizer steps twice a batch, the
@@ -208,3 +208,25 @@ def test_a_held_optimizer_not_built_at_resume_is_named_with_the_fix(strategy, tm
             callbacks=[keras_scaling.BackupAndRestore(backup_dir)],
             verbose=0,
         )
+
+
+def test_explain_of_a_gan_never_trained_leaves_every_optimizer_as_it_was(strategy):
+    gan = build_gan(strategy)
+    before = state(gan)
+
+    result = keras_scaling.explain(gan, gan_data(strategy), steps=4, rounds=2, verbose=False)
+
+    assert result.verdict.text
+    for value, expected in zip(state(gan), before, strict=True):
+        np.testing.assert_array_equal(value, expected)
+
+
+def test_tune_puts_back_every_optimizer_the_model_holds(strategy):
+    gan = build_gan(strategy)
+    before = state(gan)
+
+    keras_scaling.tune(gan, gan_data(strategy), budget_s=10, verbose=False)
+
+    assert int(gan.g_optimizer.iterations.numpy()) == 0
+    for value, expected in zip(state(gan), before, strict=True):
+        np.testing.assert_array_equal(value, expected)
