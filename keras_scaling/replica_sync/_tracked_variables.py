@@ -1,6 +1,7 @@
 """The distributed variables of a Keras model and optimizer, each with its role."""
 
 import dataclasses
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import tensorflow as tf
@@ -115,17 +116,25 @@ def inner_optimizers(optimizer: "keras.optimizers.Optimizer") -> list[Any]:
     return optimizers
 
 
+def _optimizer_list(optimizer: Any) -> list[Any]:
+    if optimizer is None:
+        return []
+    return list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
+
+
 def tracked_variables(
-    model: "keras.Model", optimizer: "keras.optimizers.Optimizer | None" = None
+    model: "keras.Model",
+    optimizer: "keras.optimizers.Optimizer | Sequence[keras.optimizers.Optimizer] | None" = None,
 ) -> list[TrackedVariable]:
-    """Lists the distributed variables of a model and, optionally, its optimizer, once each.
+    """Lists the distributed variables of a model and, optionally, its optimizers, once each.
 
     Single-copy variables (created outside the scope) are left out. Per-replica state:
     `ON_READ`, the statistics of `BatchNormalization(synchronized=False)`, gradient accumulators.
 
     Args:
         model: a built `keras.Model`.
-        optimizer: a built Keras optimizer, or None to leave its variables out.
+        optimizer: a built Keras optimizer, a list of them (a GAN's `d_optimizer` and
+            `g_optimizer`), or None to leave optimizer variables out.
 
     Returns:
         A list of `TrackedVariable`, model variables first.
@@ -169,11 +178,11 @@ def tracked_variables(
             add(variable, roles.SEED_GENERATOR)
         else:
             add(variable, roles.TRAINABLE if variable.trainable else roles.NON_TRAINABLE)
-    if optimizer is not None:
-        optimizers = inner_optimizers(optimizer)
+    for outer in _optimizer_list(optimizer):
+        optimizers = inner_optimizers(outer)
         counters = {id(o.iterations) for o in optimizers}
         accumulators = _keras.gradient_accumulator_ids(optimizers)
-        for variable in optimizer.variables:
+        for variable in outer.variables:
             if id(variable) in counters:
                 add(variable, roles.OPTIMIZER_ITERATIONS)
             elif id(variable) in accumulators:
@@ -184,9 +193,9 @@ def tracked_variables(
     return found
 
 
-def single_copy_paths(
-    model: "keras.Model", optimizer: "keras.optimizers.Optimizer | None" = None
-) -> list[str]:
+def single_copy_paths(model: "keras.Model", optimizer: Any = None) -> list[str]:
     """The paths of the variables with one copy only (created outside the scope)."""
-    candidates = list(model.variables) + list(optimizer.variables if optimizer is not None else [])
+    candidates = list(model.variables)
+    for outer in _optimizer_list(optimizer):
+        candidates += outer.variables
     return [v.path for v in candidates if not is_distributed(distributed_variable(v))]

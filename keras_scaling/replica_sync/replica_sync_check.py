@@ -47,7 +47,7 @@ class ReplicaDivergenceError(RuntimeError):
 class ReplicaSyncCheck(keras.callbacks.Callback):
     """Checks that every replica holds bitwise-equal copies of every weight.
 
-    Compares the copies of the model's (and optimizer's) distributed variables across all replicas
+    Compares the copies of the model's (and optimizers') distributed variables across all replicas
     of all workers at the start of training, every `every_n_steps` optimizer steps and at the end;
     every worker reaches the same verdict. Per-replica state (`ON_READ`, unsynchronized
     BatchNormalization statistics, gradient accumulators) is not divergence. `check()` compares
@@ -55,7 +55,8 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
 
     Args:
         every_n_steps: int, default 100. Compare every this many optimizer steps.
-        include_optimizer: bool, default True. Also compare the optimizer's variables.
+        include_optimizer: bool, default True. Also compare the variables of the optimizers
+            the model holds: `model.optimizer`, and a GAN's `d_optimizer` and `g_optimizer`.
         on_divergence: `"raise"` (default, `ReplicaDivergenceError`), `"warn"` (log the report)
             or `"resync"` (copy replica 0's value to every replica and log it).
         per_replica_state: `"warn"` (default, once), `"ignore"`, `"error"` (as divergence) or
@@ -104,7 +105,7 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
         self.log_dir = None if log_dir is None else _tensorboard.check_log_dir(log_dir)
         self.last_report: replica_state.ReplicaSyncReport | None = None
         self._checker: Any = None
-        self._optimizer_seen = None
+        self._optimizer_seen: tuple[Any, ...] | None = None
         self._last_checked_step = None
         self._step_upper_bound = 0
         self._num_replicas: int | None = None
@@ -215,6 +216,11 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
         optimizer = getattr(self.model, "optimizer", None)
         return optimizer if getattr(optimizer, "built", False) else None
 
+    def _optimizers(self):
+        """The built optimizers the model holds: `model.optimizer`, a GAN's `d_optimizer` and `g_optimizer`."""
+        held = _step_counter.held_optimizers(self.model).values()
+        return tuple(o for o in held if getattr(o, "built", False))
+
     def _current_step(self):
         """The optimizer steps (weight updates) so far."""
         optimizer = self._optimizer()
@@ -228,8 +234,8 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
         return _step_counter.weight_updates(batches, _step_counter.accumulation_steps(optimizer))
 
     def _get_checker(self, strategy, find_variables):
-        optimizer = self._optimizer() if self.include_optimizer else None
-        if not find_variables and self._checker is not None and optimizer is self._optimizer_seen:
+        optimizer = self._optimizers() if self.include_optimizer else ()
+        if not find_variables and self._checker is not None and optimizer == self._optimizer_seen:
             return self._checker  # listing the variables walks every layer
         self._optimizer_seen = optimizer
         variables = replica_state.tracked_variables(self.model, optimizer)

@@ -16,6 +16,7 @@ import tensorflow as tf
 
 import keras_scaling
 from keras_scaling.preemption import _backup
+from keras_scaling.replica_sync.replica_sync_check import ReplicaDivergenceError
 
 pytestmark = pytest.mark.logical_cpus(2)
 
@@ -237,3 +238,18 @@ def test_tune_puts_back_every_optimizer_the_model_holds(strategy):
     assert int(gan.g_optimizer.iterations.numpy()) == 0
     for value, expected in zip(state(gan), before, strict=True):
         np.testing.assert_array_equal(value, expected)
+
+
+def test_replica_sync_check_compares_every_optimizer_the_model_holds(strategy):
+    gan = build_gan(strategy)
+    slot = gan.g_optimizer.variables[-1]  # a moment of the generator's last bias
+
+    class ChangeReplica1(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == 1:
+                copy = strategy.experimental_local_results(slot.value)[1]
+                copy.assign(copy.numpy() + 1.0)
+
+    check = keras_scaling.ReplicaSyncCheck(every_n_steps=2)
+    with pytest.raises(ReplicaDivergenceError, match=slot.path):
+        gan.fit(gan_data(strategy).take(4), callbacks=[ChangeReplica1(), check], verbose=0)
