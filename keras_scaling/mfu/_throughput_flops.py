@@ -86,6 +86,17 @@ class ModelFlops:
 
 
 _COUNTED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_OWN_TRAIN_STEP = (
+    "the model's own train_step decides what a step computes (a GAN steps two networks), "
+    "and the count would trace only model(x) and its compiled loss; "
+    "pass flops_per_sample=<your count> to ThroughputLogger"
+)
+
+
+def _has_own_train_step(model):
+    import keras
+
+    return getattr(type(model), "train_step", None) is not keras.Model.train_step
 
 
 def resolve(
@@ -104,6 +115,8 @@ def resolve(
         # per model, sample and loss, not at every fit.
         key = (repr(sample), repr(getattr(model, "loss", None)), type(model.optimizer).__name__)
         counted = _COUNTED.setdefault(model, {})
+        if key not in counted and _has_own_train_step(model):
+            counted[key] = (None, _OWN_TRAIN_STEP)
         if key not in counted:
             try:
                 counted[key] = flops_lib.count_training_flops(model, sample=sample)

@@ -156,6 +156,10 @@ def test_the_batches_of_a_model_stepping_its_own_optimizers_are_counted(strategy
     )
     assert all(epoch["steps_measured"] > 0 for epoch in record["epochs"])
     assert all(np.isfinite(history.history["samples_per_sec"]))
+    # model(x) and a compiled loss are not what this step computes: no FLOPs, and why.
+    assert record["flops_per_sample"] is None
+    assert "own train_step" in record["flops_source"]
+    assert "flops_per_sample=" in record["flops_source"]
 
 
 def test_a_resume_restores_every_optimizer_and_the_step_it_stopped_at(
