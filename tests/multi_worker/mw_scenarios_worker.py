@@ -14,7 +14,9 @@ each process seconds of CPU time, so one strategy serves, in this order:
 - `OUT_DIR/data_wrapping`: every source of `tests/workers/data_wrapping_sources.py`,
   written to DATA_DIR, read for an epoch and trained on (`mw_data_wrapping_worker.py`);
 - `OUT_DIR/tune`: `keras_scaling.tune` on both workers, then each all-reduce
-  packing it tried, trained (`mw_tune_worker.py`).
+  packing it tried, trained (`mw_tune_worker.py`);
+- `OUT_DIR/gan`: a keras.io-style GAN never stopped, and crashed and resumed
+  by `BackupAndRestore` (`mw_gan_worker.py`).
 
 Each writes what its test reads to its directory.
 """
@@ -25,13 +27,14 @@ import sys
 import mw_common
 import mw_data_wrapping_worker
 import mw_diverge_worker
+import mw_gan_worker
 import mw_resync_worker
 import mw_train_worker
 import mw_tune_worker
 
 import keras_scaling
 
-SCENARIOS = ("train", "input_timing", "diverge", "resync", "data_wrapping", "tune")
+SCENARIOS = ("train", "input_timing", "diverge", "resync", "data_wrapping", "tune", "gan")
 
 
 def main(out_dir, data_dir):
@@ -58,6 +61,7 @@ def main(out_dir, data_dir):
     mw_resync_worker.resync(strategy, directories["resync"])
     mw_data_wrapping_worker.wrap(strategy, directories["data_wrapping"], data_dir)
     mw_tune_worker.tune(strategy, directories["tune"])
+    mw_gan_worker.gan(strategy, directories["gan"])
 
 
 if __name__ == "__main__":

@@ -347,6 +347,25 @@ def test_each_packing_tune_tries_is_the_one_tensorflow_traces_and_keeps_replicas
             assert packing["packs"] == [expected], packing
 
 
+# --- a GAN that steps the optimizers it holds: counted, backed up, resumed ---
+
+
+def test_a_gan_crashed_on_both_workers_resumes_bitwise_as_if_never_stopped(scenarios):
+    workers = scenario_reports(scenarios, "gan")
+
+    for worker in workers:
+        # 8 steps per epoch on 4 replicas: crashed after step 5, saved every 2 steps.
+        assert worker["backup_step_in_epoch"] == 4, worker
+        assert worker["resumed_equals_never_stopped"], worker
+        assert worker["generator_steps"] == 16
+        assert worker["model_optimizer_steps"] == 0
+    assert workers[0]["digest"] == workers[1]["digest"]
+    record = read_json(os.path.join(scenarios[0], "gan", "logs", "throughput.json"))
+    assert record["num_replicas"] == 4
+    assert record["steps_measured"] > 0
+    assert record["samples_per_sec"] > 0
+
+
 # --- the data people already have: every source of data_wrapping_sources ----
 # Each is read for one epoch through the strategy and trained on with `fit`;
 # each test checks one property over both workers' reports.
