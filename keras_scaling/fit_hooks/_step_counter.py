@@ -29,7 +29,7 @@ def held_optimizers(model):
     """`{name: optimizer}`: `model.optimizer` as "optimizer", then the Keras optimizers held in `model`'s attributes, by name."""
     import keras
 
-    held = {"optimizer": model.optimizer}
+    held = {"optimizer": getattr(model, "optimizer", None)}
     for name, value in sorted(vars(model).items()):
         if isinstance(value, keras.optimizers.Optimizer) and all(
             value is not known for known in held.values()

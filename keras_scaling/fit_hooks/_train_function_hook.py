@@ -44,6 +44,7 @@ class TrainFunctionHook:
         if original is None or self._wrapper in _chain(original):
             return
         hook = self
+        unbuilt = unbuilt_held_optimizers(self.model)
 
         def train_function(iterator):
             if hook._wrapper is not train_function:
@@ -60,7 +61,8 @@ class TrainFunctionHook:
                 logs = original(iterator)
             except (StopIteration, tf.errors.OutOfRangeError):
                 raise  # the end of the data
-            except BaseException:
+            except BaseException as error:
+                _note_unbuilt(error, unbuilt)
                 if hook._on_error is not None:
                     hook._on_error()
                 raise
@@ -76,6 +78,28 @@ class TrainFunctionHook:
         """Stops the hook and unwraps what can be unwrapped."""
         self._wrapper = None
         _remove_detached(self.model)
+
+
+def unbuilt_held_optimizers(model):
+    """The names of the optimizers `model` holds besides `model.optimizer` that are not built."""
+    from keras_scaling.fit_hooks._step_counter import held_optimizers
+
+    held = list(held_optimizers(model).items())[1:]
+    return [name for name, optimizer in held if not optimizer.built]
+
+
+def _note_unbuilt(error, unbuilt):
+    """Names, on the error of a step that built them in its trace, the optimizers to build before `fit`."""
+    if not unbuilt or "must feed a value for placeholder" not in str(error):
+        return
+    names = " and ".join(f"model.{name}" for name in unbuilt)
+    note = (
+        f"keras_scaling: {names} {'was' if len(unbuilt) == 1 else 'were'} not built before fit, "
+        "so the step made their variables inside its trace, which fails under tf.distribute. "
+        f"Build them first, in the strategy's scope: model.{unbuilt[0]}.build(<the variables it trains>)."
+    )
+    if note not in getattr(error, "__notes__", ()):
+        error.add_note(note)
 
 
 def _chain(function):

@@ -188,3 +188,18 @@ def test_replica_sync_check_compares_every_optimizer_the_model_holds(strategy):
     check = keras_scaling.ReplicaSyncCheck(every_n_steps=2)
     with pytest.raises(ReplicaDivergenceError, match=slot.path):
         gan.fit(gan_data(strategy).take(4), callbacks=[ChangeReplica1(), check], verbose=0)
+
+
+def test_a_step_failing_on_optimizers_not_built_names_them_and_the_fix(strategy, tmp_path):
+    gan = build_gan(strategy, build_optimizers=False)
+
+    with pytest.raises(tf.errors.InvalidArgumentError) as raised:
+        gan.fit(
+            gan_data(strategy).take(2),
+            callbacks=[keras_scaling.ThroughputLogger(str(tmp_path), baseline=None)],
+            verbose=0,
+        )
+
+    (note,) = raised.value.__notes__
+    assert "model.d_optimizer and model.g_optimizer were not built before fit" in note
+    assert "model.d_optimizer.build(" in note

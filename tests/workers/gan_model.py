@@ -54,7 +54,7 @@ class GAN(keras.Model):
         return {"d_loss": d_loss, "g_loss": g_loss}
 
 
-def build_gan(strategy):
+def build_gan(strategy, build_optimizers=True):
     keras.utils.set_random_seed(0)
     with strategy.scope():
         discriminator = keras.Sequential(
@@ -66,9 +66,9 @@ def build_gan(strategy):
         )
         gan = GAN(discriminator, generator)
         gan.compile(keras.optimizers.Adam(1e-3), keras.optimizers.Adam(1e-3))
-        # Under tf.distribute an optimizer must be built before the step that uses it.
-        gan.d_optimizer.build(discriminator.trainable_variables)
-        gan.g_optimizer.build(generator.trainable_variables)
+        if build_optimizers:  # under tf.distribute, before the step that uses them
+            gan.d_optimizer.build(discriminator.trainable_variables)
+            gan.g_optimizer.build(generator.trainable_variables)
     gan.built = True  # Keras cannot build a model without call() from a batch
     return gan
 
