@@ -193,13 +193,15 @@ def test_replica_sync_check_compares_every_optimizer_the_model_holds(strategy):
 def test_a_step_failing_on_optimizers_not_built_names_them_and_the_fix(strategy, tmp_path):
     gan = build_gan(strategy, build_optimizers=False)
 
-    with pytest.raises(tf.errors.InvalidArgumentError) as raised:
+    try:
         gan.fit(
             gan_data(strategy).take(2),
             callbacks=[keras_scaling.ThroughputLogger(str(tmp_path), baseline=None)],
             verbose=0,
         )
-
-    (note,) = raised.value.__notes__
-    assert "model.d_optimizer and model.g_optimizer were not built before fit" in note
-    assert "model.d_optimizer.build(" in note
+    except tf.errors.InvalidArgumentError as error:  # Keras 3.8 to 3.15
+        (note,) = error.__notes__
+        assert "model.d_optimizer and model.g_optimizer were not built before fit" in note
+        assert "model.d_optimizer.build(" in note
+    else:  # the nightly (3.16) builds them in the step: nothing to name
+        assert int(gan.g_optimizer.iterations.numpy()) == 2
