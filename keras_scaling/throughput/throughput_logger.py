@@ -33,6 +33,31 @@ from keras_scaling.throughput.arithmetic import (
 
 __all__ = ["ThroughputLogger"]
 
+# By model and log_dir: the optimizer whose counter gave the steps of its last
+# fit in this process, the offset added to them, and the last step written.
+_steps_written: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _step_offset(model, log_dir):
+    """What a fit adds to the step counter: after a `compile` gave the model a new optimizer
+    in this process, whose counter starts again, the last step its earlier fits wrote, so
+    that the fine-tuning `fit` of transfer learning continues the chart instead of being
+    left out as steps already written; otherwise what the counter's earlier fits added."""
+    earlier = _steps_written.get(model, {}).get(log_dir)
+    if earlier is None:
+        return 0
+    optimizer, offset, last_step = earlier
+    return offset if optimizer() is model.optimizer else last_step
+
+
+def _remember_steps(model, log_dir, offset, last_step):
+    _steps_written.setdefault(model, {})[log_dir] = (
+        weakref.ref(model.optimizer),
+        offset,
+        last_step,
+    )
+
+
 logger = logging.getLogger("keras_scaling")
 
 DEFAULT_WARMUP_STEPS = 5
@@ -201,6 +226,7 @@ class ThroughputLogger(keras.callbacks.Callback):
         self._window = ThroughputWindow()
         self._fit: Any = None  # a _Fit from on_train_begin
         self._writer: Any = None  # the chief's, from its first fit
+        self._step_offset = 0  # added to the step counter in TensorBoard: see _step_offset
         self._compat_applied: list = []
         self._trace_count_undo: Callable[[], None] | None = None
         # `keras-scaling bench` sets it: advice names its options, not Python's.
@@ -252,6 +278,7 @@ class ThroughputLogger(keras.callbacks.Callback):
         fit.hook.attach()
         if info.is_chief and self._writer is None:
             self._writer = ThroughputWriter(self.log_dir, self._record)
+        self._step_offset = _step_offset(self.model, self.log_dir)
 
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         fit = self._fit
@@ -350,10 +377,11 @@ class ThroughputLogger(keras.callbacks.Callback):
             startup_time_s = point["time_s"] - fit.begin_s
             if self._startup_time_s is None:
                 self._startup_time_s = startup_time_s
-                self._write_setup(point["iterations"])
+                self._write_setup(point["iterations"] + self._step_offset)
             if self._writer is not None:
                 self._writer.scalars(
-                    point["iterations"], {"throughput/startup_time_s": startup_time_s}
+                    point["iterations"] + self._step_offset,
+                    {"throughput/startup_time_s": startup_time_s},
                 )
             warmup_steps = self.warmup_steps
             point["time_s"] = self._clock()
@@ -412,7 +440,7 @@ class ThroughputLogger(keras.callbacks.Callback):
         self._fit.epoch_stats.add(interval)
         if self._writer is not None:
             self._writer.changed()
-            self._writer.scalars(interval.end_iterations, scalars)
+            self._writer.scalars(interval.end_iterations + self._step_offset, scalars)
 
     def _epoch_steady_state(self):
         """The epoch's steady state; without an interval of its own, its first read to its last."""
@@ -539,6 +567,7 @@ class ThroughputLogger(keras.callbacks.Callback):
         fit.finished = True
         try:
             if self._writer is not None:
+                _remember_steps(self.model, self.log_dir, self._step_offset, self._writer.last_step)
                 self._writer.stop()  # may raise: a full disk, for one
         finally:
             if fit.hook is not None:

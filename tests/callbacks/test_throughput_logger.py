@@ -330,6 +330,31 @@ def test_fit_again_and_initial_epoch_continue_the_step_axis(mirrored, tmp_path):
     assert startup_steps == [1, 17, 33]
 
 
+@pytest.mark.logical_cpus(2)
+@pytest.mark.parametrize("second_logger", ["the same logger", "a new logger"])
+def test_fine_tuning_after_a_recompile_continues_the_step_axis(mirrored, tmp_path, second_logger):
+    # Transfer learning as keras.io does it: fit the head, then compile again
+    # with a new optimizer (its counter starts at 0) and fit the whole model.
+    model = _model(mirrored)
+    model.layers[0].trainable = False
+    logger = keras_scaling.ThroughputLogger(tmp_path, baseline=500, update_freq=4)
+    model.fit(_dataset(256, 32), epochs=2, verbose=0, callbacks=[logger])
+    first = _steps(tmp_path)
+    model.layers[0].trainable = True
+    with mirrored.scope():
+        model.compile(optimizer=keras.optimizers.SGD(1e-3), loss="mse")
+    if second_logger == "a new logger":
+        logger = keras_scaling.ThroughputLogger(tmp_path, baseline=500, update_freq=4)
+    model.fit(_dataset(256, 32), epochs=2, verbose=0, callbacks=[logger])
+
+    steps = _steps(tmp_path)
+    assert int(model.optimizer.iterations.numpy()) == 16
+    assert steps[: len(first)] == first and max(first) == 16
+    # The fine-tuning fit's points follow, as many as the first fit's.
+    assert steps[len(first) :] == [16 + step for step in first]
+    assert _steps(tmp_path, "throughput/startup_time_s") == [1, 17]
+
+
 class _StopAt(keras.callbacks.Callback):
     def __init__(self, epoch, batch):
         super().__init__()
