@@ -38,6 +38,12 @@ def held_optimizers(model):
     return held
 
 
+def unbuilt_held_optimizers(model):
+    """The names of the optimizers `model` holds besides `model.optimizer` that are not built."""
+    held = list(held_optimizers(model).items())[1:]
+    return [name for name, optimizer in held if not optimizer.built]
+
+
 def _batch_counter(optimizer, strategy):
     """The local variable counting the batches `optimizer` applied; None when the probe cannot reach it."""
     counting = inner_optimizers(optimizer)[-1]

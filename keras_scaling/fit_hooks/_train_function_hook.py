@@ -10,6 +10,8 @@ import threading
 
 import tensorflow as tf
 
+from keras_scaling.fit_hooks import _step_counter
+
 _HOOK = "_keras_scaling_hook"
 _ORIGINAL = "_keras_scaling_original"
 
@@ -44,7 +46,7 @@ class TrainFunctionHook:
         if original is None or self._wrapper in _chain(original):
             return
         hook = self
-        unbuilt = unbuilt_held_optimizers(self.model)
+        unbuilt = _step_counter.unbuilt_held_optimizers(self.model)
 
         def train_function(iterator):
             if hook._wrapper is not train_function:
@@ -78,14 +80,6 @@ class TrainFunctionHook:
         """Stops the hook and unwraps what can be unwrapped."""
         self._wrapper = None
         _remove_detached(self.model)
-
-
-def unbuilt_held_optimizers(model):
-    """The names of the optimizers `model` holds besides `model.optimizer` that are not built."""
-    from keras_scaling.fit_hooks._step_counter import held_optimizers
-
-    held = list(held_optimizers(model).items())[1:]
-    return [name for name, optimizer in held if not optimizer.built]
 
 
 def _note_unbuilt(error, unbuilt):

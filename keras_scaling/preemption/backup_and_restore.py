@@ -249,7 +249,7 @@ class BackupAndRestore(keras.callbacks.Callback):
                 optimizer.build(self.model.trainable_variables)
         variables, specs = self._variables()
         differences = _backup.variable_differences(header["variables"], specs)
-        unbuilt = _train_function_hook.unbuilt_held_optimizers(self.model)
+        unbuilt = _step_counter.unbuilt_held_optimizers(self.model)
         if differences and unbuilt:
             raise ValueError(
                 f"BackupAndRestore cannot restore model.{unbuilt[0]}: it is not built yet. "

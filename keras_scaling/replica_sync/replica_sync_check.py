@@ -105,7 +105,7 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
         self.log_dir = None if log_dir is None else _tensorboard.check_log_dir(log_dir)
         self.last_report: replica_state.ReplicaSyncReport | None = None
         self._checker: Any = None
-        self._optimizer_seen: tuple[Any, ...] | None = None
+        self._optimizers_seen: tuple[Any, ...] | None = None
         self._last_checked_step = None
         self._step_upper_bound = 0
         self._num_replicas: int | None = None
@@ -234,11 +234,11 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
         return _step_counter.weight_updates(batches, _step_counter.accumulation_steps(optimizer))
 
     def _get_checker(self, strategy, find_variables):
-        optimizer = self._optimizers() if self.include_optimizer else ()
-        if not find_variables and self._checker is not None and optimizer == self._optimizer_seen:
+        optimizers = self._optimizers() if self.include_optimizer else ()
+        if not find_variables and self._checker is not None and optimizers == self._optimizers_seen:
             return self._checker  # listing the variables walks every layer
-        self._optimizer_seen = optimizer
-        variables = replica_state.tracked_variables(self.model, optimizer)
+        self._optimizers_seen = optimizers
+        variables = replica_state.tracked_variables(self.model, optimizers)
         # The checker holds the variables and the strategy: their ids stay theirs.
         settings = (self.atol, self.rtol, self.per_replica_state)
         key = (tuple(id(v.variable) for v in variables), id(strategy), settings)
@@ -248,7 +248,7 @@ class ReplicaSyncCheck(keras.callbacks.Callback):
             _checkers_by_model[self.model] = (key, checker)
         if checker is not self._checker:
             self._checker = checker
-            single = _tracked_variables.single_copy_paths(self.model, optimizer)
+            single = _tracked_variables.single_copy_paths(self.model, optimizers)
             if single:
                 paths = ", ".join(single[:10]) + (", ..." if len(single) > 10 else "")
                 logger.warning(
