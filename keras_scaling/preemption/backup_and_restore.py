@@ -32,7 +32,7 @@ class BackupAndRestore(keras.callbacks.Callback):
 
     A drop-in for `keras.callbacks.BackupAndRestore`: the variables and the
     position go to `backup_dir/backup.npz`, atomically, at every epoch end,
-    every `save_every_n_steps` optimizer steps and on SIGTERM, after which
+    every `save_every_n_steps` steps and on SIGTERM, after which
     training stops and `fit` raises `SystemExit(75)` (`EXIT_PREEMPTED`) from
     `on_train_end` (later callbacks get none). The same script run again
     resumes at the saved step: exactly with `keras_scaling.data.distribute`
@@ -41,7 +41,7 @@ class BackupAndRestore(keras.callbacks.Callback):
 
     Args:
         backup_dir: str or path, where the backup lives; created when missing.
-        save_every_n_steps: int or None (default), also save every this many optimizer steps.
+        save_every_n_steps: int or None (default), also save every this many steps (batches).
         save_on_preemption: bool, default True. Save and stop on SIGTERM.
         delete_checkpoint: bool, default True. Delete the backup when training ends normally.
 
@@ -123,13 +123,14 @@ class BackupAndRestore(keras.callbacks.Callback):
         )
         self._changes.add(self._train_hook.detach)
         self._restore()
-        self._last_saved_iterations = self._batch_counter.read()
+        # Batches, not optimizer steps: a LossScaleOptimizer skips the update of a step that overflows.
+        self._batches = self._last_saved_batches = self._batch_counter.read()
         if self.save_on_preemption:
             self._watch_for_preemption(strategy)
 
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self._epoch = epoch
-        self._epoch_start_iterations = self._iterations_bound = self._batch_counter.read()
+        self._epoch_start_batches = self._batches
         self._steps_skipped = 0
         self._changes.unwatch()  # the fit is alive; Keras drops the last epoch's iterator now
         self._train_hook.before = self._see_iterator
@@ -139,6 +140,7 @@ class BackupAndRestore(keras.callbacks.Callback):
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         if self._preempted:
             return
+        self._batches = self._epoch_start_batches + self._trained_in_epoch()
         iterations = self._batch_counter.read()
         data_pass = None if self._training_data is None else self._training_data.next_pass
         self._save(_backup.Position(epoch + 1, 0, iterations, data_pass), "epoch_end")
@@ -160,9 +162,7 @@ class BackupAndRestore(keras.callbacks.Callback):
 
     def _after_execution(self):
         """After each call of the train function: a batch hook would make Keras wait for every step."""
-        # An execution trains at most steps_per_execution steps: the counter is read only once
-        # this bound passes a multiple of save_every_n_steps.
-        self._iterations_bound += self.model.steps_per_execution
+        self._batches += self.model.steps_per_execution
         if self._handler is not None:  # calls `_save_preempted` on every worker at one step
             self._handler.run(_no_step)
         elif self._signal_received.is_set() and not self._preempted:
@@ -170,11 +170,8 @@ class BackupAndRestore(keras.callbacks.Callback):
         if self._preempted:
             self.model.stop_training = True
             return
-        last, every = self._last_saved_iterations, self.save_every_n_steps
-        if _backup.save_is_due(self._iterations_bound, last, every):
-            iterations = self._batch_counter.read()
-            if _backup.save_is_due(iterations, last, every):
-                self._save(self._mid_epoch_position(iterations), "every_n_steps")
+        if _backup.save_is_due(self._batches, self._last_saved_batches, self.save_every_n_steps):
+            self._save(self._mid_epoch_position(), "every_n_steps")
 
     def _see_iterator(self, iterator):
         self._changes.watch(iterator)  # held by the fit while it runs: freed, the fit is over
@@ -194,13 +191,21 @@ class BackupAndRestore(keras.callbacks.Callback):
         variables = _training_state.training_variables(self.model)
         return variables, [_backup.variable_spec(v.path, v.shape, v.dtype) for v in variables]
 
-    def _mid_epoch_position(self, iterations):
-        step_in_epoch = self._steps_skipped + iterations - self._epoch_start_iterations
+    def _trained_in_epoch(self):
+        """The batches trained in this epoch: the epoch's last call may read fewer than
+        steps_per_execution, but no more than the epoch has left."""
+        trained = self._batches - self._epoch_start_batches
+        steps = self.params.get("steps")
+        return min(trained, steps - self._steps_skipped) if steps else trained
+
+    def _mid_epoch_position(self):
+        step_in_epoch = self._steps_skipped + self._trained_in_epoch()
         data_pass = None if self._training_data is None else self._training_data.pass_in_progress
+        iterations = self._batch_counter.read()
         return _backup.Position(self._epoch, step_in_epoch, iterations, data_pass)
 
     def _save(self, position, reason):
-        self._last_saved_iterations = position.iterations
+        self._last_saved_batches = self._batches
         if not self._is_chief:
             return
         variables, specs = self._variables()
@@ -216,14 +221,13 @@ class BackupAndRestore(keras.callbacks.Callback):
         _backup.write(self.backup_dir, values=values, specs=specs, header=header)
 
     def _save_preempted(self):
-        iterations = self._batch_counter.read()
-        position = self._mid_epoch_position(iterations)
+        position = self._mid_epoch_position()
         steps_per_epoch = self.params.get("steps")
         if steps_per_epoch and position.step_in_epoch >= steps_per_epoch:
             self._signal_received.set()  # the epoch's end saves, then training stops
             return
         self._save(position, "preemption")
-        self._announce_preemption(iterations)
+        self._announce_preemption(position.iterations)
 
     def _announce_preemption(self, iterations):
         self._preempted = True
