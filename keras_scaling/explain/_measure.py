@@ -227,6 +227,7 @@ def measure(model, dataset, strategy, *, steps, rounds, amortized=None, pipeline
         "device_kind": device_kind,
         "host_cpu_replicas": device_kind == "CPU" and local_replicas > 1,
         "cpu_cores": (os.cpu_count() or 1) if device_kind == "CPU" else None,
+        "compute_dtype": model.dtype_policy.compute_dtype,
         "per_replica_batch_size": per_replica_batch_size,
         "global_batch_size": global_batch_size,
         "steps_per_execution": steps_per_execution,

@@ -53,6 +53,7 @@ def explanation(measurements, *, mfu=None, mfu_reason=None, efficient_per_replic
         per_replica_batch_size=measurements["per_replica_batch_size"],
         host_cpu_replicas=host_cpu_replicas,
         cpu_cores=measurements.get("cpu_cores"),
+        compute_dtype=measurements.get("compute_dtype"),
     )
     result = dataclasses.replace(result, notes=tuple(measurements.get("notes", ())) + result.notes)
     advised = _split.advised_steps_per_execution(split)
@@ -94,6 +95,7 @@ def explanation(measurements, *, mfu=None, mfu_reason=None, efficient_per_replic
         "mfu_reason": mfu_reason,
         "host_cpu_replicas": host_cpu_replicas,
         "cpu_cores": measurements.get("cpu_cores"),
+        "compute_dtype": measurements.get("compute_dtype"),
         "verdict": {**dataclasses.asdict(result), "notes": list(result.notes)},
         "variants": {name: timing.to_json() for name, timing in timings.items()},
     }

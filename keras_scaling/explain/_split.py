@@ -220,6 +220,7 @@ def verdict(
     per_replica_batch_size=None,
     host_cpu_replicas=False,
     cpu_cores=None,
+    compute_dtype=None,
 ):
     """The `Verdict` of a `Split`: the part with the largest `saved_s`, how sure (its margin over the next against their noise), and notes."""
     ranked = sorted(split.parts, key=lambda part: (part.saved_s, part.time_s), reverse=True)
@@ -249,6 +250,8 @@ def verdict(
         if mfu is not None:
             utilization = f"MFU {mfu * 100:.0f}%"
             hint = "; mixed precision would help" if mfu < 0.5 else "; the devices are well used"
+        if compute_dtype in ("float16", "bfloat16") and (mfu is None or mfu < 0.5):
+            hint = f"; it computes in {compute_dtype} already"
         text = f"compute-bound: the model's own arithmetic is {share} of the step (good): {utilization}{hint}."
     rates_note = _rates_note(first.name, pipeline_samples_per_sec, training_samples_per_sec)
     notes = [note for note in (doubt, contradiction, rates_note) if note]

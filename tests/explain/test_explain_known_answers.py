@@ -90,6 +90,8 @@ def test_large_matmul_on_a_resident_batch_is_compute_bound(one_device):
     result = _explain(model, _resident(256, 512), one_device)
     assert result.verdict.bound == "compute", str(result)
     assert "compute-bound" in result.verdict.text
+    assert result.record["compute_dtype"] == "float32"
+    assert "mixed precision would help" in result.verdict.text
 
 
 def test_tiny_model_at_one_step_per_call_is_host_bound_and_the_advised_value_lowers_the_host_time(

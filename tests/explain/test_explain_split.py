@@ -200,6 +200,15 @@ def test_largest_part_compute_is_good_and_gives_mfu():
     assert "MFU 41%; mixed precision would help" in verdict.text
 
 
+@pytest.mark.parametrize("mfu", [None, 0.41])
+def test_a_compute_bound_model_in_mixed_precision_is_not_advised_mixed_precision(mfu):
+    split = _split_of(real=10, resident=10, amortized=9.8, one_replica=9.7, k=64)
+    verdict = _verdict(split, mfu=mfu, compute_dtype="float16")
+    assert verdict.bound == "compute"
+    assert "mixed precision" not in verdict.text
+    assert "it computes in float16 already" in verdict.text
+
+
 def test_parts_within_noise_make_the_verdict_uncertain_and_name_both():
     split = _split_of(real=10, resident=5.2, amortized=4.8, one_replica=4.8, noise=1.0)
     verdict = _verdict(split)
