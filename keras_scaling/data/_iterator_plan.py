@@ -5,7 +5,7 @@ import logging
 import tensorflow as tf
 
 from keras_scaling import _validation
-from keras_scaling.internals import _tf_data
+from keras_scaling.internals import _tf_data, _tf_data_batching
 
 logger = logging.getLogger("keras_scaling")
 
@@ -16,8 +16,8 @@ class GlobalBatchSizeUnknown(ValueError):
 
 def global_batch_size(given, iterator, element_spec, num_replicas):
     """Samples per step over all replicas: `given` (warns if the static batches disagree), else
-    the plan behind `iterator`, else the static batch in `element_spec` times `num_replicas`;
-    `GlobalBatchSizeUnknown` when nothing tells it."""
+    the plan behind `iterator`, else the static batch in `element_spec` times `num_replicas`, else
+    the size of the `.batch()` behind `iterator`; `GlobalBatchSizeUnknown` when nothing tells it."""
     from keras_scaling import data
 
     specs = tf.nest.flatten(element_spec, expand_composites=True)
@@ -31,6 +31,9 @@ def global_batch_size(given, iterator, element_spec, num_replicas):
     plan = None if given is not None else data.plan_of(distributed_dataset(iterator))
     size = given if plan is None else plan.global_batch_size
     size = static if size is None else size
+    if size is None:
+        dataset = _tf_data.dataset_of_iterator(iterator)
+        size = None if dataset is None else _tf_data_batching.distributed_batch_size(dataset)
     if size is None:
         raise GlobalBatchSizeUnknown(
             f"ThroughputLogger cannot tell the global batch size: the training data's batch dimension is not static (element_spec: {element_spec}). Pass ThroughputLogger(global_batch_size=<samples per step over all replicas>), or batch with drop_remainder=True (as keras_scaling.data.distribute does)."

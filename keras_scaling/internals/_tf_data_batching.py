@@ -34,6 +34,10 @@ _ONE_TO_ONE_DATASETS = set(
     "_MemoryCacheDataset _ShuffleDataset _AssertCardinalityDataset".split()
 )
 _MAP_DATASETS = {"_MapDataset", "_ParallelMapDataset"}
+# What tf.distribute puts around a dataset whose batches are not static: each step reads one of them.
+_DISTRIBUTE_WRAPPERS = set(
+    "_AutoShardDataset _PrefetchDataset _LegacyRebatchDataset _RestructuredDataset".split()
+)
 
 
 @_probes.guarded(
@@ -111,6 +115,17 @@ def batch_node(dataset):
         one_batch_per_element=one_to_one,
         reshapes_samples=reshapes,
     )
+
+
+def distributed_batch_size(dataset):
+    """The size of the batches behind tf.distribute's `dataset`, each step one of them (the last may be
+    smaller): a `.batch()` or `.padded_batch()` followed only by steps that keep one element per batch; or None."""
+    node = _dataset_node(dataset)
+    while node is not None and node[0] in _DISTRIBUTE_WRAPPERS and len(node[1]) == 1:
+        dataset = node[1][0]
+        node = _dataset_node(dataset)
+    batch = None if node is None else batch_node(dataset)
+    return batch.batch_size if batch is not None and batch.one_batch_per_element else None
 
 
 @_probes.guarded(

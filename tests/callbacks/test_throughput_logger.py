@@ -479,9 +479,26 @@ def test_measure_baseline_leaves_training_as_it_would_be(
 
 
 @pytest.mark.logical_cpus(2)
-def test_dynamic_batch_size_needs_global_batch_size(mirrored, tmp_path, caplog):
+def test_the_global_batch_of_a_batch_without_drop_remainder_is_its_size(mirrored, tmp_path):
+    # keras.io's form, as image_dataset_from_directory builds it: 200 = 6 x 32 + 8.
+    dataset = _dataset(200, 32, drop_remainder=False).map(lambda x, y: (2 * x, y))
+    dataset = dataset.prefetch(tf.data.AUTOTUNE)
+    assert dataset.element_spec[0].shape[0] is None
+    logger = keras_scaling.ThroughputLogger(tmp_path, baseline=None, update_freq=1, warmup_steps=0)
+    _model(mirrored).fit(dataset, epochs=2, verbose=0, callbacks=[logger])
+    record = _json(tmp_path)
+    assert (record["global_batch_size"], record["per_replica_batch_size"]) == (32, 16)
+    assert record["steps_measured"] > 0
+    assert record["samples_per_sec"] == pytest.approx(record["steps_per_sec"] * 32)
+
+
+@pytest.mark.logical_cpus(2)
+def test_batches_of_no_known_size_need_global_batch_size(mirrored, tmp_path, caplog):
     model = _model(mirrored)
-    dataset = _dataset(96, 32, drop_remainder=False)
+    # A step after the batch that may change how many batches there are (flat_map): no size.
+    dataset = _dataset(96, 32, drop_remainder=False).flat_map(
+        lambda x, y: tf.data.Dataset.from_tensors((x, y))
+    )
     unknown_dir = tmp_path / "unknown"
     history = model.fit(
         dataset,
