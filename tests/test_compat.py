@@ -6,12 +6,19 @@ import os
 import subprocess
 import sys
 
+import keras
 import pytest
 
 from keras_scaling import compat
 from keras_scaling.compat import _keras_trainer
 
-FIX_NAMES = ("steps_per_execution", "symbolic_build", "scalar_reduce", "multi_worker_epoch")
+FIX_NAMES = (
+    "steps_per_execution",
+    "symbolic_build",
+    "scalar_reduce",
+    "multi_worker_epoch",
+    "loss_scale_finite",
+)
 SUBPROCESS_TIMEOUT_S = 120
 
 
@@ -23,6 +30,7 @@ def keras_originals():
         "_maybe_symbolic_build": trainer["_maybe_symbolic_build"],
         "reduce_per_replica": module.reduce_per_replica,
         "TFEpochIterator.__init__": module.TFEpochIterator.__dict__["__init__"],
+        "check_finite": keras.optimizers.LossScaleOptimizer.__dict__["check_finite"],
     }
 
 
@@ -64,6 +72,7 @@ def test_status_lists_every_fix_with_its_upstream_issue():
     assert status["symbolic_build"].issue == "keras-team/keras#20585"
     assert status["scalar_reduce"].issue == "tensorflow/tensorflow#72388"
     assert status["multi_worker_epoch"].issue == "no upstream issue"
+    assert status["loss_scale_finite"].issue == "no upstream issue"
     text = str(status)
     for name in FIX_NAMES:
         assert name in text
@@ -113,7 +122,12 @@ def test_disable_one_fix_leaves_the_others_active():
 
     status = compat.disable("scalar_reduce")
 
-    assert status.active == ("steps_per_execution", "symbolic_build", "multi_worker_epoch")
+    assert status.active == (
+        "steps_per_execution",
+        "symbolic_build",
+        "multi_worker_epoch",
+        "loss_scale_finite",
+    )
     assert "turned off by disable()" in status["scalar_reduce"].why
 
 
@@ -186,13 +200,15 @@ NO_COMPAT_CODE = """
 import json
 from keras_scaling import compat
 from keras_scaling.compat import _keras_trainer
+import keras
 import keras_scaling
 def functions():
     trainer, module = _keras_trainer.trainer_class(), _keras_trainer.trainer_module()
     return (trainer.__dict__["_make_function"],
             trainer.__dict__["_maybe_symbolic_build"],
             module.reduce_per_replica,
-            module.TFEpochIterator.__dict__["__init__"])
+            module.TFEpochIterator.__dict__["__init__"],
+            keras.optimizers.LossScaleOptimizer.__dict__["check_finite"])
 before = functions()
 strategy = keras_scaling.auto_strategy()
 compat.enable_for(strategy)

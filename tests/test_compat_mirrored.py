@@ -223,3 +223,69 @@ def test_keras_still_needs_the_steps_per_execution_fix():
         compat.enable()
     # The failed call leaves the strategy usable for the next fit.
     make_model(strategy, 4).fit(x, y, batch_size=GLOBAL_BATCH_SIZE, epochs=1, verbose=0)
+
+
+def mixed_precision_model(strategy):
+    """A `mixed_float16` layer and Keras' `LossScaleOptimizer` at its default scale, 2**15."""
+    constant = keras.initializers.Constant
+    with strategy.scope():
+        model = keras.Sequential(
+            [
+                keras.Input((6,)),
+                keras.layers.Dense(
+                    8, activation="relu", dtype="mixed_float16", kernel_initializer=constant(0.1)
+                ),
+                keras.layers.Dense(1, dtype="float32", kernel_initializer=constant(0.2)),
+            ]
+        )
+        optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.01))
+        model.compile(optimizer=optimizer, loss="mse")
+    return model
+
+
+def overflowing_on_the_second_replica():
+    """The data, with samples whose float16 gradients overflow in the second half of the first batch."""
+    x, y = make_data()
+    x[GLOBAL_BATCH_SIZE // 2 : GLOBAL_BATCH_SIZE] *= 1000
+    return x, y
+
+
+def replica_copies(model, strategy):
+    return [
+        [copy.numpy() for copy in strategy.experimental_local_results(variable.value)]
+        for variable in model.variables
+    ]
+
+
+@pytest.mark.logical_cpus(2)
+def test_a_step_that_overflows_on_the_second_replica_only_is_skipped():
+    strategy = mirrored_strategy(2)
+    model = mixed_precision_model(strategy)
+    x, y = overflowing_on_the_second_replica()
+    model.fit(x, y, batch_size=GLOBAL_BATCH_SIZE, epochs=1, shuffle=False, verbose=0)
+
+    # The first step updated nothing and halved the scale; the other 11 trained.
+    assert int(model.optimizer.iterations.numpy()) == STEPS_PER_EPOCH - 1
+    assert float(model.optimizer.dynamic_scale.numpy()) == 2.0**14
+    for first, *others in replica_copies(model, strategy):
+        assert np.isfinite(first).all()
+        for other in others:
+            np.testing.assert_array_equal(other, first)
+
+
+@pytest.mark.logical_cpus(2)
+def test_keras_still_needs_the_loss_scale_finite_fix():
+    strategy = mirrored_strategy(2)
+    x, y = overflowing_on_the_second_replica()
+    compat.disable("loss_scale_finite")
+    try:
+        model = mixed_precision_model(strategy)
+        model.fit(x[:GLOBAL_BATCH_SIZE], y[:GLOBAL_BATCH_SIZE], epochs=1, shuffle=False, verbose=0)
+        if all(np.isfinite(weights).all() for weights in model.get_weights()):
+            pytest.fail(
+                f"Keras {keras.__version__} no longer applies a step whose gradients overflowed "
+                "on the second replica only: the loss_scale_finite fix can be dropped"
+            )
+        assert int(model.optimizer.iterations.numpy()) == 1  # applied, not skipped
+    finally:
+        compat.enable()

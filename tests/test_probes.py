@@ -38,6 +38,7 @@ PROBES_TESTED_IN = {
     "compat.symbolic_build": "test_probes_mirrored",
     "compat.scalar_reduce": "test_probes_mirrored",
     "compat.multi_worker_epoch": "test_probes_mirrored",
+    "compat.loss_scale_finite": "test_probes_mirrored",
     "tf.collective_local_devices": "test_probes",
     "tf.data.batching_transformation": "test_probes",
     "tf.data.batch_node": "test_probes",

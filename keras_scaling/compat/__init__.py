@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from keras_scaling.compat import (
     _keras_source,
     _keras_trainer,
+    _loss_scale_finite,
     _multi_worker_epoch,
     _scalar_reduce,
     _steps_per_execution,
@@ -37,7 +38,13 @@ logger = logging.getLogger("keras_scaling")
 
 NO_COMPAT_ENV = "KERAS_SCALING_NO_COMPAT"
 
-_FIXES = (_steps_per_execution, _symbolic_build, _scalar_reduce, _multi_worker_epoch)
+_FIXES = (
+    _steps_per_execution,
+    _symbolic_build,
+    _scalar_reduce,
+    _multi_worker_epoch,
+    _loss_scale_finite,
+)
 _FIX_NAMES = tuple(fix.NAME for fix in _FIXES)
 _lock = threading.RLock()
 # name -> (owner, attribute, original, replacement)
@@ -225,7 +232,7 @@ def disable(name: str | None = None) -> CompatStatus:
 
     Args:
         name: the fix to turn off (`"steps_per_execution"`, `"symbolic_build"`,
-            `"scalar_reduce"`, `"multi_worker_epoch"`), or None for all.
+            `"scalar_reduce"`, `"multi_worker_epoch"`, `"loss_scale_finite"`), or None for all.
 
     Returns:
         The `CompatStatus` after disabling.

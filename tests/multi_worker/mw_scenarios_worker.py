@@ -16,7 +16,9 @@ each process seconds of CPU time, so one strategy serves, in this order:
 - `OUT_DIR/tune`: `keras_scaling.tune` on both workers, then each all-reduce
   packing it tried, trained (`mw_tune_worker.py`);
 - `OUT_DIR/gan`: a keras.io-style GAN never stopped, and crashed and resumed
-  by `BackupAndRestore` (`mw_gan_worker.py`).
+  by `BackupAndRestore` (`mw_gan_worker.py`);
+- `OUT_DIR/loss_scale`: mixed precision whose first step overflows on the last
+  replica only (`mw_loss_scale_worker.py`).
 
 Each writes what its test reads to its directory.
 """
@@ -28,13 +30,23 @@ import mw_common
 import mw_data_wrapping_worker
 import mw_diverge_worker
 import mw_gan_worker
+import mw_loss_scale_worker
 import mw_resync_worker
 import mw_train_worker
 import mw_tune_worker
 
 import keras_scaling
 
-SCENARIOS = ("train", "input_timing", "diverge", "resync", "data_wrapping", "tune", "gan")
+SCENARIOS = (
+    "train",
+    "input_timing",
+    "diverge",
+    "resync",
+    "data_wrapping",
+    "tune",
+    "gan",
+    "loss_scale",
+)
 
 
 def main(out_dir, data_dir):
@@ -62,6 +74,7 @@ def main(out_dir, data_dir):
     mw_data_wrapping_worker.wrap(strategy, directories["data_wrapping"], data_dir)
     mw_tune_worker.tune(strategy, directories["tune"])
     mw_gan_worker.gan(strategy, directories["gan"])
+    mw_loss_scale_worker.loss_scale(strategy, directories["loss_scale"])
 
 
 if __name__ == "__main__":

@@ -366,6 +366,20 @@ def test_a_gan_crashed_on_both_workers_resumes_bitwise_as_if_never_stopped(scena
     assert record["samples_per_sec"] > 0
 
 
+# --- mixed precision: a step that overflows on one replica of one worker ---
+
+
+def test_a_step_that_overflows_on_one_replica_of_worker_1_is_skipped_on_every_replica(scenarios):
+    workers = scenario_reports(scenarios, "loss_scale")
+
+    for worker in workers:
+        # 6 steps: the first updated nothing and halved the scale.
+        assert worker["updates"] == 5, worker
+        assert worker["loss_scale"] == 2.0**14, worker
+        assert worker["finite"] and worker["replicas_equal"], worker
+    assert workers[0]["digest"] == workers[1]["digest"]
+
+
 # --- the data people already have: every source of data_wrapping_sources ----
 # Each is read for one epoch through the strategy and trained on with `fit`;
 # each test checks one property over both workers' reports.
