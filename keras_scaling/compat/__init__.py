@@ -1,5 +1,5 @@
-"""Fixes for Keras 3 defects of `model.fit` under `tf.distribute`, each replacing one function
-of Keras' TensorFlow trainer when the installed Keras has the defect (see the compat guide).
+"""Fixes for Keras 3 defects of `model.fit` under `tf.distribute`, each replacing one function of
+Keras (its TensorFlow trainer's, or LossScaleOptimizer's) when the installed Keras has the defect.
 """
 
 import dataclasses
