@@ -265,7 +265,7 @@ def test_a_step_that_overflows_on_the_second_replica_only_is_skipped():
     model.fit(x, y, batch_size=GLOBAL_BATCH_SIZE, epochs=1, shuffle=False, verbose=0)
 
     # The first step updated nothing and halved the scale; the other 11 trained.
-    assert int(model.optimizer.iterations.numpy()) == STEPS_PER_EPOCH - 1
+    assert int(model.optimizer.inner_optimizer.iterations.numpy()) == STEPS_PER_EPOCH - 1
     assert float(model.optimizer.dynamic_scale.numpy()) == 2.0**14
     for first, *others in replica_copies(model, strategy):
         assert np.isfinite(first).all()
@@ -286,6 +286,6 @@ def test_keras_still_needs_the_loss_scale_finite_fix():
                 f"Keras {keras.__version__} no longer applies a step whose gradients overflowed "
                 "on the second replica only: the loss_scale_finite fix can be dropped"
             )
-        assert int(model.optimizer.iterations.numpy()) == 1  # applied, not skipped
+        assert int(model.optimizer.inner_optimizer.iterations.numpy()) == 1  # applied, not skipped
     finally:
         compat.enable()

@@ -46,7 +46,7 @@ def loss_scale(strategy, out_dir):
     mw_common.write_json(
         os.path.join(out_dir, f"worker{index}.json"),
         {
-            "updates": int(model.optimizer.iterations.numpy()),
+            "updates": int(model.optimizer.inner_optimizer.iterations.numpy()),
             "loss_scale": float(model.optimizer.dynamic_scale.numpy()),
             "finite": all(bool(np.isfinite(c).all()) for local in copies for c in local),
             "replicas_equal": all(np.array_equal(c, local[0]) for local in copies for c in local),
