@@ -247,8 +247,10 @@ def test_batch_size_given_overrides_the_datas_own_batch():
     assert not any("taken from the data's own batch" in note for note in plan.notes)
 
 
-def test_batched_count_comes_from_the_elements_before_the_batch():
-    batched = tf.data.Dataset.range(50).map(lambda i: (i, i)).batch(8).prefetch(2)
+@pytest.mark.parametrize("cached", [False, True], ids=["prefetched", "cached"])
+def test_batched_count_comes_from_the_elements_before_the_batch(cached):
+    batched = tf.data.Dataset.range(50).map(lambda i: (i, i)).batch(8)
+    batched = (batched.cache() if cached else batched).prefetch(2)
     plan = data.describe(batched)
     assert plan.num_examples == 50
     assert any("50 elements before .batch()" in note for note in plan.notes)

@@ -30,8 +30,8 @@ RESHAPING_BATCHES = set(
 _READABLE_BATCHES = {"_BatchDataset", "_ParallelBatchDataset", "_PaddedBatchDataset"}
 # Between a batch and the dataset returned, these keep one element per batch.
 _ONE_TO_ONE_DATASETS = set(
-    "_PrefetchDataset _MapDataset _ParallelMapDataset _OptionsDataset _CacheDataset "
-    "_MemoryCacheDataset _ShuffleDataset _AssertCardinalityDataset".split()
+    "_PrefetchDataset _MapDataset _ParallelMapDataset _OptionsDataset CacheDataset "
+    "_ShuffleDataset _AssertCardinalityDataset".split()
 )
 _MAP_DATASETS = {"_MapDataset", "_ParallelMapDataset"}
 # What tf.distribute puts around a dataset whose batches are not static: each step reads one of them.
