@@ -36,7 +36,7 @@ _ONE_TO_ONE_DATASETS = set(
 _MAP_DATASETS = {"_MapDataset", "_ParallelMapDataset"}
 # What tf.distribute puts around a dataset whose batches are not static: each step reads one of them.
 _DISTRIBUTE_WRAPPERS = set(
-    "_AutoShardDataset _PrefetchDataset _LegacyRebatchDataset _RestructuredDataset".split()
+    "_AutoShardDataset _PrefetchDataset _RebatchDataset _LegacyRebatchDataset _RestructuredDataset".split()
 )
 
 

@@ -479,10 +479,15 @@ def test_measure_baseline_leaves_training_as_it_would_be(
 
 
 @pytest.mark.logical_cpus(2)
-def test_the_global_batch_of_a_batch_without_drop_remainder_is_its_size(mirrored, tmp_path):
-    # keras.io's form, as image_dataset_from_directory builds it: 200 = 6 x 32 + 8.
-    dataset = _dataset(200, 32, drop_remainder=False).map(lambda x, y: (2 * x, y))
-    dataset = dataset.cache().prefetch(tf.data.AUTOTUNE)
+@pytest.mark.parametrize("steps_after", [False, True], ids=["batch", "batch_map_cache_prefetch"])
+def test_the_global_batch_of_a_batch_without_drop_remainder_is_its_size(
+    mirrored, tmp_path, steps_after
+):
+    # keras.io's forms, the second as image_dataset_from_directory builds it: 200 = 6 x 32 + 8.
+    # tf.distribute splits the first with its rebatch of known sizes, the second with its legacy one.
+    dataset = _dataset(200, 32, drop_remainder=False)
+    if steps_after:
+        dataset = dataset.map(lambda x, y: (2 * x, y)).cache().prefetch(tf.data.AUTOTUNE)
     assert dataset.element_spec[0].shape[0] is None
     logger = keras_scaling.ThroughputLogger(tmp_path, baseline=None, update_freq=1, warmup_steps=0)
     _model(mirrored).fit(dataset, epochs=2, verbose=0, callbacks=[logger])
