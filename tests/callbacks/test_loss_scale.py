@@ -76,6 +76,7 @@ def test_a_resume_after_skipped_updates_continues_at_the_batch_it_stopped_at(str
     # The scenario: some of the first epoch's steps updated nothing.
     assert 0 < updates < EPOCHS * STEPS_PER_EPOCH
     assert float(never_stopped.optimizer.dynamic_scale.numpy()) < 2.0**15
+    assert all(np.isfinite(value).all() for value in state(never_stopped))
 
     backup_dir = str(tmp_path)
     crashed = build(strategy)
