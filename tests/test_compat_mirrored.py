@@ -8,6 +8,8 @@ bitwise.
 """
 
 import functools
+import os
+import sys
 
 import keras
 import numpy as np
@@ -15,6 +17,9 @@ import pytest
 import tensorflow as tf
 
 from keras_scaling import compat, data
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "workers"))
+import overflowing_model  # noqa: E402
 
 REPLICAS = [
     pytest.param(2, marks=pytest.mark.logical_cpus(2), id="2replicas"),
@@ -225,29 +230,9 @@ def test_keras_still_needs_the_steps_per_execution_fix():
     make_model(strategy, 4).fit(x, y, batch_size=GLOBAL_BATCH_SIZE, epochs=1, verbose=0)
 
 
-def mixed_precision_model(strategy):
-    """A `mixed_float16` layer and Keras' `LossScaleOptimizer` at its default scale, 2**15."""
-    constant = keras.initializers.Constant
-    with strategy.scope():
-        model = keras.Sequential(
-            [
-                keras.Input((6,)),
-                keras.layers.Dense(
-                    8, activation="relu", dtype="mixed_float16", kernel_initializer=constant(0.1)
-                ),
-                keras.layers.Dense(1, dtype="float32", kernel_initializer=constant(0.2)),
-            ]
-        )
-        optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.01))
-        model.compile(optimizer=optimizer, loss="mse")
-    return model
-
-
 def overflowing_on_the_second_replica():
-    """The data, with samples whose float16 gradients overflow in the second half of the first batch."""
-    x, y = make_data()
-    x[GLOBAL_BATCH_SIZE // 2 : GLOBAL_BATCH_SIZE] *= 1000
-    return x, y
+    """The second replica's half of the first batch overflows."""
+    return overflowing_model.data(NUM_SAMPLES, GLOBAL_BATCH_SIZE, GLOBAL_BATCH_SIZE // 2)
 
 
 def replica_copies(model, strategy):
@@ -260,7 +245,7 @@ def replica_copies(model, strategy):
 @pytest.mark.logical_cpus(2)
 def test_a_step_that_overflows_on_the_second_replica_only_is_skipped():
     strategy = mirrored_strategy(2)
-    model = mixed_precision_model(strategy)
+    model = overflowing_model.build(strategy)
     x, y = overflowing_on_the_second_replica()
     model.fit(x, y, batch_size=GLOBAL_BATCH_SIZE, epochs=1, shuffle=False, verbose=0)
 
@@ -279,7 +264,7 @@ def test_keras_still_needs_the_loss_scale_finite_fix():
     x, y = overflowing_on_the_second_replica()
     compat.disable("loss_scale_finite")
     try:
-        model = mixed_precision_model(strategy)
+        model = overflowing_model.build(strategy)
         model.fit(x[:GLOBAL_BATCH_SIZE], y[:GLOBAL_BATCH_SIZE], epochs=1, shuffle=False, verbose=0)
         if all(np.isfinite(weights).all() for weights in model.get_weights()):
             pytest.fail(

@@ -1,19 +1,23 @@
 """Worker of the mixed precision scenario on 2 workers: an overflow on the last replica only.
 
-A `mixed_float16` layer and Keras' `LossScaleOptimizer` (scale 2**15) train one
-epoch of 6 steps of 16 samples, in order; the first batch's last 4 samples,
-the last replica's share on worker 1, are 1000 times larger, so only that
-replica's gradients overflow at the first step. Writes `worker{i}.json`.
+`tests/workers/overflowing_model.py` trains one epoch of 6 steps of 16 samples,
+in order; only the last replica's gradients overflow at the first step.
+Writes `worker{i}.json`.
 """
 
 import hashlib
 import os
+import sys
 
-import keras
 import mw_common
 import numpy as np
 
 import keras_scaling
+
+sys.path.insert(
+    0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "workers")
+)
+import overflowing_model  # noqa: E402
 
 GLOBAL_BATCH_SIZE = 16
 NUM_SAMPLES = 96
@@ -21,23 +25,9 @@ NUM_SAMPLES = 96
 
 def loss_scale(strategy, out_dir):
     index = keras_scaling.describe_strategy(strategy).worker_index
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(NUM_SAMPLES, 6)).astype("float32")
-    y = (x @ rng.normal(size=(6, 1)) + 0.1).astype("float32")
-    x[GLOBAL_BATCH_SIZE * 3 // 4 : GLOBAL_BATCH_SIZE] *= 1000
-    constant = keras.initializers.Constant
-    with strategy.scope():
-        model = keras.Sequential(
-            [
-                keras.Input((6,)),
-                keras.layers.Dense(
-                    8, activation="relu", dtype="mixed_float16", kernel_initializer=constant(0.1)
-                ),
-                keras.layers.Dense(1, dtype="float32", kernel_initializer=constant(0.2)),
-            ]
-        )
-        optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.01))
-        model.compile(optimizer=optimizer, loss="mse")
+    # The first batch's last 4 samples: the last replica's share, on worker 1.
+    x, y = overflowing_model.data(NUM_SAMPLES, GLOBAL_BATCH_SIZE, GLOBAL_BATCH_SIZE * 3 // 4)
+    model = overflowing_model.build(strategy)
     data = keras_scaling.data.distribute(
         (x, y), strategy=strategy, global_batch_size=GLOBAL_BATCH_SIZE, shuffle=False
     )
