@@ -100,8 +100,10 @@ def test_a_model_that_cannot_be_built_exits_2_naming_it(tmp_path, monkeypatch, c
 def test_under_launch_every_worker_searches_in_step_and_the_chief_writes(tmp_path):
     (tmp_path / "sleeping_models.py").write_text(_SLEEPING_MODELS.read_text())
     log_dir = tmp_path / "tune"
+    # Beside the other sessions of `make test`, the start alone once took 22 s of a budget of 40.
+    budget_s = 60
     tune = [sys.executable, "-m", "keras_scaling", "tune", "--model", "sleeping_models:build",
-            "--per-replica-batch", "16", "--budget", "40", "--logdir", str(log_dir)]  # fmt: skip
+            "--per-replica-batch", "16", "--budget", str(budget_s), "--logdir", str(log_dir)]  # fmt: skip
     launch = [sys.executable, "-m", "keras_scaling", "launch", "--workers", "2", "--cpu-devices", "1"]  # fmt: skip
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
     result = subprocess.run(
@@ -110,7 +112,7 @@ def test_under_launch_every_worker_searches_in_step_and_the_chief_writes(tmp_pat
     assert result.returncode == 0, result.stderr[-3000:]
     record = json.loads((log_dir / "tune.json").read_text())
     assert (record["workers"], record["replicas"]) == (2, 2)
-    assert record["elapsed_s"] <= 40 * 1.2
+    assert record["elapsed_s"] <= budget_s * 1.2
     reasons = {trial["knob"]: trial["reason"] for trial in record["trials"]}
     assert "bytes_per_pack" in reasons
     assert "across workers the search tries communication" in reasons["cross_device_ops"]
