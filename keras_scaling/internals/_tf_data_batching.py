@@ -33,6 +33,10 @@ _ONE_TO_ONE_DATASETS = set(
     "_PrefetchDataset _MapDataset _ParallelMapDataset _OptionsDataset CacheDataset "
     "_ShuffleDataset _AssertCardinalityDataset".split()
 )
+# After a batch, these keep each element one batch, though not always one element per batch.
+_KEEPING_BATCHES = _ONE_TO_ONE_DATASETS | set(
+    "_RepeatDataset _TakeDataset _SkipDataset _FilterDataset _ShardDataset".split()
+)
 _MAP_DATASETS = {"_MapDataset", "_ParallelMapDataset"}
 # What tf.distribute puts around a dataset whose batches are not static: each step reads one of them.
 _DISTRIBUTE_WRAPPERS = set(
@@ -118,14 +122,35 @@ def batch_node(dataset):
 
 
 def distributed_batch_size(dataset):
-    """The size of the batches behind tf.distribute's `dataset`, each step one of them (the last may be
-    smaller): a `.batch()` or `.padded_batch()` followed only by steps that keep one element per batch; or None."""
+    """The size of the batches each step of tf.distribute's `dataset` reads (an epoch's last may be smaller),
+    through the steps that keep each element a batch: a `.batch()` or `.padded_batch()`'s, or the index
+    batches' of Keras' array adapter (`fit(x, y, batch_size=...)`); or None."""
     node = _dataset_node(dataset)
-    while node is not None and node[0] in _DISTRIBUTE_WRAPPERS and len(node[1]) == 1:
-        dataset = node[1][0]
-        node = _dataset_node(dataset)
-    batch = None if node is None else batch_node(dataset)
-    return batch.batch_size if batch is not None and batch.one_batch_per_element else None
+    for walked in (_DISTRIBUTE_WRAPPERS, _KEEPING_BATCHES):
+        while node is not None and node[0] in walked and len(node[1]) == 1:
+            dataset = node[1][0]
+            node = _dataset_node(dataset)
+    if node is not None and node[0] in _READABLE_BATCHES:
+        fields = _batch_fields(dataset)
+        return None if fields is None or fields[0] is None else int(fields[0])
+    if node is not None and node[0] == "_ZipDataset" and len(node[1]) == 2:
+        return _array_adapter_batch_size(*node[1])
+    return None
+
+
+def _array_adapter_batch_size(indices, arrays):
+    """Keras' array adapter zips batches of indices with its arrays, repeated: the first index batch's
+    length, a full batch (a partial one comes last)."""
+    spec = indices.element_spec
+    if not isinstance(spec, tf.TensorSpec) or spec.shape.rank != 1 or not spec.dtype.is_integer:
+        return None
+    if _dataset_node(arrays) is None or _dataset_node(arrays)[0] != "_RepeatDataset":
+        return None
+    try:
+        first = next(iter(indices.take(1)), None)
+    except tf.errors.OpError:  # a form this reading does not know: the size stays unknown
+        return None
+    return None if first is None else int(first.shape[0])
 
 
 @_probes.guarded(

@@ -479,15 +479,19 @@ def test_measure_baseline_leaves_training_as_it_would_be(
 
 
 @pytest.mark.logical_cpus(2)
-@pytest.mark.parametrize("steps_after", [False, True], ids=["batch", "batch_map_cache_prefetch"])
+@pytest.mark.parametrize(
+    "steps_after", ["", "map_cache_prefetch", "repeat_filter_take"], ids=lambda s: f"batch {s}"
+)
 def test_the_global_batch_of_a_batch_without_drop_remainder_is_its_size(
     mirrored, tmp_path, steps_after
 ):
     # keras.io's forms, the second as image_dataset_from_directory builds it: 200 = 6 x 32 + 8.
-    # tf.distribute splits the first with its rebatch of known sizes, the second with its legacy one.
+    # tf.distribute splits the first with its rebatch of known sizes, the others with its legacy one.
     dataset = _dataset(200, 32, drop_remainder=False)
-    if steps_after:
+    if steps_after == "map_cache_prefetch":
         dataset = dataset.map(lambda x, y: (2 * x, y)).cache().prefetch(tf.data.AUTOTUNE)
+    if steps_after == "repeat_filter_take":
+        dataset = dataset.repeat().filter(lambda x, y: True).take(14)
     assert dataset.element_spec[0].shape[0] is None
     logger = keras_scaling.ThroughputLogger(tmp_path, baseline=None, update_freq=1, warmup_steps=0)
     _model(mirrored).fit(dataset, epochs=2, verbose=0, callbacks=[logger])
@@ -542,20 +546,27 @@ def test_global_batch_size_comes_from_the_input_plan(mirrored, tmp_path):
 
 
 @pytest.mark.logical_cpus(2)
-def test_arrays_with_a_partial_last_batch_ask_for_global_batch_size(mirrored, tmp_path, caplog):
-    x, y = _arrays(200)  # 200 = 6 x 32 + 8
-    model = _model(mirrored)
-    unknown = keras_scaling.ThroughputLogger(tmp_path / "unknown", baseline=None, update_freq=2)
-    model.fit(x, y, batch_size=32, epochs=2, verbose=0, callbacks=[unknown])
-    assert not (tmp_path / "unknown" / "throughput.json").exists()
-    assert "batch dimension is not static" in caplog.text
-    assert "ThroughputLogger(global_batch_size=" in caplog.text
-    logger = keras_scaling.ThroughputLogger(
-        tmp_path, baseline=None, update_freq=2, global_batch_size=np.int64(32)
-    )
-    model.fit(x, y, batch_size=32, epochs=2, verbose=0, callbacks=[logger])
+@pytest.mark.parametrize("shuffle", [True, "batch"])
+def test_arrays_with_a_partial_last_batch_are_measured_at_the_batch_size_fit_was_given(
+    mirrored, tmp_path, shuffle
+):
+    # keras.io's fit(x, y, batch_size=32): Keras' array adapter slices batches of indices,
+    # whose last is partial (200 = 6 x 32 + 8), so the data's batch dimension is not static.
+    x, y = _arrays(200)
+    weights = []
+    for callbacks in ([], [keras_scaling.ThroughputLogger(tmp_path, baseline=None, update_freq=2)]):
+        keras.utils.set_random_seed(0)
+        model = _model(mirrored)
+        fit = functools.partial(model.fit, x, y, batch_size=32, epochs=2, shuffle=shuffle)
+        fit(verbose=0, callbacks=callbacks)
+        weights.append(model.get_weights())
     record = _json(tmp_path)
     assert (record["global_batch_size"], record["per_replica_batch_size"]) == (32, 16)
+    assert record["steps_measured"] > 0
+    assert record["samples_per_sec"] == pytest.approx(record["steps_per_sec"] * 32)
+    # Reading the first batch of indices left the samples' order as it was.
+    for with_logger, without in zip(weights[1], weights[0]):
+        np.testing.assert_array_equal(with_logger, without)
 
 
 # --- one replica ------------------------------------------------------------------

@@ -22,7 +22,7 @@ sys.path.insert(
 import sleeping_models  # noqa: E402
 from traced_packs import traced_packs  # noqa: E402
 
-BUDGET_S = 45
+BUDGET_S = 60
 PER_REPLICA_BATCH = 16
 
 
