@@ -141,10 +141,10 @@ def distributed_batch_size(dataset):
 def _array_adapter_batch_size(indices, arrays):
     """Keras' array adapter zips batches of indices with its arrays, repeated: the first index batch's
     length, a full batch (a partial one comes last)."""
-    spec = indices.element_spec
+    spec, arrays_node = indices.element_spec, _dataset_node(arrays)
     if not isinstance(spec, tf.TensorSpec) or spec.shape.rank != 1 or not spec.dtype.is_integer:
         return None
-    if _dataset_node(arrays) is None or _dataset_node(arrays)[0] != "_RepeatDataset":
+    if arrays_node is None or arrays_node[0] != "_RepeatDataset":
         return None
     try:
         first = next(iter(indices.take(1)), None)
