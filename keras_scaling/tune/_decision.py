@@ -8,8 +8,10 @@ import dataclasses
 import math
 import statistics
 
-# A gain below this is not worth a change of settings, however sure.
-MIN_GAIN = 0.05
+# A knob's gain below this is not worth a change, however sure; sure small
+# gains add up, so the best must then beat the start by `MIN_GAIN_OVERALL`.
+MIN_GAIN = 0.02
+MIN_GAIN_OVERALL = 0.05
 # Rounds of each of a candidate and the incumbent: fewer cannot tell noise
 # from a gain; more than enough only spend the budget.
 MIN_ROUNDS = 3

@@ -323,7 +323,7 @@ def search(runner, start, budget_s, allowed, explain_fn, verbose, confirm=True):
         rounds = len(confirmation.ratios)
         start_samples_per_sec, ratio = confirmation.incumbent_median, confirmation.ratio
         source = source.format(rounds)
-        verdict = _decision.decide(confirmation)
+        verdict = _decision.decide(confirmation, _decision.MIN_GAIN_OVERALL)
         if not verdict.kept:
             # Never hand back a setting slower than the start, or one whose
             # gain the noise could explain.
@@ -357,7 +357,7 @@ def search(runner, start, budget_s, allowed, explain_fn, verbose, confirm=True):
 def confirm(record, comparison, where=""):
     """Updates `record` with the side by side of start and best: unless its gain exceeds the noise, the start is handed back."""
     best, start = record["best"], record["start"]
-    decision = _decision.decide(comparison)
+    decision = _decision.decide(comparison, _decision.MIN_GAIN_OVERALL)
     rounds = len(comparison.ratios)
     start["samples_per_sec"] = comparison.incumbent_median
     if decision.kept:

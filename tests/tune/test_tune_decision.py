@@ -31,9 +31,17 @@ def test_a_slower_candidate_is_never_kept():
 
 
 def test_a_sure_but_tiny_gain_is_not_worth_a_change():
-    decision = _decision.decide(_comparison([100, 100, 100], [102, 102, 102]))
+    decision = _decision.decide(_comparison([100, 100, 100], [101.5, 101.5, 101.5]))
     assert not decision.kept
-    assert "worth a change" in decision.reason
+    assert "below the 2% worth a change" in decision.reason
+
+
+def test_a_sure_small_gain_is_kept_for_a_knob_but_not_for_the_best_against_the_start():
+    comparison = _comparison([100, 100, 100], [104, 104.5, 104])
+    assert _decision.decide(comparison).kept
+    overall = _decision.decide(comparison, _decision.MIN_GAIN_OVERALL)
+    assert not overall.kept
+    assert "below the 5% worth a change" in overall.reason
 
 
 def test_one_disturbed_round_of_five_does_not_decide():

@@ -124,3 +124,37 @@ def test_each_knob_is_measured_once_before_a_ladder_goes_on():
     kept = [(trial["knob"], trial["value"]) for trial in tried if trial["kept"]]
     assert kept[:2] == [("steps_per_execution", 4), ("cache", True)], record["trials"]
     assert record["best"]["settings"]["data"]["cache"] is True
+
+
+class SmallGainRunner(SleepingRunner):
+    """Only the cache pays, by 4%, sure as the rates are exact; steps_per_execution costs 2%."""
+
+    def round(self, settings, steps):
+        step_s = self.step_s / 1.04 if settings["data"].get("cache") else self.step_s
+        if settings["compile"]["steps_per_execution"] > 1:
+            step_s *= 1.02
+        wall_s = self.call_s + EPOCHS * steps * step_s
+        time.sleep(wall_s)
+        return _GLOBAL_BATCH / step_s, wall_s
+
+
+def test_a_sure_small_gain_is_kept_but_the_start_is_handed_back_below_the_overall_floor():
+    runner = SmallGainRunner(step_s=0.005, call_s=0.15)
+    start = {**_START, "data": {"per_replica_batch_size": 16, "shuffle": False}}
+
+    def host_bound(dataset, steps):
+        verdict = types.SimpleNamespace(bound="host", text="host-bound", confidence="sure")
+        return types.SimpleNamespace(verdict=verdict, record={})
+
+    record = _search.search(runner, start, 20.0, (), host_bound, verbose=False)
+
+    (cache,) = [trial for trial in record["trials"] if trial["knob"] == "cache"]
+    assert cache["kept"] and cache["reason"] == "+4%, beyond the noise (0%)", cache
+    kept = [trial["knob"] for trial in record["trials"] if trial["kept"]]
+    assert kept == ["cache"], record["trials"]
+    assert record["best"]["settings"] == start
+    assert record["best"]["ratio_to_start"] == 1.0
+    assert any(
+        "1.04x the start side by side" in note and "below the 5%" in note
+        for note in record["notes"]
+    ), record["notes"]
