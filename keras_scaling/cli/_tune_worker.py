@@ -1,7 +1,8 @@
 """The search of `keras-scaling tune`, in a process of its own.
 
 After its search (`--serve`), or at once (`--serve-only`), it prints `READY` and answers
-each stdin line `{"settings": ..., "steps": N}` with `RATE samples_per_sec wall_s` until `QUIT`.
+each stdin line `{"settings": ..., "steps": N}` with `RATE samples_per_sec wall_s`, or
+`FAILED` and why, until `QUIT`.
 """
 
 import argparse
@@ -12,7 +13,7 @@ import time
 
 from keras_scaling.cli import _models, _worker
 from keras_scaling.cli._errors import UsageError
-from keras_scaling.cli.tune import QUIT, RATE, READY, USAGE_PREFIX
+from keras_scaling.cli.tune import FAILED, QUIT, RATE, READY, USAGE_PREFIX
 
 # Synthetic samples: enough distinct batches that the pipeline is a real one.
 _DISTINCT_BATCHES = 8
@@ -111,12 +112,18 @@ def _worker_main(args):
 
 def _serve(runner):
     """Runs the rounds asked for on stdin, one line each, until `QUIT`."""
+    from keras_scaling.tune import _search
+
     print(READY, flush=True)
     for line in sys.stdin:
         if line.strip() == QUIT:
             break
         request = json.loads(line)
-        rate, wall_s = runner.round(request["settings"], int(request["steps"]))
+        try:
+            rate, wall_s = runner.round(request["settings"], int(request["steps"]))
+        except Exception as error:  # a setting this model cannot run: the incumbent's still can
+            print(f"{FAILED}{_search.first_line(error)}", flush=True)
+            continue
         print(f"{RATE}{rate} {wall_s}", flush=True)
 
 

@@ -23,6 +23,7 @@ USAGE_PREFIX = "keras-scaling tune: error: "
 # The worker's lines when it serves rounds (`keras_scaling.cli._tune_worker`).
 READY = "@ready"
 RATE = "@rate "
+FAILED = "@failed "
 QUIT = "quit"
 # Share of the budget kept for the knobs measured in processes of their own
 # (the all-reduce, the CPU thread pools) and the final side by side.
@@ -143,7 +144,7 @@ class _Worker:
     def _lines(self, echo):
         assert self.process.stdout is not None  # a pipe
         for line in self.process.stdout:
-            if line.startswith(RATE) or line.strip() == READY:
+            if line.startswith((RATE, FAILED)) or line.strip() == READY:
                 yield line.strip()
             elif line.startswith("| knob") and self.hides_table:
                 echo = False
@@ -163,6 +164,8 @@ class _Worker:
         line = next(self._lines(echo=False), None)
         if line is None:
             raise RuntimeError(f"the worker ended; see {self.log_path}")
+        if line.startswith(FAILED):
+            raise RuntimeError(line[len(FAILED) :])
         rate, wall_s = line[len(RATE) :].split()
         return float(rate), float(wall_s)
 
@@ -312,20 +315,42 @@ def run(args):
     return 0
 
 
+def _add_trial(record, knob, value, comparison, candidate_settings):
+    """Adds the trial of `comparison` to the record, and its settings to `best` when kept; returns whether kept."""
+    from keras_scaling.tune import _candidates, _report, _search
+
+    best = record["best"]
+    trial = _search.trial_record(knob, value, comparison, incumbent_ratio=best["ratio_to_start"])
+    record["trials"].append(trial)
+    print(_report.trial_line(trial), flush=True)
+    if trial["kept"]:
+        best.update(
+            settings=candidate_settings,
+            ratio_to_start=trial["ratio_to_start"],
+            samples_per_sec=record["start"]["samples_per_sec"] * trial["ratio_to_start"],
+            ratio_source="the product of the kept changes' ratios",
+        )
+        if knob in _candidates.CHANGES_ROUNDING:
+            record["notes"].append(_candidates.describe_change(knob, value, candidate_settings))
+    return trial["kept"]
+
+
 def _search_in_processes(args, record, first, candidates, started_at, ready_s, log_dir, kind):
     """Each knob a process fixes, in a process of its own in turns with the incumbent's; then the final side by side.
 
     The first process serves the incumbent's rounds until a candidate is
-    kept; the kept candidate's process serves them from then on.
+    kept; the kept candidate's process serves them from then on, and also
+    measures what the first search had no time for while the budget lasts.
     """
-    from keras_scaling.tune import _candidates, _decision, _report, _search
+    from keras_scaling.tune import _candidates, _decision, _search
 
     best, trials = record["best"], record["trials"]
     settings = best["settings"]
     per_replica_batch = settings["data"].get("per_replica_batch_size") or args.per_replica_batch
     step_s = per_replica_batch * record["replicas"] / best["samples_per_sec"]
     spe = int(settings["compile"].get("steps_per_execution", 1))
-    steps = _decision.steps_per_round(step_s, _search.round_s_for(args.budget), spe)
+    round_s = _search.round_s_for(args.budget)
+    steps = _decision.steps_per_round(step_s, round_s, spe)
     # What starting a worker costs: its time to the first round, tune's own search aside.
     start_up_s = max(1.0, ready_s - record["elapsed_s"])
     warm_up_s = record.get("timeline_s", {}).get("warm_up_s", 0.0)
@@ -346,7 +371,7 @@ def _search_in_processes(args, record, first, candidates, started_at, ready_s, l
     worker, out_of_budget = first, False
     for knob, value in candidates:
         candidate_settings = _candidates.with_value(settings, knob, value)
-        reason = "not measured: the budget is spent" if out_of_budget else "not tried: already so"
+        reason = _search.NOT_MEASURED if out_of_budget else "not tried: already so"
         if out_of_budget or candidate_settings == settings:
             trials.append(_search.trial_record(knob, value, reason=reason))
             continue
@@ -395,8 +420,7 @@ def _search_in_processes(args, record, first, candidates, started_at, ready_s, l
         if len(comparison.ratios) < _decision.MIN_ROUNDS:
             candidate.finish()
             out_of_budget = True
-            reason = "not measured: the budget is spent"
-            trials.append(_search.trial_record(knob, value, reason=reason))
+            trials.append(_search.trial_record(knob, value, reason=_search.NOT_MEASURED))
             continue
         if knob == "cross_device_ops" and not any(
             trial["knob"] == knob and trial["ratio_to_incumbent"] for trial in trials
@@ -406,25 +430,45 @@ def _search_in_processes(args, record, first, candidates, started_at, ready_s, l
                 f"{_candidates.default_all_reduce(kind)}; each other one ran in a "
                 "process of its own, in turns with it"
             )
-        trial = _search.trial_record(
-            knob, value, comparison, incumbent_ratio=best["ratio_to_start"]
-        )
-        trials.append(trial)
-        print(_report.trial_line(trial), flush=True)
-        if not trial["kept"]:
+        if not _add_trial(record, knob, value, comparison, candidate_settings):
             candidate.finish()
             continue
         if worker is not first:  # the first serves the start's rounds at the end
             worker.finish()
         worker, settings = candidate, candidate_settings
-        best.update(
-            settings=settings,
-            ratio_to_start=trial["ratio_to_start"],
-            samples_per_sec=record["start"]["samples_per_sec"] * trial["ratio_to_start"],
-            ratio_source="the product of the kept changes' ratios",
+    # The budget they left goes to what the first search had no time for,
+    # in the incumbent's process.
+    for trial in [trial for trial in trials if _search.NOT_MEASURED == trial["reason"]]:
+        knob, value = trial["knob"], trial["value"]
+        if _candidates.SECTION.get(knob) not in ("compile", "data") or value is None:
+            continue
+        candidate_settings = _candidates.with_value(settings, knob, value)
+        candidate_steps = _search.steps_for(step_s, round_s, settings, candidate_settings)
+        candidate_pair_s = pair_s * candidate_steps / steps
+        left = args.budget - (time.time() - started_at)
+        rounds = _decision.rounds_affordable(
+            left, candidate_pair_s, warm_up_s + _END_S, reserve_s=confirm_reserve_s
         )
-        if knob in _candidates.CHANGES_ROUNDING:
-            record["notes"].append(_candidates.describe_change(knob, value, settings))
+        if not rounds:
+            break
+        try:
+            worker.round(candidate_settings, candidate_steps)  # traces
+            comparison, _ = _search.alternate(
+                (worker, settings),
+                (worker, candidate_settings),
+                candidate_steps,
+                rounds,
+                left_s,
+                reserve_s=confirm_reserve_s,
+            )
+        except (RuntimeError, OSError, ValueError) as error:
+            trial["reason"] = f"failed: {error}"
+            break
+        if len(comparison.ratios) < _decision.MIN_ROUNDS:
+            break
+        trials.remove(trial)
+        if _add_trial(record, knob, value, comparison, candidate_settings):
+            settings, steps = candidate_settings, candidate_steps
     if settings != record["start"]["settings"]:
         start = (first, record["start"]["settings"])
         rounds = _decision.MAX_ROUNDS

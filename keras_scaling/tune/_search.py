@@ -12,6 +12,8 @@ from keras_scaling.tune._measure import EPOCHS
 
 logger = logging.getLogger("keras_scaling")
 
+# The reason of a candidate the budget left no time for.
+NOT_MEASURED = "not measured: the budget is spent"
 # A budget below this cannot hold a warm-up, explain's split and one candidate.
 MIN_BUDGET_S = 10.0
 # Share of the budget explain's split may take: its verdict orders the
@@ -116,7 +118,7 @@ def alternate(incumbent, candidate, steps, rounds, left_s, *, reserve_s=0.0, min
     return _decision.Comparison(tuple(rates[0]), tuple(rates[1])), slowest_pair_s
 
 
-def _steps_for(step_s, round_s, *settings):
+def steps_for(step_s, round_s, *settings):
     """Steps of a round of each of `settings`: a multiple of their largest steps_per_execution."""
     spe = max(int(each["compile"].get("steps_per_execution", 1)) for each in settings)
     return _decision.steps_per_round(step_s, round_s, spe)
@@ -135,7 +137,7 @@ def search(runner, start, budget_s, allowed, explain_fn, verbose, confirm=True):
     say = print if verbose else (lambda *args, **kwargs: None)
 
     # Warm-up: traces the start's train function and times a step.
-    steps = _steps_for(0.01, 0.1, start)
+    steps = steps_for(0.01, 0.1, start)
     _, warmup_s = runner.round(start, steps)
     rate, call_s = runner.round(start, steps)
     step_s = runner.global_batch_size(start["data"]) / rate
@@ -152,7 +154,7 @@ def search(runner, start, budget_s, allowed, explain_fn, verbose, confirm=True):
     explain_steps_total = 6 * explain_steps + 6 * max(explain_steps, 2 * amortized)
     explain_cost_s = explain_steps_total * step_s + _EXPLAIN_WARMUPS * warmup_s
     # Kept back for the final side by side: MIN_ROUNDS round pairs at the start's speed at most.
-    start_round_s = EPOCHS * _steps_for(step_s, round_s, start) * step_s + overhead_s
+    start_round_s = EPOCHS * steps_for(step_s, round_s, start) * step_s + overhead_s
     confirm_reserve_s = confirm * (_CONFIRM_MARGIN * _decision.MIN_ROUNDS * 2 * start_round_s)
     if runner.num_workers > 1:
         # Its rounds would have to run alike on every worker; the rounds of
@@ -168,7 +170,7 @@ def search(runner, start, budget_s, allowed, explain_fn, verbose, confirm=True):
             explanation = explain_fn(runner.dataset(start["data"]), explain_steps)
         except Exception as error:  # a model explain cannot copy or time: tune goes on
             logger.warning("tune: explain could not split the step: %s", error)
-            notes.append(f"explain could not split the step ({_first_line(error)})")
+            notes.append(f"explain could not split the step ({first_line(error)})")
         else:
             bound = explanation.verdict.bound
             advised = explanation.record.get("advised_steps_per_execution")
@@ -218,7 +220,7 @@ def search(runner, start, budget_s, allowed, explain_fn, verbose, confirm=True):
         knob, rest = queue.popleft()
         if out_of_budget:
             value = rest[0] if rest else None
-            trials.append(trial_record(knob, value, reason="not measured: the budget is spent"))
+            trials.append(trial_record(knob, value, reason=NOT_MEASURED))
             continue
         values = (
             rest
@@ -235,7 +237,7 @@ def search(runner, start, budget_s, allowed, explain_fn, verbose, confirm=True):
                 queue.append((knob, values[1:]))
                 break
             candidate = _candidates.with_value(incumbent, knob, value)
-            steps = _steps_for(step_s, round_s, incumbent, candidate)
+            steps = steps_for(step_s, round_s, incumbent, candidate)
             round_pair_s = 2 * (EPOCHS * steps * step_s + overhead_s)
             # The first candidate is measured against the start itself: kept
             # alone, its own rounds are the side by side, so it needs no
@@ -249,10 +251,10 @@ def search(runner, start, budget_s, allowed, explain_fn, verbose, confirm=True):
             if rounds:
                 try:
                     _, candidate_warmup_s = runner.round(
-                        candidate, _steps_for(step_s, 0.05, candidate)
+                        candidate, steps_for(step_s, 0.05, candidate)
                     )
                 except Exception as error:  # a setting this model or device cannot run
-                    trials.append(trial_record(knob, value, reason=f"failed: {_first_line(error)}"))
+                    trials.append(trial_record(knob, value, reason=f"failed: {first_line(error)}"))
                     logger.warning("tune: %s=%r failed: %s", knob, value, error)
                     break
                 # A larger steps_per_execution traces a longer loop: later
@@ -276,7 +278,7 @@ def search(runner, start, budget_s, allowed, explain_fn, verbose, confirm=True):
             if comparison is None or len(comparison.ratios) < _decision.MIN_ROUNDS:
                 if first:
                     raise _too_small(budget_s, clock, round_pair_s, warmup_s)
-                trials.append(trial_record(knob, value, reason="not measured: the budget is spent"))
+                trials.append(trial_record(knob, value, reason=NOT_MEASURED))
                 out_of_budget = True
                 break
             if incumbent is start:
@@ -301,7 +303,7 @@ def search(runner, start, budget_s, allowed, explain_fn, verbose, confirm=True):
     if best is start:
         source = "no change kept"
     elif confirm:
-        steps = _steps_for(step_s * incumbent_ratio, round_s, start, best)
+        steps = steps_for(step_s * incumbent_ratio, round_s, start, best)
         round_pair_s = EPOCHS * steps * step_s * (1 + incumbent_ratio) + 2 * overhead_s
         rounds = _decision.rounds_affordable(clock.left_s(), round_pair_s, 0.0)
         if not rounds and len(kept_comparisons) == 1:
@@ -382,7 +384,8 @@ def confirm(record, comparison, where=""):
             trial["reason"] += "; not confirmed against the start"
 
 
-def _first_line(error):
+def first_line(error):
+    """The error's type and the first line of its message, for a row of the table."""
     text = str(error).strip().splitlines()
     return f"{type(error).__name__}: {text[0] if text else ''}"[:200]
 

@@ -121,3 +121,31 @@ def test_under_launch_every_worker_searches_in_step_and_the_chief_writes(tmp_pat
     tables = [line.split("]")[0] for line in result.stdout.splitlines() if "| knob " in line]
     assert sorted(tables) == ["[worker 0", "[worker 1"]
     assert sorted(path.name for path in log_dir.glob("**/tune.json")) == ["tune.json"]
+
+
+class _HalfRunner:
+    """Serves rounds of every setting but those with a cache, which raise."""
+
+    def round(self, settings, steps):
+        if settings["data"].get("cache"):
+            raise MemoryError("the cache does not fit")
+        return 1000.0 * steps, 0.5
+
+
+def test_a_serving_worker_answers_a_failed_round_and_keeps_serving(monkeypatch, capsys):
+    import io
+
+    from keras_scaling.cli import _tune_worker, tune
+
+    requests = [
+        {"settings": {"data": {"cache": True}}, "steps": 4},
+        {"settings": {"data": {}}, "steps": 4},
+    ]
+    lines = [json.dumps(request) + "\n" for request in requests] + [tune.QUIT + "\n"]
+    monkeypatch.setattr(sys, "stdin", io.StringIO("".join(lines)))
+    _tune_worker._serve(_HalfRunner())
+    assert capsys.readouterr().out.splitlines() == [
+        tune.READY,
+        f"{tune.FAILED}MemoryError: the cache does not fit",
+        f"{tune.RATE}4000.0 0.5",
+    ]

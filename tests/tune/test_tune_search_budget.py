@@ -6,6 +6,7 @@ search's own budgeting is what runs. Steps per execution of 4 or more run
 twice as fast as the start, and a cache of the batches a third faster again.
 """
 
+import importlib
 import os
 import time
 import types
@@ -15,7 +16,7 @@ import pytest
 import tensorflow  # noqa: F401  (the search imports it: not to be timed as the start's preparation)
 
 from keras_scaling import data
-from keras_scaling.tune import _search
+from keras_scaling.tune import _decision, _search
 from keras_scaling.tune._measure import EPOCHS
 
 pytestmark = pytest.mark.mostly_waits
@@ -158,3 +159,73 @@ def test_a_sure_small_gain_is_kept_but_the_start_is_handed_back_below_the_overal
         "1.04x the start side by side" in note and "below the 5%" in note
         for note in record["notes"]
     ), record["notes"]
+
+
+def test_the_budget_the_processes_leave_goes_to_what_the_first_search_had_no_time_for():
+    tune_command = importlib.import_module("keras_scaling.cli.tune")
+    runner = SleepingRunner(step_s=0.005, call_s=0.15)
+    start = {**_START, "data": {"per_replica_batch_size": 16, "shuffle": False}}
+    best = {**start, "compile": {"steps_per_execution": 4, "jit_compile": False}}
+    measured = _search.trial_record(
+        "steps_per_execution", 4, _decision.Comparison((6400.0,) * 3, (12800.0,) * 3)
+    )
+    record = {
+        "replicas": 2,
+        "elapsed_s": 0.0,
+        "timeline_s": {"warm_up_s": 0.5},
+        "start": {"samples_per_sec": 6400.0, "settings": start},
+        "best": {"samples_per_sec": 12800.0, "settings": best, "ratio_to_start": 2.0},
+        "trials": [
+            measured,
+            _search.trial_record("cache", True, reason=_search.NOT_MEASURED),
+            _search.trial_record("cpu_threads", {"n": 2}, reason=_search.NOT_MEASURED),
+        ],
+        "notes": [],
+    }
+    args = types.SimpleNamespace(budget=30.0, per_replica_batch=16)
+    tune_command._search_in_processes(args, record, runner, [], time.time(), 0.5, "", "CPU")
+
+    rows = [(trial["knob"], trial["kept"], trial["rounds"]) for trial in record["trials"]]
+    # Measured in the incumbent's process after the others, and kept: a
+    # third faster; the thread pools need a process of their own.
+    assert rows[0] == ("steps_per_execution", True, 3)
+    assert rows[1] == ("cpu_threads", False, 0)
+    assert rows[2][:2] == ("cache", True) and rows[2][2] >= 3, record["trials"]
+    assert record["trials"][2]["ratio_to_start"] == pytest.approx(3.0)
+    assert record["best"]["settings"] == {**best, "data": {**start["data"], "cache": True}}
+    assert record["best"]["ratio_source"].startswith("best against start, ")
+    assert record["best"]["ratio_to_start"] == pytest.approx(3.0)
+
+
+class FailingCacheRunner(SleepingRunner):
+    def round(self, settings, steps):
+        if settings["data"].get("cache"):
+            raise RuntimeError("ResourceExhaustedError: out of memory")
+        return super().round(settings, steps)
+
+
+def test_a_setting_the_incumbents_process_cannot_run_is_reported_and_the_search_goes_on():
+    tune_command = importlib.import_module("keras_scaling.cli.tune")
+    start = {**_START, "data": {"per_replica_batch_size": 16, "shuffle": False}}
+    best = {**start, "compile": {"steps_per_execution": 4, "jit_compile": False}}
+    measured = _search.trial_record(
+        "steps_per_execution", 4, _decision.Comparison((6400.0,) * 3, (12800.0,) * 3)
+    )
+    record = {
+        "replicas": 2,
+        "elapsed_s": 0.0,
+        "timeline_s": {"warm_up_s": 0.5},
+        "start": {"samples_per_sec": 6400.0, "settings": start},
+        "best": {"samples_per_sec": 12800.0, "settings": best, "ratio_to_start": 2.0},
+        "trials": [measured, _search.trial_record("cache", True, reason=_search.NOT_MEASURED)],
+        "notes": [],
+    }
+    args = types.SimpleNamespace(budget=30.0, per_replica_batch=16)
+    runner = FailingCacheRunner(step_s=0.005, call_s=0.15)
+    tune_command._search_in_processes(args, record, runner, [], time.time(), 0.5, "", "CPU")
+
+    cache = record["trials"][1]
+    assert cache["reason"] == "failed: ResourceExhaustedError: out of memory", cache
+    assert record["best"]["settings"] == best
+    assert record["best"]["ratio_source"].startswith("best against start, ")
+    assert record["best"]["ratio_to_start"] == pytest.approx(2.0)
