@@ -48,8 +48,8 @@ keras_scaling.tune.load reads back as keyword arguments.
 
 Starts from the model's settings, tries the remedy of what explain finds
 bounds the step first, and keeps a change only when its median gain over
-alternating rounds of real model.fit calls exceeds the noise and 5%; the
-best is confirmed side by side with the start at the end.
+alternating rounds of real model.fit calls exceeds the noise and 2%; the
+best must beat the start side by side by the noise and 5% at the end.
 
 Tried by default, keeping the model's arithmetic: steps_per_execution,
 jit_compile, cache, private_threadpool_size and, each in a process of its
