@@ -315,6 +315,14 @@ def run(args):
     return 0
 
 
+def _traced_and_compared(incumbent, candidate, steps, rounds, left_s, reserve_s):
+    """A first round of the `(worker, settings)` candidate, which traces, then `_search.alternate`'s rounds."""
+    from keras_scaling.tune import _search
+
+    candidate[0].round(candidate[1], steps)
+    return _search.alternate(incumbent, candidate, steps, rounds, left_s, reserve_s=reserve_s)
+
+
 def _add_trial(record, knob, value, comparison, candidate_settings):
     """Adds the trial of `comparison` to the record, and its settings to `best` when kept; returns whether kept."""
     from keras_scaling.tune import _candidates, _report, _search
@@ -403,15 +411,10 @@ def _search_in_processes(args, record, first, candidates, started_at, ready_s, l
         try:
             if not candidate.wait_ready(echo=False):
                 raise RuntimeError(f"it ended before its first round; see {candidate.log_path}")
-            candidate.round(candidate_settings, steps)  # traces
-            comparison, slowest_pair_s = _search.alternate(
-                (worker, settings),
-                (candidate, candidate_settings),
-                steps,
-                rounds,
-                left_s,
-                reserve_s=confirm_reserve_s,
-            )
+            comparison, slowest_pair_s = _traced_and_compared(
+                (worker, settings), (candidate, candidate_settings), steps, rounds, left_s,
+                confirm_reserve_s,
+            )  # fmt: skip
         except (RuntimeError, OSError, ValueError) as error:
             candidate.kill()
             trials.append(_search.trial_record(knob, value, reason=f"failed: {error}"))
@@ -452,15 +455,10 @@ def _search_in_processes(args, record, first, candidates, started_at, ready_s, l
         if not rounds:
             break
         try:
-            worker.round(candidate_settings, candidate_steps)  # traces
-            comparison, _ = _search.alternate(
-                (worker, settings),
-                (worker, candidate_settings),
-                candidate_steps,
-                rounds,
-                left_s,
-                reserve_s=confirm_reserve_s,
-            )
+            comparison, _ = _traced_and_compared(
+                (worker, settings), (worker, candidate_settings), candidate_steps, rounds,
+                left_s, confirm_reserve_s,
+            )  # fmt: skip
         except (RuntimeError, OSError, ValueError) as error:
             trial["reason"] = f"failed: {error}"
             break

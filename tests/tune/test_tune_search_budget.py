@@ -68,6 +68,11 @@ _START = {
 }
 
 
+def _host_bound(dataset, steps):
+    verdict = types.SimpleNamespace(bound="host", text="host-bound", confidence="sure")
+    return types.SimpleNamespace(verdict=verdict, record={})
+
+
 def _no_explain(dataset, steps):
     raise AssertionError("the budget leaves no room for explain's split")
 
@@ -108,11 +113,7 @@ def test_each_knob_is_measured_once_before_a_ladder_goes_on():
     runner = SleepingRunner(step_s=0.005, call_s=0.15)
     start = {**_START, "data": {"per_replica_batch_size": 16, "shuffle": False}}
 
-    def host_bound(dataset, steps):
-        verdict = types.SimpleNamespace(bound="host", text="host-bound", confidence="sure")
-        return types.SimpleNamespace(verdict=verdict, record={})
-
-    record = _search.search(runner, start, 30.0, (), host_bound, verbose=False)
+    record = _search.search(runner, start, 30.0, (), _host_bound, verbose=False)
 
     tried = [trial for trial in record["trials"] if not trial["reason"].startswith("not tried")]
     order = [(trial["knob"], trial["value"]) for trial in tried]
@@ -143,11 +144,7 @@ def test_a_sure_small_gain_is_kept_but_the_start_is_handed_back_below_the_overal
     runner = SmallGainRunner(step_s=0.005, call_s=0.15)
     start = {**_START, "data": {"per_replica_batch_size": 16, "shuffle": False}}
 
-    def host_bound(dataset, steps):
-        verdict = types.SimpleNamespace(bound="host", text="host-bound", confidence="sure")
-        return types.SimpleNamespace(verdict=verdict, record={})
-
-    record = _search.search(runner, start, 20.0, (), host_bound, verbose=False)
+    record = _search.search(runner, start, 20.0, (), _host_bound, verbose=False)
 
     (cache,) = [trial for trial in record["trials"] if trial["knob"] == "cache"]
     assert cache["kept"] and cache["reason"] == "+4%, beyond the noise (0%)", cache
@@ -161,11 +158,15 @@ def test_a_sure_small_gain_is_kept_but_the_start_is_handed_back_below_the_overal
     ), record["notes"]
 
 
-def test_the_budget_the_processes_leave_goes_to_what_the_first_search_had_no_time_for():
+_SPE_4 = {**_START, "data": {"per_replica_batch_size": 16, "shuffle": False}}
+_SPE_4 = {**_SPE_4, "compile": {"steps_per_execution": 4, "jit_compile": False}}
+
+
+def _search_in_processes_after(runner, *not_measured):
+    """The search in processes, with no process candidate, after a first search that kept
+    steps_per_execution=4 (2x) and had no time for `not_measured` `(knob, value)`s."""
     tune_command = importlib.import_module("keras_scaling.cli.tune")
-    runner = SleepingRunner(step_s=0.005, call_s=0.15)
-    start = {**_START, "data": {"per_replica_batch_size": 16, "shuffle": False}}
-    best = {**start, "compile": {"steps_per_execution": 4, "jit_compile": False}}
+    start = {**_SPE_4, "compile": _START["compile"]}
     measured = _search.trial_record(
         "steps_per_execution", 4, _decision.Comparison((6400.0,) * 3, (12800.0,) * 3)
     )
@@ -174,16 +175,19 @@ def test_the_budget_the_processes_leave_goes_to_what_the_first_search_had_no_tim
         "elapsed_s": 0.0,
         "timeline_s": {"warm_up_s": 0.5},
         "start": {"samples_per_sec": 6400.0, "settings": start},
-        "best": {"samples_per_sec": 12800.0, "settings": best, "ratio_to_start": 2.0},
-        "trials": [
-            measured,
-            _search.trial_record("cache", True, reason=_search.NOT_MEASURED),
-            _search.trial_record("cpu_threads", {"n": 2}, reason=_search.NOT_MEASURED),
-        ],
+        "best": {"samples_per_sec": 12800.0, "settings": _SPE_4, "ratio_to_start": 2.0},
+        "trials": [measured]
+        + [_search.trial_record(*pair, reason=_search.NOT_MEASURED) for pair in not_measured],
         "notes": [],
     }
     args = types.SimpleNamespace(budget=30.0, per_replica_batch=16)
     tune_command._search_in_processes(args, record, runner, [], time.time(), 0.5, "", "CPU")
+    return record
+
+
+def test_the_budget_the_processes_leave_goes_to_what_the_first_search_had_no_time_for():
+    runner = SleepingRunner(step_s=0.005, call_s=0.15)
+    record = _search_in_processes_after(runner, ("cache", True), ("cpu_threads", {"n": 2}))
 
     rows = [(trial["knob"], trial["kept"], trial["rounds"]) for trial in record["trials"]]
     # Measured in the incumbent's process after the others, and kept: a
@@ -192,7 +196,7 @@ def test_the_budget_the_processes_leave_goes_to_what_the_first_search_had_no_tim
     assert rows[1] == ("cpu_threads", False, 0)
     assert rows[2][:2] == ("cache", True) and rows[2][2] >= 3, record["trials"]
     assert record["trials"][2]["ratio_to_start"] == pytest.approx(3.0)
-    assert record["best"]["settings"] == {**best, "data": {**start["data"], "cache": True}}
+    assert record["best"]["settings"] == {**_SPE_4, "data": {**_SPE_4["data"], "cache": True}}
     assert record["best"]["ratio_source"].startswith("best against start, ")
     assert record["best"]["ratio_to_start"] == pytest.approx(3.0)
 
@@ -205,27 +209,11 @@ class FailingCacheRunner(SleepingRunner):
 
 
 def test_a_setting_the_incumbents_process_cannot_run_is_reported_and_the_search_goes_on():
-    tune_command = importlib.import_module("keras_scaling.cli.tune")
-    start = {**_START, "data": {"per_replica_batch_size": 16, "shuffle": False}}
-    best = {**start, "compile": {"steps_per_execution": 4, "jit_compile": False}}
-    measured = _search.trial_record(
-        "steps_per_execution", 4, _decision.Comparison((6400.0,) * 3, (12800.0,) * 3)
-    )
-    record = {
-        "replicas": 2,
-        "elapsed_s": 0.0,
-        "timeline_s": {"warm_up_s": 0.5},
-        "start": {"samples_per_sec": 6400.0, "settings": start},
-        "best": {"samples_per_sec": 12800.0, "settings": best, "ratio_to_start": 2.0},
-        "trials": [measured, _search.trial_record("cache", True, reason=_search.NOT_MEASURED)],
-        "notes": [],
-    }
-    args = types.SimpleNamespace(budget=30.0, per_replica_batch=16)
     runner = FailingCacheRunner(step_s=0.005, call_s=0.15)
-    tune_command._search_in_processes(args, record, runner, [], time.time(), 0.5, "", "CPU")
+    record = _search_in_processes_after(runner, ("cache", True))
 
     cache = record["trials"][1]
     assert cache["reason"] == "failed: ResourceExhaustedError: out of memory", cache
-    assert record["best"]["settings"] == best
+    assert record["best"]["settings"] == _SPE_4
     assert record["best"]["ratio_source"].startswith("best against start, ")
     assert record["best"]["ratio_to_start"] == pytest.approx(2.0)
