@@ -22,7 +22,9 @@ sys.path.insert(
 import sleeping_models  # noqa: E402
 from traced_packs import traced_packs  # noqa: E402
 
-BUDGET_S = 60
+# Beside make test's other sessions, one candidate of this search took 56 s
+# and the start 16 s (38 and 11 s on a less loaded day): 90 s holds both.
+BUDGET_S = 90
 PER_REPLICA_BATCH = 16
 
 
