@@ -446,6 +446,8 @@ def _search_in_processes(args, record, first, candidates, started_at, ready_s, l
         if _candidates.SECTION.get(knob) not in ("compile", "data") or value is None:
             continue
         candidate_settings = _candidates.with_value(settings, knob, value)
+        if candidate_settings == settings:
+            continue
         candidate_steps = _search.steps_for(step_s, round_s, settings, candidate_settings)
         candidate_pair_s = pair_s * candidate_steps / steps
         left = args.budget - (time.time() - started_at)
