@@ -463,7 +463,7 @@ def _search_in_processes(args, record, first, candidates, started_at, ready_s, l
             )  # fmt: skip
         except (RuntimeError, OSError, ValueError) as error:
             trial["reason"] = f"failed: {error}"
-            break
+            continue
         if len(comparison.ratios) < _decision.MIN_ROUNDS:
             break
         trials.remove(trial)

@@ -179,9 +179,9 @@ def tune(
     A change is kept only when its median gain over alternating rounds of real
     `model.fit` calls exceeds the noise and 2%, and the best must beat the start
     by the noise and 5% side by side at the end (the tune guide has the knobs).
-    The model trains while it is measured and is put back afterwards. On one machine only `keras-scaling
-    tune` measures the all-reduce and the CPU thread pools, and here
-    `strategy_kwargs` and `cpu_kwargs` stay empty. Under
+    The model trains while it is measured and is put back afterwards. On one
+    machine only `keras-scaling tune` measures the all-reduce and the CPU
+    thread pools, and here `strategy_kwargs` and `cpu_kwargs` stay empty. Under
     `MultiWorkerMirroredStrategy`, call it on every worker alike: each round's
     figures and the clock are the chief's, so every worker takes the same
     decisions; the all-reduce across workers (`communication`, `bytes_per_pack`)

@@ -210,10 +210,13 @@ class FailingCacheRunner(SleepingRunner):
 
 def test_a_setting_the_incumbents_process_cannot_run_is_reported_and_the_search_goes_on():
     runner = FailingCacheRunner(step_s=0.005, call_s=0.15)
-    record = _search_in_processes_after(runner, ("cache", True))
+    record = _search_in_processes_after(runner, ("cache", True), ("steps_per_execution", 16))
 
     cache = record["trials"][1]
     assert cache["reason"] == "failed: ResourceExhaustedError: out of memory", cache
+    # The next candidate is still measured (as fast as 4: not kept).
+    (spe_16,) = [trial for trial in record["trials"] if trial["value"] == 16]
+    assert spe_16["rounds"] >= 3 and not spe_16["kept"], record["trials"]
     assert record["best"]["settings"] == _SPE_4
     assert record["best"]["ratio_source"].startswith("best against start, ")
     assert record["best"]["ratio_to_start"] == pytest.approx(2.0)
