@@ -82,10 +82,11 @@ def decide(comparison, min_gain=MIN_GAIN):
     noise = comparison.noise
     if gain <= 0:
         return Decision(False, f"slower: {gain:+.0%} (noise {noise:.0%})")
+    # One decimal where a gain is set against a bound, lest both round alike.
     if gain <= noise:
-        return Decision(False, f"{gain:+.0%} is within the noise ({noise:.0%})")
+        return Decision(False, f"{gain:+.1%} is within the noise ({noise:.1%})")
     if gain <= min_gain:
-        return Decision(False, f"{gain:+.0%} is below the {min_gain:.0%} worth a change")
+        return Decision(False, f"{gain:+.1%} is below the {min_gain:.0%} worth a change")
     return Decision(True, f"{gain:+.0%}, beyond the noise ({noise:.0%})")
 
 

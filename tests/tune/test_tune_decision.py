@@ -33,7 +33,14 @@ def test_a_slower_candidate_is_never_kept():
 def test_a_sure_but_tiny_gain_is_not_worth_a_change():
     decision = _decision.decide(_comparison([100, 100, 100], [101.5, 101.5, 101.5]))
     assert not decision.kept
-    assert "below the 2% worth a change" in decision.reason
+    assert decision.reason == "+1.5% is below the 2% worth a change"
+
+
+def test_a_gain_just_below_a_bound_is_not_shown_as_reaching_it():
+    below_floor = _decision.decide(_comparison([100, 100, 100], [101.9, 101.9, 101.9]))
+    assert below_floor.reason == "+1.9% is below the 2% worth a change"
+    within_noise = _decision.decide(_comparison([100, 100, 100], [100.0, 102.9, 106.0]))
+    assert within_noise.reason == "+2.9% is within the noise (3.0%)"
 
 
 def test_a_sure_small_gain_is_kept_for_a_knob_but_not_for_the_best_against_the_start():
