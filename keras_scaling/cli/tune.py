@@ -476,6 +476,6 @@ def _search_in_processes(args, record, first, candidates, started_at, ready_s, l
             start, (worker, settings), steps, rounds, left_s, min_rounds=_decision.MIN_ROUNDS
         )
         where = "" if worker is first else ", each in a process of its own"
-        _search.confirm(record, comparison, where)
+        _search.confirm_best(record, comparison, where)
     if worker is not first:
         worker.finish()

@@ -297,66 +297,50 @@ def search(runner, start, budget_s, allowed, explain_fn, verbose, confirm=True):
             if knob in _candidates.CHANGES_ROUNDING + _candidates.CHANGES_TRAINING:
                 notes.append(_candidates.describe_change(knob, value, start))
     timeline["knobs_done_s"] = clock.elapsed_s()
-    best = incumbent
     start_samples_per_sec = statistics.median(start_rates or [rate])
-    ratio, source = incumbent_ratio, "the product of the kept changes' ratios"
-    if best is start:
-        source = "no change kept"
+    record = {
+        "start": {"samples_per_sec": start_samples_per_sec, "settings": start},
+        "best": {
+            "samples_per_sec": start_samples_per_sec * incumbent_ratio,
+            "settings": incumbent,
+            "ratio_to_start": incumbent_ratio,
+            "ratio_source": "the product of the kept changes' ratios",
+            "trains_the_same": not any(
+                trial["kept"] and trial["knob"] in _candidates.CHANGES_TRAINING for trial in trials
+            ),
+        },
+        "trials": trials,
+        "notes": notes,
+        "explain_bound": bound,
+        "timeline": timeline,
+    }
+    if incumbent is start:
+        record["best"]["ratio_source"] = "no change kept"
     elif confirm:
-        steps = steps_for(step_s * incumbent_ratio, round_s, start, best)
+        steps = steps_for(step_s * incumbent_ratio, round_s, start, incumbent)
         round_pair_s = EPOCHS * steps * step_s * (1 + incumbent_ratio) + 2 * overhead_s
         rounds = _decision.rounds_affordable(clock.left_s(), round_pair_s, 0.0)
         if not rounds and len(kept_comparisons) == 1:
             # The one kept change took what the reserve would have held; its
             # own rounds against the start are the side by side.
-            confirmation = kept_comparisons[0]
-            source = "its own trial against the start, {} alternating rounds (no time was left to confirm it)"
+            where = ", its own trial (no time was left to confirm it)"
+            confirm_best(record, kept_comparisons[0], where)
         else:
             # Its reserve was kept for it: it runs at least MIN_ROUNDS.
             confirmation, _ = alternate(
                 (runner, start),
-                (runner, best),
+                (runner, incumbent),
                 steps,
                 max(rounds, _decision.MIN_ROUNDS),
                 clock.left_s,
                 min_rounds=_decision.MIN_ROUNDS,
             )
-            source = "best against start, {} alternating rounds"
-        rounds = len(confirmation.ratios)
-        start_samples_per_sec, ratio = confirmation.incumbent_median, confirmation.ratio
-        source = source.format(rounds)
-        verdict = _decision.decide(confirmation, _decision.MIN_GAIN_OVERALL)
-        if not verdict.kept:
-            # Never hand back a setting slower than the start, or one whose
-            # gain the noise could explain.
-            notes.append(
-                f"the kept changes ran at {ratio:.2f}x the start side by side "
-                f"({verdict.reason}): the start is kept"
-            )
-            best, ratio = start, 1.0
-            source = f"kept changes not faster than the start in {rounds} alternating rounds"
-    timeline["end_s"] = clock.elapsed_s()
-    trains_the_same = best is start or not any(
-        trial["kept"] and trial["knob"] in _candidates.CHANGES_TRAINING for trial in trials
-    )
-    return {
-        "start": {"samples_per_sec": start_samples_per_sec, "settings": start},
-        "best": {
-            "samples_per_sec": start_samples_per_sec * ratio,
-            "settings": best,
-            "ratio_to_start": ratio,
-            "ratio_source": source,
-            "trains_the_same": trains_the_same,
-        },
-        "trials": trials,
-        "notes": notes,
-        "explain_bound": bound,
-        "elapsed_s": clock.elapsed_s(),
-        "timeline": timeline,
-    }
+            confirm_best(record, confirmation)
+    timeline["end_s"] = record["elapsed_s"] = clock.elapsed_s()
+    return record
 
 
-def confirm(record, comparison, where=""):
+def confirm_best(record, comparison, where=""):
     """Updates `record` with the side by side of start and best: unless its gain exceeds the noise, the start is handed back."""
     best, start = record["best"], record["start"]
     decision = _decision.decide(comparison, _decision.MIN_GAIN_OVERALL)

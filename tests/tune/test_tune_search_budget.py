@@ -89,7 +89,9 @@ def test_the_first_candidate_needs_no_reserve_and_its_own_rounds_confirm_it():
     ]
     assert measured[0]["rounds"] >= 3
     assert record["best"]["settings"]["compile"]["steps_per_execution"] == 4
-    assert record["best"]["ratio_source"].startswith("its own trial against the start, ")
+    assert record["best"]["ratio_source"].endswith(
+        " alternating rounds, its own trial (no time was left to confirm it)"
+    )
     assert record["best"]["ratio_to_start"] == pytest.approx(measured[0]["ratio_to_start"])
     assert 1.8 < record["best"]["ratio_to_start"] < 2.2
     # Only the first round pair may run past the budget, and a pair is about 1.2 s.
@@ -147,9 +149,10 @@ def test_a_sure_small_gain_is_kept_but_the_start_is_handed_back_below_the_overal
     record = _search.search(runner, start, 20.0, (), _host_bound, verbose=False)
 
     (cache,) = [trial for trial in record["trials"] if trial["knob"] == "cache"]
-    assert cache["kept"] and cache["reason"] == "+4%, beyond the noise (0%)", cache
-    kept = [trial["knob"] for trial in record["trials"] if trial["kept"]]
-    assert kept == ["cache"], record["trials"]
+    # Kept as a knob, then not confirmed: the table says so, as keras-scaling tune's does.
+    assert cache["rounds"] >= 3 and not cache["kept"], cache
+    assert cache["reason"] == "+4%, beyond the noise (0%); not confirmed against the start"
+    assert not any(trial["kept"] for trial in record["trials"]), record["trials"]
     assert record["best"]["settings"] == start
     assert record["best"]["ratio_to_start"] == 1.0
     assert any(
