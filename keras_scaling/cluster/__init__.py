@@ -42,6 +42,17 @@ def _count(number: int, noun: str) -> str:
     return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
 
 
+def _parse_tf_config(raw: str) -> dict:
+    """`TF_CONFIG`'s JSON object; a `ValueError` says what is wrong with any other text."""
+    try:
+        config = json.loads(raw)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"TF_CONFIG is not valid JSON: {error}") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"TF_CONFIG must be a JSON object, got {raw!r}")
+    return config
+
+
 def tf_config_cluster(env: Mapping[str, str]) -> ClusterSpec | None:
     """The cluster `TF_CONFIG` describes, or None when it is unset or names one process.
 
@@ -69,12 +80,7 @@ def tf_config_cluster(env: Mapping[str, str]) -> ClusterSpec | None:
     raw = env.get("TF_CONFIG")
     if not raw:
         return None
-    try:
-        config = json.loads(raw)
-    except json.JSONDecodeError as error:
-        raise ValueError(f"TF_CONFIG is not valid JSON: {error}") from None
-    if not isinstance(config, dict):
-        raise ValueError(f"TF_CONFIG must be a JSON object, got {raw!r}")
+    config = _parse_tf_config(raw)
     jobs = config.get("cluster") or {}
     chief, workers, evaluator, servers = (
         tuple(jobs.get(job) or ()) for job in ("chief", "worker", "evaluator", "ps")

@@ -2,7 +2,6 @@
 
 import dataclasses
 import glob
-import json
 import logging
 import os
 from typing import Any, TypeGuard
@@ -123,14 +122,7 @@ def tf_config() -> dict[str, Any]:
     workers = keras_scaling.devices.tf_config().get("cluster", {}).get("worker", [])
     ```
     """
-    raw = os.environ.get("TF_CONFIG") or "{}"
-    try:
-        config = json.loads(raw)
-    except json.JSONDecodeError as error:
-        raise ValueError(f"TF_CONFIG is not valid JSON: {error}") from None
-    if not isinstance(config, dict):
-        raise ValueError(f"TF_CONFIG must be a JSON object, got {raw!r}")
-    return config
+    return cluster._parse_tf_config(os.environ.get("TF_CONFIG") or "{}")
 
 
 def _tf_config_worker_count() -> int:
