@@ -304,7 +304,11 @@ def search(runner, start, budget_s, allowed, explain_fn, verbose, confirm=True):
             "samples_per_sec": start_samples_per_sec * incumbent_ratio,
             "settings": incumbent,
             "ratio_to_start": incumbent_ratio,
-            "ratio_source": "the product of the kept changes' ratios",
+            "ratio_source": (
+                "no change kept"
+                if incumbent is start
+                else "the product of the kept changes' ratios"
+            ),
             "trains_the_same": not any(
                 trial["kept"] and trial["knob"] in _candidates.CHANGES_TRAINING for trial in trials
             ),
@@ -314,9 +318,7 @@ def search(runner, start, budget_s, allowed, explain_fn, verbose, confirm=True):
         "explain_bound": bound,
         "timeline": timeline,
     }
-    if incumbent is start:
-        record["best"]["ratio_source"] = "no change kept"
-    elif confirm:
+    if confirm and incumbent is not start:
         steps = steps_for(step_s * incumbent_ratio, round_s, start, incumbent)
         round_pair_s = EPOCHS * steps * step_s * (1 + incumbent_ratio) + 2 * overhead_s
         rounds = _decision.rounds_affordable(clock.left_s(), round_pair_s, 0.0)
