@@ -15,10 +15,11 @@ from keras_scaling.cli import _sweep_plan, main
 pytestmark = pytest.mark.mostly_waits
 
 # The first process's search has what the knobs measured in processes of
-# their own (35%) and its start leave; on a loaded machine one candidate took
-# ~31 s (its warm-ups and 3 round pairs), which a start of 12 s left no room
-# for at 60 s, nor one of 24 s at 90 s.
-_BUDGET_S = 120
+# their own (35%, half from 150 s on) and its start leave; on a loaded machine
+# one candidate took ~31 s (its warm-ups and 3 round pairs), which a start of
+# 12 s left no room for at 60 s, nor one of 24 s at 90 s, and beside a whole
+# make test one asked for 142 s at 120 s. The default budget, as users run it.
+_BUDGET_S = 180
 
 # The steps of tests/tune/sleeping_models.py sleep: the rounds last as long,
 # but leave the cores to the rest of the test run (the command took 18-25 CPU
