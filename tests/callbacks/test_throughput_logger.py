@@ -57,15 +57,18 @@ def _dataset(num_samples=512, batch_size=32, drop_remainder=True):
 
 
 class IterationsRecorder(keras.callbacks.Callback):
-    """Reads the clock and the optimizer's iterations at every train batch end."""
+    """Reads the clock and the optimizer's iterations at every train batch end,
+    then sleeps `sleep_s` (each execution then takes at least that long)."""
 
-    def __init__(self):
+    def __init__(self, sleep_s=0.0):
         super().__init__()
         self.points = []
+        self.sleep_s = sleep_s
 
     def on_train_batch_end(self, batch, logs=None):
         iterations = int(self.model.optimizer.iterations.numpy())
         self.points.append((time.perf_counter(), iterations))
+        time.sleep(self.sleep_s)
 
     @property
     def iterations(self):
@@ -285,7 +288,7 @@ def test_custom_scalars_show_speedup_against_ideal_first_and_no_chart_that_stays
 @pytest.mark.logical_cpus(2)
 def test_steps_per_execution_counts_optimizer_steps(mirrored, tmp_path):
     model = _model(mirrored, steps_per_execution=4)
-    recorder = IterationsRecorder()
+    recorder = IterationsRecorder(sleep_s=0.03)
     logger = keras_scaling.ThroughputLogger(tmp_path, baseline=None, update_freq=8, warmup_steps=4)
     model.fit(_dataset(1024, 32), epochs=1, verbose=0, callbacks=[logger, recorder])
     assert recorder.iterations == list(range(4, 33, 4))
@@ -295,8 +298,9 @@ def test_steps_per_execution_counts_optimizer_steps(mirrored, tmp_path):
     # An independent clock over the same 20 steps: counting executions
     # instead of steps would be 4 times off. The two clocks read a few
     # milliseconds apart, so they are compared over the whole span (the
-    # logger's seconds are each interval's steps over its rate), not per
-    # interval of a few milliseconds, where load made them differ by 2x.
+    # logger's seconds are each interval's steps over its rate), and each
+    # execution sleeps 30 ms: over spans of a few milliseconds of compute,
+    # load made them differ by 2x.
     logger_s = sum(
         (step - previous) / steps_per_sec
         for (previous, _), (step, steps_per_sec) in zip([(12, None)] + written, written)
