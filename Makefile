@@ -1,5 +1,7 @@
 # `make demo` and `make test` are the whole set-up on a fresh machine:
 # each creates .venv when it is absent and installs the project into it.
+# PYTHON: the interpreter .venv is made from; an optimised build (profile-guided,
+# libpython linked in) runs the suite faster (docs/contributing.md).
 PYTHON ?= python3
 NIGHTLY ?= 3.16.0.dev2026102704
 VENV := .venv
