@@ -1,17 +1,20 @@
 """How long `make test` takes on this tree against an earlier one, side by side.
 
 Run: `python benchmarks/suite_time.py [--base REF] [--head REF] [--rounds N]
-[--base-seconds S]`, from the repository; each round is two whole runs of
-`make test` (about 8 to 10 minutes each on 2 cores).
+[--base-seconds S] [--base-python PATH] [--head-python PATH]`, from the
+repository; each round is two whole runs of `make test` (about 8 to 10
+minutes each on 2 cores).
 
 The time of the suite moves with the machine's load from one hour to the
 next by more than the changes it is meant to judge, so a figure of one run
 says little. Each tree, a commit (changes not committed are not measured),
 is checked out in a worktree of its own under a temporary directory and
 set up as `make test` sets it up (its own `.venv` from its own
-`pyproject.toml`), with one difference: the third-party
+`pyproject.toml`, from the interpreter `--base-python` or `--head-python`
+names, else the Makefile's), with one difference: the third-party
 packages that both trees install are held to the versions the head's
-environment resolved (a pip constraints file), so that only the trees
+environment resolved (a pip constraints file), so that only the trees (or
+the interpreters: `--base HEAD --head HEAD --head-python /usr/bin/python3`)
 differ. Runs alternate, the first of each round alternating too (base,
 head, head, base, ...). It prints every run's wall-clock and CPU time (of
 `make test` and every process it waited for), the medians, the spread, the
@@ -43,10 +46,19 @@ def parse_args(argv=None):
         type=float,
         help="a wall-clock time of the base measured elsewhere, to scale by the ratio",
     )
+    for name in ("base", "head"):
+        parser.add_argument(
+            f"--{name}-python",
+            help=f"the interpreter the {name}'s .venv is made from (default: the Makefile's PYTHON)",
+        )
     parser.add_argument("--keep", action="store_true", help="keep the worktrees and logs")
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error(f"--rounds must be at least 1, got {args.rounds}")
+    for name in ("base", "head"):
+        python = getattr(args, f"{name}_python")
+        if python and shutil.which(python) is None:
+            parser.error(f"--{name}-python {python!r} is not an interpreter found: pass its path")
     return args
 
 
@@ -68,12 +80,13 @@ def check_out(ref, directory):
     return commit
 
 
-def set_up(tree, constraints=None):
-    """Builds the tree's `.venv` as `make test` does, held to `constraints` when given."""
+def set_up(tree, constraints=None, python=None):
+    """Builds the tree's `.venv` as `make test` does, from `python` and held to `constraints` when given."""
     env = dict(os.environ)
     if constraints:
         env["PIP_CONSTRAINT"] = constraints
-    subprocess.run(["make", ".venv/.installed"], cwd=tree, env=env, check=True, capture_output=True)
+    make = ["make", ".venv/.installed", *([f"PYTHON={python}"] if python else [])]
+    subprocess.run(make, cwd=tree, env=env, check=True, capture_output=True)
 
 
 def freeze(tree, path):
@@ -116,11 +129,16 @@ def main(argv=None):
             name: check_out(ref, trees[name])
             for name, ref in (("base", args.base), ("head", args.head))
         }
-        print(f"base {commits['base']}, head {commits['head']}, in {scratch}", flush=True)
-        set_up(trees["head"])
+        pythons = {"base": args.base_python, "head": args.head_python}
+        named = {
+            name: f"{commits[name]}" + (f" ({pythons[name]})" if pythons[name] else "")
+            for name in commits
+        }
+        print(f"base {named['base']}, head {named['head']}, in {scratch}", flush=True)
+        set_up(trees["head"], python=pythons["head"])
         constraints = os.path.join(scratch, "constraints.txt")
         freeze(trees["head"], constraints)
-        set_up(trees["base"], constraints)
+        set_up(trees["base"], constraints, python=pythons["base"])
         runs = {"base": [], "head": []}
         for index in range(args.rounds):
             order = ("base", "head") if index % 2 == 0 else ("head", "base")
@@ -138,7 +156,7 @@ def main(argv=None):
             walls = [wall for wall, _ in runs[name]]
             cpus = [cpu for _, cpu in runs[name]]
             print(
-                f"{name} {commits[name]}: {statistics.median(walls):.0f} s wall (±{spread(walls):.0%}), "
+                f"{name} {named[name]}: {statistics.median(walls):.0f} s wall (±{spread(walls):.0%}), "
                 f"{statistics.median(cpus):.0f} s CPU (±{spread(cpus):.0%})"
             )
         ratios = [head[0] / base[0] for base, head in zip(runs["base"], runs["head"])]
