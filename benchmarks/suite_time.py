@@ -131,7 +131,7 @@ def main(argv=None):
         }
         pythons = {"base": args.base_python, "head": args.head_python}
         named = {
-            name: f"{commits[name]}" + (f" ({pythons[name]})" if pythons[name] else "")
+            name: commits[name] + (f" ({pythons[name]})" if pythons[name] else "")
             for name in commits
         }
         print(f"base {named['base']}, head {named['head']}, in {scratch}", flush=True)
