@@ -17,6 +17,13 @@ number theirs from a start of their own, so the modules can share a process.
 
 Each test's garbage is collected when the test ends (see
 `_garbage_collected_when_the_test_ends`).
+
+The suite runs as on a machine without the extra `plot`: Keras imports
+`matplotlib.pyplot` whenever it can, a median of 0.44 s of CPU time in each of
+the suite's hundred-odd processes that import it
+(`benchmarks/matplotlib_cost.py`). So matplotlib cannot be imported here nor
+in the processes the tests start (`tests/without_matplotlib` on PYTHONPATH);
+the tests of the charts take `matplotlib_importable` or `env_with_matplotlib`.
 """
 
 import gc
@@ -29,6 +36,44 @@ import pytest
 # Apart enough for the collective groups of every strategy a module builds.
 _COLLECTIVE_KEYS_PER_MODULE = 1000
 _collective_key_bases = itertools.count(_COLLECTIVE_KEYS_PER_MODULE, _COLLECTIVE_KEYS_PER_MODULE)
+
+_WITHOUT_MATPLOTLIB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "without_matplotlib")
+# PYTHONPATH without the directory (which pytest-xdist's workers inherit).
+_PYTHONPATH = [
+    path
+    for path in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    if path and path != _WITHOUT_MATPLOTLIB
+]
+os.environ["PYTHONPATH"] = os.pathsep.join([_WITHOUT_MATPLOTLIB, *_PYTHONPATH])
+if "matplotlib" not in sys.modules:
+    sys.modules["matplotlib"] = None  # `import matplotlib` raises
+
+
+@pytest.fixture(scope="session")
+def env_with_matplotlib():
+    """The environment of a subprocess (and its children) that can import matplotlib."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(_PYTHONPATH)}
+
+
+@pytest.fixture(scope="session")
+def env_without_matplotlib():
+    """The environment of a subprocess (and its children) where `import matplotlib` fails.
+
+    As on a machine without the extra `keras-scaling[plot]`: Keras, which
+    imports matplotlib when it can, carries on without it.
+    """
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([_WITHOUT_MATPLOTLIB, *_PYTHONPATH])}
+
+
+@pytest.fixture
+def matplotlib_importable():
+    """matplotlib importable in this process from this test on.
+
+    Not hidden again afterwards: a second import of matplotlib beside the
+    submodules of the first would mix two sets of its globals.
+    """
+    if "matplotlib" in sys.modules and sys.modules["matplotlib"] is None:
+        del sys.modules["matplotlib"]
 
 
 def pytest_addoption(parser):

@@ -54,11 +54,12 @@ def test_tensorflow_is_an_extra_so_pip_keeps_an_installed_tensorflow_build():
     assert project["optional-dependencies"]["tensorflow-cpu"] == ["tensorflow-cpu>=2.18"]
 
 
-def test_import_loads_neither_tensorflow_nor_the_plotting_libraries():
+def test_import_loads_neither_tensorflow_nor_the_plotting_libraries(env_with_matplotlib):
     result = _python(
         "import sys, keras_scaling, keras_scaling.cli; "
         "print(sorted(name for name in ('tensorflow', 'PIL', 'keras', 'matplotlib') "
-        "if name in sys.modules))"
+        "if name in sys.modules))",
+        PYTHONPATH=env_with_matplotlib.get("PYTHONPATH", ""),
     )
 
     assert result.returncode == 0, result.stderr[-2000:]

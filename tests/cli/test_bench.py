@@ -21,6 +21,9 @@ from keras_scaling.throughput._dashboard import flops_text_of
 
 _TIMEOUT_S = 300
 
+# The tests that read the charts back in this process.
+pytestmark = pytest.mark.usefixtures("matplotlib_importable")
+
 
 def _bench(*args, cwd=None, python_options=(), env=None):
     return subprocess.run(
@@ -298,7 +301,7 @@ def test_an_earlier_bench_in_logdir_is_not_overwritten_without_asking(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def sweep(tmp_path_factory):
+def sweep(tmp_path_factory, env_with_matplotlib):
     log_dir = tmp_path_factory.mktemp("bench") / "logs"
     result = _bench(
         "--cpu-devices",
@@ -315,6 +318,7 @@ def sweep(tmp_path_factory):
         log_dir,
         # Lists on stderr the modules that the command's own process imports.
         python_options=("-X", "importtime"),
+        env=env_with_matplotlib,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     return log_dir, result
@@ -547,7 +551,7 @@ def test_each_replica_count_logs_its_throughput_in_its_own_run(sweep):
         assert "scaling/speedup" in scalars, run
 
 
-def test_report_on_the_sweep_reproduces_its_table(sweep):
+def test_report_on_the_sweep_reproduces_its_table(sweep, env_with_matplotlib):
     log_dir, result = sweep
     report = subprocess.run(
         [
@@ -562,6 +566,7 @@ def test_report_on_the_sweep_reproduces_its_table(sweep):
         capture_output=True,
         text=True,
         timeout=_TIMEOUT_S,
+        env=env_with_matplotlib,
     )
 
     assert report.returncode == 0, report.stderr
@@ -604,7 +609,7 @@ def test_smallest_efficient_batch_is_read_at_the_largest_replica_count():
 
 
 @pytest.fixture(scope="module")
-def batch_sweep(tmp_path_factory):
+def batch_sweep(tmp_path_factory, env_with_matplotlib):
     log_dir = tmp_path_factory.mktemp("batch_sweep") / "logs"
     result = _bench(
         "--cpu-devices",
@@ -621,6 +626,7 @@ def batch_sweep(tmp_path_factory):
         "measure",
         "--logdir",
         log_dir,
+        env=env_with_matplotlib,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     return log_dir, result

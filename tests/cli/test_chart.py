@@ -12,6 +12,8 @@ import pytest
 
 from keras_scaling.cli import _plot, _speedup_table
 
+pytestmark = pytest.mark.usefixtures("matplotlib_importable")
+
 
 def _row(replicas, batch, efficiency):
     return _speedup_table.Row(

@@ -15,6 +15,9 @@ import pytest
 from keras_scaling.cli import _speedup_table
 from keras_scaling.cli._speedup_table import format_table
 
+# The tests that draw the chart in this process.
+pytestmark = pytest.mark.usefixtures("matplotlib_importable")
+
 
 def _write_run(
     directory,
@@ -184,8 +187,8 @@ def test_report_shows_tflops_and_mfu_from_throughput_json(tmp_path, capsys):
     assert cells[3][6:8] == ["7.60 TFLOP/s", "-"]
 
 
-def test_report_prints_the_table_and_writes_the_plot(sweep):
-    result = _report(sweep)
+def test_report_prints_the_table_and_writes_the_plot(sweep, env_with_matplotlib):
+    result = _report(sweep, env=env_with_matplotlib)
 
     assert result.returncode == 0, result.stderr
     assert "|        4 |          128 |      3000.0 |   3.00x |       0.75 |    4x |" in (
