@@ -12,9 +12,7 @@ import math
 import time
 
 from keras_scaling import _training_state, devices
-
-# Epochs of one round's `fit`: the first is not timed.
-EPOCHS = 3
+from keras_scaling.tune._search import EPOCHS
 
 
 def _timer_callback():

@@ -8,9 +8,11 @@ import statistics
 import time
 
 from keras_scaling.tune import _candidates, _decision, _report
-from keras_scaling.tune._measure import EPOCHS
 
 logger = logging.getLogger("keras_scaling")
+
+# Epochs of one round's `fit` (`_measure`): the first is not timed.
+EPOCHS = 3
 
 # The reason of a candidate the budget left no time for.
 NOT_MEASURED = "not measured: the budget is spent"

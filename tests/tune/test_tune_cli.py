@@ -103,8 +103,10 @@ def test_under_launch_every_worker_searches_in_step_and_the_chief_writes(tmp_pat
     log_dir = tmp_path / "tune"
     # Beside the other sessions of `make test`, the start alone once took 22 s of a budget of 40.
     budget_s = 60
-    tune = [sys.executable, "-m", "keras_scaling", "tune", "--model", "sleeping_models:build",
-            "--per-replica-batch", "16", "--budget", str(budget_s), "--logdir", str(log_dir)]  # fmt: skip
+    # `-X importtime` lists on stderr the modules each task's own process imports.
+    tune = [sys.executable, "-X", "importtime", "-m", "keras_scaling", "tune",
+            "--model", "sleeping_models:build", "--per-replica-batch", "16",
+            "--budget", str(budget_s), "--logdir", str(log_dir)]  # fmt: skip
     launch = [sys.executable, "-m", "keras_scaling", "launch", "--workers", "2", "--cpu-devices", "1"]  # fmt: skip
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
     result = subprocess.run(
@@ -122,6 +124,14 @@ def test_under_launch_every_worker_searches_in_step_and_the_chief_writes(tmp_pat
     tables = [line.split("]")[0] for line in result.stdout.splitlines() if "| knob " in line]
     assert sorted(tables) == ["[worker 0", "[worker 1"]
     assert sorted(path.name for path in log_dir.glob("**/tune.json")) == ["tune.json"]
+    # Only the processes that train load TensorFlow, not the command that starts them.
+    imported = [
+        line.rsplit("|", 1)[1].strip()
+        for line in result.stderr.splitlines()
+        if "import time:" in line
+    ]
+    assert "keras_scaling.cli.tune" in imported and "keras_scaling.tune._search" in imported
+    assert "tensorflow" not in imported
 
 
 class _HalfRunner:
