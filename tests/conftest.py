@@ -19,9 +19,9 @@ Each test's garbage is collected when the test ends (see
 `_garbage_collected_when_the_test_ends`).
 
 The suite runs as on a machine without the extra `plot`: Keras imports
-`matplotlib.pyplot` whenever it can, a median of 0.44 s of CPU time in each of
-the suite's hundred-odd processes that import it
-(`benchmarks/matplotlib_cost.py`). So matplotlib cannot be imported here nor
+`matplotlib.pyplot` whenever it can, a median of 0.44 s of CPU time in each
+process that imports it (`benchmarks/matplotlib_cost.py`), and the suite
+starts dozens of them. So matplotlib cannot be imported here nor
 in the processes the tests start (`tests/without_matplotlib` on PYTHONPATH);
 the tests of the charts take `matplotlib_importable` or `env_with_matplotlib`.
 """
@@ -44,7 +44,8 @@ _PYTHONPATH = [
     for path in os.environ.get("PYTHONPATH", "").split(os.pathsep)
     if path and path != _WITHOUT_MATPLOTLIB
 ]
-os.environ["PYTHONPATH"] = os.pathsep.join([_WITHOUT_MATPLOTLIB, *_PYTHONPATH])
+_PYTHONPATH_WITHOUT_MATPLOTLIB = os.pathsep.join([_WITHOUT_MATPLOTLIB, *_PYTHONPATH])
+os.environ["PYTHONPATH"] = _PYTHONPATH_WITHOUT_MATPLOTLIB
 if "matplotlib" not in sys.modules:
     sys.modules["matplotlib"] = None  # `import matplotlib` raises
 
@@ -62,7 +63,7 @@ def env_without_matplotlib():
     As on a machine without the extra `keras-scaling[plot]`: Keras, which
     imports matplotlib when it can, carries on without it.
     """
-    return {**os.environ, "PYTHONPATH": os.pathsep.join([_WITHOUT_MATPLOTLIB, *_PYTHONPATH])}
+    return {**os.environ, "PYTHONPATH": _PYTHONPATH_WITHOUT_MATPLOTLIB}
 
 
 @pytest.fixture
