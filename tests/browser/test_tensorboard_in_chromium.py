@@ -69,14 +69,14 @@ def _quick_start():
     return text[start : text.index("```", start)]
 
 
-def _start(command, log_path, cwd=_REPO):
+def _start(command, log_path, env, cwd=_REPO):
     return subprocess.Popen(
         command,
         cwd=cwd,
         stdout=open(log_path, "w"),
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
-        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+        env={**env, "TF_CPP_MIN_LOG_LEVEL": "2"},
     )
 
 
@@ -96,8 +96,13 @@ def _get_json(url):
 
 
 @pytest.fixture(scope="module")
-def tensorboard(tmp_path_factory):
-    """A `tensorboard` (default loader) serving the logs of a run and of a bench sweep."""
+def tensorboard(tmp_path_factory, env_with_matplotlib):
+    """A `tensorboard` (default loader) serving the logs of a run and of a bench sweep.
+
+    Every process runs as a user's does, with matplotlib: the bench draws
+    the scaling plot that the images dashboard shows.
+    """
+    env = env_with_matplotlib
     root = tmp_path_factory.mktemp("browser")
     logs = root / "logs"
     processes = []
@@ -105,7 +110,7 @@ def tensorboard(tmp_path_factory):
         # The quick start writes to logs/run of its working directory. It runs
         # alone, as a user runs it: beside the bench, the cores it shares
         # with its one-replica baseline would be shared differently.
-        run = _start([sys.executable, "-c", _quick_start()], root / "run.log", cwd=root)
+        run = _start([sys.executable, "-c", _quick_start()], root / "run.log", env, cwd=root)
         processes.append(run)
         _wait(run, root / "run.log", "the README's quick start")
         bench = _start(
@@ -128,6 +133,7 @@ def tensorboard(tmp_path_factory):
                 str(logs / "bench"),
             ],
             root / "bench.log",
+            env,
         )
         processes.append(bench)
         _wait(bench, root / "bench.log", "keras-scaling bench")
@@ -143,9 +149,10 @@ def tensorboard(tmp_path_factory):
             },
             root / "tensorboard.log",
             processes,
+            env,
         )
         quick_start_url = _serve(
-            logs / "run", {"train", "scaling"}, root / "tensorboard_run.log", processes
+            logs / "run", {"train", "scaling"}, root / "tensorboard_run.log", processes, env
         )
         yield url, quick_start_url, logs
     finally:
@@ -153,7 +160,7 @@ def tensorboard(tmp_path_factory):
             _stop(process)
 
 
-def _serve(log_dir, expected_runs, log_path, processes):
+def _serve(log_dir, expected_runs, log_path, processes, env):
     """Starts `tensorboard` (its default loader) on `log_dir`; its address once it lists the runs."""
     (port,) = launcher.free_ports(1)
     server = _start(
@@ -169,6 +176,7 @@ def _serve(log_dir, expected_runs, log_path, processes):
             str(port),
         ],
         log_path,
+        env,
     )
     processes.append(server)
     url = f"http://127.0.0.1:{port}"
