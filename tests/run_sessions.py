@@ -7,8 +7,9 @@ TensorFlow fixes its logical devices once per process. So:
 2. beside it, for each count N in turn, largest first, the test files
    marked `logical_cpus(N)`, split into N logical CPUs, in one process per
    `FILES_PER_PROCESS` of them, up to `--jobs`: each process a pytest
-   session of its own (`split_files` deals the files out, the longest
-   first, and each process runs its share in name order). A file marked
+   session of its own (`balance_files` deals the files out by their CPU
+   time, each process runs its share in name order, and `plan_lanes` puts
+   each process in the lane with the least CPU time so far). A file marked
    with a count not in `--device-counts` fails the run, named, before
    anything runs;
 3. beside both, the files marked `mostly_waits` (a module-level
@@ -59,12 +60,42 @@ _running = set()
 # A session of N logical CPUs takes one process per this many of its files:
 # each process pays TensorFlow's start and its modules' fixtures again.
 FILES_PER_PROCESS = 8
+# CPU seconds of the tests of a file on N logical CPUs, `(N, file): s`, in
+# one `make test` (benchmarks/suite_cpu.py), for the files above 3 s. Those
+# processes share the cores with every other session from start to end, so
+# their CPU time decides how long they run: `balance_files` deals out the
+# files by it, and each process goes to the lane with the least CPU time so
+# far. Dealt out longest first instead, one process of the 2 held 236 s of
+# the 314 and ended the whole run 29 s after every other session.
+LOGICAL_CPU_S = {
+    (2, "tests/real_models/test_real_models.py"): 66,
+    (2, "tests/callbacks/test_replica_sync.py"): 49,
+    (2, "tests/explain/test_explain_known_answers.py"): 41,
+    (2, "tests/callbacks/test_custom_train_step.py"): 31,
+    (2, "tests/callbacks/test_throughput_logger.py"): 26,
+    (2, "tests/test_probes_mirrored.py"): 20,
+    (2, "tests/tune/test_tune_mirrored.py"): 18,
+    (2, "tests/test_compat_mirrored.py"): 16,
+    (2, "tests/test_tensorboard.py"): 9,
+    (2, "tests/test_compat_input_dtypes.py"): 7,
+    (2, "tests/test_data_wrapping.py"): 7,
+    (2, "tests/test_event_file_lifetime.py"): 7,
+    (2, "tests/callbacks/test_throughput_logger_flops.py"): 6,
+    (2, "tests/callbacks/test_loss_scale.py"): 5,
+    (2, "tests/test_docstring_examples.py"): 4,
+    (2, "tests/test_replica_state.py"): 4,
+    (2, "tests/test_data_pipeline_options.py"): 4,
+    (4, "tests/test_compat_mirrored.py"): 17,
+    (4, "tests/test_data_mirrored.py"): 7,
+}
+# What a file not in LOGICAL_CPU_S counts for.
+SMALL_FILE_CPU_S = 2
 # The files that take the longest (wall-clock, measured in `make test` on 2
 # cores): handed out first by the sessions of several processes, on one
 # device (tests/conftest.py orders pytest-xdist's queue by it; pytest-xdist's
 # own order, the files with the most tests first, left these to run alone at
-# the end), on 2 logical CPUs and among the files that mostly wait, whose two
-# longest go to sessions of their own (`split_files`).
+# the end), and among the files that mostly wait, whose two longest go to
+# sessions of their own (`split_files`).
 LONGEST_FIRST = (
     "tests/explain/test_explain_critical_path.py",
     "tests/tune/test_tune_cli.py",
@@ -124,6 +155,53 @@ def split_files(files, processes):
     rank = {path: index for index, path in enumerate(LONGEST_FIRST)}
     dealt = sorted(files, key=lambda path: (rank.get(path, len(rank)), path))
     return [sorted(dealt[start::processes]) for start in range(processes)]
+
+
+def balance_files(files, processes, count):
+    """`files` of the session on `count` logical CPUs dealt out to `processes` lists, each list in name order.
+
+    The files go in order of their `LOGICAL_CPU_S`, largest first, each to
+    the list with the least CPU time so far.
+    """
+    groups = [[] for _ in range(processes)]
+    loads = [0] * processes
+    for path in sorted(files, key=lambda path: (-cpu_s_of(count, path), path)):
+        lightest = loads.index(min(loads))
+        groups[lightest].append(path)
+        loads[lightest] += cpu_s_of(count, path)
+    return [sorted(group) for group in groups]
+
+
+def cpu_s_of(count, files):
+    """The CPU seconds `LOGICAL_CPU_S` gives a file, or a list of them, on `count` logical CPUs."""
+    if isinstance(files, str):
+        return LOGICAL_CPU_S.get((count, files), SMALL_FILE_CPU_S)
+    return sum(cpu_s_of(count, path) for path in files)
+
+
+def plan_lanes(marked_sessions, waiting, one_device, jobs):
+    """The sessions beside the first: `[[(name, pytest arguments)]]`, a list per lane, run in turn.
+
+    The processes of each session of `marked_sessions` (largest count
+    first), the one with the most CPU time first, each go to the one of
+    `jobs` lanes with the least CPU time so far; the `waiting` files' sessions
+    take a lane each.
+    """
+    lanes = [[] for _ in range(jobs)]
+    lane_cpu_s = [0] * jobs
+    for count, files in reversed(marked_sessions):
+        groups = balance_files(files, processes_for(files, jobs), count)
+        for index, group in sorted(enumerate(groups), key=lambda pair: -cpu_s_of(count, pair[1])):
+            part = f" ({index + 1} of {len(groups)})" if len(groups) > 1 else ""
+            lane = lane_cpu_s.index(min(lane_cpu_s))
+            lanes[lane].append(
+                (f"tests on {count} logical CPUs{part}", [*group, f"--logical-cpus={count}", "-q"])
+            )
+            lane_cpu_s[lane] += cpu_s_of(count, group)
+    for group in split_files(waiting, min(jobs, len(waiting))) if waiting else []:
+        name = f"tests on 1 device that mostly wait ({', '.join(group)})"
+        lanes.append([(name, [*group, *one_device, "-q"])])
+    return [sessions for sessions in lanes if sessions]
 
 
 def logical_cpu_sessions(marked, device_counts):
@@ -254,18 +332,7 @@ def main(argv=None):
     failed = []
     run_start_s = time.monotonic()
 
-    # Lane k runs the k-th process of each session in turn.
-    lanes = [[] for _ in range(args.jobs)]
-    for count, files in reversed(marked_sessions):
-        groups = split_files(files, processes_for(files, args.jobs))
-        for index, group in enumerate(groups):
-            part = f" ({index + 1} of {len(groups)})" if len(groups) > 1 else ""
-            name = f"tests on {count} logical CPUs{part}"
-            lanes[index].append((name, [*group, f"--logical-cpus={count}", "-q"]))
-    for group in split_files(waiting, min(args.jobs, len(waiting))) if waiting else []:
-        name = f"tests on 1 device that mostly wait ({', '.join(group)})"
-        lanes.append([(name, [*group, *one_device, "-q"])])
-    lanes = [sessions for sessions in lanes if sessions]
+    lanes = plan_lanes(marked_sessions, waiting, one_device, args.jobs)
     stop = threading.Event()
     threads = []
     for sessions in lanes:

@@ -147,6 +147,54 @@ def test_a_sessions_files_are_dealt_out_longest_first_and_each_process_runs_them
         assert os.path.exists(os.path.join(run_sessions.ROOT, path)), path
 
 
+def test_a_logical_cpu_sessions_files_are_balanced_by_cpu_time_and_its_processes_by_lane(
+    monkeypatch,
+):
+    run_sessions = _run_sessions_module()
+    cpu_s = {"a": 60, "b": 50, "c": 40, "d": 30, "e": 2, "both": 20}
+    monkeypatch.setattr(
+        run_sessions,
+        "LOGICAL_CPU_S",
+        {(2, f"tests/test_{key}.py"): value for key, value in cpu_s.items()}
+        | {(4, "tests/test_both.py"): 25},
+    )
+    files = [f"tests/test_{key}.py" for key in ("e", "d", "c", "b", "a", "both")]
+    files += ["tests/test_small.py"]  # not listed: SMALL_FILE_CPU_S
+
+    # Largest first, each to the lighter list (the first on a tie): a; b;
+    # c (50 < 60); d (60 < 90); both (90 = 90); e, then small (92 < 110).
+    dealt = run_sessions.balance_files(files, 2, count=2)
+
+    assert dealt == [
+        ["tests/test_a.py", "tests/test_both.py", "tests/test_d.py"],
+        ["tests/test_b.py", "tests/test_c.py", "tests/test_e.py", "tests/test_small.py"],
+    ]
+    assert [run_sessions.cpu_s_of(2, group) for group in dealt] == [110, 94]
+
+    # Nine files make 2 processes: the small ones go to the second (98 s).
+    nine = [*files, "tests/test_small_1.py", "tests/test_small_2.py"]
+    lanes = run_sessions.plan_lanes(
+        [(2, nine), (4, ["tests/test_both.py"])], ["tests/test_waits.py"], ["--one"], jobs=2
+    )
+
+    # The 4-CPU session (25 s) takes the first lane; the 2-CPU process of
+    # 110 s the empty one, and the one of 98 s the first: 123 s and 110 s.
+    assert [[name for name, _ in lane] for lane in lanes] == [
+        ["tests on 4 logical CPUs", "tests on 2 logical CPUs (2 of 2)"],
+        ["tests on 2 logical CPUs (1 of 2)"],
+        ["tests on 1 device that mostly wait (tests/test_waits.py)"],
+    ]
+    assert lanes[1][0][1] == [*dealt[0], "--logical-cpus=2", "-q"]
+    assert lanes[0][1][1] == [
+        *sorted([*dealt[1], "tests/test_small_1.py", "tests/test_small_2.py"]),
+        "--logical-cpus=2",
+        "-q",
+    ]
+    assert lanes[2][0][1] == ["tests/test_waits.py", "--one", "-q"]
+    for _, path in _run_sessions_module().LOGICAL_CPU_S:
+        assert os.path.exists(os.path.join(run_sessions.ROOT, path)), path
+
+
 def test_a_session_that_hangs_is_stopped_with_its_processes_and_fails(tmp_path):
     run_sessions = _run_sessions_module()
     pid_file = tmp_path / "child.pid"
