@@ -115,6 +115,16 @@ def run_suite(tree, log_path):
     return status, wall_s, cpu_s
 
 
+def failures(log_path):
+    """The lines of a `make test` log that name what failed (the log goes with the scratch directory)."""
+    with open(log_path, encoding="utf-8", errors="replace") as log:
+        return [
+            line.rstrip()
+            for line in log
+            if line.startswith(("FAILED ", "ERROR ", "make test: failed"))
+        ]
+
+
 def spread(values):
     """Half the range over the median."""
     return (max(values) - min(values)) / 2 / statistics.median(values)
@@ -146,11 +156,13 @@ def main(argv=None):
                 log_path = os.path.join(scratch, f"{name}_{index + 1}.log")
                 status, wall_s, cpu_s = run_suite(trees[name], log_path)
                 runs[name].append((wall_s, cpu_s))
-                outcome = "passed" if status == 0 else f"FAILED (exit {status}, see {log_path})"
+                outcome = "passed" if status == 0 else f"FAILED (exit {status}, {log_path})"
                 print(
                     f"round {index + 1} {name}: {wall_s:.0f} s wall, {cpu_s:.0f} s CPU, {outcome}",
                     flush=True,
                 )
+                if status != 0:
+                    print("\n".join(f"  {line}" for line in failures(log_path)), flush=True)
         print()
         for name in ("base", "head"):
             walls = [wall for wall, _ in runs[name]]
