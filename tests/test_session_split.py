@@ -151,6 +151,8 @@ def test_a_logical_cpu_sessions_files_are_balanced_by_cpu_time_and_its_processes
     monkeypatch,
 ):
     run_sessions = _run_sessions_module()
+    for _, path in run_sessions.LOGICAL_CPU_S:
+        assert os.path.exists(os.path.join(run_sessions.ROOT, path)), path
     cpu_s = {"a": 60, "b": 50, "c": 40, "d": 30, "e": 2, "both": 20}
     monkeypatch.setattr(
         run_sessions,
@@ -191,8 +193,6 @@ def test_a_logical_cpu_sessions_files_are_balanced_by_cpu_time_and_its_processes
         "-q",
     ]
     assert lanes[2][0][1] == ["tests/test_waits.py", "--one", "-q"]
-    for _, path in _run_sessions_module().LOGICAL_CPU_S:
-        assert os.path.exists(os.path.join(run_sessions.ROOT, path)), path
 
 
 def test_a_session_that_hangs_is_stopped_with_its_processes_and_fails(tmp_path):
