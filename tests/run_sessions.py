@@ -172,11 +172,9 @@ def balance_files(files, processes, count):
     return [sorted(group) for group in groups]
 
 
-def cpu_s_of(count, files):
-    """The CPU seconds `LOGICAL_CPU_S` gives a file, or a list of them, on `count` logical CPUs."""
-    if isinstance(files, str):
-        return LOGICAL_CPU_S.get((count, files), SMALL_FILE_CPU_S)
-    return sum(cpu_s_of(count, path) for path in files)
+def cpu_s_of(count, path):
+    """The CPU seconds `LOGICAL_CPU_S` gives a file on `count` logical CPUs."""
+    return LOGICAL_CPU_S.get((count, path), SMALL_FILE_CPU_S)
 
 
 def plan_lanes(marked_sessions, waiting, one_device, jobs):
@@ -191,13 +189,14 @@ def plan_lanes(marked_sessions, waiting, one_device, jobs):
     lane_cpu_s = [0] * jobs
     for count, files in reversed(marked_sessions):
         groups = balance_files(files, processes_for(files, jobs), count)
-        for index, group in sorted(enumerate(groups), key=lambda pair: -cpu_s_of(count, pair[1])):
+        weighed = [(sum(cpu_s_of(count, path) for path in group), group) for group in groups]
+        for index, (group_cpu_s, group) in sorted(enumerate(weighed), key=lambda x: -x[1][0]):
             part = f" ({index + 1} of {len(groups)})" if len(groups) > 1 else ""
             lane = lane_cpu_s.index(min(lane_cpu_s))
             lanes[lane].append(
                 (f"tests on {count} logical CPUs{part}", [*group, f"--logical-cpus={count}", "-q"])
             )
-            lane_cpu_s[lane] += cpu_s_of(count, group)
+            lane_cpu_s[lane] += group_cpu_s
     for group in split_files(waiting, min(jobs, len(waiting))) if waiting else []:
         name = f"tests on 1 device that mostly wait ({', '.join(group)})"
         lanes.append([(name, [*group, *one_device, "-q"])])

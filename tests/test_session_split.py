@@ -171,7 +171,7 @@ def test_a_logical_cpu_sessions_files_are_balanced_by_cpu_time_and_its_processes
         ["tests/test_a.py", "tests/test_both.py", "tests/test_d.py"],
         ["tests/test_b.py", "tests/test_c.py", "tests/test_e.py", "tests/test_small.py"],
     ]
-    assert [run_sessions.cpu_s_of(2, group) for group in dealt] == [110, 94]
+    assert [sum(run_sessions.cpu_s_of(2, path) for path in group) for group in dealt] == [110, 94]
 
     # Nine files make 2 processes: the small ones go to the second (98 s).
     nine = [*files, "tests/test_small_1.py", "tests/test_small_2.py"]
