@@ -53,7 +53,7 @@ class Sampler:
     """Reads every process in `/proc` each `INTERVAL_S` until `stop` is set."""
 
     def __init__(self):
-        self.processes = {}  # (pid, start ticks): {"parent", "command", "cpu_s", "tensorflow"}
+        self.processes = {}  # (pid, start ticks): {"pid", "parent", "command", "cpu_s", "tensorflow"}
         self.stop = threading.Event()
 
     def run(self):
